@@ -1,0 +1,184 @@
+"""The caller's side of requests in flight: building them, and filling them from replies.
+
+Shared by the sync and async clients; only their transport differs. Replies are applied per item:
+an item already answered is never answered again, which is what makes redelivered (re-executed)
+requests invisible to callers.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import msgpack
+
+from . import protocol as P
+from .codec import Codec, MsgpackCodec, codec_for_tag
+from .errors import BadRequest, Cancelled, QueueServeError, RemoteError, Timeout
+from .results import unbatch
+
+MSGPACK_TAG = MsgpackCodec.tag
+
+
+class Call:
+    """One request in flight: its results so far and a way to wait for all of them."""
+
+    __slots__ = (
+        "_done_lock",
+        "batch_key",
+        "entry_id",
+        "error",
+        "filled",
+        "keys",
+        "n",
+        "on_done",
+        "remaining",
+        "results",
+        "rid",
+        "state",
+    )
+
+    def __init__(self, rid: int, n: int, keys: P.Keys, batch_key: str) -> None:
+        self.rid = rid
+        self.n = n
+        self.keys = keys
+        self.batch_key = batch_key
+        self.results: list[Any] = [None] * n
+        self.filled = bytearray(n)
+        self.remaining = n
+        self.error: QueueServeError | None = None  # fails the whole request (not per item)
+        self.entry_id: bytes | None = None
+        self.state = "pending"  # pending -> done | cancelled
+        self.on_done: Callable[[Call], None] | None = None
+        self._done_lock = threading.Lock()
+        self._done_lock.acquire()
+
+    def apply(self, offset: int, values: list[Any]) -> None:
+        count = len(values)
+        end = offset + count
+        if self.remaining == self.n and offset == 0 and count == self.n:
+            self.results = values
+            self.filled[:] = b"\x01" * count
+            self.remaining = 0
+        elif self.filled.count(0, offset, end) == count:
+            self.results[offset:end] = values
+            self.filled[offset:end] = b"\x01" * count
+            self.remaining -= count
+        else:  # overlaps an earlier answer: keep the first answer of every item
+            for i in range(offset, end):
+                if not self.filled[i]:
+                    self.filled[i] = 1
+                    self.results[i] = values[i - offset]
+                    self.remaining -= 1
+
+    def fail(self, error: QueueServeError) -> None:
+        if self.state == "pending":
+            self.error = error
+            self.finish()
+
+    def finish(self) -> None:
+        if self.state != "pending":
+            return
+        self.state = "done"
+        self._done_lock.release()
+        if self.on_done is not None:
+            self.on_done(self)
+
+    def wait(self, timeout: float | None) -> bool:
+        if self.state != "pending":
+            return True
+        if not self._done_lock.acquire(timeout=-1 if timeout is None else max(0.0, timeout)):
+            return False
+        self._done_lock.release()
+        return True
+
+
+class CallTable:
+    """Calls by request id, for one client's inbox."""
+
+    def __init__(self) -> None:
+        self.calls: dict[int, Call] = {}
+        self._ids = itertools.count(1)
+        # Replies are only decoded with codecs this client sent requests with: a client that
+        # never chose pickle never unpickles what someone pushed into its inbox.
+        self._accepted = {MSGPACK_TAG}
+
+    def accept(self, codec: Codec) -> None:
+        self._accepted.add(codec.tag)
+
+    def new(self, n: int, keys: P.Keys, batch_key: str) -> Call:
+        call = Call(next(self._ids), n, keys, batch_key)
+        self.calls[call.rid] = call
+        return call
+
+    def deliver(self, message: bytes) -> None:
+        """Apply one reply message (one worker batch's slices for this client)."""
+        if message[0] not in self._accepted:
+            raise ValueError(f"reply uses codec tag {message[0]!r}, which this client never sent")
+        codec = codec_for_tag(message[0])
+        slices = codec.loads(memoryview(message)[1:])
+        calls = self.calls
+        for rid, offset, count, kind, body in slices:
+            call = calls.get(rid)
+            if call is None:  # finished already (a duplicate), cancelled, or not ours
+                continue
+            values = [error_from_wire(body)] * count if kind == P.ERROR else unbatch(kind, body)
+            call.apply(offset, values)
+            if call.remaining == 0:
+                del calls[rid]
+                call.finish()
+
+    def fail_all(self, error: QueueServeError) -> None:
+        calls, self.calls = self.calls, {}
+        for call in calls.values():
+            call.fail(error)
+
+    def forget(self, call: Call) -> None:
+        self.calls.pop(call.rid, None)
+
+
+def encode_request(
+    codec: Codec, rid: int, items: list[Any], reply_to: str, deadline: float | None
+) -> tuple[bytes, bytes]:
+    header = msgpack.packb(
+        [P.WIRE_VERSION, rid, len(items), reply_to, 0 if deadline is None else int(deadline * 1000),
+         codec.name]
+    )
+    return header, codec.dumps(items)
+
+
+def error_to_wire(exc: BaseException, kind: str = P.ERR_REMOTE) -> list[str]:
+    tb = "".join(traceback.format_exception(exc))
+    return [type(exc).__qualname__, str(exc), tb, kind]
+
+
+def error_from_wire(body: list[str]) -> QueueServeError:
+    remote_type, message, tb, kind = body
+    if kind == P.ERR_TIMEOUT:
+        return Timeout(message)
+    if kind == P.ERR_BAD_REQUEST:
+        return BadRequest(message)
+    return RemoteError(remote_type, message, tb)
+
+
+def deadline_after(timeout: float | None) -> float | None:
+    return None if timeout is None else time.time() + timeout
+
+
+def outcome(call: Call, return_exceptions: bool) -> list[Any]:
+    """The call's results, raising its error (or the first per-item error) unless asked not to."""
+    if call.error is not None:
+        if return_exceptions:
+            return [call.error] * call.n
+        raise call.error
+    if call.state == "cancelled":
+        raise Cancelled(f"request {call.rid} was cancelled")
+    if not return_exceptions:
+        for r in call.results:
+            if isinstance(r, QueueServeError):
+                raise r
+    return call.results

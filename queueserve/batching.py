@@ -1,0 +1,177 @@
+"""Batch assembly: which items run together, and when (DESIGN §3). Pure logic, no I/O.
+
+A worker holds, per batch key, a queue of *slices*: runs of one request's items. A batch is taken
+from the front of one key's queue:
+
+- it is *full* when the queue holds ``capacity`` items (or cost units) — it runs at once;
+- otherwise it is *due* once ``batch_timeout`` has passed since its first item arrived (or since
+  the previous batch left items behind) — it runs when an executor is free, and keeps growing
+  until then;
+- a slice larger than the room left is split, and the rest starts the next batch.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(eq=False, slots=True)
+class Request:
+    """One stream entry a worker is serving."""
+
+    entry_id: bytes
+    stream: str
+    rid: int
+    reply_to: str
+    deadline: float  # unix seconds, 0 = none
+    n: int
+    remaining: int = field(init=False)  # items not answered yet; the entry is acked at 0
+
+    def __post_init__(self) -> None:
+        self.remaining = self.n
+
+
+@dataclass(eq=False, slots=True)
+class Slice:
+    """Items ``offset:offset+len(items)`` of one request, waiting together."""
+
+    request: Request
+    offset: int
+    items: list[Any]
+    costs: list[float] | None = None  # per item, when the serving has a cost function
+
+    @property
+    def weight(self) -> float:
+        return len(self.items) if self.costs is None else sum(self.costs)
+
+    def split(self, room: float) -> tuple[Slice, Slice]:
+        """The longest head that fits ``room``, and the tail."""
+        if self.costs is None:
+            cut = int(room)
+        else:
+            cut, used = 0, 0.0
+            for c in self.costs:
+                if used + c > room:
+                    break
+                used += c
+                cut += 1
+        head_costs = None if self.costs is None else self.costs[:cut]
+        tail_costs = None if self.costs is None else self.costs[cut:]
+        return (
+            Slice(self.request, self.offset, self.items[:cut], head_costs),
+            Slice(self.request, self.offset + cut, self.items[cut:], tail_costs),
+        )
+
+
+class KeyQueue:
+    """Waiting slices of one batch key."""
+
+    __slots__ = ("key", "slices", "started", "weight")
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self.slices: deque[Slice] = deque()
+        self.weight = 0.0
+        self.started = 0.0  # when the batch clock started; meaningful while non-empty
+
+
+@dataclass(slots=True)
+class TakenBatch:
+    key: str
+    slices: list[Slice]
+
+    def items(self) -> list[Any]:
+        if len(self.slices) == 1:
+            return self.slices[0].items
+        out: list[Any] = []
+        for s in self.slices:
+            out.extend(s.items)
+        return out
+
+    def __len__(self) -> int:
+        return sum(len(s.items) for s in self.slices)
+
+
+class Assembler:
+    """Per-key queues of waiting slices and the rules that turn them into batches."""
+
+    def __init__(self, capacity: float, timeout: float) -> None:
+        self.capacity = capacity
+        self.timeout = timeout
+        self.queues: dict[str, KeyQueue] = {}
+        self.buffered = 0  # items waiting, all keys
+
+    def add(self, key: str, piece: Slice, now: float) -> None:
+        queue = self.queues.get(key)
+        if queue is None:
+            queue = self.queues[key] = KeyQueue(key)
+        if not queue.slices:
+            queue.started = now
+        queue.slices.append(piece)
+        queue.weight += piece.weight
+        self.buffered += len(piece.items)
+
+    def pick(self, now: float, flush: bool = False) -> tuple[KeyQueue | None, float | None]:
+        """The queue to run now (full first, then due; oldest first), else seconds to wait.
+
+        ``flush`` treats every waiting batch as due (a stopping worker runs what it holds).
+        """
+        full: KeyQueue | None = None
+        due: KeyQueue | None = None
+        next_due: float | None = None
+        for queue in self.queues.values():
+            if not queue.slices:
+                continue
+            if queue.weight >= self.capacity:
+                if full is None or queue.started < full.started:
+                    full = queue
+            elif flush or queue.started + self.timeout <= now:
+                if due is None or queue.started < due.started:
+                    due = queue
+            else:
+                at = queue.started + self.timeout
+                next_due = at if next_due is None else min(next_due, at)
+        chosen = full or due
+        if chosen is not None:
+            return chosen, None
+        return None, None if next_due is None else max(0.0, next_due - now)
+
+    def take(self, queue: KeyQueue, now: float) -> TakenBatch:
+        """Remove one batch from the front of ``queue``, splitting a slice that does not fit."""
+        room = self.capacity
+        taken: list[Slice] = []
+        slices = queue.slices
+        while slices and room > 0:
+            head = slices[0]
+            weight = head.weight
+            if weight <= room:
+                slices.popleft()
+                taken.append(head)
+                room -= weight
+                continue
+            first, rest = head.split(room)
+            if not first.items:
+                break
+            slices[0] = rest
+            taken.append(first)
+            room -= first.weight
+            break
+        taken_weight = self.capacity - room
+        queue.weight = max(0.0, queue.weight - taken_weight)
+        if slices:
+            queue.started = now
+        else:
+            queue.weight = 0.0
+        self.buffered -= sum(len(s.items) for s in taken)
+        return TakenBatch(queue.key, taken)
+
+    def drain(self) -> Iterator[Slice]:
+        """Every waiting slice, removed (for shutdown: they are left for other workers)."""
+        for queue in self.queues.values():
+            while queue.slices:
+                yield queue.slices.popleft()
+            queue.weight = 0.0
+        self.buffered = 0

@@ -1,0 +1,187 @@
+"""The broker seam: the few Redis operations the client and worker need, and nothing else.
+
+Every redis-py error is turned into a queueserve error here, at one boundary.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from importlib import resources
+from typing import Any, cast
+
+import redis
+from redis.commands.core import Script
+
+from .errors import RedisUnavailable
+from .protocol import GROUP, Keys
+
+StreamEntries = list[tuple[bytes, dict[bytes, bytes]]]
+
+
+def text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def load_script(name: str) -> str:
+    return resources.files("queueserve").joinpath("lua", name).read_text()
+
+
+@contextlib.contextmanager
+def redis_errors(url: str) -> Iterator[None]:
+    try:
+        yield
+    except (redis.ConnectionError, redis.TimeoutError) as e:
+        raise RedisUnavailable(f"Redis at {url} is unavailable: {e}") from None
+
+
+def enqueue_arguments(
+    keys: Keys, requests: Sequence[tuple[str, int, bytes, bytes]], max_queue: int
+) -> tuple[list[str], list[Any]]:
+    """KEYS and ARGV of enqueue.lua for these requests."""
+    streams: dict[str, int] = {}
+    args: list[Any] = [max_queue]
+    for batch_key, n, header, payload in requests:
+        stream = keys.stream(batch_key)
+        index = streams.setdefault(stream, len(streams) + 1)
+        args += (index, batch_key, n, header, payload)
+    return [keys.queued, keys.keys, keys.meta, *streams], args
+
+
+def connect(url: str) -> redis.Redis:
+    """A client for ``url`` (redis://, rediss://, unix://)."""
+    return redis.Redis.from_url(url, health_check_interval=30)
+
+
+class RedisBroker:
+    """Stream operations of one Redis deployment."""
+
+    def __init__(self, url: str, *, client: redis.Redis | None = None) -> None:
+        self.url = url
+        self.redis = client if client is not None else connect(url)
+        self._enqueue: Script = self.redis.register_script(load_script("enqueue.lua"))
+        self._ack: Script = self.redis.register_script(load_script("ack.lua"))
+        self._cancel: Script = self.redis.register_script(load_script("cancel.lua"))
+
+    def close(self) -> None:
+        self.redis.close()
+
+    # -- producers --------------------------------------------------------------------------
+    def enqueue(
+        self, keys: Keys, requests: Sequence[tuple[str, int, bytes, bytes]], max_queue: int
+    ) -> tuple[int, int, list[bytes | int]]:
+        """Admit requests ``(batch_key, n_items, header, payload)`` atomically.
+
+        Returns the limit in force, the queued item count after admission, and per request its
+        stream entry id, or 0 when it was rejected for max_queue.
+        """
+        script_keys, args = enqueue_arguments(keys, requests, max_queue)
+        with redis_errors(self.url):
+            out = self._enqueue(keys=script_keys, args=args)
+        return int(out[0]), int(out[1]), out[2:]
+
+    def cancel(self, keys: Keys, stream: str, entry_id: bytes, n: int) -> bool:
+        with redis_errors(self.url):
+            return bool(self._cancel(keys=[stream, keys.queued], args=[GROUP, entry_id, n]))
+
+    def read_inbox(self, inbox: str, timeout: float, count: int = 512) -> list[bytes]:
+        with redis_errors(self.url):
+            out = self.redis.execute_command(  # type: ignore[no-untyped-call]
+                "BLMPOP", timeout, 1, inbox, "LEFT", "COUNT", count
+            )
+        return [] if out is None else list(out[1])
+
+    def alive_workers(self, keys: Keys, within: float) -> int:
+        now_ms = int(time.time() * 1000)
+        with redis_errors(self.url):
+            return int(self.redis.zcount(keys.workers, now_ms - int(within * 1000), "+inf"))
+
+    def meta(self, keys: Keys) -> dict[str, str]:
+        with redis_errors(self.url):
+            raw = self.redis.hgetall(keys.meta)
+        return {text(k): text(v) for k, v in raw.items()}
+
+    # -- consumers --------------------------------------------------------------------------
+    def ensure_group(self, stream: str) -> None:
+        """Create the consumer group at the start of the stream, so nothing queued is missed."""
+        with redis_errors(self.url):
+            try:
+                self.redis.xgroup_create(stream, GROUP, id="0", mkstream=True)
+            except redis.ResponseError as e:
+                if "BUSYGROUP" not in str(e):
+                    raise
+
+    def batch_keys(self, keys: Keys) -> set[str]:
+        with redis_errors(self.url):
+            return {text(k) for k in self.redis.smembers(keys.keys)}
+
+    def count_batch_keys(self, keys: Keys) -> int:
+        with redis_errors(self.url):
+            return int(self.redis.scard(keys.keys))
+
+    def read(
+        self, consumer: str, streams: Sequence[str], count: int, block_ms: int
+    ) -> list[tuple[bytes, StreamEntries]]:
+        """New entries for ``consumer`` from ``streams``, blocking up to ``block_ms``."""
+        with redis_errors(self.url):
+            out = self.redis.xreadgroup(
+                GROUP, consumer, dict.fromkeys(streams, ">"), count=count, block=block_ms
+            )
+        return cast(list[tuple[bytes, StreamEntries]], out or [])
+
+    def reply_and_ack(
+        self,
+        keys: Keys,
+        replies: Mapping[str, list[bytes]],
+        acks: Mapping[str, list[Any]],
+        inbox_ttl_ms: int,
+    ) -> None:
+        """Push replies to client inboxes, then ack finished entries, in one round trip.
+
+        Replies go first: a worker dying between the two re-runs the request, and the client
+        drops the duplicate answer.
+        """
+        with redis_errors(self.url):
+            pipe = self.redis.pipeline(transaction=False)
+            for inbox, messages in replies.items():
+                pipe.rpush(inbox, *messages)
+                pipe.pexpire(inbox, inbox_ttl_ms)
+            for stream, id_counts in acks.items():
+                self._ack(keys=[stream, keys.queued], args=[GROUP, *id_counts], client=pipe)
+            pipe.execute()
+
+    def dead_letter(self, keys: Keys, stream: str, entry_id: bytes, reason: str) -> None:
+        """Move an entry nobody can be answered for to the dead-letter stream, then ack it."""
+        with redis_errors(self.url):
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.xadd(
+                keys.dead,
+                {"stream": stream, "entry_id": entry_id, "reason": reason,
+                 "at_ms": int(time.time() * 1000)},
+            )
+            pipe.xack(stream, GROUP, entry_id)
+            pipe.xdel(stream, entry_id)
+            pipe.execute()
+
+    def declare(self, keys: Keys, options: Mapping[str, Any]) -> None:
+        """Publish a serving's options (clients read codec and max_queue from them)."""
+        with redis_errors(self.url):
+            self.redis.hset(keys.meta, mapping={k: str(v) for k, v in options.items()})
+
+    def heartbeat(self, keys_list: Sequence[Keys], consumer: str, ttl_ms: int) -> None:
+        now_ms = int(time.time() * 1000)
+        with redis_errors(self.url):
+            pipe = self.redis.pipeline(transaction=False)
+            for keys in keys_list:
+                pipe.zadd(keys.workers, {consumer: now_ms})
+                pipe.zremrangebyscore(keys.workers, "-inf", now_ms - ttl_ms)
+                pipe.pexpire(keys.workers, ttl_ms)
+            pipe.execute()
+
+    def leave(self, keys_list: Sequence[Keys], consumer: str) -> None:
+        with redis_errors(self.url):
+            pipe = self.redis.pipeline(transaction=False)
+            for keys in keys_list:
+                pipe.zrem(keys.workers, consumer)
+            pipe.execute()

@@ -1,0 +1,133 @@
+"""``queueserve``: the command line. Only this module configures logging.
+
+Exit codes: 0 ok, 1 error (a --check found no live worker, Redis unreachable), 2 usage (bad
+arguments, a module:attr that does not load), 3 forced stop (second signal).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+
+from ._durations import parse_duration
+from .broker import RedisBroker
+from .errors import QueueServeError
+from .protocol import Keys
+from .serving import Serving
+from .settings import Settings
+from .worker import EXIT_ERROR, EXIT_OK, EXIT_USAGE, Worker
+
+log = logging.getLogger("queueserve.cli")
+
+
+class UsageError(Exception):
+    pass
+
+
+def load_servings(spec: str) -> list[Serving]:
+    """Servings named by ``module:attr``: a Serving, a Serving subclass, or a list of them."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise UsageError(f"{spec!r} is not module:attr (for example myapp.servings:embed)")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise UsageError(f"cannot import module {module_name!r} for {spec!r}: {e}") from None
+    try:
+        obj = getattr(module, attr)
+    except AttributeError:
+        raise UsageError(f"module {module_name!r} has no attribute {attr!r}") from None
+    if isinstance(obj, type) and issubclass(obj, Serving):
+        obj = obj()
+    found = obj if isinstance(obj, list | tuple) else [obj]
+    if not found or not all(isinstance(s, Serving) for s in found):
+        raise UsageError(
+            f"{spec} is {type(obj).__name__}, not a qs.Serving (or a subclass, or a list of them)"
+        )
+    return list(found)
+
+
+def _duration(value: str) -> float:
+    try:
+        return parse_duration(value)
+    except (TypeError, ValueError) as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _positive_int(value: str) -> int:
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {value!r}")
+    return int(value)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="queueserve", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    w = sub.add_parser("worker", help="serve one or more servings")
+    w.add_argument("servings", nargs="+", metavar="module:attr")
+    w.add_argument("--redis-url", help="Redis URL (default: $QUEUESERVE_REDIS_URL)")
+    w.add_argument("--prefix", help="key prefix (default: $QUEUESERVE_PREFIX or qs)")
+    w.add_argument("--batch-size", type=_positive_int, help="override every serving's batch_size")
+    w.add_argument("--batch-timeout", type=_duration, help="override batch_timeout, e.g. 10ms")
+    w.add_argument("--batch-key", action="append", default=[], dest="batch_keys",
+                   help="batch key to consume from the start (repeatable); others are found")
+    w.add_argument("--max-concurrent-batches", type=_positive_int, default=1,
+                   help="batches prefetched while one executes (default 1)")
+    w.add_argument("--shutdown-timeout", type=_duration, default=30.0,
+                   help="how long SIGTERM may take to finish held work (default 30s)")
+    w.add_argument("--check", action="store_true",
+                   help="exit 0 when a live worker serves every named serving, else 1")
+    w.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
+    return parser
+
+
+def _check(servings: Sequence[Serving], url: str, prefix: str) -> int:
+    broker = RedisBroker(url)
+    try:
+        missing = [s.name for s in servings if broker.alive_workers(Keys(prefix, s.name), 10) == 0]
+    finally:
+        broker.close()
+    if missing:
+        print(f"no live worker for: {', '.join(missing)}", file=sys.stderr)
+        return EXIT_ERROR
+    print("ok")
+    return EXIT_OK
+
+
+def worker_command(args: argparse.Namespace) -> int:
+    servings = [s for spec in args.servings for s in load_servings(spec)]
+    settings = Settings()
+    url = args.redis_url or settings.redis_url
+    prefix = args.prefix or settings.prefix
+    if args.check:
+        return _check(servings, url, prefix)
+    worker = Worker(
+        servings, redis_url=url, prefix=prefix, batch_size=args.batch_size,
+        batch_timeout=args.batch_timeout, batch_keys=args.batch_keys,
+        max_concurrent_batches=args.max_concurrent_batches,
+        shutdown_timeout=args.shutdown_timeout,
+    )
+    return worker.run()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(processName)s %(name)s: %(message)s",
+    )
+    try:
+        return worker_command(args)
+    except UsageError as e:
+        print(f"queueserve: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except (QueueServeError, ValueError, TypeError) as e:
+        print(f"queueserve: {e}", file=sys.stderr)
+        return EXIT_ERROR
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

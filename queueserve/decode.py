@@ -1,0 +1,117 @@
+"""Stream entries into requests: everything a worker checks before an item may join a batch.
+
+Anyone who can write to Redis can write to a stream, so nothing in an entry is trusted: each
+failure becomes an error reply (when the entry names a readable reply address) or a dead letter.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from . import protocol as P
+from .batching import Request, Slice
+from .codec import Codec
+from .serving import Serving
+
+
+@dataclass(slots=True)
+class Rejected:
+    """An entry that will not run: why, and whom to tell (reply_to/rid) if anyone."""
+
+    entry_id: bytes
+    stream: str
+    reason: str
+    kind: str  # protocol ERR_* kind for the caller
+    request: Request | None  # set when the caller can be answered
+
+
+@dataclass(slots=True)
+class Accepted:
+    request: Request
+    slices: list[Slice]
+    rejected_items: list[tuple[int, str]]  # (offset, reason): items over capacity
+
+
+def _header(fields: dict[bytes, bytes]) -> list[Any]:
+    raw = fields.get(b"h")
+    if raw is None:
+        raise ValueError("entry has no 'h' (header) field")
+    header = msgpack.unpackb(raw, raw=False)
+    if not isinstance(header, list) or len(header) != 6:
+        raise ValueError(f"header must be a list of 6 fields, got {header!r:.200}")
+    if header[P.H_VERSION] != P.WIRE_VERSION:
+        raise ValueError(
+            f"wire version {header[P.H_VERSION]!r} is not supported (this worker speaks "
+            f"{P.WIRE_VERSION}); upgrade the older side"
+        )
+    rid, n, reply_to, deadline = header[1:5]
+    if not (isinstance(rid, int) and isinstance(n, int) and n >= 1 and isinstance(reply_to, str)
+            and isinstance(deadline, int)):
+        raise ValueError(f"header fields have wrong types: {header!r:.200}")
+    return header
+
+
+def decode_entry(
+    serving: Serving, codec: Codec, stream: str, entry_id: bytes, fields: dict[bytes, bytes]
+) -> Accepted | Rejected:
+    try:
+        header = _header(fields)
+    except Exception as e:
+        return Rejected(entry_id, stream, f"malformed entry: {e}", P.ERR_BAD_REQUEST, None)
+    _, rid, n, reply_to, deadline_ms, codec_name = header
+    request = Request(entry_id, stream, rid, reply_to, deadline_ms / 1000.0, n)
+
+    def reject(reason: str, kind: str = P.ERR_BAD_REQUEST) -> Rejected:
+        return Rejected(entry_id, stream, reason, kind, request)
+
+    if deadline_ms and deadline_ms / 1000.0 <= time.time():
+        return reject("the request's deadline passed before a worker took it", P.ERR_TIMEOUT)
+    if codec_name != codec.name:
+        return reject(
+            f"serving {serving.name!r} accepts codec {codec.name!r}, the request used "
+            f"{codec_name!r}; send with the serving's codec"
+        )
+    payload = fields.get(b"p")
+    if payload is None:
+        return reject("entry has no 'p' (payload) field")
+    try:
+        items = codec.loads(payload)
+    except Exception as e:
+        return reject(f"payload could not be decoded with codec {codec.name!r}: {e}")
+    if not isinstance(items, list) or len(items) != n:
+        got = f"{len(items)} items" if isinstance(items, list) else type(items).__name__
+        return reject(f"payload must be a list of {n} items as the header says, got {got}")
+    return _slices(serving, request, items)
+
+
+def _slices(serving: Serving, request: Request, items: list[Any]) -> Accepted:
+    if serving.cost is None:
+        return Accepted(request, [Slice(request, 0, items)], [])
+    slices: list[Slice] = []
+    rejected: list[tuple[int, str]] = []
+    start = 0
+    costs: list[float] = []
+    for i, item in enumerate(items):
+        try:
+            c = serving.item_cost(item)
+            problem = (
+                f"item costs {c:g}, more than the capacity of serving {serving.name!r} "
+                f"(batch_size={serving.batch_size}); split the item or raise batch_size"
+                if c > serving.batch_size else None
+            )
+        except Exception as e:
+            problem = f"the serving's cost function failed for this item: {e!r}"
+        if problem is None:
+            costs.append(c)
+            continue
+        if i > start:
+            slices.append(Slice(request, start, items[start:i], costs))
+        rejected.append((i, problem))
+        start, costs = i + 1, []
+    if start < len(items):
+        slices.append(Slice(request, start, items[start:], costs))
+    return Accepted(request, slices, rejected)

@@ -1,0 +1,65 @@
+"""queueserve's exceptions: callers catch these, never a library's.
+
+    QueueServeError
+    ├── RemoteError          the batch function (or the worker) failed for this item
+    ├── QueueFull            admission would pass the serving's max_queue items
+    ├── Timeout              the caller's deadline passed before its answer came
+    ├── Cancelled            the request was cancelled by its caller
+    ├── BadRequest           the request itself is invalid (too large, wrong codec, bad input)
+    └── RedisUnavailable     Redis could not be reached (after retries)
+"""
+
+from __future__ import annotations
+
+
+class QueueServeError(Exception):
+    """Root of every error queueserve raises."""
+
+
+class RemoteError(QueueServeError):
+    """An item failed remotely; carries the remote exception's type name, message and traceback.
+
+    >>> try:
+    ...     client.dispatch("square", "2")
+    ... except qs.RemoteError as e:
+    ...     print(e.remote_type, e.remote_message)
+    TypeError can't multiply sequence by non-int of type 'str'
+    """
+
+    def __init__(self, remote_type: str, remote_message: str, remote_traceback: str = "") -> None:
+        super().__init__(f"{remote_type}: {remote_message}")
+        self.remote_type = remote_type
+        self.remote_message = remote_message
+        self.remote_traceback = remote_traceback
+
+    def __reduce__(self) -> tuple[type[RemoteError], tuple[str, str, str]]:
+        return (type(self), (self.remote_type, self.remote_message, self.remote_traceback))
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, RemoteError)
+            and (self.remote_type, self.remote_message)
+            == (other.remote_type, other.remote_message)
+        )
+
+    __hash__ = Exception.__hash__
+
+
+class QueueFull(QueueServeError):
+    """The serving's queue holds max_queue items already; retry later or raise max_queue."""
+
+
+class Timeout(QueueServeError):
+    """The request's deadline passed before its answer arrived."""
+
+
+class Cancelled(QueueServeError):
+    """The request was cancelled by its caller before it completed."""
+
+
+class BadRequest(QueueServeError):
+    """The request can never succeed as sent (oversize, undecodable, failed validation)."""
+
+
+class RedisUnavailable(QueueServeError):
+    """Redis did not answer; the message names the URL and the underlying error."""

@@ -1,0 +1,75 @@
+"""Running one batch: the batch function, poison isolation, and per-caller reply rows."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from . import protocol as P
+from ._calls import error_to_wire
+from .batching import Request, Slice
+from .results import BatchResultError, BatchResults
+from .serving import Batch, Partition, Serving
+
+log = logging.getLogger(__name__)
+
+# (start, count, outcome) over a batch's items; outcome is results, or an error body.
+Segment = tuple[int, int, BatchResults | list[str]]
+# What the replier sends for one slice: request, offset in the request, count, kind, body.
+Row = tuple[Request, int, int, int, Any]
+
+
+def run_isolated(
+    serving: Serving, items: list[Any], key: str, partition: Partition, start: int = 0
+) -> list[Segment]:
+    """Run ``items``; when the batch raises and on_error is "isolate", bisect it so only the
+    failing items get the error and every healthy item still gets its result."""
+    try:
+        results = serving.run_batch(Batch(items, key, partition))
+    except BatchResultError as e:  # the function's contract is broken for the whole batch
+        return [(start, len(items), error_to_wire(e))]
+    except Exception as e:
+        if serving.on_error == "fail" or len(items) == 1:
+            return [(start, len(items), error_to_wire(e))]
+        log.debug(
+            "serving %s key %s: batch of %d raised %r; bisecting",
+            serving.name, key, len(items), e,
+        )
+        mid = len(items) // 2
+        return run_isolated(serving, items[:mid], key, partition, start) + run_isolated(
+            serving, items[mid:], key, partition, start + mid
+        )
+    return [(start, len(items), results)]
+
+
+def rows_for(slices: list[Slice], segments: list[Segment]) -> list[Row]:
+    """Cut batch-wide segments into one reply row per (slice, segment) overlap."""
+    if len(segments) == 1 and not isinstance(segments[0][2], list):
+        results = segments[0][2]
+        rows: list[Row] = []
+        pos = 0
+        for s in slices:
+            n = len(s.items)
+            kind, body = results.body(pos, n)
+            rows.append((s.request, s.offset, n, kind, body))
+            pos += n
+        return rows
+    rows = []
+    pos = 0
+    for s in slices:
+        a, b = pos, pos + len(s.items)
+        pos = b
+        for seg_start, seg_count, outcome in segments:
+            lo, hi = max(a, seg_start), min(b, seg_start + seg_count)
+            if lo >= hi:
+                continue
+            if isinstance(outcome, list):
+                rows.append((s.request, s.offset + lo - a, hi - lo, P.ERROR, outcome))
+            else:
+                kind, body = outcome.body(lo - seg_start, hi - lo)
+                rows.append((s.request, s.offset + lo - a, hi - lo, kind, body))
+    return rows
+
+
+def error_rows(slices: list[Slice], body: list[str]) -> list[Row]:
+    return [(s.request, s.offset, len(s.items), P.ERROR, body) for s in slices]

@@ -1,0 +1,18 @@
+-- Withdraw a request that no worker has read yet.
+-- KEYS[1]  P:{S}:in:K     request stream
+-- KEYS[2]  P:{S}:queued   admission counter
+-- ARGV[1]  consumer group
+-- ARGV[2]  entry id
+-- ARGV[3]  item count
+-- Returns 1 when the entry was removed before any delivery (it will never run), 0 when a worker
+-- holds it already or it is gone.
+-- No consumer group yet (NOGROUP) means no worker has read anything from this stream.
+local pending = redis.pcall('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1)
+if type(pending) == 'table' and pending.err == nil and #pending > 0 then
+  return 0
+end
+if redis.call('XDEL', KEYS[1], ARGV[2]) == 1 then
+  redis.call('DECRBY', KEYS[2], tonumber(ARGV[3]))
+  return 1
+end
+return 0

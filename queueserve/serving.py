@@ -1,0 +1,246 @@
+"""Servings: a named batch function plus its batching options."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
+
+from ._durations import parse_duration
+from .codec import get_codec
+from .protocol import Keys
+from .results import BatchResults
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+BatchFn = Callable[[list[Any]], Any]
+OnError = Literal["isolate", "fail"]
+
+
+@dataclass(frozen=True)
+class Partition:
+    """One executor of a serving, bound to one device (``cpu`` or ``cuda:i``)."""
+
+    index: int = 0
+    device: str = "cpu"
+    count: int = 1
+
+
+class Batch(list[Any]):
+    """The items of one batch, in order; a list, plus the batch key and partition it runs on."""
+
+    __slots__ = ("key", "partition")
+
+    def __init__(
+        self, items: Iterable[Any], key: str = "default", partition: Partition | None = None
+    ) -> None:
+        super().__init__(items)
+        self.key = key
+        self.partition = partition or Partition()
+
+
+def _check_batch_size(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"batch_size must be an int >= 1, got {value!r} ({type(value).__name__})")
+    if value < 1:
+        raise ValueError(f"batch_size must be an int >= 1, got {value}")
+    return value
+
+
+def _check_max_queue(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"max_queue must be an int >= 0 (0 = unlimited), got {value!r}")
+    return value
+
+
+def _check_optional_callable(name: str, value: object) -> Any:
+    if value is not None and not callable(value):
+        raise TypeError(f"{name} must be callable or None, got {value!r}")
+    return value
+
+
+class Serving:
+    """A batch function and how to batch it.
+
+    >>> serving = qs.Serving(square, name="square", batch_size=10, batch_timeout=0.1)
+    >>> serving.inline(3)
+    9
+
+    Stateful servings subclass it: ``setup(self, partition)`` runs once per partition (load the
+    model onto ``partition.device`` there) and ``handle_batch(self, batch)`` runs each batch.
+    Options may be given as class attributes of the subclass or as keyword arguments.
+    """
+
+    name: str = ""
+    batch_size: int = 32
+    batch_timeout: float = 0.01
+    max_queue: int = 0
+    codec: str = "msgpack"
+    on_error: OnError = "isolate"
+
+    def __init__(
+        self,
+        fn: BatchFn | None = None,
+        *,
+        name: str | None = None,
+        batch_size: int | None = None,
+        batch_timeout: float | str | None = None,
+        cost: Callable[[Any], float] | None = None,
+        batch_key: str | Callable[[Any], str] | None = None,
+        max_queue: int | None = None,
+        codec: str | None = None,
+        on_error: OnError | None = None,
+    ) -> None:
+        cls = type(self)
+        if fn is None and cls.handle_batch is Serving.handle_batch:
+            raise TypeError("Serving needs a batch function, or a subclass defining handle_batch()")
+        _check_optional_callable("fn", fn)
+        self.fn = fn
+        default_name = getattr(fn, "__name__", "") if fn else cls.__name__.lower()
+        resolved = name or cls.name or default_name
+        if not resolved or resolved == "<lambda>":
+            raise ValueError("a serving made from a lambda needs a name: Serving(fn, name='...')")
+        Keys("qs", resolved)  # validates the name
+        self.name = resolved
+        self.batch_size = _check_batch_size(cls.batch_size if batch_size is None else batch_size)
+        self.batch_timeout = parse_duration(
+            cls.batch_timeout if batch_timeout is None else batch_timeout, what="batch_timeout"
+        )
+        self.cost = _check_optional_callable("cost", cost)
+        if batch_key is not None and not (isinstance(batch_key, str) or callable(batch_key)):
+            raise TypeError(
+                f"batch_key must be a str or a callable(item) -> str, got {batch_key!r}"
+            )
+        self.batch_key = batch_key
+        self.max_queue = _check_max_queue(cls.max_queue if max_queue is None else max_queue)
+        self.codec = get_codec(cls.codec if codec is None else codec).name
+        self.on_error: OnError = cls.on_error if on_error is None else on_error
+        if self.on_error not in ("isolate", "fail"):
+            raise ValueError(f"on_error must be 'isolate' or 'fail', got {self.on_error!r}")
+        self._input_maps: list[Callable[[Any], Any]] = []
+        self._result_maps: list[Callable[[Any], Any]] = []
+        self._inline_lock = threading.Lock()
+        self._inline_ready = False
+
+    # -- subclass hooks ---------------------------------------------------------------------
+    def setup(self, partition: Partition) -> None:
+        """Runs once per partition before its first batch; load models onto partition.device."""
+
+    def handle_batch(self, batch: Batch) -> Any:
+        """Runs one batch; returns one result per item (or a batched array/tensor/dict)."""
+        assert self.fn is not None
+        return self.fn(batch)
+
+    # -- client-side mapping ----------------------------------------------------------------
+    def map_inputs(self, fn: Callable[[Any], Any]) -> Serving:
+        """Transform each item in the caller before it is sent (chainable)."""
+        self._input_maps.append(fn)
+        return self
+
+    def map_results(self, fn: Callable[[Any], Any]) -> Serving:
+        """Transform each result in the caller after it arrives (chainable)."""
+        self._result_maps.append(fn)
+        return self
+
+    def prepare_item(self, item: Any) -> Any:
+        for fn in self._input_maps:
+            item = fn(item)
+        return item
+
+    def finish_result(self, result: Any) -> Any:
+        for fn in self._result_maps:
+            result = fn(result)
+        return result
+
+    @property
+    def has_client_maps(self) -> bool:
+        return bool(self._input_maps or self._result_maps)
+
+    def key_for(self, item: Any, explicit: str | None) -> str:
+        if explicit is not None:
+            return explicit
+        if self.batch_key is None:
+            return "default"
+        if isinstance(self.batch_key, str):
+            return self.batch_key
+        return str(self.batch_key(item))
+
+    # -- execution ---------------------------------------------------------------------------
+    def item_cost(self, item: Any) -> float:
+        return 1.0 if self.cost is None else float(self.cost(item))
+
+    def run_batch(self, batch: Batch) -> BatchResults:
+        """Run one batch and check that it returned one result per item."""
+        return BatchResults(self.handle_batch(batch), len(batch), self.name)
+
+    def chunks(self, items: Sequence[Any]) -> Iterable[Sequence[Any]]:
+        """Cut items into batches that fit the capacity (batch_size items or cost units)."""
+        if self.cost is None:
+            for i in range(0, len(items), self.batch_size):
+                yield items[i : i + self.batch_size]
+            return
+        start, used = 0, 0.0
+        for i, item in enumerate(items):
+            c = self.item_cost(item)
+            if c > self.batch_size:
+                raise ValueError(
+                    f"item {i} costs {c:g}, more than the capacity of serving {self.name!r} "
+                    f"(batch_size={self.batch_size}); split the item or raise batch_size"
+                )
+            if used + c > self.batch_size:
+                yield items[start:i]
+                start, used = i, 0.0
+            used += c
+        if start < len(items):
+            yield items[start:]
+
+    def _ensure_inline_setup(self) -> None:
+        if self._inline_ready:
+            return
+        with self._inline_lock:
+            if not self._inline_ready:
+                self.setup(Partition())
+                self._inline_ready = True
+
+    def inline(self, item: Any) -> Any:
+        """Run one item in this process (no Redis), through the same batch function."""
+        return self.inline_many([item])[0]
+
+    def inline_many(self, items: Iterable[Any]) -> list[Any]:
+        """Run items in this process, split into batches of at most batch_size."""
+        self._ensure_inline_setup()
+        prepared = [self.prepare_item(x) for x in items]
+        out: list[Any] = []
+        for chunk in self.chunks(prepared):
+            key = self.key_for(chunk[0], None)
+            out.extend(self.run_batch(Batch(chunk, key)).as_list())
+        return [self.finish_result(r) for r in out]
+
+    def options(self) -> dict[str, Any]:
+        """The options workers publish for clients and operators."""
+        return {
+            "batch_size": self.batch_size,
+            "batch_timeout": self.batch_timeout,
+            "max_queue": self.max_queue,
+            "codec": self.codec,
+            "on_error": self.on_error,
+            "cost": self.cost is not None,
+        }
+
+    def __repr__(self) -> str:
+        return (
+            f"<Serving {self.name!r} batch_size={self.batch_size} "
+            f"batch_timeout={self.batch_timeout:g}s>"
+        )
+
+
+def serving(
+    fn: BatchFn | None = None, **options: Any
+) -> Callable[[BatchFn], Serving] | Serving:
+    """Decorator form: ``@qs.serving(name="square", batch_size=10)`` over a batch function."""
+
+    def wrap(f: BatchFn) -> Serving:
+        return Serving(f, **options)
+
+    return wrap(fn) if fn is not None else wrap
