@@ -15,7 +15,7 @@ import redis
 from redis.commands.core import Script
 
 from .errors import RedisUnavailable
-from .protocol import GROUP, Keys
+from .protocol import GROUP, Keys, worker_key
 
 StreamEntries = list[tuple[bytes, dict[bytes, bytes]]]
 
@@ -169,10 +169,16 @@ class RedisBroker:
         with redis_errors(self.url):
             self.redis.hset(keys.meta, mapping={k: str(v) for k, v in options.items()})
 
-    def heartbeat(self, keys_list: Sequence[Keys], consumer: str, ttl_ms: int) -> None:
+    def heartbeat(
+        self, keys_list: Sequence[Keys], consumer: str, ttl_ms: int, info: Mapping[str, str | int]
+    ) -> None:
+        """Say ``consumer`` is alive, per serving, and refresh its registry record."""
         now_ms = int(time.time() * 1000)
+        record = worker_key(keys_list[0].prefix, consumer)
         with redis_errors(self.url):
             pipe = self.redis.pipeline(transaction=False)
+            pipe.hset(record, mapping={**info, "heartbeat_ms": now_ms})
+            pipe.pexpire(record, ttl_ms)
             for keys in keys_list:
                 pipe.zadd(keys.workers, {consumer: now_ms})
                 pipe.zremrangebyscore(keys.workers, "-inf", now_ms - ttl_ms)
@@ -182,6 +188,7 @@ class RedisBroker:
     def leave(self, keys_list: Sequence[Keys], consumer: str) -> None:
         with redis_errors(self.url):
             pipe = self.redis.pipeline(transaction=False)
+            pipe.delete(worker_key(keys_list[0].prefix, consumer))
             for keys in keys_list:
                 pipe.zrem(keys.workers, consumer)
             pipe.execute()

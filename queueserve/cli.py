@@ -1,13 +1,14 @@
 """``queueserve``: the command line. Only this module configures logging.
 
-Exit codes: 0 ok, 1 error (a --check found no live worker, Redis unreachable), 2 usage (bad
-arguments, a module:attr that does not load), 3 forced stop (second signal).
+Exit codes: 0 ok (also after a graceful SIGTERM/SIGINT), 1 error (a --check found no live
+worker, Redis unreachable), 2 usage (bad arguments, a module:attr that does not load), 3 forced
+stop (a second signal), 4 crash loop (a partition died more than --max-restarts times within
+--restart-window).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import sys
 from collections.abc import Sequence
@@ -15,6 +16,7 @@ from collections.abc import Sequence
 from ._durations import parse_duration
 from .broker import RedisBroker
 from .errors import QueueServeError
+from .loading import ServingNotFound, load_servings
 from .protocol import Keys
 from .serving import Serving
 from .settings import Settings
@@ -23,38 +25,17 @@ from .worker import EXIT_ERROR, EXIT_OK, EXIT_USAGE, Worker
 log = logging.getLogger("queueserve.cli")
 
 
-class UsageError(Exception):
-    pass
-
-
-def load_servings(spec: str) -> list[Serving]:
-    """Servings named by ``module:attr``: a Serving, a Serving subclass, or a list of them."""
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise UsageError(f"{spec!r} is not module:attr (for example myapp.servings:embed)")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise UsageError(f"cannot import module {module_name!r} for {spec!r}: {e}") from None
-    try:
-        obj = getattr(module, attr)
-    except AttributeError:
-        raise UsageError(f"module {module_name!r} has no attribute {attr!r}") from None
-    if isinstance(obj, type) and issubclass(obj, Serving):
-        obj = obj()
-    found = obj if isinstance(obj, list | tuple) else [obj]
-    if not found or not all(isinstance(s, Serving) for s in found):
-        raise UsageError(
-            f"{spec} is {type(obj).__name__}, not a qs.Serving (or a subclass, or a list of them)"
-        )
-    return list(found)
-
-
 def _duration(value: str) -> float:
     try:
         return parse_duration(value)
     except (TypeError, ValueError) as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _partitions(value: str) -> int | str:
+    if value == "auto":
+        return value
+    return _positive_int(value)
 
 
 def _positive_int(value: str) -> int:
@@ -70,6 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("servings", nargs="+", metavar="module:attr")
     w.add_argument("--redis-url", help="Redis URL (default: $QUEUESERVE_REDIS_URL)")
     w.add_argument("--prefix", help="key prefix (default: $QUEUESERVE_PREFIX or qs)")
+    w.add_argument("--partitions", type=_partitions, default="auto",
+                   help="'auto' (one per visible CUDA device, else 1) or a number (default auto)")
     w.add_argument("--batch-size", type=_positive_int, help="override every serving's batch_size")
     w.add_argument("--batch-timeout", type=_duration, help="override batch_timeout, e.g. 10ms")
     w.add_argument("--batch-key", action="append", default=[], dest="batch_keys",
@@ -78,6 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="batches prefetched while one executes (default 1)")
     w.add_argument("--shutdown-timeout", type=_duration, default=30.0,
                    help="how long SIGTERM may take to finish held work (default 30s)")
+    w.add_argument("--max-restarts", type=_positive_int, default=5,
+                   help="partition deaths tolerated within --restart-window (default 5)")
+    w.add_argument("--restart-window", type=_duration, default=60.0,
+                   help="window for --max-restarts (default 60s)")
     w.add_argument("--check", action="store_true",
                    help="exit 0 when a live worker serves every named serving, else 1")
     w.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
@@ -98,17 +85,17 @@ def _check(servings: Sequence[Serving], url: str, prefix: str) -> int:
 
 
 def worker_command(args: argparse.Namespace) -> int:
-    servings = [s for spec in args.servings for s in load_servings(spec)]
     settings = Settings()
     url = args.redis_url or settings.redis_url
     prefix = args.prefix or settings.prefix
     if args.check:
-        return _check(servings, url, prefix)
+        return _check([s for spec in args.servings for s in load_servings(spec)], url, prefix)
     worker = Worker(
-        servings, redis_url=url, prefix=prefix, batch_size=args.batch_size,
-        batch_timeout=args.batch_timeout, batch_keys=args.batch_keys,
+        args.servings, redis_url=url, prefix=prefix, partitions=args.partitions,
+        batch_size=args.batch_size, batch_timeout=args.batch_timeout, batch_keys=args.batch_keys,
         max_concurrent_batches=args.max_concurrent_batches,
-        shutdown_timeout=args.shutdown_timeout,
+        shutdown_timeout=args.shutdown_timeout, max_restarts=args.max_restarts,
+        restart_window=args.restart_window,
     )
     return worker.run()
 
@@ -121,7 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         return worker_command(args)
-    except UsageError as e:
+    except ServingNotFound as e:
         print(f"queueserve: {e}", file=sys.stderr)
         return EXIT_USAGE
     except (QueueServeError, ValueError, TypeError) as e:

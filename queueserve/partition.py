@@ -53,6 +53,15 @@ class PartitionHost:
         ]
         self._stopped = threading.Event()
         self._heart: threading.Thread | None = None
+        self._info: dict[str, str | int] = {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "partition": partition.index,
+            "partitions": partition.count,
+            "device": partition.device,
+            "servings": ",".join(s.name for s in self.servings),
+            "started_ms": int(time.time() * 1000),
+        }
 
     def start(self) -> None:
         for serving in self.servings:
@@ -98,7 +107,7 @@ class PartitionHost:
         return [r.keys for r in self.runners]
 
     def _beat(self) -> None:
-        self.broker.heartbeat(self._keys(), self.consumer, HEARTBEAT_TTL_MS)
+        self.broker.heartbeat(self._keys(), self.consumer, HEARTBEAT_TTL_MS, self._info)
 
     def _heartbeat_loop(self) -> None:
         while not self._stopped.wait(HEARTBEAT_S):

@@ -1,12 +1,14 @@
 """One serving inside one partition: read, assemble, execute, reply, ack.
 
-Three threads, so that Redis I/O overlaps the batch function:
+Threads, so that Redis I/O overlaps the batch function:
 
-    reader    XREADGROUP -> decode -> Assembler (bounded: one batch prefetched by default)
-    executor  Assembler -> batch function -> rows
-    replier   rows -> RPUSH to each caller's inbox + XACK/XDEL, one round trip per batch
+    reader     XREADGROUP -> decode -> Assembler (holds at most one batch beyond those running)
+    executors  Assembler -> batch function -> rows (max_concurrent_batches of them, default 1)
+    replier    rows -> RPUSH to each caller's inbox + XACK/XDEL, one round trip per batch
 
-The executor never touches Redis, so the device never waits on it.
+Executors never touch Redis, so the device never waits on it; a partition holds at most
+max_concurrent_batches running batches plus one prefetched, so a crash strands little and other
+workers share the load.
 """
 
 from __future__ import annotations
@@ -60,8 +62,8 @@ class ServingRunner:
         self.consumer = consumer
         self.partition = partition
         self.assembler = Assembler(serving.batch_size, serving.batch_timeout)
-        # Items held beyond the executing batches: max_concurrent_batches batches prefetched.
-        self.prefetch_limit = serving.batch_size * max_concurrent_batches
+        self.executors = max_concurrent_batches
+        self.prefetch_limit = serving.batch_size  # items held beyond the running batches
         self.cond = threading.Condition()
         self.outbox: queue.SimpleQueue[list[Row] | None] = queue.SimpleQueue()
         self.streams: list[str] = []
@@ -75,11 +77,9 @@ class ServingRunner:
     def start(self) -> None:
         self.broker.declare(self.keys, self.serving.options())
         self._refresh_streams(set(self._declared_keys))
-        for name, target in (
-            ("reader", self._read_loop),
-            ("executor", self._execute_loop),
-            ("replier", self._reply_loop),
-        ):
+        roles = [("reader", self._read_loop), ("replier", self._reply_loop)]
+        roles += [(f"executor{i}", self._execute_loop) for i in range(self.executors)]
+        for name, target in roles:
             t = threading.Thread(
                 target=target,
                 name=f"queueserve-{self.serving.name}-p{self.partition.index}-{name}",
@@ -228,22 +228,22 @@ class ServingRunner:
 
     # -- replier -----------------------------------------------------------------------------
     def _reply_loop(self) -> None:
-        running = True
-        while running:
-            rows = self.outbox.get()
-            if rows is None:
-                break
+        executors_left = self.executors  # each executor ends the outbox with None
+        while executors_left:
+            rows: list[Row] = []
+            item = self.outbox.get()
             # Coalesce whatever else is ready into the same round trip.
             while True:
+                if item is None:
+                    executors_left -= 1
+                else:
+                    rows += item
                 try:
-                    more = self.outbox.get_nowait()
+                    item = self.outbox.get_nowait()
                 except queue.Empty:
                     break
-                if more is None:
-                    running = False
-                    break
-                rows += more
-            self._send(rows)
+            if rows:
+                self._send(rows)
 
     def _send(self, rows: list[Row]) -> None:
         messages: dict[str, list[list[Any]]] = defaultdict(list)

@@ -123,6 +123,17 @@ class Serving:
         self._inline_lock = threading.Lock()
         self._inline_ready = False
 
+    def __getstate__(self) -> dict[str, Any]:
+        # Servings travel to partition processes; the inline lock and state stay behind.
+        state = self.__dict__.copy()
+        del state["_inline_lock"]
+        state["_inline_ready"] = False
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._inline_lock = threading.Lock()
+
     # -- subclass hooks ---------------------------------------------------------------------
     def setup(self, partition: Partition) -> None:
         """Runs once per partition before its first batch; load models onto partition.device."""
