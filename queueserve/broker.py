@@ -177,7 +177,8 @@ class RedisBroker:
         record = worker_key(keys_list[0].prefix, consumer)
         with redis_errors(self.url):
             pipe = self.redis.pipeline(transaction=False)
-            pipe.hset(record, mapping={**info, "heartbeat_ms": now_ms})
+            fields: dict[Any, Any] = {**info, "heartbeat_ms": now_ms}
+            pipe.hset(record, mapping=fields)
             pipe.pexpire(record, ttl_ms)
             for keys in keys_list:
                 pipe.zadd(keys.workers, {consumer: now_ms})

@@ -10,12 +10,16 @@ had, the session fails; it never skips.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 from uuid import uuid4
 
 import pytest
 import redis
+
+import queueserve as qs
 
 from ._redis_server import RedisServer, prefixed_client, start_redis_server
 
@@ -71,3 +75,78 @@ def redis_tmp_server(tmp_path: Path) -> Iterator[RedisServer]:
         yield server
     finally:
         server.stop()
+
+
+# --- workers, clients and waiting (integration tests) ---------------------------------------
+WAIT_LIMIT_S = 10.0
+
+
+def wait_until(
+    predicate: Callable[[], Any], *, what: str, timeout: float = WAIT_LIMIT_S
+) -> Any:
+    """Poll ``predicate`` until it returns something truthy, and return that; fail loudly with
+    ``what`` once ``timeout`` seconds passed. For waiting on conditions, never for time."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"waited {timeout:g}s for {what}; last value: {value!r}")
+        time.sleep(0.002)
+
+
+def stream_key(prefix: str, serving: str, batch_key: str = "default") -> str:
+    """The request stream of one (serving, batch key) under ``prefix``."""
+    return f"{prefix}:{{{serving}}}:in:{batch_key}"
+
+
+@pytest.fixture
+def pending(redis_client: redis.Redis, prefix: str) -> Callable[..., int]:
+    """``pending(serving, batch_key="default")``: entries workers have read and not acked yet."""
+
+    def count(serving: str, batch_key: str = "default") -> int:
+        try:
+            info = redis_client.xpending(stream_key(prefix, serving, batch_key), "qs")
+        except redis.ResponseError as e:  # no stream or no group yet: nothing was read
+            if "NOGROUP" in str(e):
+                return 0
+            raise
+        return int(info["pending"])
+
+    return count
+
+
+@pytest.fixture
+def start_worker(
+    redis_client: redis.Redis, redis_url: str, prefix: str
+) -> Iterator[Callable[..., qs.Worker]]:
+    """``start_worker(*servings, **worker_options)``: a worker in background threads of this
+    process, under the test's prefix. Every one is stopped after the test, pass or fail, after
+    opening the gates of the servings it runs (see ``tests.servings.Recording``)."""
+    started: list[tuple[qs.Worker, tuple[qs.Serving, ...]]] = []
+
+    def start(*servings: qs.Serving, **options: Any) -> qs.Worker:
+        options.setdefault("handle_signals", False)
+        options.setdefault("shutdown_timeout", 10.0)
+        worker = qs.Worker(list(servings), redis_url=redis_url, prefix=prefix, **options)
+        started.append((worker, servings))
+        return worker.start()
+
+    yield start
+    for worker, servings in reversed(started):
+        for serving in servings:
+            gate = getattr(serving, "gate", None)
+            if gate is not None:
+                gate.set()
+        worker.stop(timeout=10.0)
+
+
+@pytest.fixture
+def client(redis_client: redis.Redis, redis_url: str, prefix: str) -> Iterator[qs.Client]:
+    """A sync client under the test's prefix, closed after the test."""
+    c = qs.Client(redis_url, prefix=prefix)
+    try:
+        yield c
+    finally:
+        c.close()
