@@ -1,0 +1,32 @@
+# Sourced by scripts/test and scripts/demo: make .venv and install queueserve with the extras
+# named in $QS_EXTRAS (constraints.txt pins torch to the CPU build on disk here). Reinstalls
+# only when the install inputs change: the install is editable, so code edits need none.
+say() { printf '==> %s\n' "$*"; }
+
+if [[ ! -x .venv/bin/python ]]; then
+    say "creating .venv"
+    python3 -m venv .venv
+fi
+PY=.venv/bin/python
+
+stamp=.venv/.queueserve-install-${QS_EXTRAS//,/-}
+want="$(cat pyproject.toml constraints.txt | sha256sum | cut -d' ' -f1)"
+if [[ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]]; then
+    say "installing -e .[$QS_EXTRAS] (constraints.txt)"
+    "$PY" -m pip install -qq --disable-pip-version-check -c constraints.txt -e ".[$QS_EXTRAS]"
+    echo "$want" >"$stamp"
+else
+    say "install up to date (.venv)"
+fi
+
+ensure_redis_server() {
+    if command -v redis-server >/dev/null 2>&1; then
+        return
+    fi
+    say "installing redis-server (apt-get)"
+    local sudo=""
+    if [[ "$(id -u)" -ne 0 ]]; then sudo="sudo"; fi
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq redis-server >/dev/null
+    command -v redis-server >/dev/null || { echo "error: redis-server still not found" >&2; exit 1; }
+}
