@@ -11,6 +11,7 @@ from .client import Client, Ticket
 from .errors import (
     BadRequest,
     Cancelled,
+    DeadLettered,
     QueueFull,
     QueueServeError,
     RedisUnavailable,
@@ -39,6 +40,7 @@ __all__ = [  # noqa: RUF022 - grouped by use, as the docs present them
     # errors
     "BadRequest",
     "Cancelled",
+    "DeadLettered",
     "QueueFull",
     "QueueServeError",
     "RedisUnavailable",

@@ -18,7 +18,7 @@ import msgpack
 
 from . import protocol as P
 from .codec import Codec, MsgpackCodec, codec_for_tag
-from .errors import BadRequest, Cancelled, QueueServeError, RemoteError, Timeout
+from .errors import BadRequest, Cancelled, DeadLettered, QueueServeError, RemoteError, Timeout
 from .results import unbatch
 
 MSGPACK_TAG = MsgpackCodec.tag
@@ -162,6 +162,8 @@ def error_from_wire(body: list[str]) -> QueueServeError:
         return Timeout(message)
     if kind == P.ERR_BAD_REQUEST:
         return BadRequest(message)
+    if kind == P.ERR_DEAD_LETTER:
+        return DeadLettered(message)
     return RemoteError(remote_type, message, tb)
 
 

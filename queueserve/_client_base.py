@@ -9,12 +9,15 @@ from typing import Any
 from . import protocol as P
 from ._calls import Call, CallTable, outcome
 from .codec import Codec, get_codec
-from .errors import QueueServeError
+from .errors import BadRequest, QueueServeError
 from .serving import Serving
 from .settings import Settings
 
 # A worker is alive when its last heartbeat is this recent (workers beat every second).
 ALIVE_WITHIN = 10.0
+# How long a send keeps retrying while Redis is unreachable before the caller gets the error.
+RECONNECT_WITHIN = 30.0
+
 
 ServingRef = str | Serving
 
@@ -27,6 +30,16 @@ class Target:
     codec: Codec
     serving: Serving | None  # given when the caller passed the Serving object
     max_queue: int  # admission limit to use until a worker has declared the serving
+    max_payload_bytes: int | None  # known from the Serving object or the workers' declaration
+
+    def check_payload(self, payload: bytes, n: int) -> None:
+        """Refuse, before sending, a payload the workers would refuse."""
+        limit = self.max_payload_bytes
+        if limit is not None and len(payload) > limit:
+            raise BadRequest(
+                f"request of {n} items encodes to {len(payload)} bytes, over max_payload_bytes="
+                f"{limit} of serving {self.keys.name!r}; send fewer or smaller items"
+            )
 
 
 @dataclass(slots=True)
@@ -54,6 +67,8 @@ class ClientBase:
     def remember(self, serving: ServingRef, meta: dict[str, str]) -> Target:
         """The target for ``serving``, given the options its workers declared (maybe none)."""
         target = self._target_for(serving, meta.get("codec"))
+        if "max_payload_bytes" in meta and target.serving is None:
+            target.max_payload_bytes = int(meta["max_payload_bytes"])
         if isinstance(serving, str) and "codec" in meta:
             self._targets[serving] = target
         self.table.accept(target.codec)
@@ -66,10 +81,13 @@ class ClientBase:
                 get_codec(serving.codec),
                 serving,
                 serving.max_queue,
+                serving.max_payload_bytes,
             )
         if not isinstance(serving, str):
             raise TypeError(f"serving must be a name or a qs.Serving, got {serving!r}")
-        return Target(P.Keys(self.prefix, serving), get_codec(meta_codec or "msgpack"), None, 0)
+        return Target(
+            P.Keys(self.prefix, serving), get_codec(meta_codec or "msgpack"), None, 0, None
+        )
 
     @staticmethod
     def plan(target: Target, items: list[Any], batch_key: str | None) -> list[Part]:

@@ -20,9 +20,24 @@ import redis.asyncio as aioredis
 
 from . import protocol as P
 from ._calls import Call, deadline_after, encode_request
-from ._client_base import ALIVE_WITHIN, ClientBase, Part, ServingRef, Target, collect
-from .broker import enqueue_arguments, load_script, text
-from .errors import Cancelled, QueueFull, QueueServeError, RedisUnavailable, Timeout
+from ._client_base import (
+    ALIVE_WITHIN,
+    RECONNECT_WITHIN,
+    ClientBase,
+    Part,
+    ServingRef,
+    Target,
+    collect,
+)
+from .broker import backoff, enqueue_arguments, load_script, text
+from .errors import (
+    BadRequest,
+    Cancelled,
+    QueueFull,
+    QueueServeError,
+    RedisUnavailable,
+    Timeout,
+)
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +159,11 @@ class AsyncClient:
             header, payload = encode_request(
                 target.codec, call.rid, part.items, self._base.inbox, deadline
             )
+            try:
+                target.check_payload(payload, call.n)
+            except BadRequest:
+                self.table.forget(call)
+                raise
             calls.append(call)
             futures.append(future)
             self._outbox.append((target, part.batch_key, call, header, payload))
@@ -223,7 +243,7 @@ class AsyncClient:
         try:
             return bool(
                 await self._cancel_script(
-                    keys=[keys.stream(call.batch_key), keys.queued],
+                    keys=[keys.stream(call.batch_key), keys.queued, keys.cancel],
                     args=[P.GROUP, call.entry_id or b"", call.n],
                 )
             )
@@ -236,13 +256,30 @@ class AsyncClient:
             while self._outbox:
                 batch, self._outbox = self._outbox, []
                 try:
-                    await self._enqueue(batch)
+                    await self._enqueue_retrying(batch)
                 except QueueServeError as e:
                     for _, _, call, _, _ in batch:
                         self.table.forget(call)
                         call.fail(e)
         finally:
             self._flushing = False
+
+    async def _enqueue_retrying(self, batch: list[_Outgoing]) -> None:
+        give_up = time.monotonic() + RECONNECT_WITHIN
+        attempt = 0
+        while True:
+            try:
+                await self._enqueue(batch)
+            except RedisUnavailable as e:
+                if time.monotonic() >= give_up or self._closed:
+                    raise
+                log.warning("sending to Redis: %s; retrying", e)
+                await asyncio.sleep(backoff(attempt))
+                attempt += 1
+                continue
+            if attempt:
+                log.warning("sending to Redis at %s works again", self.url)
+            return
 
     async def _enqueue(self, batch: list[_Outgoing]) -> None:
         by_serving: dict[str, list[_Outgoing]] = {}
@@ -271,7 +308,7 @@ class AsyncClient:
             )
 
     async def _read_inbox(self) -> None:
-        backoff = 0.05
+        attempt = 0
         while not self._closed:
             try:
                 out = await self.redis.execute_command(  # type: ignore[no-untyped-call]
@@ -279,10 +316,12 @@ class AsyncClient:
                 )
             except (redis.ConnectionError, redis.TimeoutError) as e:
                 log.warning("inbox reader: Redis at %s unavailable (%s); retrying", self.url, e)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 2.0)
+                await asyncio.sleep(backoff(attempt))
+                attempt += 1
                 continue
-            backoff = 0.05
+            if attempt:
+                log.warning("inbox reader: Redis at %s is reachable again", self.url)
+                attempt = 0
             for message in [] if out is None else out[1]:
                 try:
                     self.table.deliver(message)

@@ -20,6 +20,11 @@ from .protocol import GROUP, Keys, worker_key
 StreamEntries = list[tuple[bytes, dict[bytes, bytes]]]
 
 
+def backoff(attempt: int) -> float:
+    """Seconds to wait before retry ``attempt`` (0, 1, ...) against an unreachable Redis."""
+    return float(min(0.05 * 2**attempt, 2.0))
+
+
 def text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
@@ -83,7 +88,9 @@ class RedisBroker:
 
     def cancel(self, keys: Keys, stream: str, entry_id: bytes, n: int) -> bool:
         with redis_errors(self.url):
-            return bool(self._cancel(keys=[stream, keys.queued], args=[GROUP, entry_id, n]))
+            return bool(
+                self._cancel(keys=[stream, keys.queued, keys.cancel], args=[GROUP, entry_id, n])
+            )
 
     def read_inbox(self, inbox: str, timeout: float, count: int = 512) -> list[bytes]:
         with redis_errors(self.url):
@@ -151,17 +158,73 @@ class RedisBroker:
                 self._ack(keys=[stream, keys.queued], args=[GROUP, *id_counts], client=pipe)
             pipe.execute()
 
-    def dead_letter(self, keys: Keys, stream: str, entry_id: bytes, reason: str) -> None:
-        """Move an entry nobody can be answered for to the dead-letter stream, then ack it."""
+    def alive_consumers(self, keys: Keys, within: float) -> set[str]:
+        now_ms = int(time.time() * 1000)
+        with redis_errors(self.url):
+            raw = self.redis.zrangebyscore(keys.workers, now_ms - int(within * 1000), "+inf")
+        return {text(c) for c in cast(list[bytes], raw)}
+
+    def pending_consumers(self, stream: str) -> list[tuple[str, int]]:
+        """Consumers of ``stream`` holding unacked entries, with how many."""
+        with redis_errors(self.url):
+            summary = self.redis.xpending(stream, GROUP)
+        return [(text(c["name"]), int(c["pending"])) for c in summary.get("consumers") or []]
+
+    def claim(
+        self, stream: str, owner: str, claimer: str, min_idle_ms: int, count: int
+    ) -> list[tuple[bytes, dict[bytes, bytes], int]]:
+        """Move up to ``count`` of ``owner``'s entries idle for ``min_idle_ms`` to ``claimer``.
+
+        Returns (entry id, fields, deliveries including this one). Entries deleted meanwhile
+        (cancelled) leave the pending list without being returned. Two claimers racing never
+        both get an entry: the claim resets its idle time.
+        """
+        with redis_errors(self.url):
+            pending = self.redis.xpending_range(
+                stream, GROUP, min="-", max="+", count=count, consumername=owner,
+                idle=min_idle_ms,
+            )
+            if not pending:
+                return []
+            deliveries = {p["message_id"]: int(p["times_delivered"]) + 1 for p in pending}
+            claimed = cast(
+                list[tuple[bytes, dict[bytes, bytes] | None]],
+                self.redis.xclaim(stream, GROUP, claimer, min_idle_ms, list(deliveries)),
+            )
+        return [
+            (entry_id, fields, deliveries.get(entry_id, 1))
+            for entry_id, fields in claimed
+            if fields is not None
+        ]
+
+    def consumers(self, stream: str) -> list[tuple[str, int, int]]:
+        """(name, pending, idle ms) of every consumer in the stream's group."""
+        with redis_errors(self.url):
+            info = self.redis.xinfo_consumers(stream, GROUP)
+        return [(text(c["name"]), int(c["pending"]), int(c["idle"])) for c in info]
+
+    def forget_consumer(self, stream: str, consumer: str) -> None:
+        with redis_errors(self.url):
+            self.redis.xgroup_delconsumer(stream, GROUP, consumer)
+
+    def dead_letter(
+        self, keys: Keys, stream: str, entry_id: bytes, record: Mapping[str, Any],
+        *, ack_now: bool,
+    ) -> None:
+        """Copy an entry to the serving's dead-letter stream with why (``record``).
+
+        ``ack_now`` acks and deletes the entry here, for entries nobody can be answered for;
+        otherwise the replier acks it after telling the caller.
+        """
+        fields: dict[Any, Any] = {
+            "stream": stream, "entry_id": entry_id, "at_ms": int(time.time() * 1000), **record
+        }
         with redis_errors(self.url):
             pipe = self.redis.pipeline(transaction=False)
-            pipe.xadd(
-                keys.dead,
-                {"stream": stream, "entry_id": entry_id, "reason": reason,
-                 "at_ms": int(time.time() * 1000)},
-            )
-            pipe.xack(stream, GROUP, entry_id)
-            pipe.xdel(stream, entry_id)
+            pipe.xadd(keys.dead, fields)
+            if ack_now:
+                pipe.xack(stream, GROUP, entry_id)
+                pipe.xdel(stream, entry_id)
             pipe.execute()
 
     def declare(self, keys: Keys, options: Mapping[str, Any]) -> None:

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from ._durations import parse_duration
 from .broker import RedisBroker
+from .deadletter import DeadLetters
 from .errors import QueueServeError
 from .loading import ServingNotFound, load_servings
 from .protocol import Keys
@@ -68,7 +69,46 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--check", action="store_true",
                    help="exit 0 when a live worker serves every named serving, else 1")
     w.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
+    d = sub.add_parser("dead-letter", help="list, replay or drop a serving's dead letters")
+    d.add_argument("action", choices=["list", "replay", "drop"])
+    d.add_argument("serving")
+    d.add_argument("ids", nargs="*", help="dead-letter ids (replay/drop); none with --all")
+    d.add_argument("--all", action="store_true", help="replay or drop every dead letter")
+    d.add_argument("--limit", type=_positive_int, default=100, help="how many to list")
+    d.add_argument("--redis-url", help="Redis URL (default: $QUEUESERVE_REDIS_URL)")
+    d.add_argument("--prefix", help="key prefix (default: $QUEUESERVE_PREFIX or qs)")
+    d.add_argument("--log-level", default="WARNING")
     return parser
+
+
+def dead_letter_command(args: argparse.Namespace) -> int:
+    settings = Settings()
+    broker = RedisBroker(args.redis_url or settings.redis_url)
+    letters = DeadLetters(broker, args.prefix or settings.prefix, args.serving)
+    try:
+        if args.action == "list":
+            for r in letters.records(args.limit):
+                print(f"{r.id}  from {r.stream} {r.entry_id}  deliveries={r.deliveries}  "
+                      f"{r.reason}")
+            return EXIT_OK
+        if bool(args.ids) == args.all:
+            print(f"queueserve: {args.action} takes dead-letter ids or --all", file=sys.stderr)
+            return EXIT_USAGE
+        ids = [r.id for r in letters.records(10**9)] if args.all else args.ids
+        for dead_id in ids:
+            if args.action == "replay":
+                print(f"{dead_id} replayed as {letters.replay(dead_id)}")
+            elif letters.drop(dead_id):
+                print(f"{dead_id} dropped")
+            else:
+                print(f"{dead_id}: no such dead letter", file=sys.stderr)
+                return EXIT_ERROR
+        return EXIT_OK
+    except (KeyError, ValueError) as e:
+        print(f"queueserve: {e}", file=sys.stderr)
+        return EXIT_ERROR
+    finally:
+        broker.close()
 
 
 def _check(servings: Sequence[Serving], url: str, prefix: str) -> int:
@@ -107,6 +147,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(processName)s %(name)s: %(message)s",
     )
     try:
+        if args.command == "dead-letter":
+            return dead_letter_command(args)
         return worker_command(args)
     except ServingNotFound as e:
         print(f"queueserve: {e}", file=sys.stderr)

@@ -18,9 +18,24 @@ from typing import Any
 
 from . import protocol as P
 from ._calls import Call, deadline_after, encode_request
-from ._client_base import ALIVE_WITHIN, ClientBase, Part, ServingRef, Target, collect
-from .broker import RedisBroker
-from .errors import Cancelled, QueueFull, QueueServeError, RedisUnavailable, Timeout
+from ._client_base import (
+    ALIVE_WITHIN,
+    RECONNECT_WITHIN,
+    ClientBase,
+    Part,
+    ServingRef,
+    Target,
+    collect,
+)
+from .broker import RedisBroker, backoff
+from .errors import (
+    BadRequest,
+    Cancelled,
+    QueueFull,
+    QueueServeError,
+    RedisUnavailable,
+    Timeout,
+)
 
 log = logging.getLogger(__name__)
 
@@ -148,6 +163,11 @@ class Client:
             header, payload = encode_request(
                 target.codec, call.rid, part.items, self._base.inbox, deadline
             )
+            try:
+                target.check_payload(payload, call.n)
+            except BadRequest:
+                self.table.forget(call)
+                raise
             calls.append(call)
             self._send((target, part.batch_key, call, header, payload))
         return Ticket(self, target, parts, calls, timeout)
@@ -226,7 +246,7 @@ class Client:
                     self._flushing = False
                     return
             try:
-                self._enqueue(batch)
+                self._enqueue_retrying(batch)
             except QueueServeError as e:
                 for _, _, call, _, _ in batch:
                     self.table.forget(call)
@@ -235,6 +255,23 @@ class Client:
                 with self._out_lock:
                     self._flushing = False
                 raise
+
+    def _enqueue_retrying(self, batch: list[_Outgoing]) -> None:
+        give_up = time.monotonic() + RECONNECT_WITHIN
+        attempt = 0
+        while True:
+            try:
+                self._enqueue(batch)
+            except RedisUnavailable as e:
+                if time.monotonic() >= give_up or self._closed:
+                    raise
+                log.warning("sending to Redis: %s; retrying", e)
+                time.sleep(backoff(attempt))
+                attempt += 1
+                continue
+            if attempt:
+                log.warning("sending to Redis at %s works again", self.url)
+            return
 
     def _enqueue(self, batch: list[_Outgoing]) -> None:
         by_serving: dict[str, list[_Outgoing]] = {}
@@ -262,18 +299,18 @@ class Client:
                 self._reader.start()
 
     def _read_inbox(self) -> None:
-        backoff = 0.05
+        attempt = 0
         while not self._closed:
             try:
                 messages = self.broker.read_inbox(self._base.inbox, timeout=1.0)
             except RedisUnavailable as e:
-                log.warning("inbox reader: %s; retrying in %.2fs", e, backoff)
-                time.sleep(backoff)
-                backoff = min(backoff * 2, 2.0)
+                log.warning("inbox reader: %s; retrying", e)
+                time.sleep(backoff(attempt))
+                attempt += 1
                 continue
-            if backoff > 0.05:
+            if attempt:
                 log.warning("inbox reader: Redis at %s is reachable again", self.url)
-                backoff = 0.05
+                attempt = 0
             for message in messages:
                 if message:
                     try:

@@ -78,6 +78,11 @@ def decode_entry(
     payload = fields.get(b"p")
     if payload is None:
         return reject("entry has no 'p' (payload) field")
+    if len(payload) > serving.max_payload_bytes:
+        return reject(
+            f"payload of {len(payload)} bytes is over max_payload_bytes="
+            f"{serving.max_payload_bytes} of serving {serving.name!r}; send fewer or smaller items"
+        )
     try:
         items = codec.loads(payload)
     except Exception as e:
@@ -88,30 +93,43 @@ def decode_entry(
     return _slices(serving, request, items)
 
 
-def _slices(serving: Serving, request: Request, items: list[Any]) -> Accepted:
+def _admit(serving: Serving, item: Any) -> tuple[Any, float]:
+    """The item as the batch function will see it, and its cost; ValueError when it cannot
+    join any batch (fails the serving's input_model, or costs more than the capacity)."""
+    item = serving.validate_item(item)
     if serving.cost is None:
+        return item, 1.0
+    try:
+        cost = serving.item_cost(item)
+    except Exception as e:  # the caller learns why its item was refused
+        raise ValueError(f"the serving's cost function failed for this item: {e!r}") from None
+    if cost > serving.batch_size:
+        raise ValueError(
+            f"item costs {cost:g}, more than the capacity of serving {serving.name!r} "
+            f"(batch_size={serving.batch_size}); split the item or raise batch_size"
+        )
+    return item, cost
+
+
+def _slices(serving: Serving, request: Request, items: list[Any]) -> Accepted:
+    if serving.cost is None and serving.input_model is None:
         return Accepted(request, [Slice(request, 0, items)], [])
     slices: list[Slice] = []
     rejected: list[tuple[int, str]] = []
-    start = 0
+    run: list[Any] = []
     costs: list[float] = []
-    for i, item in enumerate(items):
+    start = 0
+    for i, raw in enumerate(items):
         try:
-            c = serving.item_cost(item)
-            problem = (
-                f"item costs {c:g}, more than the capacity of serving {serving.name!r} "
-                f"(batch_size={serving.batch_size}); split the item or raise batch_size"
-                if c > serving.batch_size else None
-            )
-        except Exception as e:
-            problem = f"the serving's cost function failed for this item: {e!r}"
-        if problem is None:
-            costs.append(c)
+            item, cost = _admit(serving, raw)
+        except ValueError as e:
+            if run:
+                slices.append(Slice(request, start, run, costs if serving.cost else None))
+            rejected.append((i, str(e)))
+            run, costs, start = [], [], i + 1
             continue
-        if i > start:
-            slices.append(Slice(request, start, items[start:i], costs))
-        rejected.append((i, problem))
-        start, costs = i + 1, []
-    if start < len(items):
-        slices.append(Slice(request, start, items[start:], costs))
+        run.append(item)
+        costs.append(cost)
+    if run:
+        slices.append(Slice(request, start, run, costs if serving.cost else None))
     return Accepted(request, slices, rejected)

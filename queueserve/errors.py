@@ -6,6 +6,7 @@
     ├── Timeout              the caller's deadline passed before its answer came
     ├── Cancelled            the request was cancelled by its caller
     ├── BadRequest           the request itself is invalid (too large, wrong codec, bad input)
+    ├── DeadLettered         the request killed max_deliveries workers; see the dead-letter stream
     └── RedisUnavailable     Redis could not be reached (after retries)
 """
 
@@ -59,6 +60,11 @@ class Cancelled(QueueServeError):
 
 class BadRequest(QueueServeError):
     """The request can never succeed as sent (oversize, undecodable, failed validation)."""
+
+
+class DeadLettered(QueueServeError):
+    """The request was delivered more than max_deliveries times, each time to a worker that
+    died before answering; it was moved to the serving's dead-letter stream."""
 
 
 class RedisUnavailable(QueueServeError):

@@ -19,22 +19,47 @@ Segment = tuple[int, int, BatchResults | list[str]]
 Row = tuple[Request, int, int, int, Any]
 
 
+def is_out_of_memory(e: BaseException) -> bool:
+    """torch.cuda.OutOfMemoryError (or torch's older RuntimeError wording), without importing
+    torch for servings that do not use it."""
+    if type(e).__name__ == "OutOfMemoryError" and type(e).__module__.startswith("torch"):
+        return True
+    return isinstance(e, RuntimeError) and "CUDA out of memory" in str(e)
+
+
+def _free_device_memory() -> None:
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 def run_isolated(
     serving: Serving, items: list[Any], key: str, partition: Partition, start: int = 0
 ) -> list[Segment]:
-    """Run ``items``; when the batch raises and on_error is "isolate", bisect it so only the
-    failing items get the error and every healthy item still gets its result."""
+    """Run ``items``. Out of device memory, halve the batch and retry, down to one item. When
+    the batch raises and on_error is "isolate", bisect it so only the failing items get the
+    error and every healthy item still gets its result."""
     try:
         results = serving.run_batch(Batch(items, key, partition))
     except BatchResultError as e:  # the function's contract is broken for the whole batch
         return [(start, len(items), error_to_wire(e))]
     except Exception as e:
-        if serving.on_error == "fail" or len(items) == 1:
+        oom = is_out_of_memory(e)
+        if len(items) == 1 or (serving.on_error == "fail" and not oom):
             return [(start, len(items), error_to_wire(e))]
-        log.debug(
-            "serving %s key %s: batch of %d raised %r; bisecting",
-            serving.name, key, len(items), e,
-        )
+        if oom:
+            _free_device_memory()
+            log.warning(
+                "serving %s key %s partition %d: out of memory on a batch of %d; halving",
+                serving.name, key, partition.index, len(items),
+            )
+        else:
+            log.debug(
+                "serving %s key %s: batch of %d raised %r; bisecting",
+                serving.name, key, len(items), e,
+            )
         mid = len(items) // 2
         return run_isolated(serving, items[:mid], key, partition, start) + run_isolated(
             serving, items[mid:], key, partition, start + mid

@@ -10,6 +10,7 @@ Cluster slot and the Lua scripts below may touch all of its keys atomically::
     P:{S}:meta        hash     the serving's options as the workers declared them (TTL)
     P:{S}:workers     zset     consumer name -> last heartbeat, unix ms (TTL)
     P:{S}:dead        stream   dead letters: requests that could not be served, with the reason
+    P:{S}:cancel      channel  entry ids cancelled by their callers after a worker read them
     P:inbox:C         list     replies for client C, one element per (client, batch) (TTL)
     P:worker:W        hash     registry record of worker process W (TTL)
 
@@ -37,11 +38,13 @@ GROUP: Final = "qs"
 RESULTS: Final = 0
 BATCHED: Final = 1
 ERROR: Final = 2
+DROP: Final = 3  # worker-internal: the caller cancelled; ack without replying
 
 # Error kinds carried in an ERROR slice, so the client raises the matching queueserve error.
 ERR_REMOTE: Final = "remote"
 ERR_TIMEOUT: Final = "timeout"
 ERR_BAD_REQUEST: Final = "bad_request"
+ERR_DEAD_LETTER: Final = "dead_letter"
 
 # Header field positions.
 H_VERSION, H_ID, H_COUNT, H_REPLY_TO, H_DEADLINE, H_CODEC = range(6)
@@ -50,7 +53,9 @@ H_VERSION, H_ID, H_COUNT, H_REPLY_TO, H_DEADLINE, H_CODEC = range(6)
 class Keys:
     """Key names of one serving under one prefix."""
 
-    __slots__ = ("_stream_prefix", "dead", "keys", "meta", "name", "prefix", "queued", "workers")
+    __slots__ = (
+        "_stream_prefix", "cancel", "dead", "keys", "meta", "name", "prefix", "queued", "workers"
+    )
 
     def __init__(self, prefix: str, serving: str) -> None:
         if "{" in serving or "}" in serving or ":" in serving:
@@ -66,6 +71,7 @@ class Keys:
         self.meta = f"{tag}:meta"
         self.workers = f"{tag}:workers"
         self.dead = f"{tag}:dead"
+        self.cancel = f"{tag}:cancel"
         self._stream_prefix = f"{tag}:in:"
 
     def stream(self, batch_key: str) -> str:

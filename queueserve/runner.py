@@ -2,13 +2,13 @@
 
 Threads, so that Redis I/O overlaps the batch function:
 
-    reader     XREADGROUP -> decode -> Assembler (holds at most one batch beyond those running)
+    reader     XREADGROUP / reclaim -> Intake -> Assembler (at most one batch beyond those running)
     executors  Assembler -> batch function -> rows (max_concurrent_batches of them, default 1)
     replier    rows -> RPUSH to each caller's inbox + XACK/XDEL, one round trip per batch
 
 Executors never touch Redis, so the device never waits on it; a partition holds at most
 max_concurrent_batches running batches plus one prefetched, so a crash strands little and other
-workers share the load.
+workers share the load. A pub/sub listener learns of requests cancelled after they were read.
 """
 
 from __future__ import annotations
@@ -21,13 +21,12 @@ from collections import defaultdict
 from typing import Any
 
 from . import protocol as P
-from ._calls import error_to_wire
-from .batching import Assembler, TakenBatch
-from .broker import RedisBroker, StreamEntries
+from .batching import Assembler, Slice, TakenBatch
+from .broker import RedisBroker, backoff
 from .codec import get_codec
-from .decode import Accepted, Rejected, decode_entry
 from .errors import RedisUnavailable
 from .execute import Row, error_rows, rows_for, run_isolated
+from .intake import FORGET_EVERY_S, RECLAIM_EVERY_S, Entry, Intake
 from .serving import Partition, Serving
 
 log = logging.getLogger(__name__)
@@ -35,10 +34,8 @@ log = logging.getLogger(__name__)
 INBOX_TTL_MS = 600_000  # an inbox outlives a client that died by ten minutes at most
 KEY_REFRESH_S = 0.5  # how often new batch keys are looked for
 READ_BLOCK_MS = 100
+_EXPIRED = ["Timeout", "the request's deadline passed before its batch ran", "", P.ERR_TIMEOUT]
 
-
-def _backoff(attempt: int) -> float:
-    return float(min(0.05 * 2**attempt, 2.0))
 
 
 class ServingRunner:
@@ -58,25 +55,31 @@ class ServingRunner:
         self.serving = serving
         self.broker = broker
         self.keys = P.Keys(prefix, serving.name)
-        self.codec = get_codec(serving.codec)
         self.consumer = consumer
         self.partition = partition
+        self.intake = Intake(serving, get_codec(serving.codec), self.keys, broker, consumer)
+        self.codec = self.intake.codec
         self.assembler = Assembler(serving.batch_size, serving.batch_timeout)
         self.executors = max_concurrent_batches
         self.prefetch_limit = serving.batch_size  # items held beyond the running batches
         self.cond = threading.Condition()
         self.outbox: queue.SimpleQueue[list[Row] | None] = queue.SimpleQueue()
         self.streams: list[str] = []
+        self.held: set[bytes] = set()  # entry ids read and not yet acked
+        self.cancelled: set[bytes] = set()  # held entries whose callers cancelled them
         self._declared_keys = ("default", *batch_keys)
         self._reading = True
         self._flushing = False  # stopping: run what is buffered without waiting for timeouts
         self._threads: list[threading.Thread] = []
+        self._pubsub: Any = None
+        self._pubsub_thread: Any = None
         self.batches_run = 0
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
         self.broker.declare(self.keys, self.serving.options())
         self._refresh_streams(set(self._declared_keys))
+        self._listen_for_cancels()
         roles = [("reader", self._read_loop), ("replier", self._reply_loop)]
         roles += [(f"executor{i}", self._execute_loop) for i in range(self.executors)]
         for name, target in roles:
@@ -99,7 +102,30 @@ class ServingRunner:
         deadline = None if timeout is None else time.monotonic() + timeout
         for t in self._threads:
             t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        if self._pubsub_thread is not None:
+            self._pubsub_thread.stop()
         return not any(t.is_alive() for t in self._threads)
+
+    def _listen_for_cancels(self) -> None:
+        def on_cancel(message: dict[str, Any]) -> None:
+            with self.cond:
+                if message["data"] in self.held:
+                    self.cancelled.add(message["data"])
+
+        def on_error(e: BaseException, pubsub: Any, thread: Any) -> None:
+            if not self._reading:  # closing down: the listener's connection goes with it
+                thread.stop()
+                return
+            log.warning("serving %s: cancel listener: %s; reconnecting", self.serving.name, e)
+            time.sleep(0.5)
+
+        self._pubsub = self.broker.redis.pubsub(  # type: ignore[no-untyped-call]
+            ignore_subscribe_messages=True
+        )
+        self._pubsub.subscribe(**{self.keys.cancel: on_cancel})
+        self._pubsub_thread = self._pubsub.run_in_thread(
+            sleep_time=1.0, daemon=True, exception_handler=on_error
+        )
 
     # -- reader ------------------------------------------------------------------------------
     def _refresh_streams(self, keys: set[str]) -> None:
@@ -111,78 +137,68 @@ class ServingRunner:
 
     def _read_loop(self) -> None:
         attempt = 0
-        next_refresh = 0.0
+        due = {"keys": 0.0, "reclaim": 0.0, "forget": time.monotonic() + FORGET_EVERY_S}
         while self._reading:
             try:
-                if time.monotonic() >= next_refresh:
-                    self._refresh_streams(self.broker.batch_keys(self.keys))
-                    next_refresh = time.monotonic() + KEY_REFRESH_S
+                self._housekeeping(due)
                 self._read_once()
                 if attempt:
                     log.warning("serving %s: Redis is reachable again", self.serving.name)
                 attempt = 0
             except RedisUnavailable as e:
                 log.warning("serving %s reader: %s; retrying", self.serving.name, e)
-                time.sleep(_backoff(attempt))
+                time.sleep(backoff(attempt))
                 attempt += 1
         with self.cond:
             self.cond.notify_all()
 
+    def _housekeeping(self, due: dict[str, float]) -> None:
+        now = time.monotonic()
+        if now >= due["keys"]:
+            self._refresh_streams(self.broker.batch_keys(self.keys))
+            due["keys"] = now + KEY_REFRESH_S
+        if now >= due["reclaim"]:
+            room = self._room()
+            if room > 0:
+                self._take_in(self.intake.reclaim(self.streams, room))
+            due["reclaim"] = now + RECLAIM_EVERY_S
+        if now >= due["forget"]:
+            self.intake.forget_dead_consumers(self.streams)
+            due["forget"] = now + FORGET_EVERY_S
+
+    def _room(self) -> int:
+        with self.cond:
+            return self.prefetch_limit - self.assembler.buffered
+
     def _read_once(self) -> None:
         with self.cond:
             while self._reading and self.assembler.buffered >= self.prefetch_limit:
-                self.cond.wait()
+                self.cond.wait(RECLAIM_EVERY_S)
             room = self.prefetch_limit - self.assembler.buffered
-        if not self._reading:
+        if not self._reading or room <= 0:
             return
-        entries = self.broker.read(self.consumer, self.streams, room, READ_BLOCK_MS)
+        read = self.broker.read(self.consumer, self.streams, room, READ_BLOCK_MS)
+        self._take_in([
+            Entry(stream.decode(), entry_id, fields)
+            for stream, entries in read
+            for entry_id, fields in entries
+        ])
+
+    def _take_in(self, entries: list[Entry]) -> None:
         if not entries:
             return
-        accepted, rejected = self._decode(entries)
-        if rejected:
-            self.outbox.put(rejected)
+        slices, rows = self.intake.ingest(entries)
+        if rows:
+            self.outbox.put(rows)
         now = time.monotonic()
         with self.cond:
-            for key, decoded in accepted:
-                for piece in decoded.slices:
-                    self.assembler.add(key, piece, now)
+            self.held.update(piece.request.entry_id for _, piece in slices)
+            for key, piece in slices:
+                self.assembler.add(key, piece, now)
             self.cond.notify_all()
 
-    def _decode(
-        self, entries: list[tuple[bytes, StreamEntries]]
-    ) -> tuple[list[tuple[str, Accepted]], list[Row]]:
-        rejected: list[Row] = []
-        accepted: list[tuple[str, Accepted]] = []
-        for stream_b, stream_entries in entries:
-            stream = stream_b.decode()
-            key = self.keys.batch_key_of(stream)
-            for entry_id, fields in stream_entries:
-                decoded = decode_entry(self.serving, self.codec, stream, entry_id, fields)
-                if isinstance(decoded, Rejected):
-                    self._reject(decoded, rejected)
-                    continue
-                accepted.append((key, decoded))
-                for offset, reason in decoded.rejected_items:
-                    rejected.append(
-                        (decoded.request, offset, 1, P.ERROR,
-                         error_to_wire(ValueError(reason), P.ERR_BAD_REQUEST))
-                    )
-        return accepted, rejected
-
-    def _reject(self, rejected: Rejected, rows: list[Row]) -> None:
-        log.warning(
-            "serving %s: entry %s of %s rejected: %s",
-            self.serving.name, rejected.entry_id.decode(), rejected.stream, rejected.reason,
-        )
-        request = rejected.request
-        if request is None:
-            self.broker.dead_letter(self.keys, rejected.stream, rejected.entry_id, rejected.reason)
-            return
-        body = ["BadRequest", rejected.reason, "", rejected.kind]
-        rows.append((request, 0, request.n, P.ERROR, body))
-
     # -- executor ----------------------------------------------------------------------------
-    def _next_batch(self) -> TakenBatch | None:
+    def _next_batch(self) -> tuple[TakenBatch, list[Slice]] | None:
         with self.cond:
             while True:
                 now = time.monotonic()
@@ -190,15 +206,26 @@ class ServingRunner:
                 if chosen is not None:
                     batch = self.assembler.take(chosen, now)
                     self.cond.notify_all()  # room for the reader
-                    return batch
+                    return batch, self._withdraw_cancelled(batch)
                 if not self._reading and self.assembler.buffered == 0:
                     return None
                 self.cond.wait(wait)
 
+    def _withdraw_cancelled(self, batch: TakenBatch) -> list[Slice]:
+        """Remove slices whose callers cancelled (caller holds self.cond); returns them."""
+        if not self.cancelled:
+            return []
+        dropped = [s for s in batch.slices if s.request.entry_id in self.cancelled]
+        if dropped:
+            batch.slices = [s for s in batch.slices if s.request.entry_id not in self.cancelled]
+        return dropped
+
     def _execute_loop(self) -> None:
         try:
-            while (batch := self._next_batch()) is not None:
-                self.outbox.put(self._execute(batch))
+            while (taken := self._next_batch()) is not None:
+                batch, dropped = taken
+                rows = [(s.request, s.offset, len(s.items), P.DROP, None) for s in dropped]
+                self.outbox.put(rows + self._execute(batch))
         finally:
             self.outbox.put(None)
 
@@ -207,12 +234,7 @@ class ServingRunner:
         live = [s for s in batch.slices if not (s.request.deadline and s.request.deadline <= now)]
         rows: list[Row] = []
         if len(live) != len(batch.slices):
-            expired = [s for s in batch.slices if s not in live]
-            rows += error_rows(
-                expired,
-                ["Timeout", "the request's deadline passed before its batch ran", "",
-                 P.ERR_TIMEOUT],
-            )
+            rows += error_rows([s for s in batch.slices if s not in live], _EXPIRED)
         if not live:
             return rows
         items = live[0].items if len(live) == 1 else [x for s in live for x in s.items]
@@ -248,26 +270,27 @@ class ServingRunner:
     def _send(self, rows: list[Row]) -> None:
         messages: dict[str, list[list[Any]]] = defaultdict(list)
         acks: dict[str, list[Any]] = defaultdict(list)
+        finished: list[bytes] = []
         for request, offset, count, kind, body in rows:
-            messages[request.reply_to].append([request.rid, offset, count, kind, body])
+            if kind != P.DROP:
+                messages[request.reply_to].append([request.rid, offset, count, kind, body])
             request.remaining -= count
             if request.remaining <= 0:
                 acks[request.stream] += (request.entry_id, request.n)
+                finished.append(request.entry_id)
         tag = bytes((self.codec.tag,))
         encoded = {inbox: [tag + self.codec.dumps(m)] for inbox, m in messages.items()}
         attempt = 0
         while True:
             try:
                 self.broker.reply_and_ack(self.keys, encoded, acks, INBOX_TTL_MS)
-                return
+                break
             except RedisUnavailable as e:
-                # Not acked, so another worker could redo it; retry so callers get answers soon.
+                # Unacked work stays ours (our heartbeat holds it); retry until Redis is back.
                 log.warning("serving %s replier: %s; retrying", self.serving.name, e)
-                time.sleep(_backoff(attempt))
+                time.sleep(backoff(attempt))
                 attempt += 1
-                if attempt > 30:
-                    log.error(
-                        "serving %s: giving up on %d replies; the requests stay pending and "
-                        "will be redelivered", self.serving.name, len(rows),
-                    )
-                    return
+        with self.cond:
+            self.held.difference_update(finished)
+            if self.cancelled:
+                self.cancelled.difference_update(finished)

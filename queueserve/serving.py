@@ -7,6 +7,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
+from pydantic import BaseModel, ValidationError
+
 from ._durations import parse_duration
 from .codec import get_codec
 from .protocol import Keys
@@ -48,6 +50,12 @@ def _check_batch_size(value: object) -> int:
     return value
 
 
+def _check_positive(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    return value
+
+
 def _check_max_queue(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"max_queue must be an int >= 0 (0 = unlimited), got {value!r}")
@@ -78,6 +86,9 @@ class Serving:
     max_queue: int = 0
     codec: str = "msgpack"
     on_error: OnError = "isolate"
+    max_deliveries: int = 3
+    max_payload_bytes: int = 16 * 1024 * 1024
+    input_model: type[BaseModel] | None = None
 
     def __init__(
         self,
@@ -91,6 +102,9 @@ class Serving:
         max_queue: int | None = None,
         codec: str | None = None,
         on_error: OnError | None = None,
+        max_deliveries: int | None = None,
+        max_payload_bytes: int | None = None,
+        input_model: type[BaseModel] | None = None,
     ) -> None:
         cls = type(self)
         if fn is None and cls.handle_batch is Serving.handle_batch:
@@ -118,6 +132,17 @@ class Serving:
         self.on_error: OnError = cls.on_error if on_error is None else on_error
         if self.on_error not in ("isolate", "fail"):
             raise ValueError(f"on_error must be 'isolate' or 'fail', got {self.on_error!r}")
+        self.max_deliveries = _check_positive(
+            "max_deliveries", cls.max_deliveries if max_deliveries is None else max_deliveries
+        )
+        self.max_payload_bytes = _check_positive(
+            "max_payload_bytes",
+            cls.max_payload_bytes if max_payload_bytes is None else max_payload_bytes,
+        )
+        model = cls.input_model if input_model is None else input_model
+        if model is not None and not (isinstance(model, type) and issubclass(model, BaseModel)):
+            raise TypeError(f"input_model must be a pydantic BaseModel subclass, got {model!r}")
+        self.input_model = model
         self._input_maps: list[Callable[[Any], Any]] = []
         self._result_maps: list[Callable[[Any], Any]] = []
         self._inline_lock = threading.Lock()
@@ -178,6 +203,16 @@ class Serving:
         return str(self.batch_key(item))
 
     # -- execution ---------------------------------------------------------------------------
+    def validate_item(self, item: Any) -> Any:
+        """The item as the serving's ``input_model`` accepts it (a model instance), or raises
+        ValueError saying what was wrong."""
+        if self.input_model is None:
+            return item
+        try:
+            return self.input_model.model_validate(item)
+        except ValidationError as e:
+            raise ValueError(f"item does not match {self.input_model.__name__}: {e}") from None
+
     def item_cost(self, item: Any) -> float:
         return 1.0 if self.cost is None else float(self.cost(item))
 
@@ -221,7 +256,7 @@ class Serving:
     def inline_many(self, items: Iterable[Any]) -> list[Any]:
         """Run items in this process, split into batches of at most batch_size."""
         self._ensure_inline_setup()
-        prepared = [self.prepare_item(x) for x in items]
+        prepared = [self.validate_item(self.prepare_item(x)) for x in items]
         out: list[Any] = []
         for chunk in self.chunks(prepared):
             key = self.key_for(chunk[0], None)
@@ -237,6 +272,8 @@ class Serving:
             "codec": self.codec,
             "on_error": self.on_error,
             "cost": self.cost is not None,
+            "max_deliveries": self.max_deliveries,
+            "max_payload_bytes": self.max_payload_bytes,
         }
 
     def __repr__(self) -> str:

@@ -1,0 +1,142 @@
+"""What a partition takes in: new entries, entries reclaimed from dead consumers, and the
+decisions made before any item may join a batch (decode, reject, dead-letter).
+
+Reclaiming is what makes a SIGKILLed worker lose nothing. Every live partition checks, once a
+second, which consumers hold unacked entries without having sent a heartbeat for
+``DEAD_AFTER_S``; it claims their entries (XCLAIM with that idle floor, so two claimers never
+both win one) and serves them. A live worker's heartbeat is its claim: however long its batch
+runs, its entries are never taken from it. An entry delivered more than the serving's
+``max_deliveries`` times — it keeps killing the processes that run it — goes to the dead-letter
+stream instead, and its caller is told.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from . import protocol as P
+from ._calls import error_to_wire
+from .batching import Slice
+from .broker import RedisBroker
+from .codec import Codec
+from .decode import Accepted, Rejected, decode_entry
+from .execute import Row
+from .serving import Serving
+
+log = logging.getLogger(__name__)
+
+DEAD_AFTER_S = 5.0  # a consumer with no heartbeat for this long is dead
+RECLAIM_EVERY_S = 1.0
+FORGET_EVERY_S = 30.0  # how often dead consumers with nothing pending are removed
+
+
+@dataclass(slots=True)
+class Entry:
+    stream: str
+    entry_id: bytes
+    fields: dict[bytes, bytes]
+    deliveries: int = 1
+
+
+@dataclass(slots=True)
+class Intake:
+    """Turns stream entries into slices for the assembler and rows for the replier."""
+
+    serving: Serving
+    codec: Codec
+    keys: P.Keys
+    broker: RedisBroker
+    consumer: str
+
+    def ingest(self, entries: list[Entry]) -> tuple[list[tuple[str, Slice]], list[Row]]:
+        """(batch key, slice) pairs to assemble and error rows to send at once."""
+        slices: list[tuple[str, Slice]] = []
+        rows: list[Row] = []
+        for entry in entries:
+            decoded = decode_entry(
+                self.serving, self.codec, entry.stream, entry.entry_id, entry.fields
+            )
+            if entry.deliveries > self.serving.max_deliveries:
+                self._dead_letter(entry, decoded, rows)
+            elif isinstance(decoded, Rejected):
+                self._reject(entry, decoded, rows)
+            else:
+                key = self.keys.batch_key_of(entry.stream)
+                slices += [(key, piece) for piece in decoded.slices]
+                rows += [
+                    (decoded.request, offset, 1, P.ERROR,
+                     error_to_wire(ValueError(reason), P.ERR_BAD_REQUEST))
+                    for offset, reason in decoded.rejected_items
+                ]
+        return slices, rows
+
+    def _reject(self, entry: Entry, rejected: Rejected, rows: list[Row]) -> None:
+        log.warning(
+            "serving %s: entry %s of %s rejected: %s",
+            self.serving.name, entry.entry_id.decode(), entry.stream, rejected.reason,
+        )
+        request = rejected.request
+        if request is None:  # nobody to answer: keep it for an operator, with the reason
+            self.broker.dead_letter(
+                self.keys, entry.stream, entry.entry_id,
+                {"reason": rejected.reason, "deliveries": entry.deliveries, **_raw(entry)},
+                ack_now=True,
+            )
+            return
+        rows.append((request, 0, request.n, P.ERROR, ["BadRequest", rejected.reason, "",
+                                                       rejected.kind]))
+
+    def _dead_letter(self, entry: Entry, decoded: Accepted | Rejected, rows: list[Row]) -> None:
+        reason = (
+            f"delivered {entry.deliveries} times (max_deliveries="
+            f"{self.serving.max_deliveries}): each worker holding it died before answering"
+        )
+        request = decoded.request
+        log.error(
+            "serving %s: entry %s of %s moved to %s: %s",
+            self.serving.name, entry.entry_id.decode(), entry.stream, self.keys.dead, reason,
+        )
+        self.broker.dead_letter(
+            self.keys, entry.stream, entry.entry_id,
+            {"reason": reason, "deliveries": entry.deliveries, "claimed_by": self.consumer,
+             **_raw(entry)},
+            ack_now=request is None,
+        )
+        if request is not None:  # the replier answers, then acks and releases its items
+            message = f"{reason}; it was moved to the dead-letter stream {self.keys.dead}"
+            rows.append((request, 0, request.n, P.ERROR,
+                         ["DeadLettered", message, "", P.ERR_DEAD_LETTER]))
+
+    def reclaim(self, streams: list[str], room: int) -> list[Entry]:
+        """Claim up to ``room`` entries held by dead consumers."""
+        alive = self.broker.alive_consumers(self.keys, DEAD_AFTER_S) | {self.consumer}
+        claimed: list[Entry] = []
+        for stream in streams:
+            for owner, _ in self.broker.pending_consumers(stream):
+                if owner in alive or room <= 0:
+                    continue
+                got = self.broker.claim(
+                    stream, owner, self.consumer, int(DEAD_AFTER_S * 1000), room
+                )
+                if got:
+                    log.warning(
+                        "serving %s: reclaimed %d entries of %s from dead consumer %s",
+                        self.serving.name, len(got), stream, owner,
+                    )
+                claimed += [Entry(stream, eid, fields, n) for eid, fields, n in got]
+                room -= len(got)
+        return claimed
+
+    def forget_dead_consumers(self, streams: list[str]) -> None:
+        """Remove consumers that are dead and hold nothing, so the group lists the living."""
+        alive = self.broker.alive_consumers(self.keys, DEAD_AFTER_S) | {self.consumer}
+        for stream in streams:
+            for name, pending, idle_ms in self.broker.consumers(stream):
+                if name not in alive and pending == 0 and idle_ms > DEAD_AFTER_S * 1000:
+                    self.broker.forget_consumer(stream, name)
+
+
+def _raw(entry: Entry) -> dict[str, bytes]:
+    """The entry's own fields, kept so `queueserve dead-letter replay` can re-send it."""
+    return {f"field:{k.decode(errors='replace')}": v for k, v in entry.fields.items()}
