@@ -38,6 +38,7 @@ from .errors import (
     RedisUnavailable,
     Timeout,
 )
+from .progress import Progress, ProgressCallback, total_of
 
 log = logging.getLogger(__name__)
 
@@ -174,25 +175,33 @@ class AsyncClient:
     async def map(
         self, serving: ServingRef, items: Iterable[Any], *, chunk_size: int = 256,
         batch_key: str | None = None, timeout: float | None = None,
-        max_in_flight: int = 16, return_exceptions: bool = False,
+        max_in_flight: int = 16, return_exceptions: bool = False, progress: bool = False,
+        on_progress: ProgressCallback | None = None,
     ) -> AsyncIterator[Any]:
-        """Results in input order, ``chunk_size`` items per request, bounded in flight."""
+        """Results in input order, ``chunk_size`` items per request, bounded in flight;
+        ``progress``/``on_progress`` as in ``Client.map``."""
         if chunk_size < 1 or max_in_flight < 1:
             raise ValueError("chunk_size and max_in_flight must be >= 1")
+        meter = Progress(total_of(items), progress, on_progress)
         it = iter(items)
         window: deque[AsyncTicket] = deque()
-        while True:
-            while len(window) < max_in_flight:
-                chunk = list(islice(it, chunk_size))
-                if not chunk:
-                    break
-                window.append(
-                    await self.submit(serving, chunk, batch_key=batch_key, timeout=timeout)
-                )
-            if not window:
-                return
-            for r in await window.popleft().result(return_exceptions=return_exceptions):
-                yield r
+        try:
+            while True:
+                while len(window) < max_in_flight:
+                    chunk = list(islice(it, chunk_size))
+                    if not chunk:
+                        break
+                    window.append(
+                        await self.submit(serving, chunk, batch_key=batch_key, timeout=timeout)
+                    )
+                if not window:
+                    return
+                results = await window.popleft().result(return_exceptions=return_exceptions)
+                meter.advance(len(results))
+                for r in results:
+                    yield r
+        finally:
+            meter.close()
 
     async def aclose(self) -> None:
         if self._closed:

@@ -36,6 +36,7 @@ from .errors import (
     RedisUnavailable,
     Timeout,
 )
+from .progress import Progress, ProgressCallback, total_of
 
 log = logging.getLogger(__name__)
 
@@ -175,23 +176,36 @@ class Client:
     def map(
         self, serving: ServingRef, items: Iterable[Any], *, chunk_size: int = 256,
         batch_key: str | None = None, timeout: float | None = None,
-        max_in_flight: int = 16, return_exceptions: bool = False,
+        max_in_flight: int = 16, return_exceptions: bool = False, progress: bool = False,
+        on_progress: ProgressCallback | None = None,
     ) -> Iterator[Any]:
         """Results of ``items`` in input order, sending ``chunk_size`` items per request and
-        keeping at most ``max_in_flight`` requests outstanding (constant memory)."""
+        keeping at most ``max_in_flight`` requests outstanding (constant memory).
+
+        ``progress=True`` draws a tqdm bar (items, items/s, ETA) when stderr is a terminal;
+        ``on_progress(done, total)`` is called as results arrive (total None without len()).
+        """
         if chunk_size < 1 or max_in_flight < 1:
             raise ValueError("chunk_size and max_in_flight must be >= 1")
+        meter = Progress(total_of(items), progress, on_progress)
         it = iter(items)
         window: deque[Ticket] = deque()
-        while True:
-            while len(window) < max_in_flight:
-                chunk = list(islice(it, chunk_size))
-                if not chunk:
-                    break
-                window.append(self.submit(serving, chunk, batch_key=batch_key, timeout=timeout))
-            if not window:
-                return
-            yield from window.popleft().result(return_exceptions=return_exceptions)
+        try:
+            while True:
+                while len(window) < max_in_flight:
+                    chunk = list(islice(it, chunk_size))
+                    if not chunk:
+                        break
+                    window.append(
+                        self.submit(serving, chunk, batch_key=batch_key, timeout=timeout)
+                    )
+                if not window:
+                    return
+                results = window.popleft().result(return_exceptions=return_exceptions)
+                meter.advance(len(results))
+                yield from results
+        finally:
+            meter.close()
 
     def close(self) -> None:
         """Stop the inbox reader; calls still waiting fail with Cancelled."""
