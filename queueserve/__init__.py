@@ -6,6 +6,7 @@
 9
 """
 
+from ._streams import Hook, Output
 from .aio import AsyncClient, AsyncTicket
 from .client import Client, Ticket
 from .errors import (
@@ -20,6 +21,7 @@ from .errors import (
 )
 from .serving import Batch, Partition, Serving, serving
 from .settings import Settings
+from .streaming import END, emit
 from .worker import Worker
 
 __all__ = [  # noqa: RUF022 - grouped by use, as the docs present them
@@ -28,6 +30,11 @@ __all__ = [  # noqa: RUF022 - grouped by use, as the docs present them
     "Partition",
     "Serving",
     "serving",
+    # streaming
+    "END",
+    "Hook",
+    "Output",
+    "emit",
     # producing
     "AsyncClient",
     "AsyncTicket",

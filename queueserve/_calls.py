@@ -32,10 +32,13 @@ class Call:
         "batch_key",
         "entry_id",
         "error",
+        "events_total",
         "filled",
         "keys",
+        "kind",
         "n",
         "on_done",
+        "on_event",
         "remaining",
         "results",
         "rid",
@@ -54,6 +57,9 @@ class Call:
         self.entry_id: bytes | None = None
         self.state = "pending"  # pending -> done | cancelled
         self.on_done: Callable[[Call], None] | None = None
+        self.on_event: Callable[[int, list[Any]], None] | None = None  # streamed requests
+        self.kind = P.RESULTS  # of the last slice applied (STEPS: a generator's answer)
+        self.events_total = 0  # events published before the answer (streamed requests)
         self._done_lock = threading.Lock()
         self._done_lock.acquire()
 
@@ -102,6 +108,9 @@ class CallTable:
 
     def __init__(self) -> None:
         self.calls: dict[int, Call] = {}
+        # Streamed calls stay reachable for events until their stream is consumed: events may
+        # arrive after the answer (they travel another connection).
+        self.streamed: dict[int, Call] = {}
         self._ids = itertools.count(1)
         # Replies are only decoded with codecs this client sent requests with: a client that
         # never chose pickle never unpickles what someone pushed into its inbox.
@@ -122,15 +131,30 @@ class CallTable:
         codec = codec_for_tag(message[0])
         slices = codec.loads(memoryview(message)[1:])
         calls = self.calls
-        for rid, offset, count, kind, body in slices:
+        for rid, offset, count, kind, body, *events_total in slices:
             call = calls.get(rid)
             if call is None:  # finished already (a duplicate), cancelled, or not ours
                 continue
-            values = [error_from_wire(body)] * count if kind == P.ERROR else unbatch(kind, body)
+            if kind == P.ERROR:
+                values = [error_from_wire(body)] * count
+            else:
+                values = unbatch(kind, body)
+                call.kind = kind
+            if events_total:
+                call.events_total = max(call.events_total, events_total[0])
             call.apply(offset, values)
             if call.remaining == 0:
                 del calls[rid]
                 call.finish()
+
+    def deliver_event(self, message: bytes) -> None:
+        """Route one streamed event to its call (pub/sub; events of finished calls drop)."""
+        if message[0] not in self._accepted:
+            raise ValueError(f"event uses codec tag {message[0]!r}, which this client never sent")
+        rid, seq, *body = codec_for_tag(message[0]).loads(memoryview(message)[1:])
+        call = self.streamed.get(rid)
+        if call is not None and call.on_event is not None:
+            call.on_event(seq, body)
 
     def fail_all(self, error: QueueServeError) -> None:
         calls, self.calls = self.calls, {}
@@ -142,13 +166,14 @@ class CallTable:
 
 
 def encode_request(
-    codec: Codec, rid: int, items: list[Any], reply_to: str, deadline: float | None
+    codec: Codec, rid: int, items: list[Any], reply_to: str, deadline: float | None,
+    events: str = "",
 ) -> tuple[bytes, bytes]:
-    header = msgpack.packb(
-        [P.WIRE_VERSION, rid, len(items), reply_to, 0 if deadline is None else int(deadline * 1000),
-         codec.name]
-    )
-    return header, codec.dumps(items)
+    fields = [P.WIRE_VERSION, rid, len(items), reply_to,
+              0 if deadline is None else int(deadline * 1000), codec.name]
+    if events:
+        fields.append(events)
+    return msgpack.packb(fields), codec.dumps(items)
 
 
 def error_to_wire(exc: BaseException, kind: str = P.ERR_REMOTE) -> list[str]:

@@ -31,9 +31,17 @@ class Target:
     serving: Serving | None  # given when the caller passed the Serving object
     max_queue: int  # admission limit to use until a worker has declared the serving
     max_payload_bytes: int | None  # known from the Serving object or the workers' declaration
+    batch_size: int | None = None  # likewise; a streamed request holds at most this many items
+    hooks: bool = False  # the serving streams hook events: its requests are never split
 
     def check_payload(self, payload: bytes, n: int) -> None:
         """Refuse, before sending, a payload the workers would refuse."""
+        if self.hooks and self.batch_size is not None and n > self.batch_size:
+            raise BadRequest(
+                f"serving {self.keys.name!r} streams events, so a request always runs in one "
+                f"batch; this one has {n} items, more than batch_size={self.batch_size}: send "
+                "smaller requests, or use client.stream, which chunks them"
+            )
         limit = self.max_payload_bytes
         if limit is not None and len(payload) > limit:
             raise BadRequest(
@@ -67,8 +75,13 @@ class ClientBase:
     def remember(self, serving: ServingRef, meta: dict[str, str]) -> Target:
         """The target for ``serving``, given the options its workers declared (maybe none)."""
         target = self._target_for(serving, meta.get("codec"))
-        if "max_payload_bytes" in meta and target.serving is None:
-            target.max_payload_bytes = int(meta["max_payload_bytes"])
+        if target.serving is not None:
+            target.batch_size = target.serving.batch_size
+            target.hooks = target.serving.hooks is not None
+        elif meta:
+            target.max_payload_bytes = int(meta.get("max_payload_bytes") or 0) or None
+            target.batch_size = int(meta.get("batch_size") or 0) or None
+            target.hooks = meta.get("streaming") == "True"
         if isinstance(serving, str) and "codec" in meta:
             self._targets[serving] = target
         self.table.accept(target.codec)
@@ -112,6 +125,25 @@ class ClientBase:
             only = next(iter(groups.values()))
             return [Part(only.batch_key, None, only.items)]
         return list(groups.values())
+
+    @staticmethod
+    def stream_parts(
+        target: Target, items: list[Any], batch_key: str | None
+    ) -> list[tuple[int, Part]]:
+        """Requests for ``stream``: runs of consecutive items with one batch key, at most
+        batch_size each (streamed requests are never split), with their input offsets."""
+        serving = target.serving
+        if serving is not None and serving.has_client_maps:
+            items = [serving.prepare_item(x) for x in items]
+        size = target.batch_size or max(1, len(items))
+        parts: list[tuple[int, Part]] = []
+        for i, item in enumerate(items):
+            key = serving.key_for(item, batch_key) if serving else batch_key or "default"
+            last = parts[-1][1] if parts else None
+            if last is None or last.batch_key != key or len(last.items) >= size:
+                parts.append((i, Part(key, None, [])))
+            parts[-1][1].items.append(item)
+        return parts
 
     @staticmethod
     def full_message(target: Target, limit: int, queued: int, n: int) -> str:

@@ -29,7 +29,9 @@ from ._client_base import (
     Target,
     collect,
 )
+from ._streams import Event, RequestStream
 from .broker import backoff, enqueue_arguments, load_script, text
+from .client import STREAM_GRACE
 from .errors import (
     BadRequest,
     Cancelled,
@@ -43,6 +45,20 @@ from .progress import Progress, ProgressCallback, total_of
 log = logging.getLogger(__name__)
 
 _Outgoing = tuple[Target, str, Call, bytes, bytes]
+
+
+async def _stragglers(rs: RequestStream, events: asyncio.Queue[Any]) -> list[Event]:
+    """Events the answer says were sent, still on their way: wait a moment for them."""
+    ready: list[Event] = []
+    grace_end = time.monotonic() + STREAM_GRACE
+    while rs.waiting_for_events and (left := grace_end - time.monotonic()) > 0:
+        try:
+            event = await asyncio.wait_for(events.get(), left)
+        except TimeoutError:
+            break
+        if event is not None:
+            ready += rs.add(*event)
+    return ready
 
 
 def _unavailable(url: str, e: Exception) -> RedisUnavailable:
@@ -124,6 +140,8 @@ class AsyncClient:
         self._outbox: list[_Outgoing] = []
         self._flushing = False
         self._reader: asyncio.Task[None] | None = None
+        self._events: asyncio.Task[None] | None = None
+        self._events_channel = P.events_channel(self._base.prefix, self.client_id)
         self._closed = False
 
     async def dispatch(
@@ -203,6 +221,104 @@ class AsyncClient:
         finally:
             meter.close()
 
+    async def stream(
+        self, serving: ServingRef, items: Iterable[Any], *, batch_key: str | None = None,
+        timeout: float | None = None, max_in_flight: int = 4,
+    ) -> AsyncIterator[Event]:
+        """``Client.stream`` for asyncio: ``async for event in client.stream(...)``."""
+        target = await self._target(serving)
+        parts = ClientBase.stream_parts(target, list(items), batch_key)
+        await self._ensure_events()
+        deadline = deadline_after(timeout)
+        window: deque[tuple[RequestStream, asyncio.Queue[Any]]] = deque()
+        todo = deque(parts)
+        try:
+            while todo or window:
+                while todo and len(window) < max_in_flight:
+                    offset, part = todo.popleft()
+                    window.append(await self._submit_streamed(target, offset, part, deadline))
+                rs, events = window.popleft()
+                async for event in self._stream_events(target, rs, events, deadline, timeout):
+                    yield event
+        finally:
+            for rs, _ in window:
+                self.table.streamed.pop(rs.call.rid, None)
+                await AsyncTicket(self, target, [], [rs.call], [], None).cancel()
+
+    async def _submit_streamed(
+        self, target: Target, offset: int, part: Part, deadline: float | None
+    ) -> tuple[RequestStream, asyncio.Queue[Any]]:
+        call = self.table.new(len(part.items), target.keys, part.batch_key)
+        events: asyncio.Queue[Any] = asyncio.Queue()
+        call.on_event = lambda seq, body: events.put_nowait((seq, body))
+        call.on_done = lambda _call: events.put_nowait(None)
+        self.table.streamed[call.rid] = call
+        header, payload = encode_request(
+            target.codec, call.rid, part.items, self._base.inbox, deadline, self._events_channel
+        )
+        target.check_payload(payload, call.n)
+        self._outbox.append((target, part.batch_key, call, header, payload))
+        if not self._flushing:
+            await self._flush()
+        return RequestStream(call, offset), events
+
+    async def _stream_events(
+        self, target: Target, rs: RequestStream, events: asyncio.Queue[Any],
+        deadline: float | None, timeout: float | None,
+    ) -> AsyncIterator[Event]:
+        try:
+            while True:  # until the answer
+                left = None if deadline is None else max(0.0, deadline - time.time())
+                try:
+                    event = await asyncio.wait_for(events.get(), left)
+                except TimeoutError:
+                    raise Timeout(await self.timeout_text(target, timeout)) from None
+                if event is None:
+                    break
+                for ready in rs.add(*event):
+                    yield ready
+            for ready in await _stragglers(rs, events):
+                yield ready
+            done, error = rs.complete()
+            for ready in done:
+                yield ready
+            if error is not None:
+                raise error
+        finally:
+            self.table.streamed.pop(rs.call.rid, None)
+
+    async def _ensure_events(self) -> None:
+        """Subscribe this client's event channel (once), confirmed before anything is sent."""
+        if self._events is not None:
+            return
+        self._ensure_reader()
+        pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
+        await pubsub.subscribe(self._events_channel)
+        self._events = asyncio.get_running_loop().create_task(
+            self._read_events(pubsub), name=f"queueserve-events-{self.client_id}"
+        )
+
+    async def _read_events(self, pubsub: Any) -> None:
+        attempt = 0
+        try:
+            while not self._closed:
+                try:
+                    message = await pubsub.get_message(timeout=1.0)
+                except (redis.ConnectionError, redis.TimeoutError) as e:
+                    log.warning("event reader: Redis at %s unavailable (%s); retrying",
+                                self.url, e)
+                    await asyncio.sleep(backoff(attempt))
+                    attempt += 1
+                    continue
+                attempt = 0
+                if message is not None and message["type"] == "message":
+                    try:
+                        self.table.deliver_event(message["data"])
+                    except Exception:
+                        log.exception("dropped an undecodable event on %s", self._events_channel)
+        finally:
+            await pubsub.aclose()
+
     async def aclose(self) -> None:
         if self._closed:
             return
@@ -213,6 +329,10 @@ class AsyncClient:
             # _closed within one BLMPOP timeout.
             with contextlib.suppress(asyncio.CancelledError, TimeoutError):
                 await asyncio.wait_for(self._reader, 2.0)
+        if self._events is not None:
+            self._events.cancel()
+            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+                await asyncio.wait_for(self._events, 2.0)
         self.table.fail_all(Cancelled("the client was closed before the answer came"))
         await self.redis.aclose()
 

@@ -7,7 +7,8 @@ from the front of one key's queue:
 - otherwise it is *due* once ``batch_timeout`` has passed since its first item arrived (or since
   the previous batch left items behind) — it runs when an executor is free, and keeps growing
   until then;
-- a slice larger than the room left is split, and the rest starts the next batch.
+- a slice larger than the room left is split, and the rest starts the next batch — except a
+  request that must run whole (streamed, or for a serving with hooks): it starts the next batch.
 """
 
 from __future__ import annotations
@@ -28,7 +29,10 @@ class Request:
     reply_to: str
     deadline: float  # unix seconds, 0 = none
     n: int
+    events: str = ""  # pub/sub channel for streamed events, "" = none
+    no_split: bool = False  # streamed and hook-serving requests run whole, in one batch
     remaining: int = field(init=False)  # items not answered yet; the entry is acked at 0
+    events_sent: int = field(init=False, default=0)
 
     def __post_init__(self) -> None:
         self.remaining = self.n
@@ -152,6 +156,8 @@ class Assembler:
                 taken.append(head)
                 room -= weight
                 continue
+            if head.request.no_split:
+                break
             first, rest = head.split(room)
             if not first.items:
                 break

@@ -143,14 +143,18 @@ class RedisBroker:
         replies: Mapping[str, list[bytes]],
         acks: Mapping[str, list[Any]],
         inbox_ttl_ms: int,
+        events: Sequence[tuple[str, bytes]] = (),
     ) -> None:
-        """Push replies to client inboxes, then ack finished entries, in one round trip.
+        """Publish streamed events, push replies to client inboxes, then ack finished entries:
+        one round trip, in that order (a batch's events precede its replies).
 
-        Replies go first: a worker dying between the two re-runs the request, and the client
-        drops the duplicate answer.
+        Replies go before acks: a worker dying between the two re-runs the request, and the
+        client drops the duplicate answer.
         """
         with redis_errors(self.url):
             pipe = self.redis.pipeline(transaction=False)
+            for channel, message in events:
+                pipe.publish(channel, message)
             for inbox, messages in replies.items():
                 pipe.rpush(inbox, *messages)
                 pipe.pexpire(inbox, inbox_ttl_ms)

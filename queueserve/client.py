@@ -9,12 +9,15 @@ and completes calls.
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
 from itertools import islice
 from typing import Any
+
+import redis
 
 from . import protocol as P
 from ._calls import Call, deadline_after, encode_request
@@ -27,6 +30,7 @@ from ._client_base import (
     Target,
     collect,
 )
+from ._streams import Event, RequestStream
 from .broker import RedisBroker, backoff
 from .errors import (
     BadRequest,
@@ -39,6 +43,9 @@ from .errors import (
 from .progress import Progress, ProgressCallback, total_of
 
 log = logging.getLogger(__name__)
+
+# How long a stream waits, after a request's answer, for events the answer says were sent.
+STREAM_GRACE = 0.5
 
 _Outgoing = tuple[Target, str, Call, bytes, bytes]
 
@@ -127,6 +134,8 @@ class Client:
         self._outbox: list[_Outgoing] = []
         self._flushing = False
         self._reader: threading.Thread | None = None
+        self._events: threading.Thread | None = None
+        self._events_channel = P.events_channel(self._base.prefix, self.client_id)
         self._closed = False
         self._start_lock = threading.Lock()
 
@@ -207,6 +216,119 @@ class Client:
         finally:
             meter.close()
 
+    def stream(
+        self, serving: ServingRef, items: Iterable[Any], *, batch_key: str | None = None,
+        timeout: float | None = None, max_in_flight: int = 4,
+    ) -> Iterator[Event]:
+        """Events of ``items`` as they are produced: ``qs.Hook`` (from ``qs.emit`` in the batch
+        function) and ``qs.Output`` (results, or each step of a generator batch function), in
+        input order across requests. Items go as requests of at most batch_size (never split).
+        An error is raised after the events that preceded it."""
+        target = self._target(serving)
+        parts = ClientBase.stream_parts(target, list(items), batch_key)
+        self._ensure_events()  # subscribed before anything is enqueued
+        deadline = deadline_after(timeout)
+        window: deque[tuple[RequestStream, queue.SimpleQueue[Any]]] = deque()
+        todo = deque(parts)
+        try:
+            while todo or window:
+                while todo and len(window) < max_in_flight:
+                    offset, part = todo.popleft()
+                    window.append(self._submit_streamed(target, offset, part, deadline))
+                yield from self._stream_events(target, *window.popleft(), deadline, timeout)
+        finally:
+            for rs, _ in window:  # the caller stopped early: withdraw what is left
+                self.table.streamed.pop(rs.call.rid, None)
+                Ticket(self, target, [], [rs.call], None).cancel()
+
+    def _submit_streamed(
+        self, target: Target, offset: int, part: Part, deadline: float | None
+    ) -> tuple[RequestStream, queue.SimpleQueue[Any]]:
+        call = self.table.new(len(part.items), target.keys, part.batch_key)
+        events: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        call.on_event = lambda seq, body: events.put((seq, body))
+        call.on_done = lambda _call: events.put(None)
+        self.table.streamed[call.rid] = call
+        header, payload = encode_request(
+            target.codec, call.rid, part.items, self._base.inbox, deadline, self._events_channel
+        )
+        target.check_payload(payload, call.n)
+        self._send((target, part.batch_key, call, header, payload))
+        return RequestStream(call, offset), events
+
+    def _stream_events(
+        self, target: Target, rs: RequestStream, events: queue.SimpleQueue[Any],
+        deadline: float | None, timeout: float | None,
+    ) -> Iterator[Event]:
+        try:
+            while True:  # until the answer
+                left = None if deadline is None else max(0.0, deadline - time.time())
+                try:
+                    event = events.get(timeout=left)
+                except queue.Empty:
+                    raise Timeout(self.timeout_text(target, timeout)) from None
+                if event is None:
+                    break
+                yield from rs.add(*event)
+            grace_end = time.monotonic() + STREAM_GRACE
+            while rs.waiting_for_events and (left := grace_end - time.monotonic()) > 0:
+                try:
+                    event = events.get(timeout=left)
+                except queue.Empty:
+                    break
+                if event is not None:
+                    yield from rs.add(*event)
+            ready, error = rs.complete()
+            yield from ready
+            if error is not None:
+                raise error
+        finally:
+            self.table.streamed.pop(rs.call.rid, None)
+
+    def _ensure_events(self) -> None:
+        """Subscribe this client's event channel (once) and wait until Redis confirms it."""
+        if self._events is not None:
+            return
+        self._ensure_reader()
+        with self._start_lock:
+            if self._events is None:
+                subscribed = threading.Event()
+                thread = threading.Thread(
+                    target=self._read_events, args=(subscribed,),
+                    name=f"queueserve-events-{self.client_id}", daemon=True,
+                )
+                thread.start()
+                if not subscribed.wait(30):
+                    raise RedisUnavailable(f"could not subscribe to events on Redis at {self.url}")
+                self._events = thread
+
+    def _read_events(self, subscribed: threading.Event) -> None:
+        pubsub = self.broker.redis.pubsub(  # type: ignore[no-untyped-call]
+            ignore_subscribe_messages=False
+        )
+        attempt = 0
+        while not self._closed:
+            try:
+                if not pubsub.subscribed:
+                    pubsub.subscribe(self._events_channel)
+                message = pubsub.get_message(timeout=1.0)
+            except (redis.ConnectionError, redis.TimeoutError) as e:
+                log.warning("event reader: Redis at %s unavailable (%s); retrying", self.url, e)
+                time.sleep(backoff(attempt))
+                attempt += 1
+                continue
+            attempt = 0
+            if message is None:
+                continue
+            if message["type"] == "subscribe":
+                subscribed.set()
+            elif message["type"] == "message":
+                try:
+                    self.table.deliver_event(message["data"])
+                except Exception:
+                    log.exception("dropped an undecodable event on %s", self._events_channel)
+        pubsub.close()
+
     def close(self) -> None:
         """Stop the inbox reader; calls still waiting fail with Cancelled."""
         if self._closed:
@@ -219,6 +341,8 @@ class Client:
             except Exception:
                 log.debug("could not wake the inbox reader", exc_info=True)
             self._reader.join(timeout=5)
+        if self._events is not None:
+            self._events.join(timeout=5)
         self.table.fail_all(Cancelled("the client was closed before the answer came"))
         self.broker.close()
 

@@ -41,18 +41,41 @@ def _header(fields: dict[bytes, bytes]) -> list[Any]:
     if raw is None:
         raise ValueError("entry has no 'h' (header) field")
     header = msgpack.unpackb(raw, raw=False)
-    if not isinstance(header, list) or len(header) != 6:
-        raise ValueError(f"header must be a list of 6 fields, got {header!r:.200}")
+    if not isinstance(header, list) or len(header) not in (6, 7):
+        raise ValueError(f"header must be a list of 6 or 7 fields, got {header!r:.200}")
     if header[P.H_VERSION] != P.WIRE_VERSION:
         raise ValueError(
             f"wire version {header[P.H_VERSION]!r} is not supported (this worker speaks "
             f"{P.WIRE_VERSION}); upgrade the older side"
         )
     rid, n, reply_to, deadline = header[1:5]
+    events = header[P.H_EVENTS] if len(header) > P.H_EVENTS else ""
     if not (isinstance(rid, int) and isinstance(n, int) and n >= 1 and isinstance(reply_to, str)
-            and isinstance(deadline, int)):
+            and isinstance(deadline, int) and isinstance(events, str)):
         raise ValueError(f"header fields have wrong types: {header!r:.200}")
     return header
+
+
+def _refusal(
+    serving: Serving, codec: Codec, request: Request, codec_name: str
+) -> tuple[str, str] | None:
+    """(reason, error kind) when the header alone rules the request out."""
+    if request.deadline and request.deadline <= time.time():
+        return "the request's deadline passed before a worker took it", P.ERR_TIMEOUT
+    if request.no_split and request.n > serving.batch_size:
+        return (
+            f"serving {serving.name!r} streams events, so a request always runs in one batch; "
+            f"this one has {request.n} items, more than batch_size={serving.batch_size}: send "
+            f"at most {serving.batch_size} items per request (client.stream does)",
+            P.ERR_BAD_REQUEST,
+        )
+    if codec_name != codec.name:
+        return (
+            f"serving {serving.name!r} accepts codec {codec.name!r}, the request used "
+            f"{codec_name!r}; send with the serving's codec",
+            P.ERR_BAD_REQUEST,
+        )
+    return None
 
 
 def decode_entry(
@@ -62,19 +85,17 @@ def decode_entry(
         header = _header(fields)
     except Exception as e:
         return Rejected(entry_id, stream, f"malformed entry: {e}", P.ERR_BAD_REQUEST, None)
-    _, rid, n, reply_to, deadline_ms, codec_name = header
-    request = Request(entry_id, stream, rid, reply_to, deadline_ms / 1000.0, n)
+    rid, n, reply_to, deadline_ms, codec_name = header[1:6]
+    events = header[P.H_EVENTS] if len(header) > P.H_EVENTS else ""
+    no_split = bool(events) or serving.hooks is not None
+    request = Request(entry_id, stream, rid, reply_to, deadline_ms / 1000.0, n, events, no_split)
 
     def reject(reason: str, kind: str = P.ERR_BAD_REQUEST) -> Rejected:
         return Rejected(entry_id, stream, reason, kind, request)
 
-    if deadline_ms and deadline_ms / 1000.0 <= time.time():
-        return reject("the request's deadline passed before a worker took it", P.ERR_TIMEOUT)
-    if codec_name != codec.name:
-        return reject(
-            f"serving {serving.name!r} accepts codec {codec.name!r}, the request used "
-            f"{codec_name!r}; send with the serving's codec"
-        )
+    problem = _refusal(serving, codec, request, codec_name)
+    if problem is not None:
+        return reject(*problem)
     payload = fields.get(b"p")
     if payload is None:
         return reject("entry has no 'p' (payload) field")
@@ -90,7 +111,15 @@ def decode_entry(
     if not isinstance(items, list) or len(items) != n:
         got = f"{len(items)} items" if isinstance(items, list) else type(items).__name__
         return reject(f"payload must be a list of {n} items as the header says, got {got}")
-    return _slices(serving, request, items)
+    accepted = _slices(serving, request, items)
+    weight = sum(s.weight for s in accepted.slices)
+    if no_split and weight > serving.batch_size:
+        return reject(
+            f"serving {serving.name!r} streams events, so a request always runs in one batch; "
+            f"this one costs {weight:g}, more than the capacity (batch_size="
+            f"{serving.batch_size}): send fewer items per request"
+        )
+    return accepted
 
 
 def _admit(serving: Serving, item: Any) -> tuple[Any, float]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from . import protocol as P
@@ -35,14 +36,21 @@ def _free_device_memory() -> None:
         torch.cuda.empty_cache()
 
 
+Drive = Callable[[Iterator[Any], int], list[Segment]]
+
+
 def run_isolated(
-    serving: Serving, items: list[Any], key: str, partition: Partition, start: int = 0
+    serving: Serving, items: list[Any], key: str, partition: Partition, drive: Drive,
+    start: int = 0,
 ) -> list[Segment]:
     """Run ``items``. Out of device memory, halve the batch and retry, down to one item. When
     the batch raises and on_error is "isolate", bisect it so only the failing items get the
-    error and every healthy item still gets its result."""
+    error and every healthy item still gets its result. A generator batch function is run by
+    ``drive`` (its steps were already sent, so it is never re-run)."""
     try:
         results = serving.run_batch(Batch(items, key, partition))
+        if not isinstance(results, BatchResults):
+            return [(start + a, n, o) for a, n, o in drive(results, len(items))]
     except BatchResultError as e:  # the function's contract is broken for the whole batch
         return [(start, len(items), error_to_wire(e))]
     except Exception as e:
@@ -61,8 +69,8 @@ def run_isolated(
                 serving.name, key, len(items), e,
             )
         mid = len(items) // 2
-        return run_isolated(serving, items[:mid], key, partition, start) + run_isolated(
-            serving, items[mid:], key, partition, start + mid
+        return run_isolated(serving, items[:mid], key, partition, drive, start) + run_isolated(
+            serving, items[mid:], key, partition, drive, start + mid
         )
     return [(start, len(items), results)]
 

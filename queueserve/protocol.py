@@ -12,19 +12,27 @@ Cluster slot and the Lua scripts below may touch all of its keys atomically::
     P:{S}:dead        stream   dead letters: requests that could not be served, with the reason
     P:{S}:cancel      channel  entry ids cancelled by their callers after a worker read them
     P:inbox:C         list     replies for client C, one element per (client, batch) (TTL)
+    P:events:C        channel  streamed events (hooks, generator steps) for client C
     P:worker:W        hash     registry record of worker process W (TTL)
 
 Request stream entry:
-    h  msgpack [version, request_id, n_items, reply_to, deadline_ms, codec]
+    h  msgpack [version, request_id, n_items, reply_to, deadline_ms, codec(, events)]
        request_id is an int unique within the client whose inbox is reply_to;
-       deadline_ms is unix time in ms, 0 = none.
+       deadline_ms is unix time in ms, 0 = none; events, when present and not empty, is the
+       pub/sub channel of the caller's client for streamed events (such requests never split).
     p  the items, a list encoded with the serving's codec
 
 Reply (one list element for one client and one batch): a codec tag byte followed by the codec's
-encoding of ``[[request_id, offset, count, kind, body], ...]``, where kind is
+encoding of ``[[request_id, offset, count, kind, body(, events_total)], ...]`` (events_total:
+for streamed requests, how many events were published before this reply), where kind is
     RESULTS  body is a list of ``count`` results
     BATCHED  body is an array/tensor, or a dict of them, whose first axis has ``count`` rows
     ERROR    body is [remote_type, message, traceback, error_kind] for all ``count`` items
+    STEPS    like RESULTS, each result being the list of an item's generator steps
+
+Event (published on ``P:events:C``): codec tag + encoding of ``[request_id, seq, *body]`` where
+body is ``["h", hook, payload, start, size]`` (start/size: the caller's items in the batch) or
+``["o", RESULTS, values, offset, count]`` (a generator step for items offset:offset+count).
 """
 
 from __future__ import annotations
@@ -39,6 +47,8 @@ RESULTS: Final = 0
 BATCHED: Final = 1
 ERROR: Final = 2
 DROP: Final = 3  # worker-internal: the caller cancelled; ack without replying
+EVENT: Final = 4  # worker-internal: publish a streamed event (offset field holds its seq)
+STEPS: Final = 5
 
 # Error kinds carried in an ERROR slice, so the client raises the matching queueserve error.
 ERR_REMOTE: Final = "remote"
@@ -47,7 +57,7 @@ ERR_BAD_REQUEST: Final = "bad_request"
 ERR_DEAD_LETTER: Final = "dead_letter"
 
 # Header field positions.
-H_VERSION, H_ID, H_COUNT, H_REPLY_TO, H_DEADLINE, H_CODEC = range(6)
+H_VERSION, H_ID, H_COUNT, H_REPLY_TO, H_DEADLINE, H_CODEC, H_EVENTS = range(7)
 
 
 class Keys:
@@ -83,6 +93,10 @@ class Keys:
 
 def inbox_key(prefix: str, client_id: str) -> str:
     return f"{prefix}:inbox:{client_id}"
+
+
+def events_channel(prefix: str, client_id: str) -> str:
+    return f"{prefix}:events:{client_id}"
 
 
 def worker_key(prefix: str, worker_id: str) -> str:

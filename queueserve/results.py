@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .protocol import BATCHED, RESULTS
+from .protocol import BATCHED, RESULTS, STEPS
 
 
 class BatchResultError(Exception):
@@ -31,14 +31,14 @@ class BatchResults:
 
     _value: Any
 
-    def __init__(self, value: Any, size: int, serving: str) -> None:
+    def __init__(self, value: Any, size: int, serving: str, kind: int = RESULTS) -> None:
         if isinstance(value, list | tuple):
             if len(value) != size:
                 raise BatchResultError(
                     f"serving {serving!r} returned {len(value)} results for a batch of {size} "
                     "items; return exactly one result per item, in item order"
                 )
-            self._kind, self._value = RESULTS, value
+            self._kind, self._value = kind, value
             return
         if isinstance(value, dict) and value:
             rows = {k: _first_axis(v) for k, v in value.items()}
@@ -77,7 +77,7 @@ class BatchResults:
 
     def __len__(self) -> int:
         value = self._value
-        if self._kind == RESULTS:
+        if self._kind != BATCHED:
             return len(value)
         if isinstance(value, dict):
             return int(_first_axis(next(iter(value.values()))) or 0)
@@ -86,7 +86,7 @@ class BatchResults:
 
 def unbatch(kind: int, body: Any) -> list[Any]:
     """Per-item results from a wire body (the caller's side of ``BatchResults.body``)."""
-    if kind == RESULTS:
+    if kind in (RESULTS, STEPS):
         return body if isinstance(body, list) else list(body)
     if isinstance(body, dict):
         columns: Sequence[tuple[str, Any]] = list(body.items())

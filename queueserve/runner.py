@@ -28,6 +28,7 @@ from .errors import RedisUnavailable
 from .execute import Row, error_rows, rows_for, run_isolated
 from .intake import FORGET_EVERY_S, RECLAIM_EVERY_S, Entry, Intake
 from .serving import Partition, Serving
+from .streaming import BatchContext
 
 log = logging.getLogger(__name__)
 
@@ -239,13 +240,21 @@ class ServingRunner:
             return rows
         items = live[0].items if len(live) == 1 else [x for s in live for x in s.items]
         started = time.perf_counter()
-        segments = run_isolated(self.serving, items, batch.key, self.partition)
+        context = BatchContext(
+            self.serving.hooks, live, self.outbox.put, self.cancelled, self.serving.name
+        )
+        with context:
+            segments = run_isolated(
+                self.serving, items, batch.key, self.partition, context.drive
+            )
         self.batches_run += 1
         log.debug(
             "serving %s key %s partition %d: batch of %d items (%d requests) in %.2f ms",
             self.serving.name, batch.key, self.partition.index, len(items), len(live),
             (time.perf_counter() - started) * 1000,
         )
+        if context.finished:  # answered mid-batch by a generator's per-item END
+            return rows + [r for r in rows_for(live, segments) if id(r[0]) not in context.finished]
         return rows + rows_for(live, segments)
 
     # -- replier -----------------------------------------------------------------------------
@@ -269,21 +278,29 @@ class ServingRunner:
 
     def _send(self, rows: list[Row]) -> None:
         messages: dict[str, list[list[Any]]] = defaultdict(list)
+        events: list[tuple[str, list[Any]]] = []
         acks: dict[str, list[Any]] = defaultdict(list)
         finished: list[bytes] = []
         for request, offset, count, kind, body in rows:
+            if kind == P.EVENT:
+                events.append((request.events, [request.rid, offset, *body]))
+                continue
             if kind != P.DROP:
-                messages[request.reply_to].append([request.rid, offset, count, kind, body])
+                row = [request.rid, offset, count, kind, body]
+                if request.events:
+                    row.append(request.events_sent)
+                messages[request.reply_to].append(row)
             request.remaining -= count
             if request.remaining <= 0:
                 acks[request.stream] += (request.entry_id, request.n)
                 finished.append(request.entry_id)
         tag = bytes((self.codec.tag,))
         encoded = {inbox: [tag + self.codec.dumps(m)] for inbox, m in messages.items()}
+        published = [(channel, tag + self.codec.dumps(e)) for channel, e in events]
         attempt = 0
         while True:
             try:
-                self.broker.reply_and_ack(self.keys, encoded, acks, INBOX_TTL_MS)
+                self.broker.reply_and_ack(self.keys, encoded, acks, INBOX_TTL_MS, published)
                 break
             except RedisUnavailable as e:
                 # Unacked work stays ours (our heartbeat holds it); retry until Redis is back.

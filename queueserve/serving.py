@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Sequence
+import types
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
@@ -143,6 +144,7 @@ class Serving:
         if model is not None and not (isinstance(model, type) and issubclass(model, BaseModel)):
             raise TypeError(f"input_model must be a pydantic BaseModel subclass, got {model!r}")
         self.input_model = model
+        self.hooks: frozenset[str] | None = None  # set by streaming()
         self._input_maps: list[Callable[[Any], Any]] = []
         self._result_maps: list[Callable[[Any], Any]] = []
         self._inline_lock = threading.Lock()
@@ -167,6 +169,16 @@ class Serving:
         """Runs one batch; returns one result per item (or a batched array/tensor/dict)."""
         assert self.fn is not None
         return self.fn(batch)
+
+    def streaming(self, hooks: Iterable[str] = ()) -> Serving:
+        """Mark the serving as streaming hook events: ``qs.emit(name, payload)`` inside the batch
+        function reaches callers of ``client.stream`` for the hooks listed here. Requests of a
+        streaming serving are never split across batches (chainable)."""
+        names = [hooks] if isinstance(hooks, str) else list(hooks)
+        if not all(isinstance(h, str) and h for h in names):
+            raise TypeError(f"hooks must be non-empty strings, got {names!r}")
+        self.hooks = frozenset(names)
+        return self
 
     # -- client-side mapping ----------------------------------------------------------------
     def map_inputs(self, fn: Callable[[Any], Any]) -> Serving:
@@ -216,9 +228,13 @@ class Serving:
     def item_cost(self, item: Any) -> float:
         return 1.0 if self.cost is None else float(self.cost(item))
 
-    def run_batch(self, batch: Batch) -> BatchResults:
-        """Run one batch and check that it returned one result per item."""
-        return BatchResults(self.handle_batch(batch), len(batch), self.name)
+    def run_batch(self, batch: Batch) -> BatchResults | Iterator[Any]:
+        """Run one batch and check that it returned one result per item; a generator batch
+        function's steps are returned for the caller to drive."""
+        out = self.handle_batch(batch)
+        if isinstance(out, types.GeneratorType):
+            return out
+        return BatchResults(out, len(batch), self.name)
 
     def chunks(self, items: Sequence[Any]) -> Iterable[Sequence[Any]]:
         """Cut items into batches that fit the capacity (batch_size items or cost units)."""
@@ -255,12 +271,19 @@ class Serving:
 
     def inline_many(self, items: Iterable[Any]) -> list[Any]:
         """Run items in this process, split into batches of at most batch_size."""
+        from .streaming import inline_batch
+
         self._ensure_inline_setup()
         prepared = [self.validate_item(self.prepare_item(x)) for x in items]
         out: list[Any] = []
         for chunk in self.chunks(prepared):
             key = self.key_for(chunk[0], None)
-            out.extend(self.run_batch(Batch(chunk, key)).as_list())
+            with inline_batch():  # qs.emit has no callers to reach here
+                ran = self.run_batch(Batch(chunk, key))
+                if isinstance(ran, BatchResults):
+                    out.extend(ran.as_list())
+                else:
+                    out.extend(collect_steps(ran, len(chunk), self.name))
         return [self.finish_result(r) for r in out]
 
     def options(self) -> dict[str, Any]:
@@ -274,6 +297,8 @@ class Serving:
             "cost": self.cost is not None,
             "max_deliveries": self.max_deliveries,
             "max_payload_bytes": self.max_payload_bytes,
+            "hooks": ",".join(sorted(self.hooks)) if self.hooks is not None else "",
+            "streaming": self.hooks is not None,
         }
 
     def __repr__(self) -> str:
@@ -281,6 +306,24 @@ class Serving:
             f"<Serving {self.name!r} batch_size={self.batch_size} "
             f"batch_timeout={self.batch_timeout:g}s>"
         )
+
+
+def collect_steps(steps: Iterator[Any], size: int, serving: str) -> list[list[Any]]:
+    """Per-item step values of a generator batch function run to its end (``END`` ends an
+    item)."""
+    from .streaming import END
+
+    values: list[list[Any]] = [[] for _ in range(size)]
+    ended = [False] * size
+    for step in steps:
+        for i, v in enumerate(BatchResults(step, size, serving).as_list()):
+            if ended[i] or v is END:
+                ended[i] = True
+            else:
+                values[i].append(v)
+        if all(ended):
+            break
+    return values
 
 
 def serving(
