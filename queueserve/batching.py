@@ -86,6 +86,7 @@ class KeyQueue:
 class TakenBatch:
     key: str
     slices: list[Slice]
+    opened: float = 0.0  # when its batch clock started (monotonic)
 
     def items(self) -> list[Any]:
         if len(self.slices) == 1:
@@ -165,6 +166,7 @@ class Assembler:
             taken.append(first)
             room -= first.weight
             break
+        opened = queue.started
         taken_weight = self.capacity - room
         queue.weight = max(0.0, queue.weight - taken_weight)
         if slices:
@@ -172,7 +174,7 @@ class Assembler:
         else:
             queue.weight = 0.0
         self.buffered -= sum(len(s.items) for s in taken)
-        return TakenBatch(queue.key, taken)
+        return TakenBatch(queue.key, taken, opened)
 
     def drain(self) -> Iterator[Slice]:
         """Every waiting slice, removed (for shutdown: they are left for other workers)."""

@@ -211,6 +211,42 @@ class RedisBroker:
         with redis_errors(self.url):
             self.redis.xgroup_delconsumer(stream, GROUP, consumer)
 
+    def queue_depths(self, keys_list: Sequence[Keys]) -> list[tuple[Keys, str, int, int]]:
+        """(serving keys, batch key, stream length, pending) for every stream of the servings.
+
+        Acked entries are deleted, so length - pending is what waits to be read."""
+        with redis_errors(self.url):
+            streams = [
+                (keys, text(k))
+                for keys in keys_list
+                for k in sorted(cast(set[bytes], self.redis.smembers(keys.keys)))
+            ]
+            pipe = self.redis.pipeline(transaction=False)
+            for keys, key in streams:
+                pipe.xlen(keys.stream(key))
+                pipe.xpending(keys.stream(key), GROUP)
+            out = pipe.execute(raise_on_error=False)
+        result = []
+        for i, (keys, key) in enumerate(streams):
+            length, pending = out[2 * i], out[2 * i + 1]
+            held = pending["pending"] if isinstance(pending, dict) else 0
+            result.append((keys, key, int(length) if isinstance(length, int) else 0, int(held)))
+        return result
+
+    def dead_letter_depths(self, keys_list: Sequence[Keys]) -> list[tuple[Keys, int]]:
+        with redis_errors(self.url):
+            pipe = self.redis.pipeline(transaction=False)
+            for keys in keys_list:
+                pipe.xlen(keys.dead)
+            return list(zip(keys_list, (int(n) for n in pipe.execute()), strict=True))
+
+    def ping(self) -> bool:
+        try:
+            with redis_errors(self.url):
+                return bool(self.redis.ping())
+        except RedisUnavailable:
+            return False
+
     def dead_letter(
         self, keys: Keys, stream: str, entry_id: bytes, record: Mapping[str, Any],
         *, ack_now: bool,

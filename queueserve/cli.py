@@ -66,6 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="partition deaths tolerated within --restart-window (default 5)")
     w.add_argument("--restart-window", type=_duration, default=60.0,
                    help="window for --max-restarts (default 60s)")
+    w.add_argument("--metrics-port", type=int, default=None,
+                   help="serve Prometheus /metrics, /healthz and /readyz on this port")
     w.add_argument("--check", action="store_true",
                    help="exit 0 when a live worker serves every named serving, else 1")
     w.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
@@ -135,7 +137,7 @@ def worker_command(args: argparse.Namespace) -> int:
         batch_size=args.batch_size, batch_timeout=args.batch_timeout, batch_keys=args.batch_keys,
         max_concurrent_batches=args.max_concurrent_batches,
         shutdown_timeout=args.shutdown_timeout, max_restarts=args.max_restarts,
-        restart_window=args.restart_window,
+        restart_window=args.restart_window, metrics_port=args.metrics_port,
     )
     return worker.run()
 

@@ -22,6 +22,7 @@ from .broker import RedisBroker
 from .codec import Codec
 from .decode import Accepted, Rejected, decode_entry
 from .execute import Row
+from .middleware import Middleware
 from .serving import Serving
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,7 @@ class Intake:
     keys: P.Keys
     broker: RedisBroker
     consumer: str
+    middleware: Middleware
 
     def ingest(self, entries: list[Entry]) -> tuple[list[tuple[str, Slice]], list[Row]]:
         """(batch key, slice) pairs to assemble and error rows to send at once."""
@@ -93,6 +95,7 @@ class Intake:
             f"{self.serving.max_deliveries}): each worker holding it died before answering"
         )
         request = decoded.request
+        self.middleware.dead_lettered(self.serving, 1)
         log.error(
             "serving %s: entry %s of %s moved to %s: %s",
             self.serving.name, entry.entry_id.decode(), entry.stream, self.keys.dead, reason,
@@ -120,6 +123,7 @@ class Intake:
                     stream, owner, self.consumer, int(DEAD_AFTER_S * 1000), room
                 )
                 if got:
+                    self.middleware.redelivered(self.serving, len(got))
                     log.warning(
                         "serving %s: reclaimed %d entries of %s from dead consumer %s",
                         self.serving.name, len(got), stream, owner,

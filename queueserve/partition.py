@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from . import protocol as P
 from .broker import RedisBroker
 from .errors import RedisUnavailable
+from .middleware import Middleware, Middlewares
 from .runner import ServingRunner
 from .serving import Partition, Serving
 
@@ -39,8 +40,10 @@ class PartitionHost:
         *,
         batch_keys: tuple[str, ...] = (),
         max_concurrent_batches: int = 1,
+        middleware: Sequence[Middleware] = (),
     ) -> None:
         self.partition = partition
+        self.middleware = Middlewares(middleware)
         self.broker = RedisBroker(url)
         self.consumer = consumer_name(partition)
         self.servings = list(servings)
@@ -48,6 +51,7 @@ class PartitionHost:
             ServingRunner(
                 s, self.broker, prefix, self.consumer, partition,
                 batch_keys=batch_keys, max_concurrent_batches=max_concurrent_batches,
+                middleware=self.middleware,
             )
             for s in self.servings
         ]
@@ -73,6 +77,7 @@ class PartitionHost:
             target=self._heartbeat_loop, name="queueserve-heartbeat", daemon=True
         )
         self._heart.start()
+        self.middleware.partition_started(self.servings, self.partition)
         log.info(
             "partition %d (%s) serving %s as consumer %s",
             self.partition.index, self.partition.device,
@@ -102,6 +107,9 @@ class PartitionHost:
             )
         self.broker.close()
         return finished
+
+    def alive(self) -> bool:
+        return all(t.is_alive() for r in self.runners for t in r.threads)
 
     def _keys(self) -> list[P.Keys]:
         return [r.keys for r in self.runners]

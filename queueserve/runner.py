@@ -17,7 +17,6 @@ import logging
 import queue
 import threading
 import time
-from collections import defaultdict
 from typing import Any
 
 from . import protocol as P
@@ -27,6 +26,8 @@ from .codec import get_codec
 from .errors import RedisUnavailable
 from .execute import Row, error_rows, rows_for, run_isolated
 from .intake import FORGET_EVERY_S, RECLAIM_EVERY_S, Entry, Intake
+from .middleware import Middleware
+from .replies import compose
 from .serving import Partition, Serving
 from .streaming import BatchContext
 
@@ -52,13 +53,17 @@ class ServingRunner:
         *,
         batch_keys: tuple[str, ...] = (),
         max_concurrent_batches: int = 1,
+        middleware: Middleware | None = None,
     ) -> None:
         self.serving = serving
+        self.middleware = middleware or Middleware()
         self.broker = broker
         self.keys = P.Keys(prefix, serving.name)
         self.consumer = consumer
         self.partition = partition
-        self.intake = Intake(serving, get_codec(serving.codec), self.keys, broker, consumer)
+        self.intake = Intake(
+            serving, get_codec(serving.codec), self.keys, broker, consumer, self.middleware
+        )
         self.codec = self.intake.codec
         self.assembler = Assembler(serving.batch_size, serving.batch_timeout)
         self.executors = max_concurrent_batches
@@ -71,7 +76,7 @@ class ServingRunner:
         self._declared_keys = ("default", *batch_keys)
         self._reading = True
         self._flushing = False  # stopping: run what is buffered without waiting for timeouts
-        self._threads: list[threading.Thread] = []
+        self.threads: list[threading.Thread] = []
         self._pubsub: Any = None
         self._pubsub_thread: Any = None
         self.batches_run = 0
@@ -90,7 +95,7 @@ class ServingRunner:
                 daemon=True,
             )
             t.start()
-            self._threads.append(t)
+            self.threads.append(t)
 
     def stop_reading(self) -> None:
         with self.cond:
@@ -101,11 +106,11 @@ class ServingRunner:
     def join(self, timeout: float | None) -> bool:
         """Wait until everything held was executed and answered; False if time ran out."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        for t in self._threads:
+        for t in self.threads:
             t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
         if self._pubsub_thread is not None:
             self._pubsub_thread.stop()
-        return not any(t.is_alive() for t in self._threads)
+        return not any(t.is_alive() for t in self.threads)
 
     def _listen_for_cancels(self) -> None:
         def on_cancel(message: dict[str, Any]) -> None:
@@ -239,6 +244,9 @@ class ServingRunner:
         if not live:
             return rows
         items = live[0].items if len(live) == 1 else [x for s in live for x in s.items]
+        self.middleware.batch_started(
+            self.serving, batch.key, self.partition, len(items), time.monotonic() - batch.opened
+        )
         started = time.perf_counter()
         context = BatchContext(
             self.serving.hooks, live, self.outbox.put, self.cancelled, self.serving.name
@@ -247,11 +255,13 @@ class ServingRunner:
             segments = run_isolated(
                 self.serving, items, batch.key, self.partition, context.drive
             )
+        took = time.perf_counter() - started
         self.batches_run += 1
+        self.middleware.batch_finished(self.serving, batch.key, self.partition, len(items), took)
         log.debug(
             "serving %s key %s partition %d: batch of %d items (%d requests) in %.2f ms",
             self.serving.name, batch.key, self.partition.index, len(items), len(live),
-            (time.perf_counter() - started) * 1000,
+            took * 1000,
         )
         if context.finished:  # answered mid-batch by a generator's per-item END
             return rows + [r for r in rows_for(live, segments) if id(r[0]) not in context.finished]
@@ -277,37 +287,21 @@ class ServingRunner:
                 self._send(rows)
 
     def _send(self, rows: list[Row]) -> None:
-        messages: dict[str, list[list[Any]]] = defaultdict(list)
-        events: list[tuple[str, list[Any]]] = []
-        acks: dict[str, list[Any]] = defaultdict(list)
-        finished: list[bytes] = []
-        for request, offset, count, kind, body in rows:
-            if kind == P.EVENT:
-                events.append((request.events, [request.rid, offset, *body]))
-                continue
-            if kind != P.DROP:
-                row = [request.rid, offset, count, kind, body]
-                if request.events:
-                    row.append(request.events_sent)
-                messages[request.reply_to].append(row)
-            request.remaining -= count
-            if request.remaining <= 0:
-                acks[request.stream] += (request.entry_id, request.n)
-                finished.append(request.entry_id)
-        tag = bytes((self.codec.tag,))
-        encoded = {inbox: [tag + self.codec.dumps(m)] for inbox, m in messages.items()}
-        published = [(channel, tag + self.codec.dumps(e)) for channel, e in events]
+        out = compose(rows, self.codec)
         attempt = 0
         while True:
             try:
-                self.broker.reply_and_ack(self.keys, encoded, acks, INBOX_TTL_MS, published)
+                self.broker.reply_and_ack(
+                    self.keys, out.messages, out.acks, INBOX_TTL_MS, out.events
+                )
                 break
             except RedisUnavailable as e:
                 # Unacked work stays ours (our heartbeat holds it); retry until Redis is back.
                 log.warning("serving %s replier: %s; retrying", self.serving.name, e)
                 time.sleep(backoff(attempt))
                 attempt += 1
+        self.middleware.replied(self.serving, out.answered, len(out.finished), out.errors)
         with self.cond:
-            self.held.difference_update(finished)
+            self.held.difference_update(out.finished)
             if self.cancelled:
-                self.cancelled.difference_update(finished)
+                self.cancelled.difference_update(out.finished)

@@ -19,7 +19,7 @@ import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 from types import FrameType
@@ -89,10 +89,30 @@ class Supervisor:
         self._ctx = multiprocessing.get_context("spawn")
         self._stop = threading.Event()
         self._signals = 0
+        self.on_exit: Callable[[int], None] | None = None  # told each dead partition's pid
 
     def stop(self) -> None:
         """Ask for a graceful stop (what the first SIGTERM does)."""
         self._stop.set()
+
+    def all_alive(self) -> bool:
+        """Every partition process is running (the liveness probe)."""
+        return not self._stop.is_set() and all(
+            s.process is not None and s.process.is_alive() for s in self._slots
+        )
+
+    def all_registered(self, broker: Any, worker: Any) -> bool:
+        """Every running partition has sent a heartbeat for every serving (readiness)."""
+        from .protocol import Keys
+
+        pids = [s.process.pid for s in self._slots if s.process is not None]
+        if len(pids) != len(self._slots):
+            return False
+        for serving in worker.servings:
+            alive = broker.alive_consumers(Keys(worker.prefix, serving.name), 10.0)
+            if not all(any(f"-{pid}-p" in name for name in alive) for pid in pids):
+                return False
+        return True
 
     def run(self) -> int:
         if self.handle_signals:
@@ -148,6 +168,8 @@ class Supervisor:
         """Note a dead partition and schedule its restart; True when it is crash-looping."""
         code = process.exitcode
         assert code is not None
+        if self.on_exit is not None and process.pid is not None:
+            self.on_exit(process.pid)
         why = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
         slot.process = None
         slot.crashes.append(now)

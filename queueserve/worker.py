@@ -14,6 +14,7 @@ from types import FrameType
 
 from ._durations import parse_duration
 from .loading import load_servings
+from .middleware import Middleware
 from .partition import PartitionHost
 from .serving import Partition, Serving, _check_batch_size
 from .settings import Settings
@@ -25,6 +26,7 @@ from .supervisor import (
     partition_for,
     resolve_partitions,
 )
+from .worker_metrics import MetricsServer, in_process_metrics, supervisor_metrics
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +51,8 @@ class WorkerConfig:
     shutdown_timeout: float
     threads_per_partition: int
     log_level: int
+    metrics: bool = False
+    middleware: tuple[Middleware, ...] = ()
 
     def servings(self, sources: Sequence[ServingSource]) -> list[Serving]:
         loaded = [s for src in sources for s in _load(src)]
@@ -84,6 +88,8 @@ class Worker:
         shutdown_timeout: float | str = 30.0,
         max_restarts: int = 5,
         restart_window: float | str = 60.0,
+        metrics_port: int | None = None,
+        middleware: Sequence[Middleware] = (),
         handle_signals: bool = True,
     ) -> None:
         sources = [servings] if isinstance(servings, Serving | str) else list(servings)
@@ -109,7 +115,10 @@ class Worker:
             # partitions x torch threads must not exceed the cores (DESIGN §6)
             threads_per_partition=max(1, cores // self.partition_count),
             log_level=logging.getLogger("queueserve").getEffectiveLevel(),
+            metrics=metrics_port is not None,
+            middleware=tuple(middleware),
         )
+        self.metrics_port = metrics_port
         self.sources = sources
         self.servings = self.config.servings(sources)  # fails here, early, on bad servings
         names = [s.name for s in self.servings]
@@ -122,6 +131,7 @@ class Worker:
         self.handle_signals = handle_signals
         self._host: PartitionHost | None = None
         self._supervisor: Supervisor | None = None
+        self._metrics: MetricsServer | None = None
         self._stopped = threading.Event()
 
     @property
@@ -150,13 +160,23 @@ class Worker:
         )
         if self._stopped.is_set():
             return EXIT_OK
-        return self._supervisor.run()
+        if self.metrics_port is None:
+            return self._supervisor.run()
+        with supervisor_metrics(self, self._supervisor) as server:
+            self.metrics_port = server.port
+            return self._supervisor.run()
 
     def start(self) -> Worker:
         """Serve partition 0 in background threads of this process; returns at once."""
         if self._host is not None:
             raise RuntimeError("this worker was started already")
-        self._host = _host_for(self.servings, self.config, Partition())
+        extra: list[Middleware] = []
+        if self.metrics_port is not None:
+            server, prometheus = in_process_metrics(self, lambda: self._host)
+            self._metrics = server.start()
+            self.metrics_port = server.port
+            extra.append(prometheus)
+        self._host = _host_for(self.servings, self.config, Partition(), extra)
         self._host.start()
         return self
 
@@ -166,6 +186,9 @@ class Worker:
         self._stopped.set()
         if self._supervisor is not None:
             self._supervisor.stop()
+        if self._metrics is not None:
+            self._metrics.stop()
+            self._metrics = None
         if self._host is None:
             return True
         host, self._host = self._host, None
@@ -193,7 +216,12 @@ def partition_main(
     )
     servings = config.servings(sources)
     _bind_device(partition, config.threads_per_partition)
-    host = _host_for(servings, config, partition)
+    extra: list[Middleware] = []
+    if config.metrics:  # the supervisor set PROMETHEUS_MULTIPROC_DIR for us
+        from .metrics import PrometheusMiddleware
+
+        extra.append(PrometheusMiddleware())
+    host = _host_for(servings, config, partition, extra)
     stop = threading.Event()
     signals = 0
 
@@ -222,10 +250,14 @@ def _bind_device(partition: Partition, threads: int) -> None:
         torch.set_num_threads(threads)
 
 
-def _host_for(servings: list[Serving], config: WorkerConfig, partition: Partition) -> PartitionHost:
+def _host_for(
+    servings: list[Serving], config: WorkerConfig, partition: Partition,
+    extra: Sequence[Middleware] = (),
+) -> PartitionHost:
     return PartitionHost(
         servings, config.redis_url, config.prefix, partition,
         batch_keys=config.batch_keys, max_concurrent_batches=config.max_concurrent_batches,
+        middleware=[*config.middleware, *extra],
     )
 
 
