@@ -33,7 +33,8 @@ def _encode_ndarray(arr: np.ndarray[Any, Any]) -> msgpack.ExtType:
             "cannot encode a numpy array of dtype object with codec 'msgpack'; "
             "use a numeric dtype, lists, or codec='pickle'"
         )
-    arr = np.ascontiguousarray(arr)
+    if not arr.flags.c_contiguous:  # np.ascontiguousarray would also make 0-d arrays 1-d
+        arr = arr.copy(order="C")
     return msgpack.ExtType(
         _EXT_NDARRAY, msgpack.packb([arr.dtype.str, arr.shape, arr.tobytes()])
     )
@@ -54,7 +55,8 @@ def _default(obj: Any) -> Any:
         return _encode_ndarray(obj)
     if isinstance(obj, np.generic):
         return obj.item()
-    if type(obj).__module__ == "torch" and type(obj).__name__ in ("Tensor", "Parameter"):
+    module = type(obj).__module__
+    if (module == "torch" or module.startswith("torch.")) and hasattr(obj, "untyped_storage"):
         return _encode_tensor(obj)
     raise TypeError(
         f"cannot encode {type(obj).__qualname__} with codec 'msgpack'; send str, bytes, numbers, "

@@ -85,6 +85,9 @@ class Serving:
     batch_size: int = 32
     batch_timeout: float = 0.01
     max_queue: int = 0
+    # A subclass may define cost / batch_key as methods ``def cost(self, item)``.
+    cost: Callable[[Any], float] | None = None
+    batch_key: str | Callable[[Any], str] | None = None
     codec: str = "msgpack"
     on_error: OnError = "isolate"
     max_deliveries: int = 3
@@ -122,12 +125,19 @@ class Serving:
         self.batch_timeout = parse_duration(
             cls.batch_timeout if batch_timeout is None else batch_timeout, what="batch_timeout"
         )
-        self.cost = _check_optional_callable("cost", cost)
-        if batch_key is not None and not (isinstance(batch_key, str) or callable(batch_key)):
+        # Given as arguments they shadow the class's; a subclass's own cost()/batch_key()
+        # methods are found through the class, so nothing bound is stored on the instance.
+        if cost is not None:
+            self.cost = _check_optional_callable("cost", cost)
+        _check_optional_callable("cost", self.cost)
+        if batch_key is not None:
+            self.batch_key = batch_key
+        if self.batch_key is not None and not (
+            isinstance(self.batch_key, str) or callable(self.batch_key)
+        ):
             raise TypeError(
-                f"batch_key must be a str or a callable(item) -> str, got {batch_key!r}"
+                f"batch_key must be a str or a callable(item) -> str, got {self.batch_key!r}"
             )
-        self.batch_key = batch_key
         self.max_queue = _check_max_queue(cls.max_queue if max_queue is None else max_queue)
         self.codec = get_codec(cls.codec if codec is None else codec).name
         self.on_error: OnError = cls.on_error if on_error is None else on_error
@@ -275,15 +285,22 @@ class Serving:
 
         self._ensure_inline_setup()
         prepared = [self.validate_item(self.prepare_item(x)) for x in items]
-        out: list[Any] = []
-        for chunk in self.chunks(prepared):
-            key = self.key_for(chunk[0], None)
-            with inline_batch():  # qs.emit has no callers to reach here
-                ran = self.run_batch(Batch(chunk, key))
-                if isinstance(ran, BatchResults):
-                    out.extend(ran.as_list())
-                else:
-                    out.extend(collect_steps(ran, len(chunk), self.name))
+        by_key: dict[str, list[int]] = {}  # batch keys never share a batch
+        for i, item in enumerate(prepared):
+            by_key.setdefault(self.key_for(item, None), []).append(i)
+        out: list[Any] = [None] * len(prepared)
+        for key, positions in by_key.items():
+            done = 0
+            for chunk in self.chunks([prepared[i] for i in positions]):
+                with inline_batch():  # qs.emit has no callers to reach here
+                    ran = self.run_batch(Batch(chunk, key))
+                    results = (
+                        ran.as_list() if isinstance(ran, BatchResults)
+                        else collect_steps(ran, len(chunk), self.name)
+                    )
+                for pos, result in zip(positions[done : done + len(chunk)], results, strict=True):
+                    out[pos] = result
+                done += len(chunk)
         return [self.finish_result(r) for r in out]
 
     def options(self) -> dict[str, Any]:

@@ -10,7 +10,6 @@ import sys
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from types import FrameType
 
 from ._durations import parse_duration
 from .loading import load_servings
@@ -223,16 +222,9 @@ def partition_main(
         extra.append(PrometheusMiddleware())
     host = _host_for(servings, config, partition, extra)
     stop = threading.Event()
-    signals = 0
-
-    def on_term(signum: int, _frame: FrameType | None) -> None:
-        nonlocal signals
-        signals += 1
-        if signals > 1:
-            os._exit(EXIT_FORCED)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_term)
+    # A SIGTERM sent to the whole process group arrives twice (directly and forwarded by the
+    # supervisor): both mean "drain". Forcing is the supervisor's job (it SIGKILLs partitions).
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: stop.set())
     host.start()
     stop.wait()
     host.stop(config.shutdown_timeout)
