@@ -105,6 +105,8 @@ class ClientBase:
     @staticmethod
     def plan(target: Target, items: list[Any], batch_key: str | None) -> list[Part]:
         """Apply the serving's map_inputs and group items by batch key (one request per key)."""
+        if not items:
+            return []  # nothing to send; the caller gets [] at once
         serving = target.serving
         if serving is None:
             return [Part(batch_key or "default", None, items)]
@@ -173,7 +175,7 @@ def collect(
     target: Target, parts: list[Part], calls: list[Call], return_exceptions: bool
 ) -> list[Any]:
     """Results of finished calls, back in the caller's item order, through map_results."""
-    if len(calls) == 1 and parts[0].positions is None:
+    if len(calls) == 1 and parts[0].positions is None:  # one request: results as they came
         results = outcome(calls[0], return_exceptions)
     else:
         results = [None] * sum(len(p.items) for p in parts)

@@ -109,6 +109,11 @@ class Assembler:
         self.queues: dict[str, KeyQueue] = {}
         self.buffered = 0  # items waiting, all keys
 
+    def room(self, key: str) -> float:
+        """Capacity left before ``key`` holds one full batch waiting."""
+        queue = self.queues.get(key)
+        return self.capacity if queue is None else self.capacity - queue.weight
+
     def add(self, key: str, piece: Slice, now: float) -> None:
         queue = self.queues.get(key)
         if queue is None:

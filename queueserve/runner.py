@@ -7,8 +7,9 @@ Threads, so that Redis I/O overlaps the batch function:
     replier    rows -> RPUSH to each caller's inbox + XACK/XDEL, one round trip per batch
 
 Executors never touch Redis, so the device never waits on it; a partition holds at most
-max_concurrent_batches running batches plus one prefetched, so a crash strands little and other
-workers share the load. A pub/sub listener learns of requests cancelled after they were read.
+max_concurrent_batches running batches plus one batch waiting per batch key, so a crash strands
+little and other workers share the load. A pub/sub listener learns of requests cancelled after
+they were read.
 """
 
 from __future__ import annotations
@@ -67,7 +68,6 @@ class ServingRunner:
         self.codec = self.intake.codec
         self.assembler = Assembler(serving.batch_size, serving.batch_timeout)
         self.executors = max_concurrent_batches
-        self.prefetch_limit = serving.batch_size  # items held beyond the running batches
         self.cond = threading.Condition()
         self.outbox: queue.SimpleQueue[list[Row] | None] = queue.SimpleQueue()
         self.streams: list[str] = []
@@ -172,18 +172,28 @@ class ServingRunner:
             self.intake.forget_dead_consumers(self.streams)
             due["forget"] = now + FORGET_EVERY_S
 
+    def _open_streams(self) -> tuple[list[str], int]:
+        """Streams whose batch key holds less than one batch beyond those running, and how
+        many entries to read from each (caller holds self.cond). Per key, so that one key's
+        waiting items never keep another key's batch from filling."""
+        rooms = {s: self.assembler.room(self.keys.batch_key_of(s)) for s in self.streams}
+        open_streams = [s for s, room in rooms.items() if room > 0]
+        return open_streams, max(1, int(max(rooms.values(), default=0)))
+
     def _room(self) -> int:
         with self.cond:
-            return self.prefetch_limit - self.assembler.buffered
+            streams, count = self._open_streams()
+        return count if streams else 0
 
     def _read_once(self) -> None:
         with self.cond:
-            while self._reading and self.assembler.buffered >= self.prefetch_limit:
+            streams, count = self._open_streams()
+            while self._reading and not streams:
                 self.cond.wait(RECLAIM_EVERY_S)
-            room = self.prefetch_limit - self.assembler.buffered
-        if not self._reading or room <= 0:
+                streams, count = self._open_streams()
+        if not self._reading:
             return
-        read = self.broker.read(self.consumer, self.streams, room, READ_BLOCK_MS)
+        read = self.broker.read(self.consumer, streams, count, READ_BLOCK_MS)
         self._take_in([
             Entry(stream.decode(), entry_id, fields)
             for stream, entries in read

@@ -43,13 +43,23 @@ def visible_cuda_devices() -> int:
     return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
 
 
-def resolve_partitions(partitions: int | str) -> tuple[int, str]:
-    """(count, device kind) for ``auto`` or a number: one per visible CUDA device, else CPU."""
-    gpus = visible_cuda_devices() if partitions == "auto" or isinstance(partitions, int) else 0
+def check_partitions(partitions: object) -> int | str:
     if partitions == "auto":
-        return (gpus, "cuda") if gpus else (1, "cpu")
+        return "auto"
     if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
         raise ValueError(f"partitions must be 'auto' or an int >= 1, got {partitions!r}")
+    return partitions
+
+
+def resolve_partitions(partitions: int | str) -> tuple[int, str]:
+    """(count, device kind) for ``auto`` or a number: one per visible CUDA device, else CPU.
+    Asks torch (importing it takes seconds), so only a supervisor that starts partitions
+    calls this."""
+    partitions = check_partitions(partitions)
+    gpus = visible_cuda_devices()
+    if partitions == "auto":
+        return (gpus, "cuda") if gpus else (1, "cpu")
+    assert isinstance(partitions, int)
     return partitions, "cuda" if gpus >= partitions else "cpu"
 
 

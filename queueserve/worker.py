@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import os
 import signal
@@ -22,6 +23,7 @@ from .supervisor import (
     EXIT_FORCED,
     EXIT_OK,
     Supervisor,
+    check_partitions,
     partition_for,
     resolve_partitions,
 )
@@ -99,9 +101,8 @@ class Worker:
             raise ValueError(
                 f"max_concurrent_batches must be an int >= 1, got {max_concurrent_batches!r}"
             )
-        self.partition_count, self.device_kind = resolve_partitions(partitions)
+        self.partitions = check_partitions(partitions)
         settings = Settings()
-        cores = os.cpu_count() or 1
         self.config = WorkerConfig(
             redis_url=redis_url or settings.redis_url,
             prefix=prefix or settings.prefix,
@@ -111,8 +112,7 @@ class Worker:
             batch_keys=tuple(batch_keys),
             max_concurrent_batches=max_concurrent_batches,
             shutdown_timeout=parse_duration(shutdown_timeout, what="shutdown_timeout"),
-            # partitions x torch threads must not exceed the cores (DESIGN §6)
-            threads_per_partition=max(1, cores // self.partition_count),
+            threads_per_partition=os.cpu_count() or 1,  # divided among partitions in run()
             log_level=logging.getLogger("queueserve").getEffectiveLevel(),
             metrics=metrics_port is not None,
             middleware=tuple(middleware),
@@ -144,13 +144,15 @@ class Worker:
     def run(self) -> int:
         """Serve with one supervised process per partition until stopped; returns the exit
         code (0, or EXIT_CRASH_LOOP when a partition kept dying)."""
-        partitions = [
-            partition_for(i, self.partition_count, self.device_kind)
-            for i in range(self.partition_count)
-        ]
+        count, kind = resolve_partitions(self.partitions)
+        partitions = [partition_for(i, count, kind) for i in range(count)]
+        # partitions x torch threads must not exceed the cores (DESIGN §6)
+        config = dataclasses.replace(
+            self.config, threads_per_partition=max(1, (os.cpu_count() or 1) // count)
+        )
         self._supervisor = Supervisor(
             partition_main,
-            (self.sources, self.config),
+            (self.sources, config),
             partitions,
             shutdown_timeout=self.config.shutdown_timeout,
             max_restarts=self.max_restarts,
