@@ -233,6 +233,35 @@ class RedisBroker:
             result.append((keys, key, int(length) if isinstance(length, int) else 0, int(held)))
         return result
 
+    def servings(self, prefix: str) -> list[str]:
+        """Names of the servings any worker ever declared under ``prefix``."""
+        names = set()
+        with redis_errors(self.url):
+            for key in self.redis.scan_iter(match=f"{prefix}:{{*}}:meta", count=500):
+                name = text(key)
+                names.add(name[name.index("{") + 1 : name.rindex("}")])
+        return sorted(names)
+
+    def group_stats(self, keys: Keys) -> list[tuple[str, int, int, int | None, int]]:
+        """Per batch key: (key, stream length, pending, lag, entries read by the group)."""
+        out: list[tuple[str, int, int, int | None, int]] = []
+        with redis_errors(self.url):
+            for key in sorted(text(k) for k in cast(set[bytes], self.redis.smembers(keys.keys))):
+                stream = keys.stream(key)
+                length = int(self.redis.xlen(stream))
+                try:
+                    groups = self.redis.xinfo_groups(stream)
+                except redis.ResponseError:  # no stream or group yet
+                    groups = []
+                group = next((g for g in groups if text(g["name"]) == GROUP), None)
+                if group is None:
+                    out.append((key, length, 0, length, 0))
+                    continue
+                lag = group.get("lag")
+                out.append((key, length, int(group["pending"]),
+                            None if lag is None else int(lag), int(group.get("entries-read") or 0)))
+        return out
+
     def dead_letter_depths(self, keys_list: Sequence[Keys]) -> list[tuple[Keys, int]]:
         with redis_errors(self.url):
             pipe = self.redis.pipeline(transaction=False)
@@ -265,6 +294,20 @@ class RedisBroker:
             if ack_now:
                 pipe.xack(stream, GROUP, entry_id)
                 pipe.xdel(stream, entry_id)
+            pipe.execute()
+
+    def config(self, keys: Keys) -> dict[str, str]:
+        with redis_errors(self.url):
+            raw = self.redis.hgetall(keys.config)
+        return {text(k): text(v) for k, v in raw.items()}
+
+    def set_config(self, keys: Keys, options: Mapping[str, Any]) -> None:
+        """Store run-time overrides, and show them in the declared options at once."""
+        fields: dict[Any, Any] = {k: str(v) for k, v in options.items()}
+        with redis_errors(self.url):
+            pipe = self.redis.pipeline(transaction=True)
+            pipe.hset(keys.config, mapping=fields)
+            pipe.hset(keys.meta, mapping=fields)
             pipe.execute()
 
     def declare(self, keys: Keys, options: Mapping[str, Any]) -> None:

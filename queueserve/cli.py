@@ -19,8 +19,10 @@ from .deadletter import DeadLetters
 from .errors import QueueServeError
 from .loading import ServingNotFound, load_servings
 from .protocol import Keys
+from .runtime_config import OPTIONS, parse_assignments
 from .serving import Serving
 from .settings import Settings
+from .stats import stats_command
 from .worker import EXIT_ERROR, EXIT_OK, EXIT_USAGE, Worker
 
 log = logging.getLogger("queueserve.cli")
@@ -80,7 +82,39 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--redis-url", help="Redis URL (default: $QUEUESERVE_REDIS_URL)")
     d.add_argument("--prefix", help="key prefix (default: $QUEUESERVE_PREFIX or qs)")
     d.add_argument("--log-level", default="WARNING")
+    c = sub.add_parser("config", help="show or change a serving's options at run time")
+    c.add_argument("action", choices=["get", "set"])
+    c.add_argument("serving")
+    c.add_argument("assignments", nargs="*", metavar="option=value",
+                   help=f"with set: {', '.join(OPTIONS)}")
+    s = sub.add_parser("stats", help="queues, consumers, lag, throughput and dead letters")
+    s.add_argument("servings", nargs="*", help="servings to show (default: all found)")
+    s.add_argument("--interval", type=_duration, default=1.0,
+                   help="how long to sample throughput (default 1s)")
+    for p in (c, s):
+        p.add_argument("--redis-url", help="Redis URL (default: $QUEUESERVE_REDIS_URL)")
+        p.add_argument("--prefix", help="key prefix (default: $QUEUESERVE_PREFIX or qs)")
+        p.add_argument("--log-level", default="WARNING")
     return parser
+
+
+def config_command(args: argparse.Namespace) -> int:
+    settings = Settings()
+    broker = RedisBroker(args.redis_url or settings.redis_url)
+    keys = Keys(args.prefix or settings.prefix, args.serving)
+    try:
+        if args.action == "set":
+            if not args.assignments:
+                print("queueserve: config set takes option=value pairs", file=sys.stderr)
+                return EXIT_USAGE
+            broker.set_config(keys, parse_assignments(args.assignments))
+        overrides = broker.config(keys)
+        for name, value in sorted(broker.meta(keys).items()):
+            mark = "  (set at run time)" if name in overrides else ""
+            print(f"{name} = {value}{mark}")
+        return EXIT_OK
+    finally:
+        broker.close()
 
 
 def dead_letter_command(args: argparse.Namespace) -> int:
@@ -151,6 +185,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "dead-letter":
             return dead_letter_command(args)
+        if args.command == "config":
+            return config_command(args)
+        if args.command == "stats":
+            return stats_command(args)
         return worker_command(args)
     except ServingNotFound as e:
         print(f"queueserve: {e}", file=sys.stderr)

@@ -7,7 +7,8 @@ Cluster slot and the Lua scripts below may touch all of its keys atomically::
     P:{S}:in:K        stream   one entry per request (fields h, p); consumer group "qs"
     P:{S}:keys        set      batch keys seen so far (workers discover new keys from it)
     P:{S}:queued      string   items admitted and not yet acked (admission counter, max_queue)
-    P:{S}:meta        hash     the serving's options as the workers declared them (TTL)
+    P:{S}:meta        hash     the serving's options in force, as workers declared them
+    P:{S}:config      hash     options changed at run time (`queueserve config set`)
     P:{S}:workers     zset     consumer name -> last heartbeat, unix ms (TTL)
     P:{S}:dead        stream   dead letters: requests that could not be served, with the reason
     P:{S}:cancel      channel  entry ids cancelled by their callers after a worker read them
@@ -64,7 +65,8 @@ class Keys:
     """Key names of one serving under one prefix."""
 
     __slots__ = (
-        "_stream_prefix", "cancel", "dead", "keys", "meta", "name", "prefix", "queued", "workers"
+        "_stream_prefix", "cancel", "config", "dead", "keys", "meta", "name", "prefix", "queued",
+        "workers",
     )
 
     def __init__(self, prefix: str, serving: str) -> None:
@@ -82,6 +84,7 @@ class Keys:
         self.workers = f"{tag}:workers"
         self.dead = f"{tag}:dead"
         self.cancel = f"{tag}:cancel"
+        self.config = f"{tag}:config"
         self._stream_prefix = f"{tag}:in:"
 
     def stream(self, batch_key: str) -> str:

@@ -14,6 +14,7 @@ they were read.
 
 from __future__ import annotations
 
+import copy
 import logging
 import queue
 import threading
@@ -29,6 +30,7 @@ from .execute import Row, error_rows, rows_for, run_isolated
 from .intake import FORGET_EVERY_S, RECLAIM_EVERY_S, Entry, Intake
 from .middleware import Middleware
 from .replies import compose
+from .runtime_config import apply_overrides, parse_overrides
 from .serving import Partition, Serving
 from .streaming import BatchContext
 
@@ -36,6 +38,7 @@ log = logging.getLogger(__name__)
 
 INBOX_TTL_MS = 600_000  # an inbox outlives a client that died by ten minutes at most
 KEY_REFRESH_S = 0.5  # how often new batch keys are looked for
+CONFIG_EVERY_S = 1.0  # how often run-time option changes are looked for
 READ_BLOCK_MS = 100
 _EXPIRED = ["Timeout", "the request's deadline passed before its batch ran", "", P.ERR_TIMEOUT]
 
@@ -56,7 +59,8 @@ class ServingRunner:
         max_concurrent_batches: int = 1,
         middleware: Middleware | None = None,
     ) -> None:
-        self.serving = serving
+        # Our own copy: run-time config changes it, and the caller's object stays as it was.
+        self.serving = serving = copy.copy(serving)
         self.middleware = middleware or Middleware()
         self.broker = broker
         self.keys = P.Keys(prefix, serving.name)
@@ -77,12 +81,14 @@ class ServingRunner:
         self._reading = True
         self._flushing = False  # stopping: run what is buffered without waiting for timeouts
         self.threads: list[threading.Thread] = []
+        self._config_seen: dict[str, str] = {}
         self._pubsub: Any = None
         self._pubsub_thread: Any = None
         self.batches_run = 0
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
+        self._apply_config()
         self.broker.declare(self.keys, self.serving.options())
         self._refresh_streams(set(self._declared_keys))
         self._listen_for_cancels()
@@ -143,7 +149,8 @@ class ServingRunner:
 
     def _read_loop(self) -> None:
         attempt = 0
-        due = {"keys": 0.0, "reclaim": 0.0, "forget": time.monotonic() + FORGET_EVERY_S}
+        now = time.monotonic()
+        due = {"keys": 0.0, "reclaim": 0.0, "config": now, "forget": now + FORGET_EVERY_S}
         while self._reading:
             try:
                 self._housekeeping(due)
@@ -168,6 +175,9 @@ class ServingRunner:
             if room > 0:
                 self._take_in(self.intake.reclaim(self.streams, room))
             due["reclaim"] = now + RECLAIM_EVERY_S
+        if now >= due["config"]:
+            self._apply_config()
+            due["config"] = now + CONFIG_EVERY_S
         if now >= due["forget"]:
             self.intake.forget_dead_consumers(self.streams)
             due["forget"] = now + FORGET_EVERY_S
@@ -179,6 +189,20 @@ class ServingRunner:
         rooms = {s: self.assembler.room(self.keys.batch_key_of(s)) for s in self.streams}
         open_streams = [s for s, room in rooms.items() if room > 0]
         return open_streams, max(1, int(max(rooms.values(), default=0)))
+
+    def _apply_config(self) -> None:
+        """Pick up options changed with `queueserve config set`."""
+        raw = self.broker.config(self.keys)
+        if raw == self._config_seen:
+            return
+        self._config_seen = raw
+        with self.cond:
+            changed = apply_overrides(self.serving, parse_overrides(raw))
+            self.assembler.capacity = self.serving.batch_size
+            self.assembler.timeout = self.serving.batch_timeout
+            self.cond.notify_all()
+        for name, (old, new) in changed.items():
+            log.warning("serving %s: %s changed from %s to %s", self.serving.name, name, old, new)
 
     def _room(self) -> int:
         with self.cond:
