@@ -68,15 +68,19 @@ class RequestStream:
     def complete(self) -> tuple[list[Event], QueueServeError | None]:
         """After the answer (and a grace period for stragglers): the remaining events and the
         results, and the error to raise after them (the request's, or its first item's)."""
-        ready = [self._event(self.held[s]) for s in sorted(self.held)]
+        held = [self.held[s] for s in sorted(self.held)]
         self.held.clear()
         call = self.call
         if call.error is not None:
-            return ready, call.error
+            return [self._event(b) for b in held], call.error
         error = next((r for r in call.results if isinstance(r, QueueServeError)), None)
         if call.kind == P.STEPS:
-            ready += self._lost_steps(call.results)
-        elif error is None:
+            # Steps held behind a gap would come out of order: every step not yet yielded is
+            # rebuilt from the answer instead, in step order.
+            ready = [self._event(b) for b in held if b[0] == "h"]
+            return ready + self._lost_steps(call.results), error
+        ready = [self._event(b) for b in held]
+        if error is None:
             ready.append(Output(call.results, self.offset, call.n))
         return ready, error
 

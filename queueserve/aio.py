@@ -237,9 +237,10 @@ class AsyncClient:
                 while todo and len(window) < max_in_flight:
                     offset, part = todo.popleft()
                     window.append(await self._submit_streamed(target, offset, part, deadline))
-                rs, events = window.popleft()
+                rs, events = window[0]
                 async for event in self._stream_events(target, rs, events, deadline, timeout):
                     yield event
+                window.popleft()  # only now: leaving mid-request must cancel this one too
         finally:
             for rs, _ in window:
                 self.table.streamed.pop(rs.call.rid, None)

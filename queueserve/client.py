@@ -235,7 +235,8 @@ class Client:
                 while todo and len(window) < max_in_flight:
                     offset, part = todo.popleft()
                     window.append(self._submit_streamed(target, offset, part, deadline))
-                yield from self._stream_events(target, *window.popleft(), deadline, timeout)
+                yield from self._stream_events(target, *window[0], deadline, timeout)
+                window.popleft()  # only now: leaving mid-request must cancel this one too
         finally:
             for rs, _ in window:  # the caller stopped early: withdraw what is left
                 self.table.streamed.pop(rs.call.rid, None)
@@ -311,7 +312,7 @@ class Client:
             try:
                 if not pubsub.subscribed:
                     pubsub.subscribe(self._events_channel)
-                message = pubsub.get_message(timeout=1.0)
+                message = pubsub.get_message(timeout=0.2)  # also how soon close() is seen
             except (redis.ConnectionError, redis.TimeoutError) as e:
                 log.warning("event reader: Redis at %s unavailable (%s); retrying", self.url, e)
                 time.sleep(backoff(attempt))

@@ -24,7 +24,7 @@ class Progress:
             except ImportError:
                 raise ImportError("progress=True needs tqdm: pip install queueserve[progress]") \
                     from None
-            self._bar = tqdm(total=total, unit="item", unit_scale=True, dynamic_ncols=True)
+            self._bar = tqdm(total=total, unit="item", dynamic_ncols=True)
 
     def advance(self, n: int) -> None:
         self.done += n

@@ -77,6 +77,7 @@ class ServingRunner:
         self.streams: list[str] = []
         self.held: set[bytes] = set()  # entry ids read and not yet acked
         self.cancelled: set[bytes] = set()  # held entries whose callers cancelled them
+        self.recent_cancels: dict[bytes, float] = {}  # cancels of entries not (yet) held
         self._declared_keys = ("default", *batch_keys)
         self._reading = True
         self._flushing = False  # stopping: run what is buffered without waiting for timeouts
@@ -121,8 +122,14 @@ class ServingRunner:
     def _listen_for_cancels(self) -> None:
         def on_cancel(message: dict[str, Any]) -> None:
             with self.cond:
-                if message["data"] in self.held:
-                    self.cancelled.add(message["data"])
+                entry_id = message["data"]
+                if entry_id in self.held:
+                    self.cancelled.add(entry_id)
+                else:  # maybe read but not yet recorded as held: _take_in looks here
+                    now = time.monotonic()
+                    self.recent_cancels[entry_id] = now
+                    for old in [e for e, t in self.recent_cancels.items() if t < now - 60]:
+                        del self.recent_cancels[old]
 
         def on_error(e: BaseException, pubsub: Any, thread: Any) -> None:
             if not self._reading:  # closing down: the listener's connection goes with it
@@ -233,6 +240,8 @@ class ServingRunner:
         now = time.monotonic()
         with self.cond:
             self.held.update(piece.request.entry_id for _, piece in slices)
+            if self.recent_cancels:
+                self.cancelled.update(self.held.intersection(self.recent_cancels))
             for key, piece in slices:
                 self.assembler.add(key, piece, now)
             self.cond.notify_all()
