@@ -82,7 +82,6 @@ def test_progress_without_a_terminal_draws_nothing_and_does_not_fail(
 def test_progress_on_a_terminal_draws_a_bar_that_reaches_the_total(
     square: qs.Serving, client: qs.Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    pytest.importorskip("tqdm", reason="the bar needs the progress extra")
     stderr = Terminal()
     monkeypatch.setattr("sys.stderr", stderr)
     calls: list[tuple[int, int | None]] = []
@@ -93,8 +92,7 @@ def test_progress_on_a_terminal_draws_a_bar_that_reaches_the_total(
     ))
 
     assert results == [x * x for x in range(9)]
-    # tqdm's unit_scale writes small counts as 9.00
-    assert re.search(r"100%.*\b9(\.00)?/9(\.00)? .*item/s", stderr.getvalue()), stderr.getvalue()
+    assert re.search(r"100%.*\b9/9 .*item/s", stderr.getvalue()), stderr.getvalue()
     assert calls == [(4, 9), (8, 9), (9, 9)]  # the bar and the callback together
 
 
