@@ -68,8 +68,8 @@ class PartitionHost:
         }
 
     def start(self) -> None:
-        for serving in self.servings:
-            serving.setup(self.partition)
+        for runner in self.runners:  # setup() prepares the object that will serve
+            runner.serving.setup(self.partition)
         self._beat()
         for runner in self.runners:
             runner.start()
@@ -77,7 +77,7 @@ class PartitionHost:
             target=self._heartbeat_loop, name="queueserve-heartbeat", daemon=True
         )
         self._heart.start()
-        self.middleware.partition_started(self.servings, self.partition)
+        self.middleware.partition_started([r.serving for r in self.runners], self.partition)
         log.info(
             "partition %d (%s) serving %s as consumer %s",
             self.partition.index, self.partition.device,
