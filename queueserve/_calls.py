@@ -30,6 +30,7 @@ class Call:
     __slots__ = (
         "_done_lock",
         "batch_key",
+        "deadline",
         "entry_id",
         "error",
         "events_total",
@@ -55,6 +56,7 @@ class Call:
         self.remaining = n
         self.error: QueueServeError | None = None  # fails the whole request (not per item)
         self.entry_id: bytes | None = None
+        self.deadline: float | None = None  # unix seconds; sending gives up by then
         self.state = "pending"  # pending -> done | cancelled
         self.on_done: Callable[[Call], None] | None = None
         self.on_event: Callable[[int, list[Any]], None] | None = None  # streamed requests

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -169,6 +170,15 @@ class ClientBase:
             f"{head}; {alive} worker(s) alive for it, so the queue is long or the batch slow: "
             "raise timeout or add workers"
         )
+
+
+def send_window(batch: list[tuple[Target, str, Call, bytes, bytes]]) -> float:
+    """How long sending ``batch`` may keep retrying: RECONNECT_WITHIN, or less when a request's
+    deadline comes sooner (its caller is owed an answer by then, even if it is an error)."""
+    deadlines = [c.deadline for _, _, c, _, _ in batch if c.deadline is not None]
+    if not deadlines:
+        return RECONNECT_WITHIN
+    return max(0.0, min(RECONNECT_WITHIN, min(deadlines) - time.time()))
 
 
 def collect(

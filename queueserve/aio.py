@@ -22,12 +22,12 @@ from . import protocol as P
 from ._calls import Call, deadline_after, encode_request
 from ._client_base import (
     ALIVE_WITHIN,
-    RECONNECT_WITHIN,
     ClientBase,
     Part,
     ServingRef,
     Target,
     collect,
+    send_window,
 )
 from ._streams import Event, RequestStream
 from .broker import backoff, enqueue_arguments, load_script, text
@@ -173,6 +173,7 @@ class AsyncClient:
         calls, futures = [], []
         for part in parts:
             call = self.table.new(len(part.items), target.keys, part.batch_key)
+            call.deadline = deadline
             future: asyncio.Future[None] = loop.create_future()
             call.on_done = lambda _c, f=future: f.done() or f.set_result(None)
             header, payload = encode_request(
@@ -250,6 +251,7 @@ class AsyncClient:
         self, target: Target, offset: int, part: Part, deadline: float | None
     ) -> tuple[RequestStream, asyncio.Queue[Any]]:
         call = self.table.new(len(part.items), target.keys, part.batch_key)
+        call.deadline = deadline
         events: asyncio.Queue[Any] = asyncio.Queue()
         call.on_event = lambda seq, body: events.put_nowait((seq, body))
         call.on_done = lambda _call: events.put_nowait(None)
@@ -395,7 +397,7 @@ class AsyncClient:
             self._flushing = False
 
     async def _enqueue_retrying(self, batch: list[_Outgoing]) -> None:
-        give_up = time.monotonic() + RECONNECT_WITHIN
+        give_up = time.monotonic() + send_window(batch)
         attempt = 0
         while True:
             try:

@@ -8,7 +8,8 @@ from the front of one key's queue:
   the previous batch left items behind) — it runs when an executor is free, and keeps growing
   until then;
 - a slice larger than the room left is split, and the rest starts the next batch — except a
-  request that must run whole (streamed, or for a serving with hooks): it starts the next batch.
+  request that must run whole (streamed, or for a serving with hooks): it starts the next batch;
+- a request redelivered after a crash runs in a batch of its own (it may be what crashed).
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ class Request:
     n: int
     events: str = ""  # pub/sub channel for streamed events, "" = none
     no_split: bool = False  # streamed and hook-serving requests run whole, in one batch
+    admitted: int = 0  # items its admission counted (the 'a' field); released by its ack
+    alone: bool = False  # redelivered after a crash: runs in a batch of its own
     remaining: int = field(init=False)  # items not answered yet; the entry is acked at 0
     events_sent: int = field(init=False, default=0)
 
@@ -156,11 +159,15 @@ class Assembler:
         slices = queue.slices
         while slices and room > 0:
             head = slices[0]
+            if head.request.alone and taken:
+                break  # it runs in the next batch, by itself
             weight = head.weight
             if weight <= room:
                 slices.popleft()
                 taken.append(head)
                 room -= weight
+                if head.request.alone:
+                    break
                 continue
             if head.request.no_split:
                 break

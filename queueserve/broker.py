@@ -6,6 +6,7 @@ Every redis-py error is turned into a queueserve error here, at one boundary.
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from importlib import resources
@@ -16,6 +17,8 @@ from redis.commands.core import Script
 
 from .errors import RedisUnavailable
 from .protocol import GROUP, Keys, worker_key
+
+log = logging.getLogger(__name__)
 
 StreamEntries = list[tuple[bytes, dict[bytes, bytes]]]
 
@@ -130,11 +133,22 @@ class RedisBroker:
     def read(
         self, consumer: str, streams: Sequence[str], count: int, block_ms: int
     ) -> list[tuple[bytes, StreamEntries]]:
-        """New entries for ``consumer`` from ``streams``, blocking up to ``block_ms``."""
+        """New entries for ``consumer`` from ``streams``, blocking up to ``block_ms``.
+
+        A Redis that came back without its data (no persistence, a failover to an empty
+        replica, a deleted stream) has lost the consumer groups: they are made again."""
         with redis_errors(self.url):
-            out = self.redis.xreadgroup(
-                GROUP, consumer, dict.fromkeys(streams, ">"), count=count, block=block_ms
-            )
+            try:
+                out = self.redis.xreadgroup(
+                    GROUP, consumer, dict.fromkeys(streams, ">"), count=count, block=block_ms
+                )
+            except redis.ResponseError as e:
+                if "NOGROUP" not in str(e):
+                    raise
+                log.warning("consumer group missing on %s (%s): creating it again", self.url, e)
+                for stream in streams:
+                    self.ensure_group(stream)
+                return []
         return cast(list[tuple[bytes, StreamEntries]], out or [])
 
     def reply_and_ack(
@@ -179,9 +193,11 @@ class RedisBroker:
     ) -> list[tuple[bytes, dict[bytes, bytes], int]]:
         """Move up to ``count`` of ``owner``'s entries idle for ``min_idle_ms`` to ``claimer``.
 
-        Returns (entry id, fields, deliveries including this one). Entries deleted meanwhile
-        (cancelled) leave the pending list without being returned. Two claimers racing never
-        both get an entry: the claim resets its idle time.
+        Returns (entry id, fields, times delivered so far). The claim does not count as a
+        delivery (JUSTID): only running a redelivered entry does (``count_delivery``), so
+        requests that merely sat beside a crasher are not blamed for its crashes. Entries
+        deleted meanwhile (cancelled) leave the pending list without being returned. Two
+        claimers racing never both get an entry: the claim resets its idle time.
         """
         with redis_errors(self.url):
             pending = self.redis.xpending_range(
@@ -190,16 +206,24 @@ class RedisBroker:
             )
             if not pending:
                 return []
-            deliveries = {p["message_id"]: int(p["times_delivered"]) + 1 for p in pending}
-            claimed = cast(
-                list[tuple[bytes, dict[bytes, bytes] | None]],
-                self.redis.xclaim(stream, GROUP, claimer, min_idle_ms, list(deliveries)),
-            )
+            deliveries = {p["message_id"]: int(p["times_delivered"]) for p in pending}
+            claimed = cast(list[bytes], self.redis.xclaim(
+                stream, GROUP, claimer, min_idle_ms, list(deliveries), justid=True
+            ))
+            pipe = self.redis.pipeline(transaction=False)
+            for entry_id in claimed:
+                pipe.xrange(stream, entry_id, entry_id)
+            found = pipe.execute()
         return [
-            (entry_id, fields, deliveries.get(entry_id, 1))
-            for entry_id, fields in claimed
-            if fields is not None
+            (entry[0][0], entry[0][1], deliveries.get(entry[0][0], 1))
+            for entry in found
+            if entry
         ]
+
+    def count_delivery(self, stream: str, consumer: str, entry_id: bytes) -> None:
+        """Count one more delivery of an entry this consumer is about to run."""
+        with redis_errors(self.url):
+            self.redis.xclaim(stream, GROUP, consumer, 0, [entry_id])
 
     def consumers(self, stream: str) -> list[tuple[str, int, int]]:
         """(name, pending, idle ms) of every consumer in the stream's group."""

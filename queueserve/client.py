@@ -23,12 +23,12 @@ from . import protocol as P
 from ._calls import Call, deadline_after, encode_request
 from ._client_base import (
     ALIVE_WITHIN,
-    RECONNECT_WITHIN,
     ClientBase,
     Part,
     ServingRef,
     Target,
     collect,
+    send_window,
 )
 from ._streams import Event, RequestStream
 from .broker import RedisBroker, backoff
@@ -170,6 +170,7 @@ class Client:
         calls = []
         for part in parts:
             call = self.table.new(len(part.items), target.keys, part.batch_key)
+            call.deadline = deadline
             header, payload = encode_request(
                 target.codec, call.rid, part.items, self._base.inbox, deadline
             )
@@ -246,6 +247,7 @@ class Client:
         self, target: Target, offset: int, part: Part, deadline: float | None
     ) -> tuple[RequestStream, queue.SimpleQueue[Any]]:
         call = self.table.new(len(part.items), target.keys, part.batch_key)
+        call.deadline = deadline
         events: queue.SimpleQueue[Any] = queue.SimpleQueue()
         call.on_event = lambda seq, body: events.put((seq, body))
         call.on_done = lambda _call: events.put(None)
@@ -396,7 +398,7 @@ class Client:
                 raise
 
     def _enqueue_retrying(self, batch: list[_Outgoing]) -> None:
-        give_up = time.monotonic() + RECONNECT_WITHIN
+        give_up = time.monotonic() + send_window(batch)
         attempt = 0
         while True:
             try:

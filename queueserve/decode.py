@@ -89,6 +89,7 @@ def decode_entry(
     events = header[P.H_EVENTS] if len(header) > P.H_EVENTS else ""
     no_split = bool(events) or serving.hooks is not None
     request = Request(entry_id, stream, rid, reply_to, deadline_ms / 1000.0, n, events, no_split)
+    request.admitted = _admitted(fields)
 
     def reject(reason: str, kind: str = P.ERR_BAD_REQUEST) -> Rejected:
         return Rejected(entry_id, stream, reason, kind, request)
@@ -120,6 +121,13 @@ def decode_entry(
             f"{serving.batch_size}): send fewer items per request"
         )
     return accepted
+
+
+def _admitted(fields: dict[bytes, bytes]) -> int:
+    try:
+        return max(0, int(fields.get(b"a", b"0")))
+    except ValueError:
+        return 0
 
 
 def _admit(serving: Serving, item: Any) -> tuple[Any, float]:

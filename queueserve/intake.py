@@ -5,9 +5,10 @@ Reclaiming is what makes a SIGKILLed worker lose nothing. Every live partition c
 second, which consumers hold unacked entries without having sent a heartbeat for
 ``DEAD_AFTER_S``; it claims their entries (XCLAIM with that idle floor, so two claimers never
 both win one) and serves them. A live worker's heartbeat is its claim: however long its batch
-runs, its entries are never taken from it. An entry delivered more than the serving's
-``max_deliveries`` times — it keeps killing the processes that run it — goes to the dead-letter
-stream instead, and its caller is told.
+runs, its entries are never taken from it. A reclaimed request runs in a batch of its own, and
+only then counts as delivered again; one already delivered ``max_deliveries`` times — it keeps
+killing the processes that run it — goes to the dead-letter stream instead, and its caller is
+told. Requests that shared a batch with it are retried alone and answered.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class Entry:
     entry_id: bytes
     fields: dict[bytes, bytes]
     deliveries: int = 1
+    reclaimed: bool = False
 
 
 @dataclass(slots=True)
@@ -59,11 +61,14 @@ class Intake:
             decoded = decode_entry(
                 self.serving, self.codec, entry.stream, entry.entry_id, entry.fields
             )
-            if entry.deliveries > self.serving.max_deliveries:
+            if entry.reclaimed and entry.deliveries >= self.serving.max_deliveries:
                 self._dead_letter(entry, decoded, rows)
             elif isinstance(decoded, Rejected):
                 self._reject(entry, decoded, rows)
             else:
+                # A redelivered request may be what killed the last worker: it runs alone, so
+                # a crash counts against it and not against the requests batched with it.
+                decoded.request.alone = entry.reclaimed
                 key = self.keys.batch_key_of(entry.stream)
                 slices += [(key, piece) for piece in decoded.slices]
                 rows += [
@@ -128,7 +133,7 @@ class Intake:
                         "serving %s: reclaimed %d entries of %s from dead consumer %s",
                         self.serving.name, len(got), stream, owner,
                     )
-                claimed += [Entry(stream, eid, fields, n) for eid, fields, n in got]
+                claimed += [Entry(stream, eid, fields, n, True) for eid, fields, n in got]
                 room -= len(got)
         return claimed
 

@@ -8,7 +8,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from . import protocol as P
 from .broker import RedisBroker
@@ -41,6 +41,7 @@ class PartitionHost:
         batch_keys: tuple[str, ...] = (),
         max_concurrent_batches: int = 1,
         middleware: Sequence[Middleware] = (),
+        on_fatal: Callable[[], None] = lambda: None,
     ) -> None:
         self.partition = partition
         self.middleware = Middlewares(middleware)
@@ -51,7 +52,7 @@ class PartitionHost:
             ServingRunner(
                 s, self.broker, prefix, self.consumer, partition,
                 batch_keys=batch_keys, max_concurrent_batches=max_concurrent_batches,
-                middleware=self.middleware,
+                middleware=self.middleware, on_fatal=on_fatal,
             )
             for s in self.servings
         ]
@@ -118,8 +119,15 @@ class PartitionHost:
         self.broker.heartbeat(self._keys(), self.consumer, HEARTBEAT_TTL_MS, self._info)
 
     def _heartbeat_loop(self) -> None:
+        failing = False
         while not self._stopped.wait(HEARTBEAT_S):
             try:
                 self._beat()
             except RedisUnavailable as e:
-                log.warning("heartbeat of %s failed: %s", self.consumer, e)
+                if not failing:  # once per outage, then once when it ends
+                    log.warning("heartbeat of %s failed: %s", self.consumer, e)
+                failing = True
+                continue
+            if failing:
+                log.warning("heartbeat of %s: Redis is reachable again", self.consumer)
+                failing = False

@@ -49,7 +49,7 @@ def compose(rows: list[Row], codec: Codec) -> Outgoing:
             messages[request.reply_to].append(row)
         request.remaining -= count
         if request.remaining <= 0:
-            acks[request.stream] += (request.entry_id, request.n)
+            acks[request.stream] += (request.entry_id, request.admitted)
             out.finished.append(request.entry_id)
     tag = bytes((codec.tag,))
     out.events = [(channel, tag + codec.dumps(e)) for channel, e in events]

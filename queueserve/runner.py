@@ -19,6 +19,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from . import protocol as P
@@ -58,7 +59,9 @@ class ServingRunner:
         batch_keys: tuple[str, ...] = (),
         max_concurrent_batches: int = 1,
         middleware: Middleware | None = None,
+        on_fatal: Callable[[], None] = lambda: None,
     ) -> None:
+        self.on_fatal = on_fatal
         # Our own copy: run-time config changes it, and the caller's object stays as it was.
         self.serving = serving = copy.copy(serving)
         self.middleware = middleware or Middleware()
@@ -83,6 +86,7 @@ class ServingRunner:
         self._flushing = False  # stopping: run what is buffered without waiting for timeouts
         self.threads: list[threading.Thread] = []
         self._config_seen: dict[str, str] = {}
+        self._cancel_listener_failed = False
         self._pubsub: Any = None
         self._pubsub_thread: Any = None
         self.batches_run = 0
@@ -97,12 +101,25 @@ class ServingRunner:
         roles += [(f"executor{i}", self._execute_loop) for i in range(self.executors)]
         for name, target in roles:
             t = threading.Thread(
-                target=target,
+                target=self._guarded, args=(name, target),
                 name=f"queueserve-{self.serving.name}-p{self.partition.index}-{name}",
                 daemon=True,
             )
             t.start()
             self.threads.append(t)
+
+    def _guarded(self, name: str, loop: Callable[[], None]) -> None:
+        """Run a thread's loop; if it dies of a bug, the partition must not live on half-dead
+        (heartbeating while it serves nothing): ``on_fatal`` ends it, and its work is
+        reclaimed by others or by its restart."""
+        try:
+            loop()
+        except BaseException:
+            log.critical(
+                "serving %s partition %d: %s thread died", self.serving.name,
+                self.partition.index, name, exc_info=True,
+            )
+            self.on_fatal()
 
     def stop_reading(self) -> None:
         with self.cond:
@@ -121,6 +138,9 @@ class ServingRunner:
 
     def _listen_for_cancels(self) -> None:
         def on_cancel(message: dict[str, Any]) -> None:
+            if self._cancel_listener_failed:
+                self._cancel_listener_failed = False
+                log.warning("serving %s: cancel listener reconnected", self.serving.name)
             with self.cond:
                 entry_id = message["data"]
                 if entry_id in self.held:
@@ -137,6 +157,7 @@ class ServingRunner:
                 return
             log.warning("serving %s: cancel listener: %s; reconnecting", self.serving.name, e)
             time.sleep(0.5)
+            self._cancel_listener_failed = True
 
         self._pubsub = self.broker.redis.pubsub(  # type: ignore[no-untyped-call]
             ignore_subscribe_messages=True
@@ -287,6 +308,12 @@ class ServingRunner:
         if not live:
             return rows
         items = live[0].items if len(live) == 1 else [x for s in live for x in s.items]
+        if live[0].request.alone:  # redelivered: this run is what max_deliveries counts
+            request = live[0].request
+            try:
+                self.broker.count_delivery(request.stream, self.consumer, request.entry_id)
+            except RedisUnavailable as e:
+                log.warning("serving %s: could not count a redelivery: %s", self.serving.name, e)
         self.middleware.batch_started(
             self.serving, batch.key, self.partition, len(items), time.monotonic() - batch.opened
         )
@@ -337,6 +364,8 @@ class ServingRunner:
                 self.broker.reply_and_ack(
                     self.keys, out.messages, out.acks, INBOX_TTL_MS, out.events
                 )
+                if attempt:
+                    log.warning("serving %s replier: Redis is reachable again", self.serving.name)
                 break
             except RedisUnavailable as e:
                 # Unacked work stays ours (our heartbeat holds it); retry until Redis is back.

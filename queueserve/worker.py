@@ -9,7 +9,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ._durations import parse_duration
@@ -222,7 +222,8 @@ def partition_main(
         from .metrics import PrometheusMiddleware
 
         extra.append(PrometheusMiddleware())
-    host = _host_for(servings, config, partition, extra)
+    # A runner thread dying of a bug ends the process; the supervisor restarts it.
+    host = _host_for(servings, config, partition, extra, on_fatal=lambda: os._exit(EXIT_ERROR))
     stop = threading.Event()
     # A SIGTERM sent to the whole process group arrives twice (directly and forwarded by the
     # supervisor): both mean "drain". Forcing is the supervisor's job (it SIGKILLs partitions).
@@ -246,12 +247,12 @@ def _bind_device(partition: Partition, threads: int) -> None:
 
 def _host_for(
     servings: list[Serving], config: WorkerConfig, partition: Partition,
-    extra: Sequence[Middleware] = (),
+    extra: Sequence[Middleware] = (), on_fatal: Callable[[], None] = lambda: None,
 ) -> PartitionHost:
     return PartitionHost(
         servings, config.redis_url, config.prefix, partition,
         batch_keys=config.batch_keys, max_concurrent_batches=config.max_concurrent_batches,
-        middleware=[*config.middleware, *extra],
+        middleware=[*config.middleware, *extra], on_fatal=on_fatal,
     )
 
 

@@ -2,9 +2,10 @@
 -- KEYS[1]  P:{S}:in:K     request stream
 -- KEYS[2]  P:{S}:queued   admission counter
 -- ARGV[1]  consumer group
--- ARGV[2..] pairs: entry id, item count
+-- ARGV[2..] pairs: entry id, items it was admitted with (its 'a' field; 0 for entries written
+--           without enqueue.lua, which never counted)
 -- An entry already acked (by a worker that reclaimed it) releases nothing, so the counter never
--- drops twice for one request. Returns the number of entries this call acked.
+-- drops twice for one request; it never drops below zero. Returns the number of entries acked.
 local released = 0
 local acked = 0
 for i = 2, #ARGV, 2 do
@@ -14,7 +15,7 @@ for i = 2, #ARGV, 2 do
     acked = acked + 1
   end
 end
-if released > 0 then
-  redis.call('DECRBY', KEYS[2], released)
+if released > 0 and redis.call('DECRBY', KEYS[2], released) < 0 then
+  redis.call('SET', KEYS[2], 0)
 end
 return acked

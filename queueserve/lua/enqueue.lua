@@ -24,7 +24,8 @@ for i = 2, #ARGV, 5 do
       redis.call('SADD', KEYS[2], ARGV[i + 1])
       registered[stream] = true
     end
-    out[#out + 1] = redis.call('XADD', stream, '*', 'h', ARGV[i + 3], 'p', ARGV[i + 4])
+    -- 'a' records the items admitted, which only the ack of this entry may release
+    out[#out + 1] = redis.call('XADD', stream, '*', 'h', ARGV[i + 3], 'p', ARGV[i + 4], 'a', n)
     admitted = admitted + n
   end
 end

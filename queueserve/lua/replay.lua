@@ -8,6 +8,6 @@
 if redis.call('XDEL', KEYS[1], ARGV[1]) == 0 then
   return false
 end
-local id = redis.call('XADD', KEYS[2], '*', 'h', ARGV[2], 'p', ARGV[3])
+local id = redis.call('XADD', KEYS[2], '*', 'h', ARGV[2], 'p', ARGV[3], 'a', ARGV[4])
 redis.call('INCRBY', KEYS[3], tonumber(ARGV[4]))
 return id
