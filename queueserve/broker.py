@@ -14,6 +14,7 @@ from typing import Any, cast
 
 import redis
 from redis.commands.core import Script
+from redis.exceptions import NoScriptError
 
 from .errors import RedisUnavailable
 from .protocol import GROUP, Keys, worker_key
@@ -165,16 +166,26 @@ class RedisBroker:
         Replies go before acks: a worker dying between the two re-runs the request, and the
         client drops the duplicate answer.
         """
-        with redis_errors(self.url):
+
+        def send() -> None:
             pipe = self.redis.pipeline(transaction=False)
             for channel, message in events:
                 pipe.publish(channel, message)
             for inbox, messages in replies.items():
                 pipe.rpush(inbox, *messages)
                 pipe.pexpire(inbox, inbox_ttl_ms)
+            # EVALSHA directly: redis-py's Script in a pipeline asks SCRIPT EXISTS on every
+            # execute, one more round trip per batch.
             for stream, id_counts in acks.items():
-                self._ack(keys=[stream, keys.queued], args=[GROUP, *id_counts], client=pipe)
+                pipe.evalsha(self._ack.sha, 2, stream, keys.queued, GROUP, *id_counts)
             pipe.execute()
+
+        with redis_errors(self.url):
+            try:
+                send()
+            except NoScriptError:  # Redis restarted or flushed its scripts: load, send again
+                self.redis.script_load(self._ack.script)
+                send()  # the replies go twice; the clients keep the first of each
 
     def alive_consumers(self, keys: Keys, within: float) -> set[str]:
         now_ms = int(time.time() * 1000)

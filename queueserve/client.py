@@ -109,6 +109,8 @@ class Ticket:
             self._client.table.forget(call)
             call.fail(Cancelled(f"request {self._client.client_id}-{call.rid} was cancelled"))
             call.state = "cancelled"
+            if self._client.withdraw_unsent(call):
+                continue
             if call.entry_id is None or not self._client.broker.cancel(
                 call.keys, call.keys.stream(call.batch_key), call.entry_id, call.n
             ):
@@ -134,6 +136,8 @@ class Client:
         self._outbox: list[_Outgoing] = []
         self._flushing = False
         self._reader: threading.Thread | None = None
+        self._sender: threading.Thread | None = None
+        self._wake_sender = threading.Event()
         self._events: threading.Thread | None = None
         self._events_channel = P.events_channel(self._base.prefix, self.client_id)
         self._closed = False
@@ -145,21 +149,30 @@ class Client:
         timeout: float | None = None,
     ) -> Any:
         """Run one item; returns its result or raises its error."""
-        return self.submit(serving, [item], batch_key=batch_key, timeout=timeout).result()[0]
+        return self._submit(serving, [item], batch_key, timeout, inline=True).result()[0]
 
     def dispatch_many(
         self, serving: ServingRef, items: Iterable[Any], *, batch_key: str | None = None,
         timeout: float | None = None, return_exceptions: bool = False,
     ) -> list[Any]:
         """Run items as one request; results in item order."""
-        ticket = self.submit(serving, items, batch_key=batch_key, timeout=timeout)
+        ticket = self._submit(serving, items, batch_key, timeout, inline=True)
         return ticket.result(return_exceptions=return_exceptions)
 
     def submit(
         self, serving: ServingRef, items: Iterable[Any], *, batch_key: str | None = None,
         timeout: float | None = None,
     ) -> Ticket:
-        """Send items as one request (one per batch key) without waiting; returns a Ticket."""
+        """Send items as one request (one per batch key) without waiting; returns a Ticket.
+
+        The request is sent by the client's sender thread, together with whatever else is
+        queued, so a loop of submits pays no round trip per call."""
+        return self._submit(serving, items, batch_key, timeout, inline=False)
+
+    def _submit(
+        self, serving: ServingRef, items: Iterable[Any], batch_key: str | None,
+        timeout: float | None, inline: bool,
+    ) -> Ticket:
         if self._closed:
             raise QueueServeError("this client is closed; create a new qs.Client")
         target = self._target(serving)
@@ -180,7 +193,7 @@ class Client:
                 self.table.forget(call)
                 raise
             calls.append(call)
-            self._send((target, part.batch_key, call, header, payload))
+            self._send((target, part.batch_key, call, header, payload), inline)
         return Ticket(self, target, parts, calls, timeout)
 
     def map(
@@ -256,7 +269,7 @@ class Client:
             target.codec, call.rid, part.items, self._base.inbox, deadline, self._events_channel
         )
         target.check_payload(payload, call.n)
-        self._send((target, part.batch_key, call, header, payload))
+        self._send((target, part.batch_key, call, header, payload), inline=True)
         return RequestStream(call, offset), events
 
     def _stream_events(
@@ -333,9 +346,15 @@ class Client:
         pubsub.close()
 
     def close(self) -> None:
-        """Stop the inbox reader; calls still waiting fail with Cancelled."""
+        """Send what is still queued, stop the client's threads; calls still waiting for an
+        answer fail with Cancelled."""
         if self._closed:
             return
+        with self._out_lock:
+            unsent = bool(self._outbox) and not self._flushing
+            self._flushing = self._flushing or unsent
+        if unsent:
+            self._flush()
         self._closed = True
         if self._reader is not None:
             try:
@@ -346,6 +365,9 @@ class Client:
             self._reader.join(timeout=5)
         if self._events is not None:
             self._events.join(timeout=5)
+        if self._sender is not None:
+            self._wake_sender.set()
+            self._sender.join(timeout=5)
         self.table.fail_all(Cancelled("the client was closed before the answer came"))
         self.broker.close()
 
@@ -371,13 +393,37 @@ class Client:
             alive = None
         return ClientBase.timeout_message(target, timeout, alive)
 
-    def _send(self, outgoing: _Outgoing) -> None:
+    def _send(self, outgoing: _Outgoing, inline: bool) -> None:
+        """Queue a request; with ``inline`` (a caller that will wait anyway) send it now from
+        this thread, with everything queued meanwhile, unless another thread is sending."""
         with self._out_lock:
             self._outbox.append(outgoing)
             if self._flushing:
                 return  # the thread flushing now sends it too
+            if not inline:
+                self._wake_sender.set()
+                return
             self._flushing = True
         self._flush()
+
+    def withdraw_unsent(self, call: Call) -> bool:
+        """Take a request out of the outbox before it is sent; False when it is gone already."""
+        with self._out_lock:
+            for i, outgoing in enumerate(self._outbox):
+                if outgoing[2] is call:
+                    del self._outbox[i]
+                    return True
+        return False
+
+    def _sender_loop(self) -> None:
+        while not self._closed:
+            self._wake_sender.wait(1.0)
+            self._wake_sender.clear()
+            with self._out_lock:
+                if self._flushing or not self._outbox:
+                    continue
+                self._flushing = True
+            self._flush()
 
     def _flush(self) -> None:
         while True:
@@ -434,6 +480,11 @@ class Client:
             return
         with self._start_lock:
             if self._reader is None:
+                self._sender = threading.Thread(
+                    target=self._sender_loop, name=f"queueserve-send-{self.client_id}",
+                    daemon=True,
+                )
+                self._sender.start()
                 self._reader = threading.Thread(
                     target=self._read_inbox, name=f"queueserve-inbox-{self.client_id}", daemon=True
                 )

@@ -381,7 +381,8 @@ def test_cancel_withdraws_unread_and_prefetched_requests_and_drops_a_running_one
     prefetched = client.submit(serving, ["prefetched"])
     wait_until(lambda: pending("cancel") == 2, "the worker to prefetch the second")
     unread = client.submit(serving, ["unread"])
-    assert redis_client.xlen(stream) == 3 and pending("cancel") == 2
+    wait_until(lambda: redis_client.xlen(stream) == 3, "the client's sender to send it")
+    assert pending("cancel") == 2
 
     # When the unread one is cancelled, cancel() says it will never run, and it leaves the queue
     assert unread.cancel() is True

@@ -69,7 +69,7 @@ def test_requests_accepted_before_a_redis_crash_are_answered_after_it(
         wait_until(lambda: b"wait" in r.lrange(f"{prefix}:fault:exec", 0, -1), "the batch")
         queued = [client.submit("held", [f"q{i}"]) for i in range(20)]
         short = client.submit("held", ["short"], timeout=1.5)
-        assert r.xlen(stream_key(prefix, "held")) == 22  # all accepted
+        wait_until(lambda: r.xlen(stream_key(prefix, "held")) == 22, "all to be accepted")
 
         # When Redis crashes (SIGKILL), and the worker notices and says so
         aof_server.kill()
