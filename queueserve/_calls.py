@@ -14,10 +14,8 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-import msgpack
-
 from . import protocol as P
-from .codec import Codec, MsgpackCodec, codec_for_tag
+from .codec import Codec, MsgpackCodec, codec_for_tag, pack_plain
 from .errors import BadRequest, Cancelled, DeadLettered, QueueServeError, RemoteError, Timeout
 from .results import unbatch
 
@@ -175,7 +173,7 @@ def encode_request(
               0 if deadline is None else int(deadline * 1000), codec.name]
     if events:
         fields.append(events)
-    return msgpack.packb(fields), codec.dumps(items)
+    return pack_plain(fields), codec.dumps(items)
 
 
 def error_to_wire(exc: BaseException, kind: str = P.ERR_REMOTE) -> list[str]:

@@ -90,37 +90,41 @@ def decode_entry(
     no_split = bool(events) or serving.hooks is not None
     request = Request(entry_id, stream, rid, reply_to, deadline_ms / 1000.0, n, events, no_split)
     request.admitted = _admitted(fields)
-
-    def reject(reason: str, kind: str = P.ERR_BAD_REQUEST) -> Rejected:
-        return Rejected(entry_id, stream, reason, kind, request)
-
-    problem = _refusal(serving, codec, request, codec_name)
+    problem = _refusal(serving, codec, request, codec_name) or _payload_refusal(serving, fields)
     if problem is not None:
-        return reject(*problem)
-    payload = fields.get(b"p")
-    if payload is None:
-        return reject("entry has no 'p' (payload) field")
-    if len(payload) > serving.max_payload_bytes:
-        return reject(
-            f"payload of {len(payload)} bytes is over max_payload_bytes="
-            f"{serving.max_payload_bytes} of serving {serving.name!r}; send fewer or smaller items"
-        )
+        return Rejected(entry_id, stream, problem[0], problem[1], request)
     try:
-        items = codec.loads(payload)
+        items = codec.loads(fields[b"p"])
     except Exception as e:
-        return reject(f"payload could not be decoded with codec {codec.name!r}: {e}")
+        reason = f"payload could not be decoded with codec {codec.name!r}: {e}"
+        return Rejected(entry_id, stream, reason, P.ERR_BAD_REQUEST, request)
     if not isinstance(items, list) or len(items) != n:
         got = f"{len(items)} items" if isinstance(items, list) else type(items).__name__
-        return reject(f"payload must be a list of {n} items as the header says, got {got}")
+        reason = f"payload must be a list of {n} items as the header says, got {got}"
+        return Rejected(entry_id, stream, reason, P.ERR_BAD_REQUEST, request)
     accepted = _slices(serving, request, items)
-    weight = sum(s.weight for s in accepted.slices)
-    if no_split and weight > serving.batch_size:
-        return reject(
+    if no_split and (weight := sum(s.weight for s in accepted.slices)) > serving.batch_size:
+        reason = (
             f"serving {serving.name!r} streams events, so a request always runs in one batch; "
             f"this one costs {weight:g}, more than the capacity (batch_size="
             f"{serving.batch_size}): send fewer items per request"
         )
+        return Rejected(entry_id, stream, reason, P.ERR_BAD_REQUEST, request)
     return accepted
+
+
+def _payload_refusal(serving: Serving, fields: dict[bytes, bytes]) -> tuple[str, str] | None:
+    payload = fields.get(b"p")
+    if payload is None:
+        return "entry has no 'p' (payload) field", P.ERR_BAD_REQUEST
+    if len(payload) > serving.max_payload_bytes:
+        return (
+            f"payload of {len(payload)} bytes is over max_payload_bytes="
+            f"{serving.max_payload_bytes} of serving {serving.name!r}; send fewer or smaller "
+            "items",
+            P.ERR_BAD_REQUEST,
+        )
+    return None
 
 
 def _admitted(fields: dict[bytes, bytes]) -> int:
