@@ -87,6 +87,7 @@ class ServingRunner:
         self.threads: list[threading.Thread] = []
         self._config_seen: dict[str, str] = {}
         self._cancel_listener_failed = False
+        self._entry_weight = 1.0  # items (or cost) per entry read, averaged
         self._pubsub: Any = None
         self._pubsub_thread: Any = None
         self.batches_run = 0
@@ -216,7 +217,10 @@ class ServingRunner:
         waiting items never keep another key's batch from filling."""
         rooms = {s: self.assembler.room(self.keys.batch_key_of(s)) for s in self.streams}
         open_streams = [s for s, room in rooms.items() if room > 0]
-        return open_streams, max(1, int(max(rooms.values(), default=0)))
+        # COUNT is in entries, room in items (or cost): divide by what an entry usually weighs,
+        # or a stream of 256-item requests would be read many batches ahead.
+        room = max(rooms.values(), default=0.0)
+        return open_streams, max(1, int(room / self._entry_weight))
 
     def _apply_config(self) -> None:
         """Pick up options changed with `queueserve config set`."""
@@ -258,6 +262,9 @@ class ServingRunner:
         slices, rows = self.intake.ingest(entries)
         if rows:
             self.outbox.put(rows)
+        if slices:  # a moving average of what one entry weighs
+            weight = sum(piece.weight for _, piece in slices) / len(entries)
+            self._entry_weight = 0.8 * self._entry_weight + 0.2 * max(weight, 1e-3)
         now = time.monotonic()
         with self.cond:
             self.held.update(piece.request.entry_id for _, piece in slices)
