@@ -228,8 +228,14 @@ def partition_main(
     # A SIGTERM sent to the whole process group arrives twice (directly and forwarded by the
     # supervisor): both mean "drain". Forcing is the supervisor's job (it SIGKILLs partitions).
     signal.signal(signal.SIGTERM, lambda _signum, _frame: stop.set())
+    supervisor = os.getppid()
     host.start()
-    stop.wait()
+    while not stop.wait(1.0):
+        if os.getppid() != supervisor:  # the supervisor was killed: do not serve on, orphaned
+            logging.getLogger(__name__).warning(
+                "partition %d: the worker process is gone; draining and exiting", partition.index
+            )
+            break
     host.stop(config.shutdown_timeout)
     sys.exit(EXIT_OK)
 

@@ -176,3 +176,27 @@ def test_partitions_are_bound_to_their_cuda_device(
     seen = {client.dispatch("device", i, timeout=120) for i in range(count * 20)}
     for index in range(count):
         assert f"cuda:{index}|{index}" in seen, seen
+
+
+def test_partitions_exit_when_their_supervisor_is_killed(
+    start_worker: Callable[..., WorkerProcess], client: qs.Client, redis_client: redis.Redis,
+    prefix: str,
+) -> None:
+    # Given a worker whose partition is serving
+    worker = start_worker("Pair", "--partitions", "1")
+    wait_until(lambda: redis_client.llen(f"{prefix}:rec:setup") == 1, "the partition's setup")
+    pid = int(_texts(redis_client, f"{prefix}:rec:setup")[0].split(":")[2])
+
+    # When the supervisor is SIGKILLed (as the OOM killer would)
+    worker.proc.kill()
+    worker.proc.wait(10)
+
+    # Then its partition does not serve on as an orphan: it drains and exits
+    wait_until(lambda: not Path(f"/proc/{pid}").exists() or _is_zombie(pid), "the orphan to exit")
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0] == "Z"
+    except OSError:
+        return True
