@@ -10,7 +10,7 @@ from typing import Any
 from . import protocol as P
 from ._calls import Call, CallTable, outcome
 from .codec import Codec, get_codec
-from .errors import BadRequest, QueueServeError
+from .errors import BadRequest, QueueFull, QueueServeError
 from .serving import Serving
 from .settings import Settings
 
@@ -172,7 +172,32 @@ class ClientBase:
         )
 
 
-def send_window(batch: list[tuple[Target, str, Call, bytes, bytes]]) -> float:
+Outgoing = tuple[Target, str, Call, bytes, bytes]  # target, batch key, call, header, payload
+
+
+def by_serving(batch: list[Outgoing]) -> list[list[Outgoing]]:
+    """Requests grouped per serving: one enqueue script call each (one Cluster slot)."""
+    groups: dict[str, list[Outgoing]] = {}
+    for out in batch:
+        groups.setdefault(out[0].keys.name, []).append(out)
+    return list(groups.values())
+
+
+def admitted(
+    table: CallTable, group: list[Outgoing], limit: int, queued: int, ids: list[Any]
+) -> None:
+    """Record what enqueue.lua answered: an entry id per admitted request, QueueFull for the
+    rest."""
+    target = group[0][0]
+    for (_, _, call, _, _), entry_id in zip(group, ids, strict=True):
+        if entry_id == 0:
+            table.forget(call)
+            call.fail(QueueFull(ClientBase.full_message(target, limit, queued, call.n)))
+        else:
+            call.entry_id = entry_id
+
+
+def send_window(batch: list[Outgoing]) -> float:
     """How long sending ``batch`` may keep retrying: RECONNECT_WITHIN, or less when a request's
     deadline comes sooner (its caller is owed an answer by then, even if it is an error)."""
     deadlines = [c.deadline for _, _, c, _, _ in batch if c.deadline is not None]

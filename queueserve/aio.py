@@ -23,9 +23,12 @@ from ._calls import Call, deadline_after, encode_request
 from ._client_base import (
     ALIVE_WITHIN,
     ClientBase,
+    Outgoing,
     Part,
     ServingRef,
     Target,
+    admitted,
+    by_serving,
     collect,
     send_window,
 )
@@ -35,7 +38,6 @@ from .client import STREAM_GRACE
 from .errors import (
     BadRequest,
     Cancelled,
-    QueueFull,
     QueueServeError,
     RedisUnavailable,
     Timeout,
@@ -44,7 +46,6 @@ from .progress import Progress, ProgressCallback, total_of
 
 log = logging.getLogger(__name__)
 
-_Outgoing = tuple[Target, str, Call, bytes, bytes]
 
 
 async def _stragglers(rs: RequestStream, events: asyncio.Queue[Any]) -> list[Event]:
@@ -137,7 +138,7 @@ class AsyncClient:
         self.redis = aioredis.Redis.from_url(self.url)
         self._enqueue_script = self.redis.register_script(load_script("enqueue.lua"))
         self._cancel_script = self.redis.register_script(load_script("cancel.lua"))
-        self._outbox: list[_Outgoing] = []
+        self._outbox: list[Outgoing] = []
         self._flushing = False
         self._reader: asyncio.Task[None] | None = None
         self._events: asyncio.Task[None] | None = None
@@ -396,7 +397,7 @@ class AsyncClient:
         finally:
             self._flushing = False
 
-    async def _enqueue_retrying(self, batch: list[_Outgoing]) -> None:
+    async def _enqueue_retrying(self, batch: list[Outgoing]) -> None:
         give_up = time.monotonic() + send_window(batch)
         attempt = 0
         while True:
@@ -413,11 +414,8 @@ class AsyncClient:
                 log.warning("sending to Redis at %s works again", self.url)
             return
 
-    async def _enqueue(self, batch: list[_Outgoing]) -> None:
-        by_serving: dict[str, list[_Outgoing]] = {}
-        for out in batch:
-            by_serving.setdefault(out[0].keys.name, []).append(out)
-        for group in by_serving.values():
+    async def _enqueue(self, batch: list[Outgoing]) -> None:
+        for group in by_serving(batch):
             target = group[0][0]
             requests = [(key, call.n, h, p) for _, key, call, h, p in group]
             script_keys, args = enqueue_arguments(target.keys, requests, target.max_queue)
@@ -425,13 +423,7 @@ class AsyncClient:
                 out = await self._enqueue_script(keys=script_keys, args=args)
             except (redis.ConnectionError, redis.TimeoutError) as e:
                 raise _unavailable(self.url, e) from None
-            limit, queued, ids = int(out[0]), int(out[1]), out[2:]
-            for (_, _, call, _, _), entry_id in zip(group, ids, strict=True):
-                if entry_id == 0:
-                    self.table.forget(call)
-                    call.fail(QueueFull(ClientBase.full_message(target, limit, queued, call.n)))
-                else:
-                    call.entry_id = entry_id
+            admitted(self.table, group, int(out[0]), int(out[1]), out[2:])
 
     def _ensure_reader(self) -> None:
         if self._reader is None:

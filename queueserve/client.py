@@ -24,9 +24,12 @@ from ._calls import Call, deadline_after, encode_request
 from ._client_base import (
     ALIVE_WITHIN,
     ClientBase,
+    Outgoing,
     Part,
     ServingRef,
     Target,
+    admitted,
+    by_serving,
     collect,
     send_window,
 )
@@ -35,7 +38,6 @@ from .broker import RedisBroker, backoff
 from .errors import (
     BadRequest,
     Cancelled,
-    QueueFull,
     QueueServeError,
     RedisUnavailable,
     Timeout,
@@ -47,7 +49,6 @@ log = logging.getLogger(__name__)
 # How long a stream waits, after a request's answer, for events the answer says were sent.
 STREAM_GRACE = 0.5
 
-_Outgoing = tuple[Target, str, Call, bytes, bytes]
 
 
 class Ticket:
@@ -133,7 +134,7 @@ class Client:
         self.table = self._base.table
         self.broker = RedisBroker(self.url)
         self._out_lock = threading.Lock()
-        self._outbox: list[_Outgoing] = []
+        self._outbox: list[Outgoing] = []
         self._flushing = False
         self._reader: threading.Thread | None = None
         self._sender: threading.Thread | None = None
@@ -393,7 +394,7 @@ class Client:
             alive = None
         return ClientBase.timeout_message(target, timeout, alive)
 
-    def _send(self, outgoing: _Outgoing, inline: bool) -> None:
+    def _send(self, outgoing: Outgoing, inline: bool) -> None:
         """Queue a request; with ``inline`` (a caller that will wait anyway) send it now from
         this thread, with everything queued meanwhile, unless another thread is sending."""
         with self._out_lock:
@@ -443,7 +444,7 @@ class Client:
                     self._flushing = False
                 raise
 
-    def _enqueue_retrying(self, batch: list[_Outgoing]) -> None:
+    def _enqueue_retrying(self, batch: list[Outgoing]) -> None:
         give_up = time.monotonic() + send_window(batch)
         attempt = 0
         while True:
@@ -460,20 +461,12 @@ class Client:
                 log.warning("sending to Redis at %s works again", self.url)
             return
 
-    def _enqueue(self, batch: list[_Outgoing]) -> None:
-        by_serving: dict[str, list[_Outgoing]] = {}
-        for out in batch:
-            by_serving.setdefault(out[0].keys.name, []).append(out)
-        for group in by_serving.values():
+    def _enqueue(self, batch: list[Outgoing]) -> None:
+        for group in by_serving(batch):
             target = group[0][0]
             requests = [(key, call.n, h, p) for _, key, call, h, p in group]
-            limit, queued, ids = self.broker.enqueue(target.keys, requests, target.max_queue)
-            for (_, _, call, _, _), entry_id in zip(group, ids, strict=True):
-                if entry_id == 0:
-                    self.table.forget(call)
-                    call.fail(QueueFull(ClientBase.full_message(target, limit, queued, call.n)))
-                else:
-                    call.entry_id = entry_id  # type: ignore[assignment]
+            admitted(self.table, group, *self.broker.enqueue(target.keys, requests,
+                                                               target.max_queue))
 
     def _ensure_reader(self) -> None:
         if self._reader is not None:

@@ -22,6 +22,7 @@ import redis
 import queueserve as qs
 
 from ._redis_server import RedisServer, prefixed_client, start_redis_server
+from .fault_app import Workers
 
 REDIS_URL_ENV = "QUEUESERVE_TEST_REDIS_URL"
 
@@ -150,3 +151,13 @@ def client(redis_client: redis.Redis, redis_url: str, prefix: str) -> Iterator[q
         yield c
     finally:
         c.close()
+
+
+@pytest.fixture
+def workers(redis_url: str, prefix: str, tmp_path: Path) -> Iterator[Workers]:
+    """Real `queueserve worker` processes (tests/fault_app.py), all stopped after the test."""
+    w = Workers(redis_url, prefix, tmp_path)
+    try:
+        yield w
+    finally:
+        w.close()

@@ -5,8 +5,7 @@ every other request is served. Client-side limits refuse oversize requests befor
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import msgpack
@@ -23,15 +22,6 @@ StartWorker = Callable[..., qs.Worker]
 RESULT_WAIT_S = 60.0
 MALFORMED = 10_000
 GOOD_EVERY = 20  # one good request after every 20 malformed entries
-
-
-@pytest.fixture
-def workers(redis_url: str, prefix: str, tmp_path: Path) -> Iterator[Workers]:
-    w = Workers(redis_url, prefix, tmp_path)
-    try:
-        yield w
-    finally:
-        w.close()
 
 
 def pack(value: Any) -> bytes:

@@ -20,7 +20,6 @@ import json
 import os
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -227,15 +226,6 @@ class Killer:
             self.procs[w].kill_group()
             self.procs[w] = self.workers.start(SERVING, "--max-restarts", "100")
         self.kills.append(Kill(k, w, how, at, self.held_tickets(consumer)))
-
-
-@pytest.fixture
-def workers(redis_url: str, prefix: str, tmp_path: Path) -> Iterator[Workers]:
-    w = Workers(redis_url, prefix, tmp_path)
-    try:
-        yield w
-    finally:
-        w.close()
 
 
 @pytest.mark.timeout(400)

@@ -12,8 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -38,15 +37,6 @@ from .servings import Recording, fail_on_negative
 
 StartWorker = Callable[..., qs.Worker]
 RESULT_WAIT_S = 60.0
-
-
-@pytest.fixture
-def workers(redis_url: str, prefix: str, tmp_path: Path) -> Iterator[Workers]:
-    w = Workers(redis_url, prefix, tmp_path)
-    try:
-        yield w
-    finally:
-        w.close()
 
 
 def queued(r: redis.Redis, prefix: str, serving: str) -> int:

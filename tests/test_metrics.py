@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import redis
 
 import queueserve as qs
 from queueserve.middleware import Middleware
@@ -36,12 +34,6 @@ def _sample(text: str, name: str, **labels: str) -> float:
 def triple(xs: list[Any]) -> list[Any]:
     return [x * 3 for x in xs]
 
-
-@pytest.fixture
-def client(redis_url: str, prefix: str, redis_client: redis.Redis) -> Iterator[qs.Client]:
-    c = qs.Client(redis_url, prefix=prefix)
-    yield c
-    c.close()
 
 
 def test_a_scrape_shows_batches_items_errors_and_queue_depth(

@@ -7,7 +7,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,12 +43,6 @@ def _cli(redis_url: str, prefix: str, *args: str) -> subprocess.CompletedProcess
         cwd=REPO, capture_output=True, text=True, timeout=60,
     )
 
-
-@pytest.fixture
-def client(redis_url: str, prefix: str, redis_client: redis.Redis) -> Iterator[qs.Client]:
-    c = qs.Client(redis_url, prefix=prefix)
-    yield c
-    c.close()
 
 
 def test_config_set_changes_batch_size_of_a_running_worker(

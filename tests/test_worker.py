@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
-
-import pytest
-import redis
 
 import queueserve as qs
 
@@ -27,12 +23,6 @@ class Stateful(qs.Serving):
     def handle_batch(self, batch: qs.Batch) -> list[Any]:
         return [(x + self.offset, self.device) for x in batch]
 
-
-@pytest.fixture
-def client(redis_url: str, prefix: str, redis_client: redis.Redis) -> Iterator[qs.Client]:
-    c = qs.Client(redis_url, prefix=prefix)
-    yield c
-    c.close()
 
 
 def test_state_loaded_in_setup_serves_batches(
