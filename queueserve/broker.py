@@ -9,6 +9,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from importlib import resources
 from typing import Any, cast
 
@@ -200,7 +201,8 @@ class RedisBroker:
         return [(text(c["name"]), int(c["pending"])) for c in summary.get("consumers") or []]
 
     def claim(
-        self, stream: str, owner: str, claimer: str, min_idle_ms: int, count: int
+        self, stream: str, owner: str, claimer: str, min_idle_ms: int, count: int,
+        skip: AbstractSet[bytes] = frozenset(),
     ) -> list[tuple[bytes, dict[bytes, bytes], int]]:
         """Move up to ``count`` of ``owner``'s entries idle for ``min_idle_ms`` to ``claimer``.
 
@@ -217,7 +219,13 @@ class RedisBroker:
             )
             if not pending:
                 return []
-            deliveries = {p["message_id"]: int(p["times_delivered"]) for p in pending}
+            deliveries = {
+                p["message_id"]: int(p["times_delivered"])
+                for p in pending
+                if p["message_id"] not in skip
+            }
+            if not deliveries:
+                return []
             claimed = cast(list[bytes], self.redis.xclaim(
                 stream, GROUP, claimer, min_idle_ms, list(deliveries), justid=True
             ))

@@ -116,12 +116,17 @@ class Intake:
             rows.append((request, 0, request.n, P.ERROR,
                          ["DeadLettered", message, "", P.ERR_DEAD_LETTER]))
 
-    def reclaim(self, streams: list[str], room: int) -> list[Entry]:
-        """Claim up to ``room`` entries held by dead consumers."""
+    def reclaim(self, streams: list[str], room: int, held: set[bytes]) -> list[Entry]:
+        """Claim up to ``room`` entries held by dead consumers, and take back entries Redis says
+        this consumer holds but it does not know of (``held`` is what it knows)."""
         alive = self.broker.alive_consumers(self.keys, DEAD_AFTER_S) | {self.consumer}
         claimed: list[Entry] = []
         for stream in streams:
-            for owner, _ in self.broker.pending_consumers(stream):
+            for owner, pending in self.broker.pending_consumers(stream):
+                if owner == self.consumer and pending > len(held) and room > 0:
+                    forgotten = self._forgotten(stream, held, room)
+                    claimed += forgotten
+                    room -= len(forgotten)
                 if owner in alive or room <= 0:
                     continue
                 got = self.broker.claim(
@@ -136,6 +141,20 @@ class Intake:
                 claimed += [Entry(stream, eid, fields, n, True) for eid, fields, n in got]
                 room -= len(got)
         return claimed
+
+    def _forgotten(self, stream: str, held: set[bytes], room: int) -> list[Entry]:
+        """Entries pending for this consumer that it does not hold: a Redis restart that lost
+        the last second of writes (AOF everysec) can bring back an acked entry, or a delivery
+        the worker never saw. Its owner is alive, so no one else would ever reclaim it."""
+        got = self.broker.claim(
+            stream, self.consumer, self.consumer, 0, room + len(held), skip=held
+        )
+        if got:
+            log.warning(
+                "serving %s: %d entries of %s were pending for this worker without its knowing "
+                "(Redis lost writes?); serving them again", self.serving.name, len(got), stream,
+            )
+        return [Entry(stream, eid, fields, n, True) for eid, fields, n in got[:room]]
 
     def forget_dead_consumers(self, streams: list[str]) -> None:
         """Remove consumers that are dead and hold nothing, so the group lists the living."""

@@ -202,7 +202,9 @@ class ServingRunner:
         if now >= due["reclaim"]:
             room = self._room()
             if room > 0:
-                self._take_in(self.intake.reclaim(self.streams, room))
+                with self.cond:
+                    held = set(self.held)
+                self._take_in(self.intake.reclaim(self.streams, room, held))
             due["reclaim"] = now + RECLAIM_EVERY_S
         if now >= due["config"]:
             self._apply_config()

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import redis
+
 import queueserve as qs
+from queueserve._calls import encode_request
+from queueserve.codec import get_codec
+from queueserve.protocol import GROUP, Keys, inbox_key
 
 
 class Stateful(qs.Serving):
@@ -35,3 +40,31 @@ def test_state_loaded_in_setup_serves_batches(
             [101, "cpu"], [102, "cpu"], [103, "cpu"], [104, "cpu"], [105, "cpu"]
         ]
     assert Stateful.setups == 1
+
+
+def test_entries_pending_for_a_live_worker_without_its_knowing_are_served(
+    redis_url: str, prefix: str, client: qs.Client, redis_client: redis.Redis
+) -> None:
+    # Given a running worker
+    serving = Stateful()
+    with qs.Worker(serving, redis_url=redis_url, prefix=prefix, handle_signals=False) as worker:
+        assert client.dispatch("stateful", 1) == [101, "cpu"]
+        consumer = worker._host.consumer  # type: ignore[union-attr]
+        keys = Keys(prefix, "stateful")
+
+        # When a request becomes pending for it behind its back (as when a Redis restart that
+        # lost its last second of writes brings back a delivery the worker never saw): added
+        # and delivered in one transaction, so the worker's own read never sees it
+        call = client.table.new(1, keys, "default")
+        header, payload = encode_request(get_codec("msgpack"), call.rid, [2],
+                                         inbox_key(prefix, client.client_id), None)
+        pipe = redis_client.pipeline(transaction=True)
+        pipe.xadd(keys.stream("default"), {"h": header, "p": payload, "a": 1})
+        pipe.incr(keys.queued)
+        pipe.xreadgroup(GROUP, consumer, {keys.stream("default"): ">"}, count=10)
+        delivered = pipe.execute()[2]
+        assert len(delivered[0][1]) == 1
+
+        # Then the worker finds it among its pending entries and answers it
+        assert call.wait(30) and call.results == [[102, "cpu"]]
+    assert redis_client.xlen(keys.stream("default")) == 0
