@@ -262,19 +262,21 @@ class ServingRunner:
         if not entries:
             return
         slices, rows = self.intake.ingest(entries)
-        if rows:
-            self.outbox.put(rows)
         if slices:  # a moving average of what one entry weighs
             weight = sum(piece.weight for _, piece in slices) / len(entries)
             self._entry_weight = 0.8 * self._entry_weight + 0.2 * max(weight, 1e-3)
         now = time.monotonic()
         with self.cond:
+            # Every request taken in, also those answered only with errors: held until acked.
             self.held.update(piece.request.entry_id for _, piece in slices)
+            self.held.update(row[0].entry_id for row in rows)
             if self.recent_cancels:
                 self.cancelled.update(self.held.intersection(self.recent_cancels))
             for key, piece in slices:
                 self.assembler.add(key, piece, now)
             self.cond.notify_all()
+        if rows:  # only now: the replier forgets what it acks, so it must be held first
+            self.outbox.put(rows)
 
     # -- executor ----------------------------------------------------------------------------
     def _next_batch(self) -> tuple[TakenBatch, list[Slice]] | None:
