@@ -40,6 +40,11 @@ class Request:
     def __post_init__(self) -> None:
         self.remaining = self.n
 
+    @property
+    def ref(self) -> tuple[str, bytes]:
+        """(stream, entry id): entry ids are unique only within one stream."""
+        return self.stream, self.entry_id
+
 
 @dataclass(eq=False, slots=True)
 class Slice:

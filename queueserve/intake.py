@@ -116,15 +116,18 @@ class Intake:
             rows.append((request, 0, request.n, P.ERROR,
                          ["DeadLettered", message, "", P.ERR_DEAD_LETTER]))
 
-    def reclaim(self, streams: list[str], room: int, held: set[bytes]) -> list[Entry]:
+    def reclaim(
+        self, streams: list[str], room: int, held: set[tuple[str, bytes]]
+    ) -> list[Entry]:
         """Claim up to ``room`` entries held by dead consumers, and take back entries Redis says
-        this consumer holds but it does not know of (``held`` is what it knows)."""
+        this consumer holds but it does not know of (``held``: (stream, id) it knows)."""
         alive = self.broker.alive_consumers(self.keys, DEAD_AFTER_S) | {self.consumer}
         claimed: list[Entry] = []
         for stream in streams:
+            mine = {entry_id for s, entry_id in held if s == stream}
             for owner, pending in self.broker.pending_consumers(stream):
-                if owner == self.consumer and pending > len(held) and room > 0:
-                    forgotten = self._forgotten(stream, held, room)
+                if owner == self.consumer and pending > len(mine) and room > 0:
+                    forgotten = self._forgotten(stream, mine, room)
                     claimed += forgotten
                     room -= len(forgotten)
                 if owner in alive or room <= 0:

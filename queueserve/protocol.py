@@ -11,7 +11,7 @@ Cluster slot and the Lua scripts below may touch all of its keys atomically::
     P:{S}:config      hash     options changed at run time (`queueserve config set`)
     P:{S}:workers     zset     consumer name -> last heartbeat, unix ms (TTL)
     P:{S}:dead        stream   dead letters: requests that could not be served, with the reason
-    P:{S}:cancel      channel  entry ids cancelled by their callers after a worker read them
+    P:{S}:cancel      channel  "stream\nentry id" of requests cancelled after a worker read them
     P:inbox:C         list     replies for client C, one element per (client, batch) (TTL)
     P:events:C        channel  streamed events (hooks, generator steps) for client C
     P:worker:W        hash     registry record of worker process W (TTL)

@@ -18,7 +18,7 @@ class Outgoing:
     events: list[tuple[str, bytes]] = field(default_factory=list)  # (channel, message)
     messages: dict[str, list[bytes]] = field(default_factory=dict)  # inbox -> [message]
     acks: dict[str, list[Any]] = field(default_factory=dict)  # stream -> [id, n, id, n...]
-    finished: list[bytes] = field(default_factory=list)  # entry ids answered completely
+    finished: list[tuple[str, bytes]] = field(default_factory=list)  # (stream, id) answered
     answered: int = 0  # items answered (results, errors or dropped)
     errors: dict[str, int] = field(default_factory=dict)  # items by error kind
 
@@ -50,7 +50,7 @@ def compose(rows: list[Row], codec: Codec) -> Outgoing:
         request.remaining -= count
         if request.remaining <= 0:
             acks[request.stream] += (request.entry_id, request.admitted)
-            out.finished.append(request.entry_id)
+            out.finished.append(request.ref)
     tag = bytes((codec.tag,))
     out.events = [(channel, tag + codec.dumps(e)) for channel, e in events]
     out.messages = {inbox: [tag + codec.dumps(m)] for inbox, m in messages.items()}

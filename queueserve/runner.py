@@ -37,6 +37,8 @@ from .streaming import BatchContext
 
 log = logging.getLogger(__name__)
 
+Ref = tuple[str, bytes]  # (stream, entry id): entry ids are unique only within one stream
+
 INBOX_TTL_MS = 600_000  # an inbox outlives a client that died by ten minutes at most
 KEY_REFRESH_S = 0.5  # how often new batch keys are looked for
 CONFIG_EVERY_S = 1.0  # how often run-time option changes are looked for
@@ -78,9 +80,9 @@ class ServingRunner:
         self.cond = threading.Condition()
         self.outbox: queue.SimpleQueue[list[Row] | None] = queue.SimpleQueue()
         self.streams: list[str] = []
-        self.held: set[bytes] = set()  # entry ids read and not yet acked
-        self.cancelled: set[bytes] = set()  # held entries whose callers cancelled them
-        self.recent_cancels: dict[bytes, float] = {}  # cancels of entries not (yet) held
+        self.held: set[Ref] = set()  # entries read and not yet acked
+        self.cancelled: set[Ref] = set()  # held entries whose callers cancelled them
+        self.recent_cancels: dict[Ref, float] = {}  # cancels of entries not (yet) held
         self._declared_keys = ("default", *batch_keys)
         self._reading = True
         self._flushing = False  # stopping: run what is buffered without waiting for timeouts
@@ -142,14 +144,15 @@ class ServingRunner:
             if self._cancel_listener_failed:
                 self._cancel_listener_failed = False
                 log.warning("serving %s: cancel listener reconnected", self.serving.name)
+            stream, _, entry_id = message["data"].partition(b"\n")
+            ref = (stream.decode(), entry_id)
             with self.cond:
-                entry_id = message["data"]
-                if entry_id in self.held:
-                    self.cancelled.add(entry_id)
+                if ref in self.held:
+                    self.cancelled.add(ref)
                 else:  # maybe read but not yet recorded as held: _take_in looks here
                     now = time.monotonic()
-                    self.recent_cancels[entry_id] = now
-                    for old in [e for e, t in self.recent_cancels.items() if t < now - 60]:
+                    self.recent_cancels[ref] = now
+                    for old in [r for r, t in self.recent_cancels.items() if t < now - 60]:
                         del self.recent_cancels[old]
 
         def on_error(e: BaseException, pubsub: Any, thread: Any) -> None:
@@ -268,8 +271,8 @@ class ServingRunner:
         now = time.monotonic()
         with self.cond:
             # Every request taken in, also those answered only with errors: held until acked.
-            self.held.update(piece.request.entry_id for _, piece in slices)
-            self.held.update(row[0].entry_id for row in rows)
+            self.held.update(piece.request.ref for _, piece in slices)
+            self.held.update(row[0].ref for row in rows)
             if self.recent_cancels:
                 self.cancelled.update(self.held.intersection(self.recent_cancels))
             for key, piece in slices:
@@ -296,9 +299,9 @@ class ServingRunner:
         """Remove slices whose callers cancelled (caller holds self.cond); returns them."""
         if not self.cancelled:
             return []
-        dropped = [s for s in batch.slices if s.request.entry_id in self.cancelled]
+        dropped = [s for s in batch.slices if s.request.ref in self.cancelled]
         if dropped:
-            batch.slices = [s for s in batch.slices if s.request.entry_id not in self.cancelled]
+            batch.slices = [s for s in batch.slices if s.request.ref not in self.cancelled]
         return dropped
 
     def _execute_loop(self) -> None:

@@ -68,7 +68,7 @@ class BatchContext:
         hooks: frozenset[str] | None,
         slices: list[Slice],
         sink: Callable[[list[Row]], None],
-        cancelled: set[bytes],
+        cancelled: set[tuple[str, bytes]],
         serving: str,
     ) -> None:
         self.hooks = hooks
@@ -128,7 +128,7 @@ class BatchContext:
             request = s.request
             if id(request) in self.finished:
                 continue
-            if request.entry_id in self.cancelled:  # its caller left: no more steps for it
+            if request.ref in self.cancelled:  # its caller left: no more steps for it
                 self.finished.add(id(request))
                 rows.append((request, s.offset, len(s.items), P.DROP, None))
                 continue

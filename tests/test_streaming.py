@@ -639,14 +639,15 @@ def test_closing_a_stream_drops_its_running_later_request_from_the_steps_to_come
         tap.close()
 
 
-def entry_order(entry_id: bytes) -> tuple[int, ...]:
-    return tuple(map(int, entry_id.split(b"-")))
+def entry_order(ref: tuple[str, bytes]) -> tuple[int, ...]:
+    """Order of (stream, entry id) references of one stream, by entry id."""
+    return tuple(map(int, ref[1].split(b"-")))
 
 
 @pytest.fixture
 def worker_runner() -> Callable[[qs.Worker], Any]:
     """The serving runner of an in-process worker with one serving: its ``held`` and
-    ``cancelled`` entry ids are the only view of what a worker learned from a cancel."""
+    ``cancelled`` (stream, entry id) references are the only view of what a worker learned from a cancel."""
 
     def runner(worker: qs.Worker) -> Any:
         host = worker._host

@@ -10,7 +10,7 @@
 -- No consumer group yet (NOGROUP) means no worker has read anything from this stream.
 local pending = redis.pcall('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1)
 if type(pending) == 'table' and pending.err == nil and #pending > 0 then
-  redis.call('PUBLISH', KEYS[3], ARGV[2])
+  redis.call('PUBLISH', KEYS[3], KEYS[1] .. '\n' .. ARGV[2])  -- ids are unique per stream only
   return 0
 end
 if redis.call('XDEL', KEYS[1], ARGV[2]) == 1 then
