@@ -647,7 +647,8 @@ def entry_order(ref: tuple[str, bytes]) -> tuple[int, ...]:
 @pytest.fixture
 def worker_runner() -> Callable[[qs.Worker], Any]:
     """The serving runner of an in-process worker with one serving: its ``held`` and
-    ``cancelled`` (stream, entry id) references are the only view of what a worker learned from a cancel."""
+    ``cancelled`` (stream, entry id) references are the only view of what a worker learned from
+    a cancel."""
 
     def runner(worker: qs.Worker) -> Any:
         host = worker._host
