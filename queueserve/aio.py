@@ -33,7 +33,7 @@ from ._client_base import (
     send_window,
 )
 from ._streams import Event, RequestStream
-from .broker import backoff, enqueue_arguments, load_script, text
+from .broker import backoff, enqueue_arguments, load_script, redis_errors, text
 from .client import STREAM_GRACE
 from .errors import (
     BadRequest,
@@ -60,10 +60,6 @@ async def _stragglers(rs: RequestStream, events: asyncio.Queue[Any]) -> list[Eve
         if event is not None:
             ready += rs.add(*event)
     return ready
-
-
-def _unavailable(url: str, e: Exception) -> RedisUnavailable:
-    return RedisUnavailable(f"Redis at {url} is unavailable: {e}")
 
 
 class AsyncTicket:
@@ -353,10 +349,8 @@ class AsyncClient:
             return target
         meta: dict[str, str] = {}
         if isinstance(serving, str):
-            try:
+            with redis_errors(self.url):
                 raw = await self.redis.hgetall(P.Keys(self._base.prefix, serving).meta)
-            except (redis.ConnectionError, redis.TimeoutError) as e:
-                raise _unavailable(self.url, e) from None
             meta = {text(k): text(v) for k, v in raw.items()}
         return self._base.remember(serving, meta)
 
@@ -373,15 +367,13 @@ class AsyncClient:
 
     async def withdraw(self, call: Call) -> bool:
         keys = call.keys
-        try:
+        with redis_errors(self.url):
             return bool(
                 await self._cancel_script(
                     keys=[keys.stream(call.batch_key), keys.queued, keys.cancel],
                     args=[P.GROUP, call.entry_id or b"", call.n],
                 )
             )
-        except (redis.ConnectionError, redis.TimeoutError) as e:
-            raise _unavailable(self.url, e) from None
 
     async def _flush(self) -> None:
         self._flushing = True
@@ -419,10 +411,8 @@ class AsyncClient:
             target = group[0][0]
             requests = [(key, call.n, h, p) for _, key, call, h, p in group]
             script_keys, args = enqueue_arguments(target.keys, requests, target.max_queue)
-            try:
+            with redis_errors(self.url):
                 out = await self._enqueue_script(keys=script_keys, args=args)
-            except (redis.ConnectionError, redis.TimeoutError) as e:
-                raise _unavailable(self.url, e) from None
             admitted(self.table, group, int(out[0]), int(out[1]), out[2:])
 
     def _ensure_reader(self) -> None:

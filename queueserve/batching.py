@@ -15,7 +15,6 @@ from the front of one key's queue:
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -192,11 +191,3 @@ class Assembler:
             queue.weight = 0.0
         self.buffered -= sum(len(s.items) for s in taken)
         return TakenBatch(queue.key, taken, opened)
-
-    def drain(self) -> Iterator[Slice]:
-        """Every waiting slice, removed (for shutdown: they are left for other workers)."""
-        for queue in self.queues.values():
-            while queue.slices:
-                yield queue.slices.popleft()
-            queue.weight = 0.0
-        self.buffered = 0

@@ -128,10 +128,6 @@ class RedisBroker:
         with redis_errors(self.url):
             return {text(k) for k in self.redis.smembers(keys.keys)}
 
-    def count_batch_keys(self, keys: Keys) -> int:
-        with redis_errors(self.url):
-            return int(self.redis.scard(keys.keys))
-
     def read(
         self, consumer: str, streams: Sequence[str], count: int, block_ms: int
     ) -> list[tuple[bytes, StreamEntries]]:

@@ -92,7 +92,6 @@ class ServingRunner:
         self._entry_weight = 1.0  # items (or cost) per entry read, averaged
         self._pubsub: Any = None
         self._pubsub_thread: Any = None
-        self.batches_run = 0
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -315,13 +314,15 @@ class ServingRunner:
 
     def _execute(self, batch: TakenBatch) -> list[Row]:
         now = time.time()
-        live = [s for s in batch.slices if not (s.request.deadline and s.request.deadline <= now)]
-        rows: list[Row] = []
-        if len(live) != len(batch.slices):
-            rows += error_rows([s for s in batch.slices if s not in live], _EXPIRED)
+        live: list[Slice] = []
+        expired: list[Slice] = []
+        for s in batch.slices:
+            (expired if s.request.deadline and s.request.deadline <= now else live).append(s)
+        rows = error_rows(expired, _EXPIRED) if expired else []
         if not live:
             return rows
-        items = live[0].items if len(live) == 1 else [x for s in live for x in s.items]
+        batch.slices = live
+        items = batch.items()
         if live[0].request.alone:  # redelivered: this run is what max_deliveries counts
             request = live[0].request
             try:
@@ -340,7 +341,6 @@ class ServingRunner:
                 self.serving, items, batch.key, self.partition, context.drive
             )
         took = time.perf_counter() - started
-        self.batches_run += 1
         self.middleware.batch_finished(self.serving, batch.key, self.partition, len(items), took)
         log.debug(
             "serving %s key %s partition %d: batch of %d items (%d requests) in %.2f ms",

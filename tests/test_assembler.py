@@ -316,29 +316,6 @@ def test_queue_weight_tracks_what_is_left() -> None:
     assert a.queues["k"].weight == 0
 
 
-def test_drain_removes_every_waiting_slice() -> None:
-    a = Assembler(capacity=10, timeout=60.0)
-    slices = [piece([1]), piece([2, 3]), piece([4])]
-    a.add("x", slices[0], now=0.0)
-    a.add("y", slices[1], now=0.0)
-    a.add("x", slices[2], now=0.0)
-    drained = list(a.drain())
-    assert sorted(s.request.rid for s in drained) == sorted(s.request.rid for s in slices)
-    assert a.buffered == 0
-    assert all(not q.slices and q.weight == 0 for q in a.queues.values())
-    assert a.pick(now=100.0, flush=True) == (None, None)
-    assert list(a.drain()) == []
-
-
-def test_drain_after_a_split_returns_the_tail() -> None:
-    a = Assembler(capacity=2, timeout=0.0)
-    big = piece(["a", "b", "c"])
-    a.add("k", big, now=0.0)
-    a.take(a.pick(now=0.0)[0], now=0.0)  # type: ignore[arg-type]
-    (tail,) = a.drain()
-    assert (tail.request, tail.offset, tail.items) == (big.request, 2, ["c"])
-
-
 def test_taken_batch_items_concatenate_slices_in_order() -> None:
     s1, s2 = piece([1, 2]), piece([3])
     batch = TakenBatch("k", [s1, s2])
