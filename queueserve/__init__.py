@@ -6,23 +6,25 @@
 9
 """
 
-from ._streams import Hook, Output
-from .aio import AsyncClient, AsyncTicket
-from .client import Client, Ticket
-from .errors import (
+from queueserve.client.aio import AsyncClient, AsyncTicket
+from queueserve.client.sync import Client, Ticket
+from queueserve.errors import (
     BadRequest,
     Cancelled,
     DeadLettered,
+    NotReplicated,
     QueueFull,
     QueueServeError,
+    RedisCommandError,
     RedisUnavailable,
     RemoteError,
     Timeout,
 )
-from .serving import Batch, Partition, Serving, serving
-from .settings import Settings
-from .streaming import END, emit
-from .worker import Worker
+from queueserve.hooks import END, Hook, Output, emit
+from queueserve.serving import Batch, Partition, Serving, serving
+from queueserve.settings import Settings
+from queueserve.steps import Resume, StepServing, step_serving
+from queueserve.worker.worker import Worker
 
 __all__ = [  # noqa: RUF022 - grouped by use, as the docs present them
     # defining servings
@@ -30,6 +32,10 @@ __all__ = [  # noqa: RUF022 - grouped by use, as the docs present them
     "Partition",
     "Serving",
     "serving",
+    # generation (continuous batching)
+    "Resume",
+    "StepServing",
+    "step_serving",
     # streaming
     "END",
     "Hook",
@@ -48,8 +54,10 @@ __all__ = [  # noqa: RUF022 - grouped by use, as the docs present them
     "BadRequest",
     "Cancelled",
     "DeadLettered",
+    "NotReplicated",
     "QueueFull",
     "QueueServeError",
+    "RedisCommandError",
     "RedisUnavailable",
     "RemoteError",
     "Timeout",

@@ -7,7 +7,13 @@
     ├── Cancelled            the request was cancelled by its caller
     ├── BadRequest           the request itself is invalid (too large, wrong codec, bad input)
     ├── DeadLettered         the request killed max_deliveries workers; see the dead-letter stream
-    └── RedisUnavailable     Redis could not be reached (after retries)
+    ├── RedisUnavailable     Redis cannot serve right now: unreachable, loading, out of memory,
+    │                        read-only or failing over; retried with backoff, raised when the
+    │                        caller's time is up
+    ├── RedisCommandError    Redis refused a command in a way retrying will not fix (NOPERM,
+    │                        WRONGTYPE, a failing script, a wrong password)
+    └── NotReplicated        a durable serving's request reached the primary, but no replica
+                             acknowledged it in time: a failover now could lose it
 """
 
 from __future__ import annotations
@@ -68,4 +74,16 @@ class DeadLettered(QueueServeError):
 
 
 class RedisUnavailable(QueueServeError):
-    """Redis did not answer; the message names the URL and the underlying error."""
+    """Redis cannot serve now (connection lost, LOADING, OOM, READONLY, UNBLOCKED, NOGROUP,
+    MASTERDOWN); the message names the URL, without its password, and Redis's own words."""
+
+
+class RedisCommandError(QueueServeError):
+    """Redis refused a command for good: missing ACL permission, a key of the wrong type, a
+    failing script, a wrong password. The message says which, with Redis's own words."""
+
+
+class NotReplicated(QueueServeError):
+    """A request of a ``durable=True`` serving was queued on the primary, but no replica
+    acknowledged it within the wait (``WAIT 1``): a failover now could lose it. It may still
+    run; resending it is safe when the batch function may run twice for one request."""

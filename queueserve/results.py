@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .protocol import BATCHED, RESULTS, STEPS
+from queueserve.wire.protocol import BATCHED, RESULTS, STEPS
 
 
 class BatchResultError(Exception):

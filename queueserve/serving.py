@@ -10,14 +10,17 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from ._durations import parse_duration
-from .codec import get_codec
-from .protocol import Keys
-from .results import BatchResults
+from queueserve import hooks
+from queueserve._durations import parse_duration
+from queueserve.hooks import END
+from queueserve.results import BatchResults
+from queueserve.wire.codec import get_codec
+from queueserve.wire.protocol import Keys, check_shards
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 BatchFn = Callable[[list[Any]], Any]
+FinishFn = Callable[[list[Any], Any], Any]
 OnError = Literal["isolate", "fail"]
 
 
@@ -31,16 +34,19 @@ class Partition:
 
 
 class Batch(list[Any]):
-    """The items of one batch, in order; a list, plus the batch key and partition it runs on."""
+    """The items of one batch, in order; a list, plus the batch key and partition it runs on,
+    and what ``prepare_batch`` made of it (``prepared``; None for a serving without one)."""
 
-    __slots__ = ("key", "partition")
+    __slots__ = ("key", "partition", "prepared")
 
     def __init__(
-        self, items: Iterable[Any], key: str = "default", partition: Partition | None = None
+        self, items: Iterable[Any], key: str = "default", partition: Partition | None = None,
+        prepared: Any = None,
     ) -> None:
         super().__init__(items)
         self.key = key
         self.partition = partition or Partition()
+        self.prepared = prepared
 
 
 def _check_batch_size(value: object) -> int:
@@ -54,6 +60,20 @@ def _check_batch_size(value: object) -> int:
 def _check_positive(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    return value
+
+
+# Redis refuses a bulk string over 512 MiB (proto-max-bulk-len); stay well under it.
+REPLY_BYTES_CEILING = 256 * 1024 * 1024
+
+
+def _check_reply_bytes(value: object) -> int:
+    if (isinstance(value, bool) or not isinstance(value, int)
+            or not 1024 <= value <= REPLY_BYTES_CEILING):
+        raise ValueError(
+            f"max_reply_bytes must be an int from 1024 to {REPLY_BYTES_CEILING} (Redis refuses "
+            f"values over 512 MiB), got {value!r}"
+        )
     return value
 
 
@@ -79,6 +99,20 @@ class Serving:
     Stateful servings subclass it: ``setup(self, partition)`` runs once per partition (load the
     model onto ``partition.device`` there) and ``handle_batch(self, batch)`` runs each batch.
     Options may be given as class attributes of the subclass or as keyword arguments.
+
+    A batch runs in three stages, so that the device never waits on the CPU:
+    ``prepare_batch(batch)`` (CPU work: tokenize, collate, build tensors; on a pool of
+    ``prepare_concurrency`` threads, ahead of the device), ``handle_batch(batch)`` (the device;
+    what prepare returned is ``batch.prepared``) and ``finish_batch(batch, output)`` (device-to-
+    host copies, conversion; on the replier thread, off the device's). Function servings get
+    the same with ``prepare=fn(batch)`` and ``finish=fn(batch, output)``:
+
+    >>> def collate(batch):
+    ...     return np.stack(batch)
+    >>> def model(batch):
+    ...     return batch.prepared * 2
+    >>> qs.Serving(model, prepare=collate, prepare_concurrency=2).inline(np.ones(3))
+    array([2., 2., 2.])
     """
 
     name: str = ""
@@ -92,7 +126,16 @@ class Serving:
     on_error: OnError = "isolate"
     max_deliveries: int = 3
     max_payload_bytes: int = 16 * 1024 * 1024
+    max_reply_bytes: int = 64 * 1024 * 1024
     input_model: type[BaseModel] | None = None
+    key_idle_ttl: float = 3600.0  # seconds without a request before a batch key is forgotten
+    # Hash tags the requests spread over: on Redis Cluster each shard may live on another
+    # node; max_queue applies per shard. Only for a cluster: one server gains nothing by it.
+    shards: int = 1
+    # Each enqueue waits until a replica holds the request (WAIT 1): acknowledged requests
+    # survive a failover. Costs a replica round trip per enqueue.
+    durable: bool = False
+    prepare_concurrency: int = 1
 
     def __init__(
         self,
@@ -108,13 +151,26 @@ class Serving:
         on_error: OnError | None = None,
         max_deliveries: int | None = None,
         max_payload_bytes: int | None = None,
+        max_reply_bytes: int | None = None,
         input_model: type[BaseModel] | None = None,
+        key_idle_ttl: float | str | None = None,
+        shards: int | None = None,
+        durable: bool | None = None,
+        prepare: BatchFn | None = None,
+        finish: FinishFn | None = None,
+        prepare_concurrency: int | None = None,
     ) -> None:
         cls = type(self)
         if fn is None and cls.handle_batch is Serving.handle_batch:
             raise TypeError("Serving needs a batch function, or a subclass defining handle_batch()")
         _check_optional_callable("fn", fn)
         self.fn = fn
+        self.prepare_fn: BatchFn | None = _check_optional_callable("prepare", prepare)
+        self.finish_fn: FinishFn | None = _check_optional_callable("finish", finish)
+        self.prepare_concurrency = _check_positive(
+            "prepare_concurrency",
+            cls.prepare_concurrency if prepare_concurrency is None else prepare_concurrency,
+        )
         default_name = getattr(fn, "__name__", "") if fn else cls.__name__.lower()
         resolved = name or cls.name or default_name
         if not resolved or resolved == "<lambda>":
@@ -150,6 +206,17 @@ class Serving:
             "max_payload_bytes",
             cls.max_payload_bytes if max_payload_bytes is None else max_payload_bytes,
         )
+        self.max_reply_bytes = _check_reply_bytes(
+            cls.max_reply_bytes if max_reply_bytes is None else max_reply_bytes
+        )
+        # 0 = never forget; a forgotten key comes back with its next request
+        self.key_idle_ttl = parse_duration(
+            cls.key_idle_ttl if key_idle_ttl is None else key_idle_ttl, what="key_idle_ttl"
+        )
+        self.shards = check_shards(cls.shards if shards is None else shards)
+        self.durable = cls.durable if durable is None else durable
+        if not isinstance(self.durable, bool):
+            raise TypeError(f"durable must be True or False, got {self.durable!r}")
         model = cls.input_model if input_model is None else input_model
         if model is not None and not (isinstance(model, type) and issubclass(model, BaseModel)):
             raise TypeError(f"input_model must be a pydantic BaseModel subclass, got {model!r}")
@@ -175,10 +242,33 @@ class Serving:
     def setup(self, partition: Partition) -> None:
         """Runs once per partition before its first batch; load models onto partition.device."""
 
+    def prepare_batch(self, batch: Batch) -> Any:
+        """CPU work for one batch before the device runs it (tokenize, collate, build and pin
+        tensors, start host-to-device copies on a side stream); runs on a pool of
+        ``prepare_concurrency`` threads ahead of the device. What it returns is
+        ``batch.prepared`` in ``handle_batch``. It must release the GIL to overlap (numpy,
+        torch and fast tokenizers do)."""
+        return None if self.prepare_fn is None else self.prepare_fn(batch)
+
     def handle_batch(self, batch: Batch) -> Any:
         """Runs one batch; returns one result per item (or a batched array/tensor/dict)."""
         assert self.fn is not None
         return self.fn(batch)
+
+    def finish_batch(self, batch: Batch, output: Any) -> Any:
+        """Turns what ``handle_batch`` returned into the batch's results (one per item, or a
+        batched array): device-to-host copies, conversion to numpy. Runs on the replier
+        thread, so the device's thread is already running the next batch."""
+        return output if self.finish_fn is None else self.finish_fn(batch, output)
+
+    @property
+    def has_prepare(self) -> bool:
+        """Whether batches go through a preparation stage (a prepare_batch or prepare= fn)."""
+        return self.prepare_fn is not None or type(self).prepare_batch is not Serving.prepare_batch
+
+    @property
+    def has_finish(self) -> bool:
+        return self.finish_fn is not None or type(self).finish_batch is not Serving.finish_batch
 
     def streaming(self, hooks: Iterable[str] = ()) -> Serving:
         """Mark the serving as streaming hook events: ``qs.emit(name, payload)`` inside the batch
@@ -239,12 +329,21 @@ class Serving:
         return 1.0 if self.cost is None else float(self.cost(item))
 
     def run_batch(self, batch: Batch) -> BatchResults | Iterator[Any]:
-        """Run one batch and check that it returned one result per item; a generator batch
-        function's steps are returned for the caller to drive."""
+        """Run one batch through all its stages in this thread and check that it returned one
+        result per item; a generator batch function's steps are returned for the caller to
+        drive. (A worker runs the stages on different threads.)"""
+        if self.has_prepare:
+            batch.prepared = self.prepare_batch(batch)
         out = self.handle_batch(batch)
         if isinstance(out, types.GeneratorType):
             return out
-        return BatchResults(out, len(batch), self.name)
+        return self.results(batch, out)
+
+    def results(self, batch: Batch, output: Any) -> BatchResults:
+        """``finish_batch``'s results of ``output``, checked: one per item."""
+        if self.has_finish:
+            output = self.finish_batch(batch, output)
+        return BatchResults(output, len(batch), self.name)
 
     def chunks(self, items: Sequence[Any]) -> Iterable[Sequence[Any]]:
         """Cut items into batches that fit the capacity (batch_size items or cost units)."""
@@ -281,8 +380,6 @@ class Serving:
 
     def inline_many(self, items: Iterable[Any]) -> list[Any]:
         """Run items in this process, split into batches of at most batch_size."""
-        from .streaming import inline_batch
-
         self._ensure_inline_setup()
         prepared = [self.validate_item(self.prepare_item(x)) for x in items]
         by_key: dict[str, list[int]] = {}  # batch keys never share a batch
@@ -292,7 +389,7 @@ class Serving:
         for key, positions in by_key.items():
             done = 0
             for chunk in self.chunks([prepared[i] for i in positions]):
-                with inline_batch():  # qs.emit has no callers to reach here
+                with hooks.running(None):  # qs.emit has no callers to reach here
                     ran = self.run_batch(Batch(chunk, key))
                     results = (
                         ran.as_list() if isinstance(ran, BatchResults)
@@ -314,8 +411,13 @@ class Serving:
             "cost": self.cost is not None,
             "max_deliveries": self.max_deliveries,
             "max_payload_bytes": self.max_payload_bytes,
+            "max_reply_bytes": self.max_reply_bytes,
+            "key_idle_ttl": self.key_idle_ttl,
             "hooks": ",".join(sorted(self.hooks)) if self.hooks is not None else "",
             "streaming": self.hooks is not None,
+            "shards": self.shards,
+            "durable": self.durable,
+            "prepare_concurrency": self.prepare_concurrency,
         }
 
     def __repr__(self) -> str:
@@ -328,8 +430,6 @@ class Serving:
 def collect_steps(steps: Iterator[Any], size: int, serving: str) -> list[list[Any]]:
     """Per-item step values of a generator batch function run to its end (``END`` ends an
     item)."""
-    from .streaming import END
-
     values: list[list[Any]] = [[] for _ in range(size)]
     ended = [False] * size
     for step in steps:

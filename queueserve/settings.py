@@ -6,8 +6,16 @@ silently dropped: ``Settings(**options)`` rejects names it does not know.
 
 from __future__ import annotations
 
-from pydantic import Field
+import math
+
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from queueserve._durations import parse_duration
+from queueserve.broker.urls import redact_url
+
+REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster", "redis+sentinel",
+                 "rediss+sentinel")
 
 
 class Settings(BaseSettings):
@@ -24,3 +32,55 @@ class Settings(BaseSettings):
         pattern=r"^[A-Za-z0-9_.\-]+$",
         description="Namespace of every key queueserve writes; env QUEUESERVE_PREFIX.",
     )
+    default_timeout: float | None = Field(
+        default=None,
+        description="Seconds (or '30s', '2m') that bounds every client call made without "
+        "timeout=; unset: such calls wait until answered. Env QUEUESERVE_DEFAULT_TIMEOUT.",
+    )
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url(cls, value: str) -> str:
+        return check_redis_url(value)
+
+    @field_validator("default_timeout", mode="before")
+    @classmethod
+    def _default_timeout(cls, value: object) -> float | None:
+        if value is None or value == "":
+            return None
+        if not isinstance(value, str | int | float):
+            raise ValueError(f"default_timeout must be seconds or '30s', got {value!r}")
+        seconds = parse_duration(value, what="QUEUESERVE_DEFAULT_TIMEOUT")
+        if seconds <= 0 or math.isinf(seconds):
+            raise ValueError(
+                f"QUEUESERVE_DEFAULT_TIMEOUT must be a duration > 0 such as 30 or '2m', got "
+                f"{value!r}; unset it to let calls without timeout= wait until answered"
+            )
+        return seconds
+
+
+def check_timeout(timeout: object, *, what: str = "timeout") -> float | None:
+    """``timeout`` as seconds > 0, or None (no limit); anything else is the caller's mistake,
+    reported now rather than as a Timeout later."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+        raise TypeError(f"{what} must be seconds (a number > 0) or None, got {timeout!r}")
+    if math.isnan(timeout) or timeout <= 0 or math.isinf(timeout):
+        raise ValueError(
+            f"{what} must be a finite number of seconds > 0, got {timeout!r}; "
+            "use None to wait until answered"
+        )
+    return float(timeout)
+
+
+def check_redis_url(url: str) -> str:
+    """``url`` when redis-py can use it; else a ValueError saying what a Redis URL looks like."""
+    scheme = url.partition("://")[0].lower() if "://" in url else ""
+    if scheme not in REDIS_SCHEMES:
+        raise ValueError(
+            f"{redact_url(url)!r} is not a Redis URL: it must start with redis://, rediss://, "
+            "unix://, redis+cluster:// or redis+sentinel:// (for example "
+            "redis://localhost:6379/0); pass --redis-url or set QUEUESERVE_REDIS_URL"
+        )
+    return url

@@ -20,7 +20,8 @@ else
 fi
 
 ensure_redis_server() {
-    if command -v redis-server >/dev/null 2>&1; then
+    # redis-cli too: the Redis Cluster tests join their nodes with `redis-cli --cluster create`
+    if command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1; then
         return
     fi
     say "installing redis-server (apt-get)"
@@ -28,5 +29,6 @@ ensure_redis_server() {
     if [[ "$(id -u)" -ne 0 ]]; then sudo="sudo"; fi
     $sudo apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq redis-server >/dev/null
-    command -v redis-server >/dev/null || { echo "error: redis-server still not found" >&2; exit 1; }
+    command -v redis-server >/dev/null && command -v redis-cli >/dev/null || {
+        echo "error: redis-server or redis-cli still not found" >&2; exit 1; }
 }

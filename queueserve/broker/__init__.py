@@ -1,0 +1,1 @@
+"""The Redis boundary: the only package that imports redis. Internal."""

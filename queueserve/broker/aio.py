@@ -1,0 +1,215 @@
+"""The asyncio broker: the operations ``qs.AsyncClient`` needs, over ``redis.asyncio``.
+
+The commands, script arguments and reply parsing are the sync broker's (``broker.common``);
+every redis-py error is mapped by the same ``redis_errors`` as there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from typing import Any
+
+import redis
+import redis.asyncio as aioredis
+from redis.asyncio import connection as aioconnection
+from redis.commands.core import AsyncScript
+from redis.exceptions import NoScriptError
+
+from queueserve.broker.common import (
+    Enqueued,
+    Request,
+    cancel_arguments,
+    enqueue_arguments,
+    enqueued,
+    inbox_command,
+    inbox_messages,
+    load_script,
+    not_replicated_message,
+    pack_fast,
+    pubsub_data,
+    since_ms,
+    texts,
+)
+from queueserve.broker.connect import aclose, connect_async, is_cluster
+from queueserve.broker.errors import error_code, redis_errors
+from queueserve.broker.retry import Outage
+from queueserve.broker.urls import redact_url
+from queueserve.errors import NotReplicated, RedisUnavailable
+from queueserve.wire.protocol import Keys
+from queueserve.wire.timing import DURABLE_WAIT_MS
+
+
+class _HiredisPacking:
+    """redis.asyncio packs every command in Python; these connections go through hiredis,
+    as the sync ones do (``HiredisPacker``)."""
+
+    def pack_command(self, *args: Any) -> list[bytes]:
+        return pack_fast(args) or super().pack_command(*args)  # type: ignore[misc]
+
+
+class _Connection(_HiredisPacking, aioconnection.Connection):
+    pass
+
+
+class _SSLConnection(_HiredisPacking, aioconnection.SSLConnection):
+    pass
+
+
+class _UnixConnection(_HiredisPacking, aioconnection.UnixDomainSocketConnection):
+    pass
+
+
+_HIREDIS_CLASSES: dict[type[Any], type[Any]] = {
+    aioconnection.Connection: _Connection,
+    aioconnection.SSLConnection: _SSLConnection,
+    aioconnection.UnixDomainSocketConnection: _UnixConnection,
+}
+
+
+def hiredis_packing(client: Any) -> Any:
+    """``client`` with connections that pack commands with hiredis (a single node's; a cluster
+    or Sentinel client keeps redis-py's own connections)."""
+    if isinstance(client, aioredis.Redis):
+        pool = client.connection_pool
+        pool.connection_class = _HIREDIS_CLASSES.get(pool.connection_class,
+                                                      pool.connection_class)
+    return client
+
+
+class AsyncSubscription:
+    """One pub/sub channel, read with ``await get``; resubscribes after a reconnect, on a new
+    pub/sub connection after a failure (a cluster's stays bound to a node that may be gone)."""
+
+    def __init__(self, client: aioredis.Redis | aioredis.RedisCluster, url: str,
+                 channel: str) -> None:
+        self.url = url
+        self.channel = channel
+        self.confirmed = False
+        self._client = client
+        self._pubsub: Any = None
+
+    async def get(self, timeout: float) -> bytes | None:
+        try:
+            with redis_errors(self.url):
+                if self._pubsub is None:
+                    self._pubsub = self._client.pubsub(ignore_subscribe_messages=False)
+                if not self._pubsub.subscribed:
+                    await self._pubsub.subscribe(self.channel)
+                message = await self._pubsub.get_message(timeout=timeout)
+        except RedisUnavailable:
+            await self.aclose()
+            raise
+        confirmation, data = pubsub_data(message)
+        self.confirmed = self.confirmed or confirmation
+        return data
+
+    async def aclose(self) -> None:
+        pubsub, self._pubsub = self._pubsub, None
+        if pubsub is not None:
+            with contextlib.suppress(redis.RedisError, OSError):
+                await pubsub.aclose()
+
+
+class AsyncRedisBroker:
+    """The client-side stream operations of one Redis deployment, for asyncio."""
+
+    def __init__(self, url: str, *, owner: str | None = None) -> None:
+        self.url = url
+        self.redis: Any = hiredis_packing(connect_async(url))
+        self.outage = Outage(owner or f"Redis at {redact_url(url)}")
+        self._enqueue: AsyncScript = self.redis.register_script(load_script("enqueue.lua"))
+        self._cancel: AsyncScript = self.redis.register_script(load_script("cancel.lua"))
+        self._loaded = False  # enqueue.lua loaded (on every primary of a cluster), for durable
+
+    async def aclose(self) -> None:
+        await aclose(self.redis)
+
+    async def enqueue(
+        self, keys: Keys, requests: Sequence[Request], max_queue: int, *, durable: bool = False
+    ) -> Enqueued:
+        """``RedisBroker.enqueue``: admit requests atomically, or reject them for max_queue;
+        ``durable`` waits for a replica to hold them."""
+        script_keys, args = enqueue_arguments(keys, requests, max_queue)
+        with redis_errors(self.url):
+            if not durable:
+                return enqueued(await self._enqueue(keys=script_keys, args=args))
+            reply, replicas = await self._enqueue_and_wait(script_keys, args)
+        if replicas < 1:
+            raise NotReplicated(not_replicated_message(keys, self.url))
+        return enqueued(reply)
+
+    async def _enqueue_and_wait(self, script_keys: list[str], args: list[Any]) -> tuple[Any, int]:
+        """enqueue.lua then ``WAIT 1`` on one connection (WAIT counts the replicas holding this
+        connection's writes): a pipeline, or on a cluster a connection of the shard's master."""
+        if not self._loaded:  # first: after a NOSCRIPT the WAIT would still wait its full time
+            await self.redis.script_load(self._enqueue.script)
+            self._loaded = True
+        evalsha = ("EVALSHA", self._enqueue.sha, len(script_keys), *script_keys, *args)
+        wait = ("WAIT", 1, DURABLE_WAIT_MS)
+        for attempt in (0, 1):
+            try:
+                reply, replicas = await self._send_two(script_keys[0], evalsha, wait)
+            except NoScriptError:
+                if attempt:
+                    raise
+                await self.redis.script_load(self._enqueue.script)
+                continue
+            except redis.ResponseError as e:
+                if error_code(e) not in ("MOVED", "ASK"):
+                    raise
+                await self._refresh_slots()
+                raise redis.ConnectionError(f"the slot of {script_keys[0]} moved: {e}") from None
+            except redis.ConnectionError:
+                await self._refresh_slots()
+                raise
+            return reply, int(replicas)
+        raise AssertionError("unreachable: the second attempt returns or raises")
+
+    async def _send_two(self, key: str, *commands: tuple[Any, ...]) -> list[Any]:
+        if not is_cluster(self.redis):
+            pipe = self.redis.pipeline(transaction=False)
+            for command in commands:
+                pipe.execute_command(*command)
+            out = await pipe.execute(raise_on_error=False)
+            for result in out:
+                if isinstance(result, Exception):
+                    raise result
+            return list(out)
+        node = self.redis.get_node_from_key(key)
+        connection = node.acquire_connection()
+        try:
+            await connection.send_packed_command(connection.pack_commands(commands))
+            return [await connection.read_response() for _ in commands]
+        except BaseException:
+            await connection.disconnect()  # a reply may be left unread on it
+            raise
+        finally:
+            node.release(connection)
+
+    async def _refresh_slots(self) -> None:
+        if is_cluster(self.redis):
+            with contextlib.suppress(redis.RedisError):
+                await self.redis.nodes_manager.initialize()
+
+    async def cancel(self, keys: Keys, stream: str, entry_id: bytes, n: int) -> bool:
+        script_keys, args = cancel_arguments(keys, stream, entry_id, n)
+        with redis_errors(self.url):
+            return bool(await self._cancel(keys=script_keys, args=args))
+
+    async def read_inbox(self, inbox: str, timeout: float) -> list[bytes]:
+        with redis_errors(self.url):
+            return inbox_messages(
+                await self.redis.execute_command(*inbox_command(inbox, timeout))
+            )
+
+    def subscribe(self, channel: str) -> AsyncSubscription:
+        return AsyncSubscription(self.redis, self.url, channel)
+
+    async def alive_workers(self, keys: Keys, within: float) -> int:
+        with redis_errors(self.url):
+            return int(await self.redis.zcount(keys.workers, since_ms(within), "+inf"))
+
+    async def meta(self, keys: Keys) -> dict[str, str]:
+        with redis_errors(self.url):
+            return texts(await self.redis.hgetall(keys.meta))

@@ -1,0 +1,116 @@
+"""Every redis-py error becomes a queueserve error here, for the sync and the async broker.
+
+Transient failures, which a loop rides out with backoff (``queueserve.broker.retry``), become
+``RedisUnavailable``: a lost or timed-out connection, LOADING after a restart, OOM under
+``maxmemory``/noeviction, READONLY and UNBLOCKED while a primary turns into a replica,
+MASTERDOWN, cluster TRYAGAIN/CLUSTERDOWN (and redis-py's cluster exceptions: no node
+reachable, a slot not served), and NOGROUP (a Redis that came back without its data;
+the broker makes the group again where it can). Everything else Redis refuses will be refused
+again, and becomes ``RedisCommandError``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import redis
+from redis import exceptions as rx
+
+from queueserve.broker.urls import redact_url
+from queueserve.errors import QueueServeError, RedisCommandError, RedisUnavailable
+
+# Error codes redis-py leaves as a plain ResponseError whose cause passes.
+TRANSIENT_CODES = frozenset({"UNBLOCKED", "NOGROUP", "LOADING", "MASTERDOWN", "TRYAGAIN",
+                             "CLUSTERDOWN", "OOM", "READONLY", "BUSY"})
+_TRANSIENT_TYPES: tuple[type[Exception], ...] = (
+    rx.OutOfMemoryError, rx.ReadOnlyError, rx.BusyLoadingError, rx.MasterDownError,
+    rx.TryAgainError, rx.ClusterDownError,
+)
+_PIPELINE_PREFIX = "of pipeline caused error: "
+
+_ADVICE = {
+    "NOPERM": "grant the Redis ACL user the commands and keys queueserve uses "
+              "(see docs/usage.md), or use another user",
+    "WRONGTYPE": "a key under queueserve's prefix holds another type: use a prefix no other "
+                 "application writes to, or delete the key",
+    "AUTH": "check the user name and password in the Redis URL",
+    "MOVED": "this Redis is a Redis Cluster node that was not reachable when the client or "
+             "worker started, so it was not detected: use a redis+cluster://host:port URL",
+    "CROSSSLOT": "a command touched keys of several cluster slots; this is a bug: report it "
+                 "with this message",
+    "SCRIPT": "a queueserve Lua script failed; this is a bug or a key of the wrong type: "
+              "report it with this message",
+}
+
+
+def error_code(error: redis.RedisError) -> str:
+    """Redis's error code (``NOGROUP``, ``WRONGTYPE``, ...) of a reply error, or ``""``.
+
+    redis-py strips the code from the message of the errors it has a class for, and prefixes
+    errors raised from a pipeline with the failing command."""
+    code = getattr(error, "status_code", None)
+    if code:
+        return str(code)
+    message = str(error)
+    if _PIPELINE_PREFIX in message:
+        message = message.split(_PIPELINE_PREFIX, 1)[1]
+    word = message.split(" ", 1)[0]
+    return word if word.isupper() else ""
+
+
+def is_transient(error: redis.RedisError) -> bool:
+    if isinstance(error, rx.AuthenticationError):
+        return False
+    if isinstance(error, (redis.ConnectionError, redis.TimeoutError, *_TRANSIENT_TYPES)):
+        return True
+    return error_code(error) in TRANSIENT_CODES
+
+
+def _words(error: redis.RedisError) -> str:
+    """Redis's words, without the arguments redis-py quotes for a failing pipeline command
+    (payloads: large, and not for logs)."""
+    message = str(error)
+    if _PIPELINE_PREFIX not in message:
+        return message
+    head, reply = message.split(_PIPELINE_PREFIX, 1)
+    command = head.partition("(")[2].split(" ", 1)[0].rstrip(")")
+    return f"{command} in a pipeline: {reply}"
+
+
+def translate(error: redis.RedisError, url: str) -> QueueServeError:
+    """The queueserve error for ``error``, naming the (redacted) URL and what to do."""
+    where = f"Redis at {redact_url(url)}"
+    detail = f"{type(error).__name__}: {_words(error)}"
+    if is_transient(error):
+        return RedisUnavailable(
+            f"{where} is unavailable ({detail}): check that it is up, has memory left and is "
+            "a primary"
+        )
+    if isinstance(error, rx.AuthenticationError):
+        advice = _ADVICE["AUTH"]
+    elif isinstance(error, rx.NoPermissionError):
+        advice = _ADVICE["NOPERM"]
+    else:
+        code = error_code(error)
+        script = "script" in str(error).lower() or isinstance(error, rx.NoScriptError)
+        advice = _ADVICE.get(code) or (_ADVICE["SCRIPT"] if script else
+                                       "this will fail again as sent: report it if unexpected")
+    return RedisCommandError(f"{where} refused a command ({detail}): {advice}")
+
+
+@contextlib.contextmanager
+def redis_errors(url: str) -> Iterator[None]:
+    """Turn any redis-py error raised in the block into a queueserve error. Works around
+    ``await`` too: ``with redis_errors(url): await client.get(key)``."""
+    try:
+        yield
+    except redis.RedisError as e:
+        raise translate(e, url) from None
+    except rx.RedisClusterException as e:
+        # Not a RedisError: no node of the cluster reachable, or a slot no master serves
+        # (a failover under way). Both pass.
+        raise RedisUnavailable(
+            f"Redis Cluster at {redact_url(url)} is unavailable ({type(e).__name__}: {e}): "
+            "check that its nodes are up and every slot is served (CLUSTER INFO)"
+        ) from None

@@ -1,0 +1,44 @@
+-- Acknowledge finished requests of one stream: XACK, XDEL, and release their admitted items.
+-- KEYS[1]  P:{S}:in:K     request stream
+-- KEYS[2]  P:{S}:queued   admission counter
+-- KEYS[3]  P:{S}:depth    per batch key admission counter
+-- ARGV[1]  consumer group
+-- ARGV[2]  batch key of the stream
+-- ARGV[3..] runs of entries admitted with the same item count (their 'a' field; 0 for entries
+--           written without enqueue.lua, which never counted): count, number of ids, the ids
+-- An entry already acked (by a worker that reclaimed it, which also deleted it) releases
+-- nothing, so the counter never drops twice for one request; it never drops below zero.
+-- Returns the number of entries this call acked.
+local ids = {}
+local counts = {}
+local total = 0
+local i = 3
+while i <= #ARGV do
+  local n, k = tonumber(ARGV[i]), tonumber(ARGV[i + 1])
+  for j = i + 2, i + 1 + k do
+    ids[#ids + 1] = ARGV[j]
+    counts[#counts + 1] = n
+  end
+  total = total + n * k
+  i = i + 2 + k
+end
+local acked = redis.call('XACK', KEYS[1], ARGV[1], unpack(ids))
+local released = total
+if acked < #ids then
+  -- Rare (a duplicate run): entries acked elsewhere were deleted there too, so the ones still
+  -- in the stream are the ones this call acked.
+  released = 0
+  for j = 1, #ids do
+    if #redis.call('XRANGE', KEYS[1], ids[j], ids[j]) > 0 then
+      released = released + counts[j]
+    end
+  end
+end
+redis.call('XDEL', KEYS[1], unpack(ids))
+if released > 0 then
+  if redis.call('DECRBY', KEYS[2], released) < 0 then redis.call('SET', KEYS[2], 0) end
+  if redis.call('HINCRBY', KEYS[3], ARGV[2], -released) <= 0 then
+    redis.call('HDEL', KEYS[3], ARGV[2])
+  end
+end
+return acked

@@ -1,0 +1,24 @@
+-- Withdraw a request: remove it if no worker has read it yet, else tell the workers.
+-- KEYS[1]  P:{S}:in:K     request stream
+-- KEYS[2]  P:{S}:queued   admission counter
+-- KEYS[3]  P:{S}:cancel   channel the workers listen on (they drop the entry if not yet run)
+-- ARGV[1]  consumer group
+-- ARGV[2]  entry id
+-- ARGV[3]  item count
+-- KEYS[4], ARGV[4]  (optional) P:{S}:depth and the stream's batch key: released there too
+-- Returns 1 when the entry was removed before any delivery (it will never run), 0 when a worker
+-- holds it already (it is dropped unless its batch is running) or it is gone.
+-- No consumer group yet (NOGROUP) means no worker has read anything from this stream.
+local pending = redis.pcall('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1)
+if type(pending) == 'table' and pending.err == nil and #pending > 0 then
+  redis.call('PUBLISH', KEYS[3], KEYS[1] .. '\n' .. ARGV[2])  -- ids are unique per stream only
+  return 0
+end
+if redis.call('XDEL', KEYS[1], ARGV[2]) == 1 then
+  redis.call('DECRBY', KEYS[2], tonumber(ARGV[3]))
+  if KEYS[4] and redis.call('HINCRBY', KEYS[4], ARGV[4], -tonumber(ARGV[3])) <= 0 then
+    redis.call('HDEL', KEYS[4], ARGV[4])
+  end
+  return 1
+end
+return 0

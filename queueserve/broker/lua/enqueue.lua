@@ -1,0 +1,62 @@
+-- Admit and enqueue one or more requests of one serving, atomically, and mark the streams
+-- that now hold unread work as ready, so workers read only those.
+-- KEYS[1]  P:{S}:queued   items admitted and not yet acked
+-- KEYS[2]  P:{S}:seen     zset batch key -> last enqueue (unix ms)
+-- KEYS[3]  P:{S}:meta     serving options declared by workers (field max_queue)
+-- KEYS[4]  P:{S}:ready    zset "<priority><batch key>" of streams with unread entries
+-- KEYS[5]  P:{S}:wake     stream: one entry per stream that became ready (wakes idle workers)
+-- KEYS[6]  P:{S}:depth    hash batch key -> items admitted and not yet acked
+-- KEYS[7..] P:{S}:in:K / P:{S}:pN:K   request streams named by the requests below
+-- ARGV[1]  max_queue to use when KEYS[3] has none (no worker has declared the serving yet);
+--          0 = unlimited
+-- ARGV[2]  consumer group
+-- ARGV[3]  ms of waiting one priority level is worth (ready score = now - priority * this)
+-- ARGV[4]  S, the number of streams: KEYS[7..6+S]
+-- ARGV[5..4+2S]  per stream, in KEYS order: batch key, priority
+-- ARGV[5+2S..] per request, four values: stream number (1 = KEYS[7]), item count, header,
+--           payload
+-- Returns {limit, queued, r1, r2, ...}: ri is the stream entry id, or 0 when request i was
+-- rejected because admitting it would pass max_queue items.
+local limit = tonumber(redis.call('HGET', KEYS[3], 'max_queue') or ARGV[1])
+local queued = tonumber(redis.call('GET', KEYS[1]) or '0')
+local step = tonumber(ARGV[3])
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local admitted = 0
+local per_key = {}
+local registered = {}
+local out = {limit, 0}
+local streams = tonumber(ARGV[4])
+for i = 5 + 2 * streams, #ARGV, 4 do
+  local n = tonumber(ARGV[i + 1])
+  if limit > 0 and queued + admitted + n > limit then
+    out[#out + 1] = 0
+  else
+    local s = tonumber(ARGV[i])
+    local stream = KEYS[6 + s]
+    local key = ARGV[3 + 2 * s]
+    if not registered[s] then
+      registered[s] = true
+      local priority = tonumber(ARGV[4 + 2 * s])
+      if redis.call('ZADD', KEYS[4], 'NX', now - priority * step, priority .. key) == 1 then
+        -- It had nothing unread: it may be new (no group yet; BUSYGROUP is fine) and idle
+        -- workers wait on the wake stream, not on this one.
+        redis.pcall('XGROUP', 'CREATE', stream, ARGV[2], '0', 'MKSTREAM')
+        redis.call('XADD', KEYS[5], 'MAXLEN', '~', 100, '*', 'k', priority .. key)
+      end
+    end
+    -- 'a' records the items admitted, which only the ack of this entry may release
+    out[#out + 1] = redis.call('XADD', stream, '*', 'h', ARGV[i + 2], 'p', ARGV[i + 3], 'a', n)
+    admitted = admitted + n
+    per_key[key] = (per_key[key] or 0) + n
+  end
+end
+if admitted > 0 then
+  redis.call('INCRBY', KEYS[1], admitted)
+  for key, n in pairs(per_key) do
+    redis.call('ZADD', KEYS[2], now, key)
+    redis.call('HINCRBY', KEYS[6], key, n)
+  end
+end
+out[2] = queued + admitted
+return out

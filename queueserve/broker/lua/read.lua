@@ -1,0 +1,103 @@
+-- Read new entries for one consumer from the streams that have unread work, most urgent first.
+-- KEYS[1]  P:{S}:ready    zset "<priority><batch key>" -> rank (lower is read first)
+-- KEYS[2]  P:{S}:active   zset stream -> last read (unix ms): streams reclaim must watch
+-- KEYS[3]  P:{S}:wake     stream a worker blocks on when nothing is ready for it
+-- ARGV[1]  consumer group
+-- ARGV[2]  consumer
+-- ARGV[3]  ms of waiting one priority level is worth
+-- ARGV[4]  items to read in all (the worker's room)
+-- ARGV[5]  items to read per batch key at most (one batch)
+-- Items are counted by each entry's 'a' field (1 for an entry without one), so one read takes
+-- about a batch whatever the size of the requests.
+-- ARGV[6]  name prefix of priority-0 streams, P:{S}:in:
+-- ARGV[7]  name prefix of priority-N streams, P:{S}:p (the stream is P:{S}:pN:K)
+-- ARGV[8..] batch keys not to read: the worker holds a whole batch of each already
+-- Streams are named from the ready set's members: all share the serving's hash tag, so they
+-- live in the slot of KEYS[1].
+-- A stream that gave fewer entries than asked is drained and leaves the ready set (enqueue.lua
+-- adds it back on its next request, atomically, so no request is missed); one that gave all
+-- it was asked is ranked again as if it became ready now: ready keys take turns.
+-- Returns {wake id, skipped, more, left, stream, entries, stream, entries, ...}: the newest
+-- wake entry id (block on the wake stream after it, so a request that comes after this read is
+-- not missed), how many ready streams were skipped (their keys' batches are full), 1 when the
+-- room ran out before every ready stream was looked at (else 0), how many streams it read
+-- from still hold unread entries, and what XREADGROUP returns per stream. With nothing
+-- skipped, no more and none left, the worker may block on the wake stream at once.
+local group, consumer = ARGV[1], ARGV[2]
+local step = tonumber(ARGV[3])
+local budget = tonumber(ARGV[4])
+local per_key = tonumber(ARGV[5])
+local full = {}
+for i = 8, #ARGV do full[ARGV[i]] = true end
+local function items_of(entry)
+  local fields = entry[2]
+  for j = 1, #fields, 2 do
+    if fields[j] == 'a' then return math.max(1, tonumber(fields[j + 1]) or 1) end
+  end
+  return 1
+end
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local last = redis.call('XREVRANGE', KEYS[3], '+', '-', 'COUNT', 1)
+local out = {last[1] and last[1][1] or '0-0', 0, 0, 0}
+local taken = {}
+local drained = {}
+local again = {}
+local start = 0
+while budget > 0 do
+  local members = redis.call('ZRANGE', KEYS[1], start, start + 63)
+  if #members == 0 then break end
+  start = start + 64
+  for _, member in ipairs(members) do
+    local priority = tonumber(string.sub(member, 1, 1))
+    local key = string.sub(member, 2)
+    local want = math.min(per_key - (taken[key] or 0), budget)
+    if full[key] then
+      out[2] = out[2] + 1
+    elseif want > 0 then
+      local stream
+      if priority == 0 then stream = ARGV[6] .. key else stream = ARGV[7] .. priority .. ':' .. key end
+      local entries, items, count, drained_now = {}, 0, 1, false
+      while items < want do
+        local got = redis.pcall('XREADGROUP', 'GROUP', group, consumer, 'COUNT', count,
+                                'STREAMS', stream, '>')
+        if type(got) == 'table' and got.err then  -- the group (or stream) is gone: make it again
+          redis.pcall('XGROUP', 'CREATE', stream, group, '0', 'MKSTREAM')
+          got = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', count,
+                           'STREAMS', stream, '>')
+        end
+        local batch = got and got[1] and got[1][2] or {}
+        for _, entry in ipairs(batch) do
+          entries[#entries + 1] = entry
+          items = items + items_of(entry)
+        end
+        if #batch < count then drained_now = true break end
+        -- as many more entries as the ones read so far say fill the rest
+        count = math.max(1, math.ceil((want - items) * #entries / items))
+      end
+      local n = #entries
+      if not drained_now and n > 0 then  -- read enough: is anything left after the last one?
+        local last = entries[n][1]
+        drained_now = #redis.call('XRANGE', stream, '(' .. last, '+', 'COUNT', 1) == 0
+      end
+      if drained_now then
+        drained[#drained + 1] = member
+      else
+        again[#again + 1] = now - priority * step
+        again[#again + 1] = member
+      end
+      if n > 0 then
+        taken[key] = (taken[key] or 0) + items
+        budget = budget - items
+        out[#out + 1] = stream
+        out[#out + 1] = entries
+        redis.call('ZADD', KEYS[2], now, stream)
+      end
+    end
+  end
+end
+if #drained > 0 then redis.call('ZREM', KEYS[1], unpack(drained)) end
+if #again > 0 then redis.call('ZADD', KEYS[1], 'XX', unpack(again)) end
+if budget <= 0 then out[3] = 1 end
+out[4] = #again / 2
+return out

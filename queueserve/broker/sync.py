@@ -1,0 +1,726 @@
+"""The broker seam: the few Redis operations the client and worker need, and nothing else.
+
+Every redis-py error is turned into a queueserve error here, at one boundary.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass
+from typing import Any, cast
+
+import redis
+from redis.commands.core import Script
+from redis.exceptions import NoScriptError
+
+from queueserve.broker.common import (
+    Enqueued,
+    Request,
+    cancel_arguments,
+    enqueue_arguments,
+    enqueued,
+    inbox_command,
+    inbox_messages,
+    load_script,
+    not_replicated_message,
+    pubsub_data,
+    since_ms,
+    text,
+    texts,
+)
+from queueserve.broker.connect import close, connect, is_cluster
+from queueserve.broker.errors import error_code, redis_errors
+from queueserve.broker.retry import Outage
+from queueserve.broker.urls import redact_url
+from queueserve.errors import NotReplicated, RedisUnavailable
+from queueserve.wire.protocol import (
+    GROUP,
+    MAX_PRIORITY,
+    PRIORITY_AGE_MS,
+    Keys,
+    check_shards,
+    worker_key,
+)
+from queueserve.wire.timing import DURABLE_WAIT_MS
+
+log = logging.getLogger(__name__)
+
+StreamEntries = list[tuple[bytes, dict[bytes, bytes]]]
+
+
+class ReadOutcome:
+    """What one read of the ready streams gave."""
+
+    __slots__ = ("entries", "left", "more", "skipped", "wake_id")
+
+    def __init__(
+        self, wake_id: bytes, skipped: int, more: bool, left: int,
+        entries: list[tuple[str, StreamEntries]],
+    ) -> None:
+        self.wake_id = wake_id  # block on the wake stream after this id when nothing came
+        self.skipped = skipped  # ready streams of keys the worker said were full
+        self.more = more  # the room ran out before every ready stream was looked at
+        self.left = left  # streams read from that still hold unread entries
+        self.entries = entries
+
+    @property
+    def drained(self) -> bool:
+        """Nothing this consumer may read is left: the next read would find only what comes
+        after it, so it can block on the wake stream straight away."""
+        return not (self.skipped or self.more or self.left)
+
+
+def _no_group(error: redis.ResponseError) -> bool:
+    return error_code(error) == "NOGROUP"
+
+
+class Subscription:
+    """Pub/sub channels, read with ``get``; resubscribes by itself after a reconnect.
+
+    After a failure the pub/sub connection is made anew: a cluster's pub/sub client stays
+    bound to the node it picked, which may be the one that died."""
+
+    def __init__(self, client: redis.Redis | redis.RedisCluster, url: str,
+                 *channels: str) -> None:
+        self.url = url
+        self.channels = channels
+        self.confirmed = False  # Redis confirmed the subscription at least once
+        self._client = client
+        self._pubsub: Any = None
+
+    def _subscribed(self) -> Any:
+        if self._pubsub is None:
+            self._pubsub = self._client.pubsub(  # type: ignore[no-untyped-call]
+                ignore_subscribe_messages=False)
+        if not self._pubsub.subscribed:
+            self._pubsub.subscribe(*self.channels)
+        return self._pubsub
+
+    def open(self) -> None:
+        """Subscribe now (``get`` would subscribe on first use)."""
+        with self._renewed_on_failure():
+            self._subscribed()
+
+    def get(self, timeout: float) -> bytes | None:
+        """The next message published, or None after ``timeout`` seconds (or a confirmation)."""
+        with self._renewed_on_failure():
+            confirmation, data = pubsub_data(self._subscribed().get_message(timeout=timeout))
+        self.confirmed = self.confirmed or confirmation
+        return data
+
+    @contextlib.contextmanager
+    def _renewed_on_failure(self) -> Iterator[None]:
+        try:
+            with redis_errors(self.url):
+                yield
+        except RedisUnavailable:
+            self.close()
+            raise
+        except (TypeError, AttributeError, OSError) as e:
+            # redis-py reading a pub/sub connection it has just dropped (its socket gone):
+            # a broken connection like any other, made anew by the next get.
+            self.close()
+            raise RedisUnavailable(
+                f"the pub/sub connection to Redis at {redact_url(self.url)} broke ({e!r})"
+            ) from None
+
+    def close(self) -> None:
+        pubsub, self._pubsub = self._pubsub, None
+        if pubsub is not None:
+            with contextlib.suppress(redis.RedisError, OSError):
+                pubsub.close()
+
+
+def _fields(flat: list[bytes]) -> dict[bytes, bytes]:
+    if len(flat) == 6:  # an entry as enqueue.lua writes it (h, p, a): no slicing
+        return {flat[0]: flat[1], flat[2]: flat[3], flat[4]: flat[5]}
+    return dict(zip(flat[::2], flat[1::2], strict=True))
+
+
+def _read_outcome(out: list[Any]) -> ReadOutcome:
+    entries = [
+        (text(out[i]), [(e[0], _fields(e[1])) for e in out[i + 1]])
+        for i in range(4, len(out), 2)
+    ]
+    return ReadOutcome(out[0], int(out[1]), bool(out[2]), int(out[3]), entries)
+
+
+@dataclass(slots=True)
+class KeyStats:
+    key: str
+    queued_items: int
+    last_seen_ms: int
+    waiting: int = 0  # entries not read by any worker
+    pending: int = 0  # entries read and not acked
+    oldest_age_ms: int = 0  # of the oldest entry still in its streams; 0 = none
+    read: int = 0  # entries the consumer group read so far
+
+
+class RedisBroker:
+    """Stream operations of one Redis deployment."""
+
+    def __init__(
+        self, url: str, *, client: redis.Redis | None = None, owner: str | None = None
+    ) -> None:
+        self.url = url
+        self.redis = client if client is not None else connect(url)
+        # The loops of whoever uses this broker log an outage of it once, under this name.
+        self.outage = Outage(owner or f"Redis at {redact_url(url)}")
+        self._enqueue: Script = self.redis.register_script(load_script("enqueue.lua"))
+        self._ack: Script = self.redis.register_script(load_script("ack.lua"))
+        self._cancel: Script = self.redis.register_script(load_script("cancel.lua"))
+        self._read: Script = self.redis.register_script(load_script("read.lua"))
+        self._sweep: Script = self.redis.register_script(load_script("sweep.lua"))
+        self._replay: Script = self.redis.register_script(load_script("replay.lua"))
+        self._loaded_on: set[int] = set()  # connections enqueue.lua was loaded on (durable)
+
+    def close(self) -> None:
+        close(self.redis)
+
+    # -- producers --------------------------------------------------------------------------
+    def enqueue(
+        self, keys: Keys, requests: Sequence[Request], max_queue: int, *, durable: bool = False
+    ) -> Enqueued:
+        """Admit requests ``(batch_key, n_items, header, payload, priority)`` atomically.
+
+        Returns the limit in force, the queued item count after admission, and per request its
+        stream entry id, or 0 when it was rejected for max_queue. ``durable`` waits until a
+        replica holds them too (NotReplicated when none did within DURABLE_WAIT_MS).
+        """
+        script_keys, args = enqueue_arguments(keys, requests, max_queue)
+        with redis_errors(self.url):
+            if not durable:
+                return enqueued(self._enqueue(keys=script_keys, args=args))
+            reply, replicas = self._enqueue_and_wait(script_keys, args)
+        if replicas < 1:
+            raise NotReplicated(not_replicated_message(keys, self.url))
+        return enqueued(reply)
+
+    def _enqueue_and_wait(self, script_keys: list[str], args: list[Any]) -> tuple[Any, int]:
+        """enqueue.lua then ``WAIT 1``, on one connection: WAIT counts the replicas that hold
+        this connection's writes. On a cluster, that is a connection to the shard's master."""
+        client: Any = self.redis
+        if is_cluster(client):
+            client = client.get_redis_connection(client.get_node_from_key(script_keys[0]))
+        if id(client) not in self._loaded_on:
+            # Loaded first: after a NOSCRIPT the WAIT behind it would still wait its full time.
+            client.script_load(self._enqueue.script)
+            self._loaded_on.add(id(client))
+        for attempt in (0, 1):
+            pipe = client.pipeline(transaction=False)
+            pipe.evalsha(self._enqueue.sha, len(script_keys), *script_keys, *args)
+            pipe.execute_command("WAIT", 1, DURABLE_WAIT_MS)
+            try:
+                reply, replicas = pipe.execute(raise_on_error=False)
+            except redis.ConnectionError:
+                self._refresh_slots()
+                raise
+            if isinstance(reply, NoScriptError) and attempt == 0:
+                client.script_load(self._enqueue.script)
+                continue
+            if isinstance(reply, redis.ResponseError):
+                if error_code(reply) in ("MOVED", "ASK"):
+                    self._refresh_slots()  # the shard's master moved: failover or resharding
+                    raise redis.ConnectionError(f"the slot of {script_keys[0]} moved: {reply}")
+                raise reply
+            break
+        return reply, int(replicas)
+
+    def _refresh_slots(self) -> None:
+        if is_cluster(self.redis):
+            with contextlib.suppress(redis.RedisError):
+                self.redis.nodes_manager.initialize()  # type: ignore[union-attr]
+
+    def cancel(self, keys: Keys, stream: str, entry_id: bytes, n: int) -> bool:
+        script_keys, args = cancel_arguments(keys, stream, entry_id, n)
+        with redis_errors(self.url):
+            return bool(self._cancel(keys=script_keys, args=args))
+
+    def read_inbox(self, inbox: str, timeout: float) -> list[bytes]:
+        with redis_errors(self.url):
+            return inbox_messages(
+                self.redis.execute_command(*inbox_command(inbox, timeout))  # type: ignore[no-untyped-call]
+            )
+
+    def wake_inbox(self, inbox: str) -> None:
+        """Make a blocked ``read_inbox`` return (an empty message, which readers skip)."""
+        with redis_errors(self.url):
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.rpush(inbox, b"")
+            pipe.pexpire(inbox, 1000)
+            pipe.execute()
+
+    def subscribe(self, *channels: str) -> Subscription:
+        return Subscription(self.redis, self.url, *channels)
+
+    def alive_workers(self, keys: Keys, within: float) -> int:
+        with redis_errors(self.url):
+            return int(self.redis.zcount(keys.workers, since_ms(within), "+inf"))
+
+    def meta(self, keys: Keys) -> dict[str, str]:
+        with redis_errors(self.url):
+            return texts(self.redis.hgetall(keys.meta))
+
+    # -- consumers --------------------------------------------------------------------------
+    def ensure_group(self, stream: str) -> None:
+        """Create the consumer group at the start of the stream, so nothing queued is missed."""
+        with redis_errors(self.url):
+            try:
+                self.redis.xgroup_create(stream, GROUP, id="0", mkstream=True)
+            except redis.ResponseError as e:
+                if "BUSYGROUP" not in str(e):
+                    raise
+
+    def adopt_legacy_keys(self, keys: Keys) -> None:
+        """Move batch keys from the set older versions kept (never forgotten) into ``seen``,
+        as seen now: they are forgotten in their turn if they stay idle."""
+        with redis_errors(self.url):
+            old = cast(set[bytes], self.redis.smembers(keys.keys))
+            if old:
+                now_ms = int(time.time() * 1000)
+                pipe = self.redis.pipeline(transaction=False)
+                pipe.zadd(keys.seen, dict.fromkeys(old, now_ms), nx=True)
+                pipe.delete(keys.keys)
+                pipe.execute()
+
+    def read_ready(
+        self, keys: Keys, consumer: str, budget: int, per_key: int, full: Sequence[str]
+    ) -> ReadOutcome:
+        """New entries for ``consumer`` from the streams that have unread work, most urgent
+        first (read.lua): about ``budget`` items, ``per_key`` per batch key, none of the
+        batch keys in ``full``. Idle keys are not touched."""
+        keys_, args = self._read_arguments(keys, consumer, budget, per_key, full)
+        with redis_errors(self.url):
+            out = self._read(keys=keys_, args=args)
+        return _read_outcome(out)
+
+    def wait_then_read(
+        self, keys: Keys, after: bytes, block_ms: int, consumer: str, budget: int,
+        per_key: int, full: Sequence[str],
+    ) -> ReadOutcome:
+        """Block until a stream of the serving becomes ready after wake id ``after`` (or
+        ``block_ms`` passed), then ``read_ready``: one round trip. Redis runs a connection's
+        next command only once its blocking command returned, so the read starts the moment
+        work arrives, and an idle worker's answer costs one wake-up instead of a wake-up and
+        another round trip."""
+        keys_, args = self._read_arguments(keys, consumer, budget, per_key, full)
+        with redis_errors(self.url):
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.xread({keys.wake: after}, count=1, block=block_ms)
+            pipe.evalsha(self._read.sha, len(keys_), *keys_, *args)
+            _, out = pipe.execute(raise_on_error=False)
+            if isinstance(out, NoScriptError):  # Redis restarted or flushed its scripts
+                out = self._read(keys=keys_, args=args)
+            elif isinstance(out, Exception):
+                raise out
+        return _read_outcome(out)
+
+    @staticmethod
+    def _read_arguments(
+        keys: Keys, consumer: str, budget: int, per_key: int, full: Sequence[str]
+    ) -> tuple[list[str], list[Any]]:
+        stream_prefix, priority_prefix = keys.stream_prefixes
+        return [keys.ready, keys.active, keys.wake], [
+            GROUP, consumer, PRIORITY_AGE_MS, budget, per_key, stream_prefix, priority_prefix,
+            *full,
+        ]
+
+    def sweep(
+        self, keys: Keys, idle_ttl_ms: int, declared: Sequence[str], chunk: int = 200
+    ) -> tuple[int, int]:
+        """Mark streams with unread entries ready, forget keys idle past ``idle_ttl_ms`` that
+        hold nothing (sweep.lua), over every known key, ``chunk`` keys per script call.
+        Returns (keys forgotten, streams marked ready)."""
+        stream_prefix, priority_prefix = keys.stream_prefixes
+        start = forgotten = marked = 0
+        while True:
+            with redis_errors(self.url):
+                looked, gone, new = self._sweep(
+                    keys=[keys.seen, keys.ready, keys.active, keys.depth, keys.wake],
+                    args=[GROUP, PRIORITY_AGE_MS, idle_ttl_ms, stream_prefix, priority_prefix,
+                          start, chunk, *(declared if start == 0 else ())],
+                )
+            forgotten += int(gone)
+            marked += int(new)
+            if int(looked) < chunk:
+                return forgotten, marked
+            start += int(looked) - int(gone)
+
+    def active_streams(self, keys: Keys) -> list[str]:
+        """Streams read from lately: the only ones that may hold pending entries."""
+        with redis_errors(self.url):
+            return [text(s) for s in cast(list[bytes], self.redis.zrange(keys.active, 0, -1))]
+
+    def pending_by_stream(self, streams: Sequence[str]) -> dict[str, list[tuple[str, int]]]:
+        """Per stream, the consumers holding unacked entries and how many: one round trip."""
+        if not streams:
+            return {}
+        with redis_errors(self.url):
+            pipe = self.redis.pipeline(transaction=False)
+            for stream in streams:
+                pipe.xpending(stream, GROUP)
+            out = pipe.execute(raise_on_error=False)
+        return {
+            stream: [(text(c["name"]), int(c["pending"])) for c in summary.get("consumers") or []]
+            for stream, summary in zip(streams, out, strict=True)
+            if isinstance(summary, dict)
+        }
+
+    def read(
+        self, consumer: str, streams: Sequence[str], count: int, block_ms: int
+    ) -> list[tuple[bytes, StreamEntries]]:
+        """New entries for ``consumer`` from ``streams``, blocking up to ``block_ms``.
+
+        A Redis that came back without its data (no persistence, a failover to an empty
+        replica, a deleted stream) has lost the consumer groups: they are made again."""
+        with redis_errors(self.url):
+            try:
+                out = self.redis.xreadgroup(
+                    GROUP, consumer, dict.fromkeys(streams, ">"), count=count, block=block_ms
+                )
+            except redis.ResponseError as e:
+                if not _no_group(e):
+                    raise
+                log.warning("consumer group missing on %s (%s): creating it again",
+                            redact_url(self.url), e)
+                for stream in streams:
+                    self.ensure_group(stream)
+                return []
+        return cast(list[tuple[bytes, StreamEntries]], out or [])
+
+    def reply_and_ack(
+        self,
+        keys: Keys,
+        replies: Mapping[str, list[bytes]],
+        acks: Mapping[str, Mapping[int, list[bytes]]],
+        inbox_ttl_ms: int,
+        events: Sequence[tuple[str, bytes]] = (),
+    ) -> None:
+        """Publish streamed events, push replies to client inboxes, then ack finished entries:
+        one round trip, in that order (a batch's events precede its replies).
+
+        Replies go before acks: a worker dying between the two re-runs the request, and the
+        client drops the duplicate answer.
+        """
+
+        def send() -> list[Exception]:
+            pipe = self.redis.pipeline(transaction=False)
+            for channel, message in events:
+                pipe.execute_command("PUBLISH", channel, message)  # as EVALSHA below
+            for inbox, messages in replies.items():
+                for message in messages:  # one command each: a command's size is bounded too
+                    pipe.rpush(inbox, message)
+                pipe.pexpire(inbox, inbox_ttl_ms)
+            # EVALSHA directly: redis-py's Script in a pipeline asks SCRIPT EXISTS on every
+            # execute, one more round trip per batch. As a plain command: a cluster pipeline
+            # refuses evalsha() by name, yet routes EVALSHA by its keys.
+            for stream, runs in acks.items():
+                shard = keys.shard_of(stream)
+                args: list[Any] = [GROUP, shard.batch_key_of(stream)]
+                for admitted, ids in runs.items():  # entries admitted with the same count
+                    args += (admitted, len(ids), *ids)
+                pipe.execute_command("EVALSHA", self._ack.sha, 3, stream, shard.queued,
+                                     shard.depth, *args)
+            return [r for r in pipe.execute(raise_on_error=False) if isinstance(r, Exception)]
+
+        with redis_errors(self.url):
+            failures = send()
+            if any(isinstance(f, NoScriptError) for f in failures):
+                # Redis restarted or flushed its scripts: load, send again; the replies go
+                # twice and the clients keep the first of each.
+                self.redis.script_load(self._ack.script)
+                failures = send()
+            for failure in failures:
+                if not str(failure).startswith("WRONGTYPE"):
+                    raise failure
+                # Someone made an inbox key another type: that caller cannot be answered, and
+                # retrying would hold every later reply behind it.
+                log.warning("a reply could not be delivered and was dropped: %s", failure)
+
+    def alive_consumers(self, keys: Keys, within: float) -> set[str]:
+        with redis_errors(self.url):
+            raw = self.redis.zrangebyscore(keys.workers, since_ms(within), "+inf")
+        return {text(c) for c in cast(list[bytes], raw)}
+
+    def pending_consumers(self, stream: str) -> list[tuple[str, int]]:
+        """Consumers of ``stream`` holding unacked entries, with how many. A group lost with
+        Redis's data is made again: nothing is pending in it."""
+        with redis_errors(self.url):
+            try:
+                summary = self.redis.xpending(stream, GROUP)
+            except redis.ResponseError as e:
+                if not _no_group(e):
+                    raise
+                self.ensure_group(stream)
+                return []
+        return [(text(c["name"]), int(c["pending"])) for c in summary.get("consumers") or []]
+
+    def claim(
+        self, stream: str, owner: str, claimer: str, min_idle_ms: int, count: int,
+        skip: AbstractSet[bytes] = frozenset(),
+    ) -> list[tuple[bytes, dict[bytes, bytes], int]]:
+        """Move up to ``count`` of ``owner``'s entries idle for ``min_idle_ms`` to ``claimer``.
+
+        Returns (entry id, fields, times delivered so far). The claim does not count as a
+        delivery (JUSTID): only running a redelivered entry does (``count_delivery``), so
+        requests that merely sat beside a crasher are not blamed for its crashes. Entries
+        deleted meanwhile (cancelled) leave the pending list without being returned. Two
+        claimers racing never both get an entry: the claim resets its idle time.
+        """
+        with redis_errors(self.url):
+            try:
+                pending = self.redis.xpending_range(
+                    stream, GROUP, min="-", max="+", count=count, consumername=owner,
+                    idle=min_idle_ms,
+                )
+            except redis.ResponseError as e:
+                if not _no_group(e):
+                    raise
+                return []  # the group went with Redis's data: nobody holds anything
+            if not pending:
+                return []
+            deliveries = {
+                p["message_id"]: int(p["times_delivered"])
+                for p in pending
+                if p["message_id"] not in skip
+            }
+            if not deliveries:
+                return []
+            claimed = cast(list[bytes], self.redis.xclaim(
+                stream, GROUP, claimer, min_idle_ms, list(deliveries), justid=True
+            ))
+            pipe = self.redis.pipeline(transaction=False)
+            for entry_id in claimed:
+                pipe.xrange(stream, entry_id, entry_id)
+            found = pipe.execute()
+        return [
+            (entry[0][0], entry[0][1], deliveries.get(entry[0][0], 1))
+            for entry in found
+            if entry
+        ]
+
+    def count_delivery(self, stream: str, consumer: str, entry_id: bytes) -> None:
+        """Count one more delivery of an entry this consumer is about to run."""
+        with redis_errors(self.url):
+            try:
+                self.redis.xclaim(stream, GROUP, consumer, 0, [entry_id])
+            except redis.ResponseError as e:
+                if not _no_group(e):  # no group, no count: the entry is gone with it
+                    raise
+
+    def consumers(self, stream: str) -> list[tuple[str, int, int]]:
+        """(name, pending, idle ms) of every consumer in the stream's group."""
+        with redis_errors(self.url):
+            try:
+                info = self.redis.xinfo_consumers(stream, GROUP)
+            except redis.ResponseError as e:
+                if not _no_group(e):
+                    raise
+                return []
+        return [(text(c["name"]), int(c["pending"]), int(c["idle"])) for c in info]
+
+    def forget_consumer(self, stream: str, consumer: str) -> None:
+        with redis_errors(self.url):
+            self.redis.xgroup_delconsumer(stream, GROUP, consumer)
+
+    def queue_depths(self, keys_list: Sequence[Keys]) -> list[tuple[Keys, str, int, int]]:
+        """(serving keys, batch key, stream length, pending) for every stream of the servings.
+
+        Acked entries are deleted, so length - pending is what waits to be read."""
+        levels = MAX_PRIORITY + 1
+        with redis_errors(self.url):
+            known = [
+                (keys, text(k))
+                for keys in keys_list
+                for k in sorted(cast(list[bytes], self.redis.zrange(keys.seen, 0, -1)))
+            ]
+            pipe = self.redis.pipeline(transaction=False)
+            for keys, key in known:
+                for stream in keys.streams(key):
+                    pipe.xlen(stream)
+                    pipe.xpending(stream, GROUP)
+            out = pipe.execute(raise_on_error=False)
+        result = []
+        for i, (keys, key) in enumerate(known):
+            length = held = 0
+            for j in range(2 * levels * i, 2 * levels * (i + 1), 2):
+                length += out[j] if isinstance(out[j], int) else 0
+                held += out[j + 1]["pending"] if isinstance(out[j + 1], dict) else 0
+            result.append((keys, key, int(length), int(held)))
+        return result
+
+    def servings(self, prefix: str) -> list[str]:
+        """Names of the servings any worker ever declared under ``prefix``."""
+        names = set()
+        with redis_errors(self.url):
+            for key in self.redis.scan_iter(match=f"{prefix}:{{*}}:meta", count=500):
+                name = text(key)
+                names.add(name[name.index("{") + 1 : name.rindex("}")])
+        return sorted(names)
+
+    def key_stats(self, keys: Keys) -> list[KeyStats]:
+        """Per known batch key: items queued, entries waiting and pending, the oldest entry's
+        age, when it was last enqueued to, and entries its group has read (all priorities)."""
+        levels = MAX_PRIORITY + 1
+        now_ms = int(time.time() * 1000)
+        with redis_errors(self.url):
+            seen = cast(list[tuple[bytes, float]],
+                        self.redis.zrange(keys.seen, 0, -1, withscores=True))
+            depth = {text(k): int(v) for k, v in self.redis.hgetall(keys.depth).items()}
+            pipe = self.redis.pipeline(transaction=False)
+            for raw, _ in seen:
+                for stream in keys.streams(text(raw)):
+                    pipe.xlen(stream)
+                    pipe.xinfo_groups(stream)
+                    pipe.xrange(stream, "-", "+", count=1)
+            out = pipe.execute(raise_on_error=False)
+        stats = []
+        for i, (raw_key, last_seen) in enumerate(seen):
+            name = text(raw_key)
+            row = KeyStats(name, depth.get(name, 0), last_seen_ms=int(last_seen))
+            for j in range(3 * levels * i, 3 * levels * (i + 1), 3):
+                length, groups, first = out[j], out[j + 1], out[j + 2]
+                if not isinstance(length, int) or not length:
+                    continue
+                group = next((g for g in groups if text(g["name"]) == GROUP), None) if (
+                    isinstance(groups, list)) else None
+                pending = int(group["pending"]) if group else 0
+                row.pending += pending
+                row.waiting += length - pending
+                row.read += int(group.get("entries-read") or 0) if group else 0
+                if isinstance(first, list) and first:
+                    born = int(text(first[0][0]).split("-")[0])
+                    row.oldest_age_ms = max(row.oldest_age_ms, now_ms - born)
+            stats.append(row)
+        return stats
+
+    def shards(self, keys: Keys) -> list[Keys]:
+        """Every shard of a serving, shard 0 first, as its workers declared (``shards`` in its
+        meta hash; shard 0 alone when none did, or when the field is not a valid count)."""
+        with redis_errors(self.url):
+            raw = self.redis.hget(keys.meta, "shards")
+        try:
+            count = check_shards(int(text(raw))) if raw else 1
+        except ValueError:
+            log.warning("serving %s: ignored shards=%r in its meta hash", keys.name, raw)
+            count = 1
+        return keys.sharded(count)
+
+    def summed_key_stats(self, shards: Sequence[Keys]) -> list[KeyStats]:
+        """``key_stats`` of every shard, summed per batch key (ages: the oldest, last seen:
+        the latest)."""
+        rows: dict[str, KeyStats] = {}
+        for keys in shards:
+            for row in self.key_stats(keys):
+                total = rows.setdefault(row.key, KeyStats(row.key, 0, 0))
+                total.queued_items += row.queued_items
+                total.last_seen_ms = max(total.last_seen_ms, row.last_seen_ms)
+                total.waiting += row.waiting
+                total.pending += row.pending
+                total.oldest_age_ms = max(total.oldest_age_ms, row.oldest_age_ms)
+                total.read += row.read
+        return list(rows.values())
+
+    def dead_letter_depths(self, keys_list: Sequence[Keys]) -> list[tuple[Keys, int]]:
+        with redis_errors(self.url):
+            pipe = self.redis.pipeline(transaction=False)
+            for keys in keys_list:
+                pipe.xlen(keys.dead)
+            return list(zip(keys_list, (int(n) for n in pipe.execute()), strict=True))
+
+    def ping(self) -> bool:
+        try:
+            with redis_errors(self.url):
+                return bool(self.redis.ping())
+        except RedisUnavailable:
+            return False
+
+    def dead_letter(
+        self, keys: Keys, stream: str, entry_id: bytes, record: Mapping[str, Any],
+        *, ack_now: bool,
+    ) -> None:
+        """Copy an entry to the dead-letter stream of its shard with why (``record``).
+
+        ``ack_now`` acks and deletes the entry here, for entries nobody can be answered for;
+        otherwise the replier acks it after telling the caller.
+        """
+        fields: dict[Any, Any] = {
+            "stream": stream, "entry_id": entry_id, "at_ms": int(time.time() * 1000), **record
+        }
+        with redis_errors(self.url):
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.xadd(keys.shard_of(stream).dead, fields)  # the stream's shard: one slot
+            if ack_now:
+                pipe.xack(stream, GROUP, entry_id)
+                pipe.xdel(stream, entry_id)
+            pipe.execute()
+
+    def dead_letters(
+        self, keys: Keys, start: str, end: str, limit: int
+    ) -> list[tuple[bytes, dict[bytes, bytes]]]:
+        """Records of the serving's dead-letter stream from ``start`` to ``end`` (ids)."""
+        with redis_errors(self.url):
+            raw = self.redis.xrange(keys.dead, start, end, count=limit)
+        return cast(list[tuple[bytes, dict[bytes, bytes]]], raw or [])
+
+    def replay_dead_letter(
+        self, keys: Keys, dead_id: str, stream: str, header: bytes, payload: bytes, n: int
+    ) -> str | None:
+        """Queue a dead letter's request again and drop the record, atomically; returns the
+        new entry id, or None when the record is gone (replayed or dropped meanwhile)."""
+        with redis_errors(self.url):
+            new_id = self._replay(
+                keys=[keys.dead, stream, keys.queued], args=[dead_id, header, payload, n]
+            )
+        return text(new_id) if new_id else None
+
+    def drop_dead_letter(self, keys: Keys, dead_id: str) -> bool:
+        with redis_errors(self.url):
+            return bool(self.redis.xdel(keys.dead, dead_id))
+
+    def config(self, keys: Keys) -> dict[str, str]:
+        with redis_errors(self.url):
+            return texts(self.redis.hgetall(keys.config))
+
+    def set_config(self, keys: Keys, options: Mapping[str, Any]) -> None:
+        """Store run-time overrides, and show them in the declared options at once."""
+        fields: dict[Any, Any] = {k: str(v) for k, v in options.items()}
+        with redis_errors(self.url):
+            pipe = self.redis.pipeline(transaction=True)
+            pipe.hset(keys.config, mapping=fields)
+            pipe.hset(keys.meta, mapping=fields)
+            pipe.execute()
+
+    def declare(self, keys: Keys, options: Mapping[str, Any]) -> None:
+        """Publish a serving's options (clients read codec and max_queue from them)."""
+        with redis_errors(self.url):
+            self.redis.hset(keys.meta, mapping={k: str(v) for k, v in options.items()})
+
+    def heartbeat(
+        self, keys_list: Sequence[Keys], consumer: str, ttl_ms: int, info: Mapping[str, str | int]
+    ) -> None:
+        """Say ``consumer`` is alive, per serving, and refresh its registry record."""
+        now_ms = int(time.time() * 1000)
+        record = worker_key(keys_list[0].prefix, consumer)
+        with redis_errors(self.url):
+            pipe = self.redis.pipeline(transaction=False)
+            fields: dict[Any, Any] = {**info, "heartbeat_ms": now_ms}
+            pipe.hset(record, mapping=fields)
+            pipe.pexpire(record, ttl_ms)
+            for keys in keys_list:
+                pipe.zadd(keys.workers, {consumer: now_ms})
+                pipe.zremrangebyscore(keys.workers, "-inf", now_ms - ttl_ms)
+                pipe.pexpire(keys.workers, ttl_ms)
+            pipe.execute()
+
+    def leave(self, keys_list: Sequence[Keys], consumer: str) -> None:
+        with redis_errors(self.url):
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.delete(worker_key(keys_list[0].prefix, consumer))
+            for keys in keys_list:
+                pipe.zrem(keys.workers, consumer)
+            pipe.execute()

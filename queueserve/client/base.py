@@ -1,0 +1,529 @@
+"""What the sync and async clients share, without I/O: naming, request planning, map windows,
+stream event pacing, reply delivery and error wording (as httpx shares ``BaseClient``).
+
+Each client module keeps only its I/O: sending through its broker, waiting on its kind of
+queue or future, and its threads or tasks.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from itertools import islice
+from typing import Any, Generic, TypeVar
+
+from queueserve.broker.urls import redact_url
+from queueserve.client.calls import Call, CallTable, outcome
+from queueserve.client.events import RequestStream
+from queueserve.client.progress import Progress, ProgressCallback, total_of
+from queueserve.errors import BadRequest, Cancelled, QueueFull, QueueServeError, RedisUnavailable
+from queueserve.hooks import Event
+from queueserve.serving import Serving
+from queueserve.settings import Settings, check_redis_url, check_timeout
+from queueserve.wire import protocol as P
+from queueserve.wire.codec import Codec, get_codec
+from queueserve.wire.messages import encode_request
+from queueserve.wire.timing import ALIVE_WITHIN_S, RECONNECT_WITHIN_S
+
+log = logging.getLogger("queueserve.client")
+
+# How long a stream waits, after a request's answer, for events the answer says were sent.
+STREAM_GRACE = 0.5
+INBOX_BLOCK_S = 1.0  # a blocked inbox read returns this often, so a closed client is seen
+# How long a call waits before the client asks whether any worker serves it (and warns if not).
+UNSERVED_WARN_AFTER = 10.0
+
+
+ServingRef = str | Serving
+
+
+@dataclass(slots=True)
+class Target:
+    """Where and how requests to one serving go."""
+
+    keys: P.Keys
+    codec: Codec
+    serving: Serving | None  # given when the caller passed the Serving object
+    max_queue: int  # admission limit to use until a worker has declared the serving
+    max_payload_bytes: int | None  # known from the Serving object or the workers' declaration
+    batch_size: int | None = None  # likewise; a streamed request holds at most this many items
+    hooks: bool = False  # the serving streams hook events: its requests are never split
+    durable: bool = False  # each enqueue waits for a replica (the serving's durable option)
+    # The serving's shards, shard 0 first; requests take turns over them (see ``next_shard``).
+    shards: list[P.Keys] = field(default_factory=list)
+    _turn: int = 0
+
+    def set_shards(self, count: int) -> None:
+        """Spread requests over ``count`` shards, starting at a random one: many clients
+        that each start at shard 0 would load it most in short bursts."""
+        if count != len(self.shards):
+            self.shards = self.keys.sharded(count)
+            self._turn = random.randrange(count)
+
+    def next_shard(self) -> P.Keys:
+        """Round-robin over the shards, one turn per send: no round trip to learn queue depths
+        (least-loaded would cost one per send), and every worker reads every shard, so a
+        turn never waits on a shard without workers."""
+        if len(self.shards) <= 1:
+            return self.keys
+        self._turn = (self._turn + 1) % len(self.shards)
+        return self.shards[self._turn]
+
+    def check_payload(self, payload: bytes, n: int) -> None:
+        """Refuse, before sending, a payload the workers would refuse."""
+        if self.hooks and self.batch_size is not None and n > self.batch_size:
+            raise BadRequest(
+                f"serving {self.keys.name!r} streams events, so a request always runs in one "
+                f"batch; this one has {n} items, more than batch_size={self.batch_size}: send "
+                "smaller requests, or use client.stream, which chunks them"
+            )
+        limit = self.max_payload_bytes
+        if limit is not None and len(payload) > limit:
+            raise BadRequest(
+                f"request of {n} items encodes to {len(payload)} bytes, over max_payload_bytes="
+                f"{limit} of serving {self.keys.name!r}; send fewer or smaller items"
+            )
+
+
+@dataclass(slots=True)
+class Part:
+    """Items of one request: the caller's positions and the batch key they share."""
+
+    batch_key: str
+    positions: list[int] | None  # None = all items, in order
+    items: list[Any]
+
+
+class UnservedWatch:
+    """Tells, once per serving per client, that a call is waiting on a serving no live worker
+    serves: without a timeout such a call would otherwise wait in silence for ever."""
+
+    def __init__(self, url: str, prefix: str) -> None:
+        self.after = UNSERVED_WARN_AFTER
+        self._url = url
+        self._prefix = prefix
+        self._warned: set[str] = set()
+        self._lock = threading.Lock()
+
+    def first_wait(self, serving: str, limit: float | None) -> float | None:
+        """How long to wait before asking whether a worker is alive; None: do not ask (warned
+        already, or the call's own limit comes first)."""
+        if serving in self._warned or (limit is not None and limit <= self.after):
+            return None
+        return self.after
+
+    def check(self, target: Target, alive: int | None) -> None:
+        """Warn when ``alive`` (workers with a recent heartbeat; None: Redis did not say) is 0."""
+        name = target.keys.name
+        with self._lock:
+            if alive != 0 or name in self._warned:
+                return
+            self._warned.add(name)
+        url = redact_url(self._url)
+        prefix = "" if self._prefix == "qs" else f" --prefix {self._prefix}"
+        log.warning(
+            "serving %r: a call has waited %gs and no worker is alive for it (none sent a "
+            "heartbeat in the last %gs) on Redis %s, prefix %r. Start one with `queueserve "
+            "worker module:attr --redis-url %s%s`; the call keeps waiting (pass timeout= or set "
+            "QUEUESERVE_DEFAULT_TIMEOUT to bound calls)",
+            name, self.after, ALIVE_WITHIN_S, url, self._prefix, url, prefix,
+        )
+
+
+class ClientBase:
+    def __init__(self, url: str | None, prefix: str | None, codec: str | None = None) -> None:
+        settings = Settings()
+        # The codec a caller trusts for servings it names (None: msgpack only). Redis cannot
+        # choose it: a codec read from a serving's meta hash was written by whoever can write
+        # to Redis, and decoding pickle runs code.
+        self.trusted_codec = None if codec is None else get_codec(codec).name
+        self.url = check_redis_url(url or settings.redis_url)
+        self.prefix = prefix or settings.prefix
+        self.default_timeout = settings.default_timeout
+        self.unserved = UnservedWatch(self.url, self.prefix)
+        self.client_id = uuid.uuid4().hex[:16]
+        self.inbox = P.inbox_key(self.prefix, self.client_id)
+        self.table = CallTable()
+        self.events_channel = P.events_channel(self.prefix, self.client_id)
+        self._targets: dict[str, Target] = {}
+
+    def timeout_for(self, timeout: float | None) -> float | None:
+        """The call's timeout, checked (a mistake is reported now, not as a Timeout later);
+        QUEUESERVE_DEFAULT_TIMEOUT when the call gives none."""
+        checked = check_timeout(timeout)
+        return self.default_timeout if checked is None else checked
+
+    @property
+    def shown_url(self) -> str:
+        """The Redis URL as it may appear in logs and messages: without its password."""
+        return redact_url(self.url)
+
+    @property
+    def owner(self) -> str:
+        return f"queueserve client {self.client_id}"
+
+    def closed_error(self, kind: str) -> QueueServeError:
+        return QueueServeError(f"this client is closed; create a new qs.{kind}")
+
+    def meta_keys(self, serving: ServingRef) -> P.Keys | None:
+        """Keys whose meta hash to read before ``remember``: None when a serving object (or
+        a cached name) says all there is to know."""
+        return P.Keys(self.prefix, serving) if isinstance(serving, str) else None
+
+    def request(
+        self, target: Target, part: Part, deadline: float | None, priority: int = 0,
+        streamed: bool = False, reply_to: str | None = None,
+    ) -> Outgoing:
+        """A new call for ``part``, encoded and checked; what the sender sends. Its answer
+        goes to the client's inbox, or to ``reply_to`` (a caller's own inbox)."""
+        call = self.table.new(len(part.items), target.keys, part.batch_key, priority)
+        call.deadline = deadline
+        header, payload = encode_request(
+            target.codec, call.rid, part.items, reply_to or self.inbox, deadline,
+            self.events_channel if streamed else "", priority,
+        )
+        try:
+            target.check_payload(payload, call.n)
+        except BadRequest:
+            self.table.forget(call)
+            raise
+        return (target, part.batch_key, call, header, payload)
+
+    def streamed_request(
+        self, target: Target, offset: int, part: Part, deadline: float | None,
+        put: Callable[[Any], object], priority: int = 0,
+    ) -> tuple[RequestStream, Outgoing]:
+        """A request of ``stream``: its events and its end (None) go to ``put``."""
+        outgoing = self.request(target, part, deadline, priority, streamed=True)
+        call = outgoing[2]
+
+        def on_event(seq: int, body: list[Any]) -> None:
+            put((seq, body))
+
+        def on_done(_call: Call) -> None:
+            put(None)
+
+        call.on_event, call.on_done = on_event, on_done
+        self.table.streamed[call.rid] = call
+        return RequestStream(call, offset), outgoing
+
+    def own_inbox(self, thread_id: int) -> str:
+        """An inbox of this client that only one thread reads: a lone ``dispatch`` waits on
+        it itself, so its answer wakes the caller directly, not the inbox reader first."""
+        return f"{self.inbox}.{thread_id}"
+
+    def cancel_call(self, call: Call) -> bool:
+        """Fail a pending call with Cancelled; False when it had finished already. The
+        caller then withdraws it from the outbox or from its stream."""
+        if call.state != "pending":
+            return False
+        self.table.forget(call)
+        call.fail(Cancelled(f"request {self.client_id}-{call.rid} was cancelled"))
+        call.state = "cancelled"
+        return True
+
+    def fail_batch(self, batch: list[Outgoing], error: QueueServeError) -> None:
+        for _, _, call, _, _ in batch:
+            self.table.forget(call)
+            call.fail(error)
+
+    def deliver(self, messages: list[bytes]) -> None:
+        """Apply replies read from the inbox; a bad one is logged and dropped."""
+        for message in messages:
+            if not message:  # the wake-up pushed by close()
+                continue
+            try:
+                self.table.deliver(message)
+            except Exception:
+                log.exception("dropped an undecodable reply in %s", self.inbox)
+
+    def deliver_event(self, data: bytes | None) -> None:
+        if data is None:
+            return
+        try:
+            self.table.deliver_event(data)
+        except Exception:
+            log.exception("dropped an undecodable event on %s", self.events_channel)
+
+    def subscribe_failed(self) -> QueueServeError:
+        return RedisUnavailable(
+            f"could not subscribe to this client's event channel on Redis at {self.shown_url} "
+            f"within {RECONNECT_WITHIN_S:g}s; check that Redis is up"
+        )
+
+    def cached(self, serving: ServingRef) -> Target | None:
+        return self._targets.get(serving) if isinstance(serving, str) else None
+
+    def remember(self, serving: ServingRef, meta: dict[str, str]) -> Target:
+        """The target for ``serving``, given the options its workers declared (maybe none)."""
+        target = self._target_for(serving, meta.get("codec"))
+        if target.serving is not None:
+            target.batch_size = target.serving.batch_size
+            target.hooks = target.serving.hooks is not None
+            target.durable = target.serving.durable
+            target.set_shards(target.serving.shards)
+        elif meta:
+            target.max_payload_bytes = int(meta.get("max_payload_bytes") or 0) or None
+            target.batch_size = int(meta.get("batch_size") or 0) or None
+            target.hooks = meta.get("streaming") == "True"
+            target.durable = meta.get("durable") == "True"
+            target.set_shards(_shards_of(meta))
+        if isinstance(serving, str) and "codec" in meta:
+            self._targets[serving] = target
+        self.table.accept(target.codec)
+        return target
+
+    def _target_for(self, serving: ServingRef, meta_codec: str | None) -> Target:
+        if isinstance(serving, Serving):
+            return Target(
+                P.Keys(self.prefix, serving.name),
+                get_codec(serving.codec),
+                serving,
+                serving.max_queue,
+                serving.max_payload_bytes,
+            )
+        if not isinstance(serving, str):
+            raise TypeError(f"serving must be a name or a qs.Serving, got {serving!r}")
+        codec = meta_codec or "msgpack"
+        if codec != "msgpack" and codec != self.trusted_codec:
+            raise BadRequest(
+                f"serving {serving!r} is declared with codec {codec!r} in Redis, which a client "
+                "does not take on trust when it names a serving: anyone who can write to Redis "
+                f"could have set it, and decoding {codec} can run code. Pass the qs.Serving "
+                f"object to dispatch, or create the client with codec={codec!r} if you trust "
+                "every writer of this Redis"
+            )
+        return Target(P.Keys(self.prefix, serving), get_codec(codec), None, 0, None)
+
+    @staticmethod
+    def priority(value: object) -> int:
+        """``priority=`` of a dispatch method, checked before anything is sent."""
+        return P.check_priority(value)
+
+    @staticmethod
+    def plan(target: Target, items: list[Any], batch_key: str | None) -> list[Part]:
+        """Apply the serving's map_inputs and group items by batch key (one request per key)."""
+        if not items:
+            return []  # nothing to send; the caller gets [] at once
+        serving = target.serving
+        if serving is None:
+            return [Part(batch_key or "default", None, items)]
+        if serving.has_client_maps:
+            items = [serving.prepare_item(x) for x in items]
+        if batch_key is not None or not callable(serving.batch_key):
+            return [Part(serving.key_for(None, batch_key), None, items)]
+        groups: dict[str, Part] = {}
+        for i, item in enumerate(items):
+            key = serving.key_for(item, None)
+            part = groups.get(key)
+            if part is None:
+                part = groups[key] = Part(key, [], [])
+            assert part.positions is not None
+            part.positions.append(i)
+            part.items.append(item)
+        if len(groups) == 1:
+            only = next(iter(groups.values()))
+            return [Part(only.batch_key, None, only.items)]
+        return list(groups.values())
+
+    @staticmethod
+    def stream_parts(
+        target: Target, items: list[Any], batch_key: str | None
+    ) -> list[tuple[int, Part]]:
+        """Requests for ``stream``: runs of consecutive items with one batch key, at most
+        batch_size each (streamed requests are never split), with their input offsets."""
+        serving = target.serving
+        if serving is not None and serving.has_client_maps:
+            items = [serving.prepare_item(x) for x in items]
+        size = target.batch_size or max(1, len(items))
+        parts: list[tuple[int, Part]] = []
+        for i, item in enumerate(items):
+            key = serving.key_for(item, batch_key) if serving else batch_key or "default"
+            last = parts[-1][1] if parts else None
+            if last is None or last.batch_key != key or len(last.items) >= size:
+                parts.append((i, Part(key, None, [])))
+            parts[-1][1].items.append(item)
+        return parts
+
+    @staticmethod
+    def full_message(target: Target, limit: int, queued: int, n: int, shard: int = 0) -> str:
+        where = f" (shard {shard} of {len(target.shards)}; max_queue counts per shard)" if (
+            len(target.shards) > 1) else ""
+        return (
+            f"serving {target.keys.name!r} is full{where}: {queued} items queued, "
+            f"max_queue={limit}, this request has {n}; retry later, add workers, or raise "
+            "max_queue"
+        )
+
+    @staticmethod
+    def timeout_message(target: Target, timeout: float | None, alive: int | None) -> str:
+        waited = f"within {timeout:g}s" if timeout is not None else "before its deadline"
+        head = f"no answer from serving {target.keys.name!r} {waited}"
+        if alive is None:
+            return f"{head}; Redis could not be asked whether any worker is alive"
+        if alive == 0:
+            return (
+                f"{head}; no worker is alive for it (none sent a heartbeat in the last "
+                f"{ALIVE_WITHIN_S:g}s): start one with `queueserve worker module:attr`"
+            )
+        return (
+            f"{head}; {alive} worker(s) alive for it, so the queue is long or the batch slow: "
+            "raise timeout or add workers"
+        )
+
+
+def _shards_of(meta: dict[str, str]) -> int:
+    """The shard count workers declared; 1 when absent (workers that predate shards) or not
+    a valid count (the meta hash is input from whoever can write to Redis)."""
+    try:
+        return P.check_shards(int(meta.get("shards") or 1))
+    except ValueError:
+        log.warning("ignored a serving meta hash with shards=%r", meta.get("shards"))
+        return 1
+
+
+Outgoing = tuple[Target, str, Call, bytes, bytes]  # target, batch key, call, header, payload
+
+
+def by_serving(batch: list[Outgoing]) -> list[list[Outgoing]]:
+    """Requests grouped per serving: one enqueue script call each (one Cluster slot)."""
+    groups: dict[str, list[Outgoing]] = {}
+    for out in batch:
+        groups.setdefault(out[0].keys.name, []).append(out)
+    return list(groups.values())
+
+
+def admitted(
+    table: CallTable, group: list[Outgoing], limit: int, queued: int, ids: list[Any]
+) -> None:
+    """Record what enqueue.lua answered: an entry id per admitted request, QueueFull for the
+    rest."""
+    target = group[0][0]
+    for (_, _, call, _, _), entry_id in zip(group, ids, strict=True):
+        if entry_id == 0:
+            table.forget(call)
+            call.fail(QueueFull(
+                ClientBase.full_message(target, limit, queued, call.n, call.keys.shard)
+            ))
+        else:
+            call.entry_id = entry_id
+
+
+def send_window(batch: list[Outgoing]) -> float:
+    """How long sending ``batch`` may keep retrying: RECONNECT_WITHIN_S, or less when a
+    request's deadline comes sooner (its caller is owed an answer by then, even an error)."""
+    deadlines = [c.deadline for _, _, c, _, _ in batch if c.deadline is not None]
+    if not deadlines:
+        return RECONNECT_WITHIN_S
+    return max(0.0, min(RECONNECT_WITHIN_S, min(deadlines) - time.time()))
+
+
+def enqueue_groups(batch: list[Outgoing]) -> Iterator[tuple[list[Outgoing], P.Keys, list[Any],
+                                                            int, bool]]:
+    """Per serving: the requests of ``batch``, the keys of the shard they go to, enqueue
+    arguments, max_queue (per shard) and whether the enqueue must wait for a replica.
+
+    A serving's requests of one send go to one shard, the next in turn: one script call per
+    send as with one shard, where splitting them would cost a round trip per shard."""
+    for group in by_serving(batch):
+        target = group[0][0]
+        shard = target.next_shard()
+        requests = []
+        for _, key, call, h, p in group:
+            call.keys = shard  # where the request lives: cancel finds it there
+            requests.append((key, call.n, h, p, call.priority))
+        yield group, shard, requests, target.max_queue, target.durable
+
+
+TicketT = TypeVar("TicketT")
+
+
+class MapWindow(Generic[TicketT]):
+    """``map``'s bookkeeping: the chunks to send next and the tickets in flight, oldest first."""
+
+    def __init__(
+        self, items: Iterable[Any], chunk_size: int, max_in_flight: int, progress: bool,
+        on_progress: ProgressCallback | None,
+    ) -> None:
+        if chunk_size < 1 or max_in_flight < 1:
+            raise ValueError(
+                f"chunk_size and max_in_flight must be >= 1, got {chunk_size} and "
+                f"{max_in_flight}"
+            )
+        self.meter = Progress(total_of(items), progress, on_progress)
+        self._items = iter(items)
+        self._chunk_size = chunk_size
+        self._max = max_in_flight
+        self.in_flight: deque[TicketT] = deque()
+
+    def chunks(self) -> Iterator[list[Any]]:
+        """Chunks to submit now (append each ticket to ``in_flight`` before the next)."""
+        while len(self.in_flight) < self._max:
+            chunk = list(islice(self._items, self._chunk_size))
+            if not chunk:
+                return
+            yield chunk
+
+    def done(self, results: list[Any]) -> list[Any]:
+        self.meter.advance(len(results))
+        return results
+
+
+class StreamPacer:
+    """When ``stream`` waits for one request's events, and when it stops: until its answer
+    (or the deadline), then up to STREAM_GRACE for events the answer says are on their way."""
+
+    def __init__(self, rs: RequestStream, deadline: float | None) -> None:
+        self.rs = rs
+        self.deadline = deadline
+        self.grace_end: float | None = None  # set once the answer came
+
+    def wait(self) -> float | None:
+        """Seconds to wait for the next event (None: no limit); negative: stop waiting."""
+        if self.grace_end is None:
+            return None if self.deadline is None else max(0.0, self.deadline - time.time())
+        if not self.rs.waiting_for_events:
+            return -1.0
+        return self.grace_end - time.monotonic()
+
+    def take(self, event: Any) -> list[Event]:
+        """Events ready after ``event`` (None marks the answer)."""
+        if event is None:
+            self.grace_end = time.monotonic() + STREAM_GRACE
+            return []
+        return self.rs.add(*event)
+
+    def timed_out(self) -> bool:
+        """Waiting ran out: True when the answer never came (the caller gets Timeout)."""
+        if self.grace_end is None:
+            return True
+        self.grace_end = time.monotonic()  # the grace period is over
+        return False
+
+    def finish(self) -> tuple[list[Event], QueueServeError | None]:
+        return self.rs.complete()
+
+
+
+def collect(
+    target: Target, parts: list[Part], calls: list[Call], return_exceptions: bool
+) -> list[Any]:
+    """Results of finished calls, back in the caller's item order, through map_results."""
+    if len(calls) == 1 and parts[0].positions is None:  # one request: results as they came
+        results = outcome(calls[0], return_exceptions)
+    else:
+        results = [None] * sum(len(p.items) for p in parts)
+        for part, call in zip(parts, calls, strict=True):
+            assert part.positions is not None
+            for pos, r in zip(part.positions, outcome(call, return_exceptions), strict=True):
+                results[pos] = r
+    serving = target.serving
+    if serving is not None and serving.has_client_maps:
+        return [r if isinstance(r, QueueServeError) else serving.finish_result(r) for r in results]
+    return results

@@ -1,0 +1,206 @@
+"""The caller's side of requests in flight: building them, and filling them from replies.
+
+Shared by the sync and async clients; only their transport differs. Replies are applied per item:
+an item already answered is never answered again, which is what makes redelivered (re-executed)
+requests invisible to callers.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from queueserve.errors import Cancelled, QueueServeError
+from queueserve.results import unbatch
+from queueserve.wire import protocol as P
+from queueserve.wire.codec import Codec, MsgpackCodec, codec_for_tag
+from queueserve.wire.messages import error_from_wire
+
+MSGPACK_TAG = MsgpackCodec.tag
+
+
+class Call:
+    """One request in flight: its results so far and a way to wait for all of them."""
+
+    __slots__ = (
+        "_waiter",
+        "batch_key",
+        "deadline",
+        "entry_id",
+        "error",
+        "events_total",
+        "filled",
+        "keys",
+        "kind",
+        "n",
+        "on_done",
+        "on_event",
+        "priority",
+        "remaining",
+        "results",
+        "rid",
+        "state",
+    )
+
+    def __init__(
+        self, rid: int, n: int, keys: P.Keys, batch_key: str, priority: int = 0
+    ) -> None:
+        self.rid = rid
+        self.n = n
+        self.keys = keys
+        self.batch_key = batch_key
+        self.priority = priority
+        self.results: list[Any] = [None] * n
+        self.filled = bytearray(n)
+        self.remaining = n
+        self.error: QueueServeError | None = None  # fails the whole request (not per item)
+        self.entry_id: bytes | None = None
+        self.deadline: float | None = None  # unix seconds; sending gives up by then
+        self.state = "pending"  # pending -> done | cancelled
+        self.on_done: Callable[[Call], None] | None = None
+        self.on_event: Callable[[int, list[Any]], None] | None = None  # streamed requests
+        self.kind = P.RESULTS  # of the last slice applied (STEPS: a generator's answer)
+        self.events_total = 0  # events published before the answer (streamed requests)
+        # Made only when a caller waits before the answer came: most calls of a window of
+        # submits are answered before their caller looks, and need none.
+        self._waiter: threading.Lock | None = None
+
+    def apply(self, offset: int, values: list[Any]) -> None:
+        count = len(values)
+        end = offset + count
+        if self.remaining == self.n and offset == 0 and count == self.n:
+            self.results = values
+            self.filled[:] = b"\x01" * count
+            self.remaining = 0
+        elif self.filled.count(0, offset, end) == count:
+            self.results[offset:end] = values
+            self.filled[offset:end] = b"\x01" * count
+            self.remaining -= count
+        else:  # overlaps an earlier answer: keep the first answer of every item
+            for i in range(offset, end):
+                if not self.filled[i]:
+                    self.filled[i] = 1
+                    self.results[i] = values[i - offset]
+                    self.remaining -= 1
+
+    def fail(self, error: QueueServeError) -> None:
+        if self.state == "pending":
+            self.error = error
+            self.finish()
+
+    def finish(self) -> None:
+        if self.state != "pending":
+            return
+        # State first, then the waiter; ``wait`` does the reverse. Each thread's step is atomic
+        # under the GIL, so either this sees the waiter's lock, or the waiter sees "done".
+        self.state = "done"
+        waiter = self._waiter
+        if waiter is not None:
+            waiter.release()
+        if self.on_done is not None:
+            self.on_done(self)
+
+    def wait(self, timeout: float | None) -> bool:
+        if self.state != "pending":
+            return True
+        waiter = self._waiter
+        if waiter is None:
+            with _WAITERS:  # two threads waiting on one call share one lock
+                waiter = self._waiter
+                if waiter is None:
+                    waiter = threading.Lock()
+                    waiter.acquire()
+                    self._waiter = waiter
+        if self.state != "pending":
+            return True
+        if not waiter.acquire(timeout=-1 if timeout is None else max(0.0, timeout)):
+            return False
+        waiter.release()
+        return True
+
+
+_WAITERS = threading.Lock()
+
+
+class CallTable:
+    """Calls by request id, for one client's inbox."""
+
+    def __init__(self) -> None:
+        self.calls: dict[int, Call] = {}
+        # Streamed calls stay reachable for events until their stream is consumed: events may
+        # arrive after the answer (they travel another connection).
+        self.streamed: dict[int, Call] = {}
+        self._ids = itertools.count(1)
+        # Replies are only decoded with codecs this client sent requests with: a client that
+        # never chose pickle never unpickles what someone pushed into its inbox.
+        self._accepted = {MSGPACK_TAG}
+
+    def accept(self, codec: Codec) -> None:
+        self._accepted.add(codec.tag)
+
+    def new(self, n: int, keys: P.Keys, batch_key: str, priority: int = 0) -> Call:
+        call = Call(next(self._ids), n, keys, batch_key, priority)
+        self.calls[call.rid] = call
+        return call
+
+    def deliver(self, message: bytes) -> None:
+        """Apply one reply message (one worker batch's slices for this client)."""
+        if message[0] not in self._accepted:
+            raise ValueError(f"reply uses codec tag {message[0]!r}, which this client never sent")
+        codec = codec_for_tag(message[0])
+        slices = codec.loads(memoryview(message)[1:])
+        calls = self.calls
+        for rid, offset, count, kind, body, *events_total in slices:
+            call = calls.get(rid)
+            if call is None:  # finished already (a duplicate), cancelled, or not ours
+                continue
+            if kind == P.ERROR:
+                values = [error_from_wire(body)] * count
+            else:
+                values = unbatch(kind, body)
+                call.kind = kind
+            if events_total:
+                call.events_total = max(call.events_total, events_total[0])
+            call.apply(offset, values)
+            if call.remaining == 0:
+                del calls[rid]
+                call.finish()
+
+    def deliver_event(self, message: bytes) -> None:
+        """Route one streamed event to its call (pub/sub; events of finished calls drop)."""
+        if message[0] not in self._accepted:
+            raise ValueError(f"event uses codec tag {message[0]!r}, which this client never sent")
+        rid, seq, *body = codec_for_tag(message[0]).loads(memoryview(message)[1:])
+        call = self.streamed.get(rid)
+        if call is not None and call.on_event is not None:
+            call.on_event(seq, body)
+
+    def fail_all(self, error: QueueServeError) -> None:
+        calls, self.calls = self.calls, {}
+        for call in calls.values():
+            call.fail(error)
+
+    def forget(self, call: Call) -> None:
+        self.calls.pop(call.rid, None)
+
+
+def deadline_after(timeout: float | None) -> float | None:
+    return None if timeout is None else time.time() + timeout
+
+
+def outcome(call: Call, return_exceptions: bool) -> list[Any]:
+    """The call's results, raising its error (or the first per-item error) unless asked not to."""
+    if call.error is not None:
+        if return_exceptions:
+            return [call.error] * call.n
+        raise call.error
+    if call.state == "cancelled":
+        raise Cancelled(f"request {call.rid} was cancelled")
+    if not return_exceptions:
+        for r in call.results:
+            if isinstance(r, QueueServeError):
+                raise r
+    return call.results

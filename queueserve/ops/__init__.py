@@ -1,0 +1,1 @@
+"""Operators' tools: the ``queueserve`` command line, stats, dead letters. Internal."""

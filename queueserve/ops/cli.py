@@ -1,0 +1,343 @@
+"""``queueserve``: the command line. Only this module configures logging.
+
+Exit codes are listed in EPILOG (what ``queueserve --help`` shows) and docs/operations.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from pydantic import ValidationError
+
+from queueserve._durations import parse_duration
+from queueserve.broker.sync import RedisBroker
+from queueserve.broker.urls import redact_url
+from queueserve.errors import QueueServeError
+from queueserve.ops.deadletter import DeadLetters
+from queueserve.ops.stats import stats_command
+from queueserve.serving import Serving
+from queueserve.settings import Settings, check_redis_url
+from queueserve.wire.protocol import Keys
+from queueserve.wire.timing import ALIVE_WITHIN_S
+from queueserve.worker.loading import ServingNotFound, load_servings
+from queueserve.worker.runtime_config import OPTIONS, parse_assignments
+from queueserve.worker.worker import EXIT_ERROR, EXIT_OK, EXIT_USAGE, Worker
+
+log = logging.getLogger("queueserve.cli")
+
+DESCRIPTION = """\
+queueserve batches work from many producers over Redis Streams. Run a worker for your
+servings, then call them from any process with qs.Client (see README.md):
+
+  queueserve worker myapp.servings:serving --redis-url redis://localhost:6379/0
+
+module:attr is imported from the current directory (or PYTHONPATH), as `python -c` would."""
+
+EPILOG = """\
+environment: QUEUESERVE_REDIS_URL (default redis://127.0.0.1:6379/0), QUEUESERVE_PREFIX
+(default qs), QUEUESERVE_DEFAULT_TIMEOUT (clients: bound calls made without timeout=).
+
+exit codes: 0 ok or stopped by SIGTERM/SIGINT; 1 error (Redis unreachable at start, a
+serving's setup() failed, --check found no live worker, an unknown serving); 2 usage (bad
+arguments or Redis URL, a module:attr that does not load); 3 forced stop (a second signal);
+4 crash loop (a partition died more than --max-restarts times within --restart-window).
+Each error is explained in docs/troubleshooting.md."""
+
+DEFAULT_URL = Settings.model_fields["redis_url"].default
+URL_HELP = f"Redis URL (default: $QUEUESERVE_REDIS_URL, else {DEFAULT_URL})"
+PREFIX_HELP = "key prefix (default: $QUEUESERVE_PREFIX, else qs)"
+
+
+def _cwd_on_path() -> None:
+    """Import ``module:attr`` from the current directory, as celery, rq, arq and uvicorn do.
+    Partition processes inherit sys.path (spawn sends the parent's along)."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+
+
+def _duration(value: str) -> float:
+    try:
+        return parse_duration(value)
+    except (TypeError, ValueError) as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _partitions(value: str) -> int | str:
+    if value == "auto":
+        return value
+    return _positive_int(value)
+
+
+def _positive_int(value: str) -> int:
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {value!r}")
+    return int(value)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="queueserve", description=DESCRIPTION, epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    w = sub.add_parser("worker", help="serve one or more servings")
+    w.add_argument("servings", nargs="+", metavar="module:attr")
+    w.add_argument("--redis-url", help=URL_HELP)
+    w.add_argument("--prefix", help=PREFIX_HELP)
+    w.add_argument("--partitions", type=_partitions, default="auto",
+                   help="'auto' (one per visible CUDA device, else 1) or a number (default auto)")
+    w.add_argument("--batch-size", type=_positive_int, help="override every serving's batch_size")
+    w.add_argument("--batch-timeout", type=_duration, help="override batch_timeout, e.g. 10ms")
+    w.add_argument("--batch-key", action="append", default=[], dest="batch_keys",
+                   help="batch key to consume from the start (repeatable); others are found")
+    w.add_argument("--max-concurrent-batches", type=_positive_int, default=1,
+                   help="batches prefetched while one executes (default 1)")
+    w.add_argument("--shutdown-timeout", type=_duration, default=30.0,
+                   help="how long SIGTERM may take to finish held work (default 30s)")
+    w.add_argument("--max-restarts", type=_positive_int, default=5,
+                   help="partition deaths tolerated within --restart-window (default 5)")
+    w.add_argument("--restart-window", type=_duration, default=60.0,
+                   help="window for --max-restarts (default 60s)")
+    w.add_argument("--max-batch-seconds", type=_duration, default=None,
+                   help="abandon a batch running longer: its partition is restarted and its "
+                        "requests retried under max_deliveries (default: no limit)")
+    w.add_argument("--max-batches-per-partition", type=_positive_int, default=None,
+                   help="recycle a partition (drain, restart) after this many batches")
+    w.add_argument("--max-partition-memory", default=None, metavar="BYTES",
+                   help="recycle a partition whose resident memory passes this, e.g. 4GiB")
+    w.add_argument("--metrics-port", type=int, default=None,
+                   help="serve Prometheus /metrics, /healthz and /readyz on this port")
+    w.add_argument("--check", action="store_true",
+                   help="exit 0 when a live worker serves every named serving, else 1")
+    w.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
+    d = sub.add_parser("dead-letter", help="list, replay or drop a serving's dead letters")
+    d.add_argument("action", choices=["list", "replay", "drop"])
+    # nargs="?"/"*" positionals: argparse would list a plain one as "required" even for list.
+    d.add_argument("serving", nargs="?",
+                   help="the serving (list: default every serving; replay/drop: required)")
+    d.add_argument("ids", nargs="*", metavar="ID",
+                   help="dead-letter ids to replay or drop; or --all")
+    d.add_argument("--all", action="store_true", help="replay or drop every dead letter")
+    d.add_argument("--limit", type=_positive_int, default=100, help="how many to list")
+    c = sub.add_parser("config", help="show or change a serving's options at run time")
+    c.add_argument("action", choices=["get", "set"])
+    c.add_argument("serving", nargs="?",
+                   help="the serving (get: default every serving; set: required)")
+    c.add_argument("assignments", nargs="*", metavar="option=value",
+                   help=f"with set: {', '.join(OPTIONS)}")
+    c.add_argument("--force", action="store_true",
+                   help="set options of a serving no worker has declared yet")
+    s = sub.add_parser("stats", help="queues, consumers, lag, throughput and dead letters")
+    s.add_argument("servings", nargs="*", help="servings to show (default: all found)")
+    s.add_argument("--interval", type=_duration, default=1.0,
+                   help="how long to sample throughput (default 1s)")
+    for p in (d, c, s):
+        p.add_argument("--redis-url", help=URL_HELP)
+        p.add_argument("--prefix", help=PREFIX_HELP)
+        p.add_argument("--log-level", default="WARNING")
+    return parser
+
+
+def unknown_servings(broker: RedisBroker, prefix: str, names: Sequence[str]) -> str | None:
+    """An error message when a name in ``names`` was never declared by a worker under
+    ``prefix`` (a typo, or another --prefix or Redis); None when all are known."""
+    known = broker.servings(prefix)
+    missing = [n for n in names if n not in known]
+    if not missing:
+        return None
+    listed = ", ".join(known) if known else "none yet (start a worker first)"
+    return (
+        f"no worker has declared serving {', '.join(map(repr, missing))} under prefix "
+        f"{prefix!r} on Redis {redact_url(broker.url)}; known servings: {listed}. "
+        "Check the name, --prefix and --redis-url"
+    )
+
+
+def config_command(args: argparse.Namespace) -> int:
+    if args.action == "set" and (args.serving is None or not args.assignments):
+        print("queueserve: config set takes a serving and option=value pairs, e.g. "
+              "`queueserve config set square batch_size=64`", file=sys.stderr)
+        return EXIT_USAGE
+    if args.action == "get" and args.assignments:
+        print("queueserve: config get takes only a serving; use config set to change options",
+              file=sys.stderr)
+        return EXIT_USAGE
+    assignments = parse_assignments(args.assignments) if args.action == "set" else {}
+    settings = Settings()
+    prefix = args.prefix or settings.prefix
+    broker = RedisBroker(args.redis_url or settings.redis_url)
+    try:
+        names = [args.serving] if args.serving is not None else broker.servings(prefix)
+        if not names:
+            print(f"no servings under prefix {prefix!r} on Redis {redact_url(broker.url)}")
+            return EXIT_OK
+        if not (args.action == "set" and args.force):
+            problem = unknown_servings(broker, prefix, names)
+            if problem is not None:
+                hint = " (or pass --force to set it before any worker runs)" \
+                    if args.action == "set" else ""
+                print(f"queueserve: {problem}{hint}", file=sys.stderr)
+                return EXIT_ERROR
+        for name in names:
+            keys = Keys(prefix, name)
+            if args.action == "set":
+                broker.set_config(keys, assignments)
+            if args.serving is None:
+                print(f"[{name}]")
+            overrides = broker.config(keys)
+            for option, value in sorted(broker.meta(keys).items()):
+                mark = "  (set at run time)" if option in overrides else ""
+                print(f"{option} = {value}{mark}")
+        return EXIT_OK
+    finally:
+        broker.close()
+
+
+def dead_letter_command(args: argparse.Namespace) -> int:
+    if args.action != "list" and args.serving is None:
+        print(f"queueserve: dead-letter {args.action} takes a serving and ids (or --all), e.g. "
+              f"`queueserve dead-letter {args.action} square --all`", file=sys.stderr)
+        return EXIT_USAGE
+    settings = Settings()
+    prefix = args.prefix or settings.prefix
+    broker = RedisBroker(args.redis_url or settings.redis_url)
+    try:
+        if args.serving is not None:
+            problem = unknown_servings(broker, prefix, [args.serving])
+            if problem is not None:
+                print(f"queueserve: {problem}", file=sys.stderr)
+                return EXIT_ERROR
+        if args.action == "list":
+            return _list_dead_letters(broker, prefix, args.serving, args.limit)
+        letters = DeadLetters(broker, prefix, args.serving)
+        if bool(args.ids) == args.all:
+            print(f"queueserve: {args.action} takes dead-letter ids or --all", file=sys.stderr)
+            return EXIT_USAGE
+        ids = [r.id for r in letters.records(10**9)] if args.all else args.ids
+        for dead_id in ids:
+            if args.action == "replay":
+                print(f"{dead_id} replayed as {letters.replay(dead_id)}")
+            elif letters.drop(dead_id):
+                print(f"{dead_id} dropped")
+            else:
+                print(f"{dead_id}: no such dead letter", file=sys.stderr)
+                return EXIT_ERROR
+        return EXIT_OK
+    except (KeyError, ValueError) as e:
+        print(f"queueserve: {e}", file=sys.stderr)
+        return EXIT_ERROR
+    finally:
+        broker.close()
+
+
+def _list_dead_letters(broker: RedisBroker, prefix: str, serving: str | None, limit: int) -> int:
+    names = [serving] if serving is not None else broker.servings(prefix)
+    shown = 0
+    for name in names:
+        for r in DeadLetters(broker, prefix, name).records(limit):
+            shown += 1
+            column = "" if serving is not None else f"{name}  "
+            print(f"{column}{r.id}  from {r.stream} {r.entry_id}  deliveries={r.deliveries}  "
+                  f"{r.reason}")
+    if not shown:  # said on stderr: stdout stays a list a script can read (empty)
+        where = f"serving {serving!r}" if serving is not None else \
+            f"any serving under prefix {prefix!r}"
+        print(f"no dead letters for {where}", file=sys.stderr)
+    return EXIT_OK
+
+
+def _check(servings: Sequence[Serving], url: str, prefix: str) -> int:
+    broker = RedisBroker(url)
+    try:
+        missing = [
+            s.name for s in servings
+            if broker.alive_workers(Keys(prefix, s.name), ALIVE_WITHIN_S) == 0
+        ]
+    finally:
+        broker.close()
+    if missing:
+        print(f"no live worker for: {', '.join(missing)}", file=sys.stderr)
+        return EXIT_ERROR
+    print("ok")
+    return EXIT_OK
+
+
+def worker_command(args: argparse.Namespace) -> int:
+    if args.check:
+        settings = Settings()
+        url = args.redis_url or settings.redis_url
+        prefix = args.prefix or settings.prefix
+        return _check([s for spec in args.servings for s in load_servings(spec)], url, prefix)
+    worker = Worker(  # None: the worker takes the setting, and logs where its Redis came from
+        args.servings, redis_url=args.redis_url, prefix=args.prefix, partitions=args.partitions,
+        batch_size=args.batch_size, batch_timeout=args.batch_timeout, batch_keys=args.batch_keys,
+        max_concurrent_batches=args.max_concurrent_batches,
+        shutdown_timeout=args.shutdown_timeout, max_restarts=args.max_restarts,
+        restart_window=args.restart_window, metrics_port=args.metrics_port,
+        max_batch_seconds=args.max_batch_seconds,
+        max_batches_per_partition=args.max_batches_per_partition,
+        max_partition_memory=args.max_partition_memory,
+    )
+    return worker.run()
+
+
+def stats_or_unknown(args: argparse.Namespace) -> int:
+    if args.servings:
+        settings = Settings()
+        prefix = args.prefix or settings.prefix
+        broker = RedisBroker(args.redis_url or settings.redis_url)
+        try:
+            problem = unknown_servings(broker, prefix, args.servings)
+        finally:
+            broker.close()
+        if problem is not None:
+            print(f"queueserve: {problem}", file=sys.stderr)
+            return EXIT_ERROR
+    return stats_command(args)
+
+
+def _settings_problem(e: ValidationError) -> str:
+    # pydantic's own text spans lines and echoes the raw value (a URL's password included)
+    return "; ".join(str(err["msg"]).removeprefix("Value error, ") for err in e.errors())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(processName)s %(name)s: %(message)s",
+    )
+    _cwd_on_path()
+    try:
+        if args.redis_url is not None:
+            check_redis_url(args.redis_url)
+        Settings()  # a bad QUEUESERVE_* variable is a usage error, said before anything starts
+    except ValidationError as e:
+        print(f"queueserve: {_settings_problem(e)}", file=sys.stderr)
+        return EXIT_USAGE
+    except ValueError as e:
+        print(f"queueserve: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        if args.command == "dead-letter":
+            return dead_letter_command(args)
+        if args.command == "config":
+            return config_command(args)
+        if args.command == "stats":
+            return stats_or_unknown(args)
+        return worker_command(args)
+    except ServingNotFound as e:
+        print(f"queueserve: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except (QueueServeError, ValueError, TypeError) as e:
+        print(f"queueserve: {e}", file=sys.stderr)
+        return EXIT_ERROR
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,302 @@
+"""Step servings: generation served by continuous batching (TGI's router, ai00's slots).
+
+A step serving runs a *running set* of sequences on its partition, one decode step at a time.
+Between two steps, finished, cancelled and expired sequences leave, and waiting requests join
+(their prompts are prefilled) while slots and token budgets allow. Each item of a request is one
+sequence with a slot of its own; every step's output streams to ``client.stream`` callers, and
+a request's answer is the list of its items' results.
+
+>>> import queueserve as qs
+>>> class Countdown(qs.StepServing):
+...     name = "countdown"
+...     max_slots = 4
+...     def prefill(self, items):
+...         return [{"left": n} for n in items]
+...     def decode(self, states):
+...         out = []
+...         for s in states:
+...             s["left"] -= 1
+...             out.append(qs.END if s["left"] < 0 else s["left"])
+...         return out
+>>> Countdown().inline_many([2, 0])
+[[1, 0], []]
+
+A prefix state cache (``prefix_cache_bytes``) lets a request resume from the state of its
+longest cached prompt prefix: the serving says what its prompt is (``prompt_tokens``), offers
+states to keep while it prefills (``Resume.keep``) and starts from the one it is given
+(``prefill_from``). See docs/generation.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from queueserve.hooks import END
+from queueserve.serving import Batch, Serving, _check_positive
+
+
+def _check_ratio(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise ValueError(f"waiting_served_ratio must be a number >= 0, got {value!r}")
+    return float(value)
+
+
+def _check_non_negative(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+    return value
+
+
+@dataclass(slots=True)
+class Resume:
+    """One item's prefill, as the prefix cache sees it (given to ``prefill_from``).
+
+    ``tokens`` is the item's prompt as ``prompt_tokens`` returned it (``()`` when it has none);
+    ``start`` tokens of it are already covered by ``state``, a cached state (``None``, start 0:
+    nothing cached). The cached state is shared: read it, never change it in place.
+    """
+
+    tokens: tuple[Hashable, ...]
+    start: int = 0
+    state: Any = None
+    kept: list[tuple[int, Any, int]] = field(default_factory=list)
+
+    def keep(self, length: int, state: Any, nbytes: int) -> None:
+        """Offer the state after the first ``length`` prompt tokens to the cache (a copy the
+        serving will not change again; ``nbytes`` is its size, for the cache's bound). Does
+        nothing when the item is not cached (no cache, or no ``prompt_tokens``)."""
+        if not self.tokens:
+            return
+        if not 0 < length <= len(self.tokens):
+            raise ValueError(
+                f"keep(length={length}) is outside the prompt's {len(self.tokens)} tokens; "
+                "offer states for prefixes of the prompt that prompt_tokens() returned"
+            )
+        self.kept.append((length, state, nbytes))
+
+
+class StepServing(Serving):
+    """A serving that generates step by step, under continuous batching.
+
+    Subclass it and define ``prefill`` and ``decode`` (``setup(partition)`` loads the model):
+
+    - ``prefill(items) -> states``: one state per joining item (a batch of joiners);
+    - ``decode(states) -> outputs``: one step for every running sequence, one output per state,
+      or ``qs.END`` when that sequence is finished; the serving owns and updates its states;
+    - ``result(state, outputs)``: an item's answer (default: the list of its outputs);
+    - ``tokens(item) -> (prompt, most generated)``: what the item costs the token budgets.
+
+    Options (class attributes or keyword arguments; defaults in brackets):
+
+    - ``max_slots`` [8]: sequences in the running set (the step serving's batch size);
+    - ``max_batch_tokens`` [4096]: prompt plus generation budget of the running set, summed
+      over its sequences (TGI's ``max_batch_total_tokens``): a sequence joins only when its
+      whole budget fits, so a running set never outgrows it;
+    - ``max_prefill_tokens`` [1024]: prompt tokens prefilled in one join (after the cache);
+    - ``waiting_served_ratio`` [0.3] and ``max_waiting_steps`` [20]: the join policy. While
+      sequences run, joining pauses them for a prefill, so waiting requests join only when at
+      least ``waiting_served_ratio`` x running of them can join at once, or when
+      ``max_waiting_steps`` steps passed since the last join (TGI's ``waiting_served_ratio``
+      and ``max_waiting_tokens``). An idle serving admits at once;
+    - ``prefix_cache_bytes`` [0 = off]: bound of the prefix state cache, per partition.
+
+    Requests join whole and in arrival order; one that can never fit (more items than
+    ``max_slots``, a budget over ``max_batch_tokens``, a prompt over ``max_prefill_tokens``) is
+    answered with an error at once. ``batch_timeout`` does not apply: requests join at the next
+    step boundary. ``on_error="isolate"`` (default) retries a failed prefill or decode on halves
+    to find the culprit, so decode must compute a step before it changes any state.
+    """
+
+    max_slots: int = 8
+    max_batch_tokens: int = 4096
+    max_prefill_tokens: int = 1024
+    waiting_served_ratio: float = 0.3
+    max_waiting_steps: int = 20
+    prefix_cache_bytes: int = 0
+
+    def __init__(
+        self,
+        *,
+        max_slots: int | None = None,
+        max_batch_tokens: int | None = None,
+        max_prefill_tokens: int | None = None,
+        waiting_served_ratio: float | None = None,
+        max_waiting_steps: int | None = None,
+        prefix_cache_bytes: int | None = None,
+        **options: Any,
+    ) -> None:
+        cls = type(self)
+        if "batch_size" in options:
+            raise TypeError("a StepServing's batch size is max_slots: pass max_slots=")
+        slots = _check_positive("max_slots", cls.max_slots if max_slots is None else max_slots)
+        super().__init__(batch_size=slots, **options)
+        self.max_slots = slots
+        self.max_batch_tokens = _check_positive(
+            "max_batch_tokens", cls.max_batch_tokens if max_batch_tokens is None
+            else max_batch_tokens)
+        self.max_prefill_tokens = _check_positive(
+            "max_prefill_tokens", cls.max_prefill_tokens if max_prefill_tokens is None
+            else max_prefill_tokens)
+        self.waiting_served_ratio = _check_ratio(
+            cls.waiting_served_ratio if waiting_served_ratio is None else waiting_served_ratio)
+        self.max_waiting_steps = _check_positive(
+            "max_waiting_steps", cls.max_waiting_steps if max_waiting_steps is None
+            else max_waiting_steps)
+        self.prefix_cache_bytes = _check_non_negative(
+            "prefix_cache_bytes", cls.prefix_cache_bytes if prefix_cache_bytes is None
+            else prefix_cache_bytes)
+
+    # -- what a subclass defines -------------------------------------------------------------
+    def prefill(self, items: list[Any]) -> list[Any]:
+        """States for joining ``items``, one per item (the prompt read, nothing generated)."""
+        raise NotImplementedError(
+            f"{type(self).__name__} must define prefill(self, items) -> states "
+            "(or prefill_from(self, items, resumes))"
+        )
+
+    def decode(self, states: list[Any]) -> list[Any]:
+        """One step of every state in ``states``: an output each, or ``qs.END``."""
+        raise NotImplementedError(f"{type(self).__name__} must define decode(self, states)")
+
+    def result(self, state: Any, outputs: list[Any]) -> Any:
+        """An item's answer once it ended (default: its outputs, one per step)."""
+        return outputs
+
+    def tokens(self, item: Any) -> tuple[int, int]:
+        """(prompt tokens, most tokens it may generate) of ``item``, for the budgets.
+        Default: ``len(item)`` (1 when it has none) and 256."""
+        try:
+            prompt = len(item)
+        except TypeError:
+            prompt = 1
+        return prompt, 256
+
+    def answers_outputs(self) -> bool:
+        """True when an item's answer is its outputs (``result`` is not overridden)."""
+        return type(self).result is StepServing.result
+
+    # -- prefix cache (optional) -------------------------------------------------------------
+    def prompt_tokens(self, item: Any) -> Sequence[Hashable] | None:
+        """The item's prompt as tokens, to look its prefixes up in the prefix cache; ``None``
+        (default) keeps the item out of the cache."""
+        return None
+
+    def prefill_from(self, items: list[Any], resumes: list[Resume]) -> list[Any]:
+        """``prefill`` resuming each item from its cached prefix state (``resumes[i].start``
+        tokens done), offering states to keep with ``resumes[i].keep``. Default: the cache is
+        ignored and ``prefill(items)`` runs."""
+        return self.prefill(items)
+
+    # -- the same steps, run statically (inline runs, and a static baseline) ---------------
+    def static_steps(self, items: list[Any]) -> Generator[list[Any], None, list[Any]]:
+        """Static generator batching of the same steps: prefill ``items`` together, then decode
+        until every one ended, yielding each step (``qs.END`` in the place of ended items)
+        and finally returning the states. No item joins or leaves early."""
+        states = self.prefill(list(items))
+        if len(states) != len(items):
+            raise ValueError(
+                f"{type(self).__name__}.prefill returned {len(states)} states for {len(items)} "
+                "items; return one state per item"
+            )
+        live = list(range(len(items)))
+        while live:
+            step = self.decode([states[i] for i in live])
+            if len(step) != len(live):
+                raise ValueError(
+                    f"{type(self).__name__}.decode returned {len(step)} outputs for "
+                    f"{len(live)} states; return one output (or qs.END) per state"
+                )
+            row: list[Any] = [END] * len(items)
+            for i, out in zip(live, step, strict=True):
+                row[i] = out
+            live = [i for i in live if row[i] is not END]
+            yield row
+        return states
+
+    def handle_batch(self, batch: Batch) -> list[Any]:
+        """Run ``batch`` statically to its end and return each item's ``result`` (what
+        ``inline``/``inline_many`` give; workers run the continuous executor instead)."""
+        outputs: list[list[Any]] = [[] for _ in batch]
+        steps = self.static_steps(list(batch))
+        while True:
+            try:
+                row = next(steps)
+            except StopIteration as done:
+                states: list[Any] = done.value
+                break
+            for i, out in enumerate(row):
+                if out is not END:
+                    outputs[i].append(out)
+        return [self.result(s, o) for s, o in zip(states, outputs, strict=True)]
+
+    def options(self) -> dict[str, Any]:
+        return {
+            **super().options(),
+            "step": True,
+            "max_slots": self.max_slots,
+            "max_batch_tokens": self.max_batch_tokens,
+            "max_prefill_tokens": self.max_prefill_tokens,
+            "waiting_served_ratio": self.waiting_served_ratio,
+            "max_waiting_steps": self.max_waiting_steps,
+            "prefix_cache_bytes": self.prefix_cache_bytes,
+        }
+
+    def __repr__(self) -> str:
+        return (
+            f"<StepServing {self.name!r} max_slots={self.max_slots} "
+            f"max_batch_tokens={self.max_batch_tokens}>"
+        )
+
+
+class _FunctionSteps(StepServing):
+    """A step serving made of functions (``qs.step_serving``)."""
+
+    def __init__(
+        self, decode: Callable[[list[Any]], list[Any]], *,
+        prefill: Callable[[list[Any]], list[Any]],
+        result: Callable[[Any, list[Any]], Any] | None = None,
+        tokens: Callable[[Any], tuple[int, int]] | None = None,
+        **options: Any,
+    ) -> None:
+        options.setdefault("name", getattr(decode, "__name__", ""))
+        self._prefill_fn = prefill
+        self._decode_fn = decode
+        self._result_fn = result
+        self._tokens_fn = tokens
+        super().__init__(**options)
+
+    def prefill(self, items: list[Any]) -> list[Any]:
+        return self._prefill_fn(items)
+
+    def decode(self, states: list[Any]) -> list[Any]:
+        return self._decode_fn(states)
+
+    def result(self, state: Any, outputs: list[Any]) -> Any:
+        return outputs if self._result_fn is None else self._result_fn(state, outputs)
+
+    def answers_outputs(self) -> bool:
+        return self._result_fn is None
+
+    def tokens(self, item: Any) -> tuple[int, int]:
+        return super().tokens(item) if self._tokens_fn is None else self._tokens_fn(item)
+
+
+def step_serving(
+    *, prefill: Callable[[list[Any]], list[Any]], **options: Any
+) -> Callable[[Callable[[list[Any]], list[Any]]], StepServing]:
+    """Decorator form: the decorated function is ``decode``; ``prefill`` (and optionally
+    ``result``, ``tokens``) and the options are keyword arguments.
+
+    >>> @qs.step_serving(prefill=lambda items: [[n] for n in items], max_slots=4)
+    ... def countdown(states):
+    ...     return [qs.END if s[0] == 0 else s.__setitem__(0, s[0] - 1) or s[0] for s in states]
+    >>> countdown.inline(2)
+    [1, 0]
+    """
+
+    def wrap(decode: Callable[[list[Any]], list[Any]]) -> StepServing:
+        return _FunctionSteps(decode, prefill=prefill, **options)
+
+    return wrap

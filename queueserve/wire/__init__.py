@@ -1,0 +1,1 @@
+"""The wire: Redis key names, entry and reply formats, codecs. No I/O; internal."""

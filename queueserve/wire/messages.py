@@ -1,0 +1,44 @@
+"""Messages on the wire that both sides build or read: request headers and errors.
+
+A request entry's header is a msgpack list (``protocol.WIRE_VERSION``, request id, item count,
+reply inbox, deadline in unix ms, codec name[, events channel]); its payload is the items,
+encoded by the request's codec. An error travels as [remote type, message, traceback, kind].
+"""
+
+from __future__ import annotations
+
+import traceback
+from typing import Any
+
+from queueserve.errors import BadRequest, DeadLettered, QueueServeError, RemoteError, Timeout
+from queueserve.wire import protocol as P
+from queueserve.wire.codec import Codec, pack_plain
+
+
+def encode_request(
+    codec: Codec, rid: int, items: list[Any], reply_to: str, deadline: float | None,
+    events: str = "", priority: int = 0,
+) -> tuple[bytes, bytes]:
+    fields = [P.WIRE_VERSION, rid, len(items), reply_to,
+              0 if deadline is None else int(deadline * 1000), codec.name]
+    if events or priority:
+        fields.append(events)
+    if priority:  # left out at 0: such headers stay readable by workers without priorities
+        fields.append(priority)
+    return pack_plain(fields), codec.dumps(items)
+
+
+def error_to_wire(exc: BaseException, kind: str = P.ERR_REMOTE) -> list[str]:
+    tb = "".join(traceback.format_exception(exc))
+    return [type(exc).__qualname__, str(exc), tb, kind]
+
+
+def error_from_wire(body: list[str]) -> QueueServeError:
+    remote_type, message, tb, kind = body
+    if kind == P.ERR_TIMEOUT:
+        return Timeout(message)
+    if kind == P.ERR_BAD_REQUEST:
+        return BadRequest(message)
+    if kind == P.ERR_DEAD_LETTER:
+        return DeadLettered(message)
+    return RemoteError(remote_type, message, tb)

@@ -1,0 +1,271 @@
+"""Redis key names and the wire format: the one place that knows either.
+
+Key layout (``P`` is the configurable prefix, default ``qs``; ``S`` the serving name; ``K`` a batch
+key). Every key of one serving shard shares one hash tag, so a shard lives in one Redis Cluster
+slot and the Lua scripts below may touch all of its keys atomically. A serving with ``shards=N``
+has N tags: ``{S}`` for shard 0 (the layout of an unsharded serving) and ``{S#i}`` or
+``{S#i.k}`` for shard i (``shard_tags``: chosen to spread the shards evenly over the slots),
+each with the keys below; ``meta``, ``config`` and ``workers`` are read from shard 0 only::
+
+    P:{S}:in:K        stream   requests of priority 0 (fields h, p, a); consumer group "qs"
+    P:{S}:pN:K        stream   requests of priority N (1..9), same fields and group
+    P:{S}:seen        zset     batch key -> last enqueue, unix ms (keys idle past the serving's
+                               key_idle_ttl are forgotten: their streams deleted)
+    P:{S}:ready       zset     "<N><K>" for each stream holding entries no worker read yet;
+                               score = when it became ready or was last served, unix ms, minus
+                               PRIORITY_AGE_MS per priority level (lowest is read first)
+    P:{S}:active      zset     streams read from lately, whose pending entries reclaim watches
+    P:{S}:wake        stream   one entry each time a stream becomes ready (MAXLEN ~ 100): idle
+                               workers block on it instead of on every stream
+    P:{S}:depth       hash     batch key -> items admitted and not yet acked
+    P:{S}:keys        set      (before wire 1 with priorities) batch keys; adopted into seen
+    P:{S}:queued      string   items admitted and not yet acked (admission counter, max_queue)
+    P:{S}:meta        hash     the serving's options in force, as workers declared them
+                               (with ``shards``: how many tags its requests spread over)
+    P:{S}:config      hash     options changed at run time (`queueserve config set`)
+    P:{S}:workers     zset     consumer name -> last heartbeat, unix ms (TTL)
+    P:{S}:dead        stream   dead letters: requests that could not be served, with the reason
+    P:{S}:cancel      channel  "stream\nentry id" of requests cancelled after a worker read them
+    P:inbox:C         list     replies for client C, one element per (client, batch) (TTL)
+    P:events:C        channel  streamed events (hooks, generator steps) for client C
+    P:worker:W        hash     registry record of worker process W (TTL)
+
+Request stream entry:
+    h  msgpack [version, request_id, n_items, reply_to, deadline_ms, codec(, events(, priority))]
+       request_id is an int unique within the client whose inbox is reply_to;
+       deadline_ms is unix time in ms, 0 = none; events, when present and not empty, is the
+       pub/sub channel of the caller's client for streamed events (such requests never split);
+       priority (0..9, larger first) is present only when not 0, so entries of priority 0 stay
+       readable by workers that predate it. It is also in the stream's name, which a
+       redelivery keeps.
+    p  the items, a list encoded with the serving's codec
+
+Reply (one list element for one client and one batch): a codec tag byte followed by the codec's
+encoding of ``[[request_id, offset, count, kind, body(, events_total)], ...]`` (events_total:
+for streamed requests, how many events were published before this reply), where kind is
+    RESULTS  body is a list of ``count`` results
+    BATCHED  body is an array/tensor, or a dict of them, whose first axis has ``count`` rows
+    ERROR    body is [remote_type, message, traceback, error_kind] for all ``count`` items
+    STEPS    like RESULTS, each result being the list of an item's generator steps
+
+Event (published on ``P:events:C``): codec tag + encoding of ``[request_id, seq, *body]`` where
+body is ``["h", hook, payload, start, size]`` (start/size: the caller's items in the batch) or
+``["o", RESULTS, values, offset, count]`` (a generator step for items offset:offset+count).
+"""
+
+from __future__ import annotations
+
+import binascii
+import functools
+import re
+from typing import Final
+
+WIRE_VERSION: Final = 1
+GROUP: Final = "qs"
+
+# Reply slice kinds.
+RESULTS: Final = 0
+BATCHED: Final = 1
+ERROR: Final = 2
+DROP: Final = 3  # worker-internal: the caller cancelled; ack without replying
+EVENT: Final = 4  # worker-internal: publish a streamed event (offset field holds its seq)
+STEPS: Final = 5
+
+# Error kinds carried in an ERROR slice, so the client raises the matching queueserve error.
+ERR_REMOTE: Final = "remote"
+ERR_TIMEOUT: Final = "timeout"
+ERR_BAD_REQUEST: Final = "bad_request"
+ERR_DEAD_LETTER: Final = "dead_letter"
+
+# Header field positions.
+H_VERSION, H_ID, H_COUNT, H_REPLY_TO, H_DEADLINE, H_CODEC, H_EVENTS, H_PRIORITY = range(8)
+
+MAX_PRIORITY: Final = 9
+# Ageing: one priority level is worth this much waiting. A stream of priority 0 that waited
+# 9 s goes before fresh priority-9 work, so a low priority is slowed, never starved.
+PRIORITY_AGE_MS: Final = 1000
+
+
+def check_priority(priority: object) -> int:
+    """``priority`` if it is an int from 0 to 9, else ValueError saying so."""
+    if isinstance(priority, bool) or not isinstance(priority, int) or not (
+        0 <= priority <= MAX_PRIORITY
+    ):
+        raise ValueError(
+            f"priority must be an int from 0 (the default) to {MAX_PRIORITY} (most urgent), "
+            f"got {priority!r}"
+        )
+    return priority
+
+
+MAX_SHARDS: Final = 1024
+CLUSTER_SLOTS: Final = 16384
+_TAG_SEARCH_LIMIT: Final = 20 * CLUSTER_SLOTS
+
+
+def check_shards(shards: object) -> int:
+    """``shards`` if it is an int from 1 to MAX_SHARDS, else ValueError saying so."""
+    if isinstance(shards, bool) or not isinstance(shards, int) or not 1 <= shards <= MAX_SHARDS:
+        raise ValueError(
+            f"shards must be an int from 1 (the default: one Redis Cluster slot) to "
+            f"{MAX_SHARDS}, got {shards!r}"
+        )
+    return shards
+
+
+def key_slot(tag: str) -> int:
+    """The Redis Cluster slot of keys whose hash tag is ``tag`` (CRC16/XMODEM mod 16384)."""
+    return binascii.crc_hqx(tag.encode(), 0) % CLUSTER_SLOTS
+
+
+@functools.lru_cache(maxsize=256)
+def shard_tags(serving: str, shards: int) -> tuple[str, ...]:
+    """The hash tags of a serving's shards: ``S`` for shard 0, then ``S#i`` or ``S#i.k``.
+
+    Shard i's tag is the first of ``S#i``, ``S#i.1``, ``S#i.2``... whose slot is
+    ``slot(S) + i * 16384 / shards`` (mod 16384): the shards sit evenly around the slot ring,
+    so on a cluster whose slots are split evenly over its masters (``redis-cli --cluster
+    create``, ``rebalance``) ``shards`` = masters puts one shard on each master, whatever the
+    serving's name. (Plain ``S#i`` tags land on random slots: 3 shards would share a master
+    most of the time.) A pure function of the name and count: every client and worker agrees.
+    """
+    base = key_slot(serving)
+    tags = [serving]
+    for i in range(1, shards):
+        target = (base + round(i * CLUSTER_SLOTS / shards)) % CLUSTER_SLOTS
+        best, best_gap = f"{serving}#{i}", CLUSTER_SLOTS
+        for k in range(_TAG_SEARCH_LIMIT):  # about 16384 tries (a few ms), found every time
+            tag = f"{serving}#{i}" if k == 0 else f"{serving}#{i}.{k}"
+            gap = abs(key_slot(tag) - target)
+            if gap < best_gap:
+                best, best_gap = tag, gap
+                if gap == 0:
+                    break
+        tags.append(best)
+    return tuple(tags)
+
+
+class Keys:
+    """Key names of one shard of one serving under one prefix (shard 0 unless ``shard``)."""
+
+    __slots__ = (
+        "_priority_prefix", "_shards", "_stream_prefix", "_tag", "active", "cancel", "config",
+        "dead", "depth", "keys", "meta", "name", "prefix", "queued", "ready", "seen", "shard",
+        "wake", "workers",
+    )
+
+    def __init__(self, prefix: str, serving: str, shard: int = 0, tag: str | None = None) -> None:
+        if "{" in serving or "}" in serving or ":" in serving or "#" in serving:
+            raise ValueError(
+                f"serving name {serving!r} may not contain '{{', '}}', ':' or '#'; "
+                "use letters, digits, '-', '_' or '.'"
+            )
+        tag = f"{prefix}:{{{tag or serving}}}"
+        self._tag = tag + ":"
+        # Shards found by their tag (``shard_of``), filled by ``sharded``.
+        self._shards: dict[str, Keys] = {self._tag: self}
+        self.prefix = prefix
+        self.name = serving
+        self.shard = shard
+        self.keys = f"{tag}:keys"
+        self.queued = f"{tag}:queued"
+        self.meta = f"{tag}:meta"
+        self.workers = f"{tag}:workers"
+        self.dead = f"{tag}:dead"
+        self.cancel = f"{tag}:cancel"
+        self.config = f"{tag}:config"
+        self.seen = f"{tag}:seen"
+        self.ready = f"{tag}:ready"
+        self.active = f"{tag}:active"
+        self.wake = f"{tag}:wake"
+        self.depth = f"{tag}:depth"
+        self._stream_prefix = f"{tag}:in:"
+        self._priority_prefix = f"{tag}:p"
+
+    @property
+    def stream_prefixes(self) -> tuple[str, str]:
+        """What stream names start with: priority 0, and priority N before ``N:``."""
+        return self._stream_prefix, self._priority_prefix
+
+    def stream(self, batch_key: str, priority: int = 0) -> str:
+        if priority == 0:
+            return self._stream_prefix + batch_key
+        return f"{self._priority_prefix}{priority}:{batch_key}"
+
+    def streams(self, batch_key: str) -> list[str]:
+        """The streams of one batch key, one per priority."""
+        return [self.stream(batch_key, p) for p in range(MAX_PRIORITY + 1)]
+
+    def sharded(self, shards: int) -> list[Keys]:
+        """The keys of every shard of this serving, shard 0 first; ``shard_of`` knows them
+        from then on."""
+        found = [self] if self.shard == 0 else [Keys(self.prefix, self.name)]
+        for i, tag in enumerate(shard_tags(self.name, shards)[1:], start=1):
+            keys = Keys(self.prefix, self.name, i, tag)
+            found.append(self._shards.setdefault(keys._tag, keys))
+        for keys in found:
+            self._shards.setdefault(keys._tag, keys)
+        return [self._shards[k._tag] for k in found]
+
+    def shard_of(self, stream: str) -> Keys:
+        """The keys of the shard ``stream`` belongs to (this one, or one made by ``sharded``);
+        ValueError for any other key."""
+        if stream.startswith(self._tag):
+            return self
+        end = stream.find("}:")
+        found = self._shards.get(stream[: end + 2]) if end > 0 else None
+        if found is None:
+            raise ValueError(f"{stream!r} is not a key of serving {self.name!r}'s shards")
+        return found
+
+    def parse_stream(self, stream: str) -> tuple[str, int]:
+        """(batch key, priority) of one of this serving's request streams, of any shard."""
+        if not stream.startswith(self._tag):
+            return self.shard_of(stream).parse_stream(stream)
+        if stream.startswith(self._stream_prefix):
+            return stream[len(self._stream_prefix) :], 0
+        rest = stream[len(self._priority_prefix) :]
+        if not stream.startswith(self._priority_prefix) or rest[1:2] != ":" or not (
+            rest[:1].isdigit()
+        ):
+            raise ValueError(f"{stream!r} is not a request stream of serving {self.name!r}")
+        return rest[2:], int(rest[0])
+
+    def batch_key_of(self, stream: str) -> str:
+        return self.parse_stream(stream)[0]
+
+
+# A client id as clients make them (16 hex digits), with room for other clients' own schemes;
+# never ':' or a hash tag, so an address can only name this prefix's inboxes and channels.
+_CLIENT_ID: Final = r"[A-Za-z0-9_.-]{1,64}"
+
+
+def is_inbox(prefix: str, name: str) -> bool:
+    """Whether ``name`` is an inbox of this prefix: the only keys a worker may reply to.
+
+    Reply addresses come from stream entries, which anyone with write access can forge; a reply
+    sent to any other key would write into (and set a TTL on) a key the worker does not own.
+    """
+    return _address(prefix, "inbox").fullmatch(name) is not None
+
+
+def is_events_channel(prefix: str, name: str) -> bool:
+    """Whether ``name`` is a client's events channel of this prefix."""
+    return _address(prefix, "events").fullmatch(name) is not None
+
+
+@functools.cache
+def _address(prefix: str, kind: str) -> re.Pattern[str]:
+    return re.compile(re.escape(f"{prefix}:{kind}:") + _CLIENT_ID)
+
+
+def inbox_key(prefix: str, client_id: str) -> str:
+    return f"{prefix}:inbox:{client_id}"
+
+
+def events_channel(prefix: str, client_id: str) -> str:
+    return f"{prefix}:events:{client_id}"
+
+
+def worker_key(prefix: str, worker_id: str) -> str:
+    return f"{prefix}:worker:{worker_id}"

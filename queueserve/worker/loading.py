@@ -1,0 +1,49 @@
+"""Finding servings by ``module:attr``, the way the CLI and partition processes name them."""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+from queueserve.serving import Serving
+
+
+class ServingNotFound(Exception):
+    """A ``module:attr`` that does not name a serving; the message says what was wrong."""
+
+
+def load_servings(spec: str) -> list[Serving]:
+    """Servings named by ``module:attr``: a Serving, a Serving subclass, or a list of them."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ServingNotFound(f"{spec!r} is not module:attr (for example myapp.servings:embed)")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ServingNotFound(
+            f"cannot import module {module_name!r} for {spec!r}: {e}{_where_hint(module_name, e)}"
+        ) from None
+    try:
+        obj = getattr(module, attr)
+    except AttributeError:
+        raise ServingNotFound(f"module {module_name!r} has no attribute {attr!r}") from None
+    if isinstance(obj, type) and issubclass(obj, Serving):
+        obj = obj()
+    found = obj if isinstance(obj, list | tuple) else [obj]
+    if not found or not all(isinstance(s, Serving) for s in found):
+        raise ServingNotFound(
+            f"{spec} is {type(obj).__name__}, not a qs.Serving (or a subclass, or a list of them)"
+        )
+    return list(found)
+
+
+def _where_hint(module_name: str, error: ImportError) -> str:
+    """Where to put the module, when it is the spec's own package that is missing (not one it
+    imports: that is a missing dependency, and its message says so already)."""
+    top = module_name.split(".")[0]
+    if getattr(error, "name", None) != top:
+        return ""
+    return (
+        f" (searched the current directory {os.getcwd()} and PYTHONPATH: run the command from "
+        f"the folder that holds {top}/ or {top}.py, or add that folder to PYTHONPATH)"
+    )

@@ -1,0 +1,89 @@
+"""The worker's metrics endpoint: merged from partition processes, or from this process."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Protocol
+
+from queueserve.broker.sync import RedisBroker
+from queueserve.serving import Serving
+from queueserve.worker.metrics import MetricsServer, PrometheusMiddleware, QueueCollector
+
+if TYPE_CHECKING:
+    from queueserve.worker.partition import PartitionHost
+    from queueserve.worker.supervisor import Supervisor
+
+
+class Worker(Protocol):
+    """What the metrics endpoint reads of the worker it serves (``qs.Worker``), named here so
+    that this module need not import the worker module that starts it."""
+
+    @property
+    def redis_url(self) -> str: ...
+
+    @property
+    def prefix(self) -> str: ...
+
+    @property
+    def servings(self) -> Sequence[Serving]: ...
+
+    metrics_port: int | None
+
+__all__ = ["MetricsServer", "in_process_metrics", "supervisor_metrics"]
+
+
+@contextlib.contextmanager
+def supervisor_metrics(worker: Worker, supervisor: Supervisor) -> Iterator[MetricsServer]:
+    """Serve metrics for a supervised worker while the block runs.
+
+    Partitions inherit PROMETHEUS_MULTIPROC_DIR and write their metrics there; this process
+    merges them per scrape and adds queue depths from Redis."""
+    from prometheus_client import CollectorRegistry, multiprocess
+
+    with contextlib.ExitStack() as stack:
+        if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            directory = stack.enter_context(tempfile.TemporaryDirectory(prefix="qs-metrics-"))
+            os.environ["PROMETHEUS_MULTIPROC_DIR"] = directory
+            stack.callback(os.environ.pop, "PROMETHEUS_MULTIPROC_DIR", None)
+        path = os.environ["PROMETHEUS_MULTIPROC_DIR"]
+        supervisor.on_exit = lambda pid: multiprocess.mark_process_dead(  # type: ignore[no-untyped-call]
+            pid, path
+        )
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry, path=path)  # type: ignore[no-untyped-call]
+        broker = RedisBroker(worker.redis_url)
+        stack.callback(broker.close)
+        registry.register(QueueCollector(broker, worker.prefix, [s.name for s in worker.servings]))
+        assert worker.metrics_port is not None
+        server = MetricsServer(
+            worker.metrics_port, registry, healthy=supervisor.all_alive,
+            ready=lambda: broker.ping() and supervisor.all_registered(broker, worker),
+        )
+        stack.callback(server.stop)
+        yield server.start()
+
+
+def in_process_metrics(
+    worker: Worker, host: Callable[[], PartitionHost | None]
+) -> tuple[MetricsServer, PrometheusMiddleware]:
+    """Metrics of a worker serving in this process (``Worker.start()``), in their own registry."""
+    from prometheus_client import CollectorRegistry
+
+    registry = CollectorRegistry()
+    broker = RedisBroker(worker.redis_url)
+    registry.register(QueueCollector(broker, worker.prefix, [s.name for s in worker.servings]))
+
+    def healthy() -> bool:
+        running = host()
+        return running is not None and running.alive()
+
+    assert worker.metrics_port is not None
+    server = MetricsServer(
+        worker.metrics_port, registry, healthy=healthy, ready=lambda: healthy() and broker.ping()
+    )
+    return server, PrometheusMiddleware(registry)
+
+

@@ -1,0 +1,92 @@
+"""Middleware: cross-cutting features (metrics, tracing) hooked into the worker loop.
+
+Every hook is a no-op here; subclasses override what they need. Hooks are called per batch or
+per event, never per item, and a hook that raises is logged and otherwise ignored: a metrics
+bug must not stop a worker.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from queueserve.serving import Partition, Serving
+
+if TYPE_CHECKING:
+    from queueserve.worker.pipeline.stepping import StepRecord
+
+log = logging.getLogger(__name__)
+
+
+class Middleware:
+    """Base class with no-op hooks."""
+
+    def partition_started(self, servings: Sequence[Serving], partition: Partition) -> None:
+        """The partition process is serving (after every serving's setup())."""
+
+    def batch_started(
+        self, serving: Serving, key: str, partition: Partition, size: int, waited: float
+    ) -> None:
+        """A batch of ``size`` items starts; ``waited`` seconds since its clock started."""
+
+    def batch_finished(
+        self, serving: Serving, key: str, partition: Partition, size: int, seconds: float
+    ) -> None:
+        """The batch function returned (or failed) after ``seconds``."""
+
+    def replied(
+        self, serving: Serving, items: int, requests: int, errors: dict[str, int]
+    ) -> None:
+        """Answers were written: ``items`` answered, ``requests`` finished, errors by kind."""
+
+    def redelivered(self, serving: Serving, entries: int) -> None:
+        """Entries of dead consumers were reclaimed."""
+
+    def step(self, serving: Serving, partition: Partition, record: StepRecord) -> None:
+        """A step serving ran one step (its joins' prefill, then one decode of the running
+        set); ``record`` has its slots, token budget, prefill and prefix-cache figures."""
+
+    def dead_lettered(self, serving: Serving, entries: int) -> None:
+        """Entries went to the dead-letter stream."""
+
+
+class Middlewares(Middleware):
+    """Calls each middleware's hook in turn, logging (not raising) their failures."""
+
+    def __init__(self, middlewares: Sequence[Middleware] = ()) -> None:
+        self.middlewares = list(middlewares)
+
+    def _each(self, hook: str, *args: object) -> None:
+        for m in self.middlewares:
+            try:
+                getattr(m, hook)(*args)
+            except Exception:
+                log.exception("middleware %s.%s failed", type(m).__name__, hook)
+
+    def partition_started(self, servings: Sequence[Serving], partition: Partition) -> None:
+        self._each("partition_started", servings, partition)
+
+    def batch_started(
+        self, serving: Serving, key: str, partition: Partition, size: int, waited: float
+    ) -> None:
+        self._each("batch_started", serving, key, partition, size, waited)
+
+    def batch_finished(
+        self, serving: Serving, key: str, partition: Partition, size: int, seconds: float
+    ) -> None:
+        self._each("batch_finished", serving, key, partition, size, seconds)
+
+    def replied(
+        self, serving: Serving, items: int, requests: int, errors: dict[str, int]
+    ) -> None:
+        self._each("replied", serving, items, requests, errors)
+
+    def redelivered(self, serving: Serving, entries: int) -> None:
+        self._each("redelivered", serving, entries)
+
+    def step(self, serving: Serving, partition: Partition, record: StepRecord) -> None:
+        self._each("step", serving, partition, record)
+
+    def dead_lettered(self, serving: Serving, entries: int) -> None:
+        self._each("dead_lettered", serving, entries)

@@ -1,0 +1,198 @@
+"""One partition: every serving of a worker, run in this process on one device."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+
+from queueserve.broker.retry import RedisFailure, Retry
+from queueserve.broker.sync import RedisBroker
+from queueserve.serving import Partition, Serving
+from queueserve.wire import protocol as P
+from queueserve.wire.timing import HEARTBEAT_EVERY_S, HEARTBEAT_TTL_MS
+from queueserve.worker.middleware import Middleware, Middlewares
+from queueserve.worker.pipeline.runner import ServingRunner
+
+log = logging.getLogger(__name__)
+
+
+class StartupFailed(Exception):
+    """A partition could not start serving (a serving's setup() raised, Redis refused its
+    first heartbeat); the message is one line naming the serving and the cause."""
+
+
+class Tally(Middleware):
+    """What a partition ran and answered: for its stop line (what it drained, what in all)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # hooks come from each serving's execute and reply threads
+        self.batches = 0
+        self.requests = 0
+        self.items = 0
+
+    def batch_finished(
+        self, serving: Serving, key: str, partition: Partition, size: int, seconds: float
+    ) -> None:
+        with self._lock:
+            self.batches += 1
+
+    def replied(
+        self, serving: Serving, items: int, requests: int, errors: dict[str, int]
+    ) -> None:
+        with self._lock:
+            self.requests += requests
+            self.items += items
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return {"batches": self.batches, "requests": self.requests, "items": self.items}
+
+
+def drained_line(drained: dict[str, int], total: dict[str, int]) -> str:
+    """``drained 1 batch (2 requests) held at stop; 14 batches, 30 requests, 120 items in all``"""
+    return (
+        f"drained {_n(drained['batches'], 'batch', 'batches')} "
+        f"({_n(drained['requests'], 'request', 'requests')}) held at stop; "
+        f"{_n(total['batches'], 'batch', 'batches')}, "
+        f"{_n(total['requests'], 'request', 'requests')}, {_n(total['items'], 'item', 'items')} "
+        "in all"
+    )
+
+
+def _n(count: int, one: str, many: str) -> str:
+    return f"{count} {one if count == 1 else many}"
+
+
+def consumer_name(partition: Partition) -> str:
+    """Unique per process start, readable in `queueserve stats`: host-pid-partition-nonce."""
+    return f"{socket.gethostname()}-{os.getpid()}-p{partition.index}-{uuid.uuid4().hex[:6]}"
+
+
+class PartitionHost:
+    """Runs the servings of one partition in the current process."""
+
+    def __init__(
+        self,
+        servings: Sequence[Serving],
+        url: str,
+        prefix: str,
+        partition: Partition,
+        *,
+        batch_keys: tuple[str, ...] = (),
+        max_concurrent_batches: int = 1,
+        middleware: Sequence[Middleware] = (),
+        on_fatal: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.partition = partition
+        self.tally = Tally()
+        self.middleware = Middlewares([self.tally, *middleware])
+        self.broker = RedisBroker(url)
+        self.consumer = consumer_name(partition)
+        # Every loop of this partition shares the broker, so an outage is logged once here.
+        self.broker = RedisBroker(url, owner=f"partition {partition.index} ({self.consumer})")
+        self.servings = list(servings)
+        self.runners = [
+            ServingRunner(
+                s, self.broker, prefix, self.consumer, partition,
+                batch_keys=batch_keys, max_concurrent_batches=max_concurrent_batches,
+                middleware=self.middleware, on_fatal=on_fatal,
+            )
+            for s in self.servings
+        ]
+        self._stopped = threading.Event()
+        self._heart: threading.Thread | None = None
+        self.summary: dict[str, int] = {}  # after stop(): totals, and what was drained at stop
+        self.drained: dict[str, int] = {}
+        self._info: dict[str, str | int] = {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "partition": partition.index,
+            "partitions": partition.count,
+            "device": partition.device,
+            "servings": ",".join(s.name for s in self.servings),
+            "started_ms": int(time.time() * 1000),
+        }
+
+    def start(self) -> None:
+        """Set up every serving and start serving; StartupFailed (one line) when that fails."""
+        for runner in self.runners:  # setup() prepares the object that will serve
+            try:
+                runner.serving.setup(self.partition)
+            except Exception as e:
+                raise StartupFailed(
+                    f"setup() of serving {runner.serving.name!r} failed on partition "
+                    f"{self.partition.index} ({self.partition.device}): {type(e).__name__}: {e}"
+                ) from e
+        try:
+            self._beat()
+        except RedisFailure as e:
+            raise StartupFailed(str(e)) from e
+        for runner in self.runners:
+            runner.start()
+        self._heart = threading.Thread(
+            target=self._heartbeat_loop, name="queueserve-heartbeat", daemon=True
+        )
+        self._heart.start()
+        self.middleware.partition_started([r.serving for r in self.runners], self.partition)
+        log.info(
+            "partition %d (%s) serving %s as consumer %s",
+            self.partition.index, self.partition.device,
+            ", ".join(s.name for s in self.servings), self.consumer,
+        )
+
+    def stop(self, timeout: float | None) -> bool:
+        """Stop reading, finish and answer what is held; True when all of it was answered."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        at_stop = self.tally.snapshot()
+        for runner in self.runners:
+            runner.stop_reading()
+        log.info("partition %d draining: stopped reading, finishing what it holds%s",
+                 self.partition.index, "" if timeout is None else f" (up to {timeout:g}s)")
+        finished = all(
+            r.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            for r in self.runners
+        )
+        self._stopped.set()
+        if self._heart is not None:
+            self._heart.join(timeout=5)
+        try:
+            self.broker.leave([r.keys for r in self.runners], self.consumer)
+        except RedisFailure as e:
+            log.warning("could not unregister consumer %s: %s", self.consumer, e)
+        if not finished:
+            log.warning(
+                "partition %d: shutdown timeout passed with work unfinished; it stays pending "
+                "for other workers to reclaim", self.partition.index,
+            )
+        self.broker.close()
+        self.summary = self.tally.snapshot()
+        drained = {k: v - at_stop[k] for k, v in self.summary.items()}
+        log.info("partition %d stopped: %s", self.partition.index,
+                 drained_line(drained, self.summary))
+        self.drained = drained
+        return finished
+
+    def alive(self) -> bool:
+        return all(t.is_alive() for r in self.runners for t in r.threads)
+
+    def _keys(self) -> list[P.Keys]:
+        return [r.keys for r in self.runners]
+
+    def _beat(self) -> None:
+        self.broker.heartbeat(self._keys(), self.consumer, HEARTBEAT_TTL_MS, self._info)
+
+    def _heartbeat_loop(self) -> None:
+        # A missed beat is retried at the next one: a backoff shorter than the beat is moot.
+        retry = Retry(self.broker.outage, "heartbeat")
+        while not self._stopped.wait(HEARTBEAT_EVERY_S):
+            try:
+                self._beat()
+            except RedisFailure as e:
+                retry.failed(e)
+                continue
+            retry.succeeded()

@@ -1,0 +1,140 @@
+"""A running batch's callers: where its hook events (``qs.emit``) and generator steps go.
+
+While a batch runs, the executor installs its ``BatchContext`` as the hook sink
+(``queueserve.hooks.running``), so ``qs.emit`` called from the batch function's thread knows which
+callers' items are in the batch. Events are
+not sent from the executor: they go to the replier in order, which publishes them on each
+caller's pub/sub channel before it writes the durable replies of the same batch. Each event of
+a request carries a sequence number, and its durable reply the count of events sent before it,
+so the caller can order events across partitions and notice lost ones.
+
+A generator batch function yields steps: one entry per item of the batch (a list, or an
+array/tensor whose first axis is the batch). ``qs.END`` in an item's place ends that item; a
+request whose items have all ended is answered at once, while the batch goes on for the others.
+Each item's result is the list of its step values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from queueserve.hooks import END
+from queueserve.results import BatchResults
+from queueserve.wire import protocol as P
+from queueserve.wire.messages import error_to_wire
+from queueserve.worker.pipeline.batching import Request, Slice
+from queueserve.worker.pipeline.execute import Row, Segment
+
+
+class BatchContext:
+    """What a running batch knows about its callers, for hooks and generator steps."""
+
+    def __init__(
+        self,
+        hooks: frozenset[str] | None,
+        slices: list[Slice],
+        sink: Callable[[list[Row]], None],
+        cancelled: set[tuple[str, bytes]],
+        serving: str,
+    ) -> None:
+        self.hooks = hooks
+        self.slices = slices
+        self.sink = sink
+        self.cancelled = cancelled
+        self.serving = serving
+        self.finished: set[int] = set()  # ids of requests answered before the batch ended
+
+    def _positions(self) -> Iterator[tuple[int, Slice]]:
+        pos = 0
+        for s in self.slices:
+            yield pos, s
+            pos += len(s.items)
+
+    def hook(self, name: str, payload: Any) -> None:
+        if self.hooks is None or name not in self.hooks:
+            return
+        rows: list[Row] = []
+        for start, s in self._positions():
+            if s.request.events and id(s.request) not in self.finished:
+                rows.append(_event(s.request, ["h", name, payload, start, len(s.items)]))
+        if rows:
+            self.sink(rows)
+
+    def drive(self, steps: Iterator[Any], size: int) -> list[Segment]:
+        """Run a generator batch function to its end; returns segments of per-item step lists
+        (or the error) for the requests not answered early."""
+        values: list[list[Any]] = [[] for _ in range(size)]
+        ended = [False] * size
+        try:
+            for step in steps:
+                self._step(step, size, values, ended)
+                if all(ended):
+                    break
+        except Exception as e:
+            error = error_to_wire(e)
+            return [
+                (i, 1, BatchResults([values[i]], 1, self.serving, P.STEPS) if ended[i] else error)
+                for i in range(size)
+            ]
+        return [(0, size, BatchResults(values, size, self.serving, P.STEPS))]
+
+    def _step(self, step: Any, size: int, values: list[list[Any]], ended: list[bool]) -> None:
+        items = BatchResults(step, size, self.serving).as_list()
+        rows: list[Row] = []
+        for start, s in self._positions():
+            request = s.request
+            if id(request) in self.finished:
+                continue
+            if request.ref in self.cancelled:  # its caller left: no more steps for it
+                self.finished.add(id(request))
+                rows.append((request, s.offset, len(s.items), P.DROP, None))
+                continue
+            rows += self._slice_step(s, start, items, values, ended)
+        if rows:
+            self.sink(rows)
+
+    def _slice_step(
+        self, s: Slice, start: int, items: list[Any], values: list[list[Any]], ended: list[bool]
+    ) -> list[Row]:
+        """One slice's share of a step: its Output events, and its answer once all ended."""
+        request, end = s.request, start + len(s.items)
+        rows: list[Row] = []
+        for run_start, run in _active_runs(items, ended, start, len(s.items)):
+            for i, v in enumerate(run):
+                values[run_start + i].append(v)
+            if request.events:
+                first = s.offset + run_start - start
+                rows.append(_event(request, ["o", P.RESULTS, run, first, len(run)]))
+        for i in range(start, end):
+            ended[i] = ended[i] or items[i] is END
+        if all(ended[start:end]):
+            self.finished.add(id(request))
+            rows.append((request, s.offset, len(s.items), P.STEPS, values[start:end]))
+        return rows
+
+    def unfinished(self) -> list[Slice]:
+        return [s for s in self.slices if id(s.request) not in self.finished]
+
+
+def _active_runs(
+    items: list[Any], ended: list[bool], start: int, count: int
+) -> Iterator[tuple[int, list[Any]]]:
+    """Contiguous runs of items in ``start:start+count`` that have a value in this step."""
+    run: list[Any] = []
+    run_start = start
+    for i in range(start, start + count):
+        if ended[i] or items[i] is END:
+            if run:
+                yield run_start, run
+            run, run_start = [], i + 1
+        else:
+            run.append(items[i])
+    if run:
+        yield run_start, run
+
+
+def _event(request: Request, body: list[Any]) -> Row:
+    seq = request.events_sent
+    request.events_sent += 1
+    return (request, seq, 0, P.EVENT, body)

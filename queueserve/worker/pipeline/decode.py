@@ -1,0 +1,282 @@
+"""Stream entries into requests: everything a worker checks before an item may join a batch.
+
+Anyone who can write to Redis can write to a stream, so nothing in an entry is trusted: each
+failure becomes an error reply (when the entry names a readable reply address) or a dead letter.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from queueserve.serving import Serving
+from queueserve.wire import protocol as P
+from queueserve.wire.codec import Codec
+from queueserve.worker.pipeline.batching import Request, Slice
+
+_KNOWN_INBOXES = 4096  # valid reply addresses an intake remembers
+
+
+@dataclass(slots=True)
+class Rejected:
+    """An entry that will not run: why, and whom to tell (reply_to/rid) if anyone."""
+
+    entry_id: bytes
+    stream: str
+    reason: str
+    kind: str  # protocol ERR_* kind for the caller
+    request: Request | None  # set when the caller can be answered
+
+
+@dataclass(slots=True)
+class Accepted:
+    request: Request
+    slices: list[Slice]
+    rejected_items: list[tuple[int, str]]  # (offset, reason): items over capacity
+
+
+def _header(fields: dict[bytes, bytes]) -> list[Any]:
+    raw = fields.get(b"h")
+    if raw is None:
+        raise ValueError("entry has no 'h' (header) field")
+    header = msgpack.unpackb(raw, raw=False)
+    if not isinstance(header, list) or len(header) not in (6, 7, 8):
+        raise ValueError(f"header must be a list of 6 to 8 fields, got {header!r:.200}")
+    if header[P.H_VERSION] != P.WIRE_VERSION:
+        raise ValueError(
+            f"wire version {header[P.H_VERSION]!r} is not supported (this worker speaks "
+            f"{P.WIRE_VERSION}); upgrade the older side"
+        )
+    rid, n, reply_to, deadline = header[1:5]
+    events = header[P.H_EVENTS] if len(header) > P.H_EVENTS else ""
+    if not (isinstance(rid, int) and isinstance(n, int) and n >= 1 and isinstance(reply_to, str)
+            and isinstance(deadline, int) and isinstance(events, str)):
+        raise ValueError(f"header fields have wrong types: {header!r:.200}")
+    if len(header) > P.H_PRIORITY:
+        P.check_priority(header[P.H_PRIORITY])
+    return header
+
+
+def decode_plain(
+    codec: Codec, max_payload_bytes: int, stream: str, entry_id: bytes,
+    fields: dict[bytes, bytes], now: float, inboxes: set[str],
+) -> tuple[Request, Slice] | None:
+    """The common entry, checked as ``decode_entry`` checks it but in one pass: a valid,
+    unexpired request without events, to a reply address seen before, for a serving without
+    cost function, input model or hooks. None for anything else, valid or not:
+    ``decode_entry`` then says what it is (the same checks, with the reasons)."""
+    raw, payload, admitted = fields.get(b"h"), fields.get(b"p"), fields.get(b"a", b"0")
+    if raw is None or payload is None or len(payload) > max_payload_bytes:
+        return None
+    try:
+        header = msgpack.unpackb(raw, raw=False)
+    except Exception:
+        return None
+    if type(header) is not list or not 6 <= len(header) <= 8:
+        return None
+    version, rid, n, reply_to, deadline_ms, codec_name, *rest = header
+    if (version != P.WIRE_VERSION or type(rid) is not int or type(n) is not int or n < 1
+            or type(deadline_ms) is not int or type(reply_to) is not str
+            or reply_to not in inboxes
+            or codec_name != codec.name or (deadline_ms and deadline_ms <= now * 1000)
+            or not admitted.isdigit() or len(admitted) > 12):
+        return None
+    priority = 0
+    if rest:
+        if rest[0] != "" or (len(rest) > 1 and (type(rest[1]) is not int
+                                                 or not 0 <= rest[1] <= P.MAX_PRIORITY)):
+            return None
+        priority = rest[1] if len(rest) > 1 else 0
+    count = int(admitted)
+    if count > n or count > len(payload):
+        return None
+    try:
+        items = codec.loads(payload)
+    except Exception:
+        return None
+    if type(items) is not list or len(items) != n:
+        return None
+    request = Request(entry_id, stream, rid, reply_to, deadline_ms / 1000.0, n)
+    request.priority = priority
+    request.admitted = count
+    return request, Slice(request, 0, items)
+
+
+def _refusal(
+    serving: Serving, codec: Codec, request: Request, codec_name: str, now: float
+) -> tuple[str, str] | None:
+    """(reason, error kind) when the header alone rules the request out."""
+    if request.deadline and request.deadline <= now:
+        return "the request's deadline passed before a worker took it", P.ERR_TIMEOUT
+    if request.no_split and request.n > serving.batch_size:
+        return (
+            f"serving {serving.name!r} streams events, so a request always runs in one batch; "
+            f"this one has {request.n} items, more than batch_size={serving.batch_size}: send "
+            f"at most {serving.batch_size} items per request (client.stream does)",
+            P.ERR_BAD_REQUEST,
+        )
+    if codec_name != codec.name:
+        return (
+            f"serving {serving.name!r} accepts codec {codec.name!r}, the request used "
+            f"{codec_name!r}; send with the serving's codec",
+            P.ERR_BAD_REQUEST,
+        )
+    return None
+
+
+def decode_entry(
+    serving: Serving, codec: Codec, prefix: str, stream: str, entry_id: bytes,
+    fields: dict[bytes, bytes], now: float | None = None, inboxes: set[str] | None = None,
+) -> Accepted | Rejected:
+    """Check and decode one entry; ``now`` (unix seconds) is when its deadline is judged,
+    taken once for a whole read; ``inboxes`` holds reply addresses found valid already (a
+    client's entries all name one), and gets this entry's when it is valid."""
+    try:
+        header = _header(fields)
+    except Exception as e:
+        return Rejected(entry_id, stream, f"malformed entry: {e}", P.ERR_BAD_REQUEST, None)
+    rid, n, reply_to, deadline_ms, codec_name = header[1:6]
+    if not _valid_inbox(prefix, reply_to, inboxes):
+        reason = (
+            f"malformed entry: reply address {reply_to!r:.100} is not an inbox of prefix "
+            f"{prefix!r} ({prefix}:inbox:<client id>); only queueserve clients may enqueue"
+        )
+        return Rejected(entry_id, stream, reason, P.ERR_BAD_REQUEST, None)
+    size = len(header)
+    events = header[P.H_EVENTS] if size > P.H_EVENTS else ""
+    no_split = bool(events) or serving.hooks is not None
+    bad_events = bool(events) and not P.is_events_channel(prefix, events)
+    request = Request(entry_id, stream, rid, reply_to, deadline_ms / 1000.0, n,
+                      "" if bad_events else events, no_split)
+    if size > P.H_PRIORITY:
+        request.priority = header[P.H_PRIORITY]
+    payload = fields.get(b"p")
+    admitted = _admitted(fields, n, payload)
+    request.admitted = admitted or 0
+    problem = (
+        _address_refusal(prefix, events, bad_events, admitted)
+        or _refusal(serving, codec, request, codec_name, time.time() if now is None else now)
+        or _payload_refusal(serving, payload)
+    )
+    if problem is not None:
+        return Rejected(entry_id, stream, problem[0], problem[1], request)
+    try:
+        items = codec.loads(payload)  # type: ignore[arg-type]  # checked by _payload_refusal
+    except Exception as e:
+        reason = f"payload could not be decoded with codec {codec.name!r}: {e}"
+        return Rejected(entry_id, stream, reason, P.ERR_BAD_REQUEST, request)
+    if not isinstance(items, list) or len(items) != n:
+        got = f"{len(items)} items" if isinstance(items, list) else type(items).__name__
+        reason = f"payload must be a list of {n} items as the header says, got {got}"
+        return Rejected(entry_id, stream, reason, P.ERR_BAD_REQUEST, request)
+    if serving.cost is None and serving.input_model is None:  # the common case
+        return Accepted(request, [Slice(request, 0, items)], [])
+    accepted = _slices(serving, request, items)
+    if no_split and (weight := sum(s.weight for s in accepted.slices)) > serving.batch_size:
+        reason = (
+            f"serving {serving.name!r} streams events, so a request always runs in one batch; "
+            f"this one costs {weight:g}, more than the capacity (batch_size="
+            f"{serving.batch_size}): send fewer items per request"
+        )
+        return Rejected(entry_id, stream, reason, P.ERR_BAD_REQUEST, request)
+    return accepted
+
+
+def _valid_inbox(prefix: str, reply_to: str, known: set[str] | None) -> bool:
+    if known is not None and reply_to in known:
+        return True
+    if not P.is_inbox(prefix, reply_to):
+        return False
+    if known is not None:
+        if len(known) >= _KNOWN_INBOXES:  # forged addresses must not grow it for ever
+            known.clear()
+        known.add(reply_to)
+    return True
+
+
+def _payload_refusal(serving: Serving, payload: bytes | None) -> tuple[str, str] | None:
+    if payload is None:
+        return "entry has no 'p' (payload) field", P.ERR_BAD_REQUEST
+    if len(payload) > serving.max_payload_bytes:
+        return (
+            f"payload of {len(payload)} bytes is over max_payload_bytes="
+            f"{serving.max_payload_bytes} of serving {serving.name!r}; send fewer or smaller "
+            "items",
+            P.ERR_BAD_REQUEST,
+        )
+    return None
+
+
+def _admitted(fields: dict[bytes, bytes], n: int, payload: bytes | None) -> int | None:
+    """Items the entry was admitted with ('a', written by enqueue.lua), or None when the field
+    is forged: it is released from the admission counter on ack, so it may never exceed the
+    entry's own item count, nor that count the bytes its payload has to hold them (a forged
+    10**9 would zero the counter and lift max_queue for everyone)."""
+    raw = fields.get(b"a", b"0")
+    if not raw.isdigit() or len(raw) > 12:
+        return None
+    admitted = int(raw)
+    return admitted if admitted <= n and admitted <= len(payload or b"") else None
+
+
+def _address_refusal(
+    prefix: str, events: str, bad_events: bool, admitted: int | None
+) -> tuple[str, str] | None:
+    if bad_events:
+        return (
+            f"malformed entry: events channel {events!r:.100} is not a client channel of prefix "
+            f"{prefix!r} ({prefix}:events:<client id>)",
+            P.ERR_BAD_REQUEST,
+        )
+    if admitted is None:
+        return (
+            "malformed entry: its admission count ('a') is not an integer between 0 and its "
+            "item count; only queueserve clients may enqueue",
+            P.ERR_BAD_REQUEST,
+        )
+    return None
+
+
+def _admit(serving: Serving, item: Any) -> tuple[Any, float]:
+    """The item as the batch function will see it, and its cost; ValueError when it cannot
+    join any batch (fails the serving's input_model, or costs more than the capacity)."""
+    item = serving.validate_item(item)
+    if serving.cost is None:
+        return item, 1.0
+    try:
+        cost = serving.item_cost(item)
+    except Exception as e:  # the caller learns why its item was refused
+        raise ValueError(f"the serving's cost function failed for this item: {e!r}") from None
+    if cost > serving.batch_size:
+        raise ValueError(
+            f"item costs {cost:g}, more than the capacity of serving {serving.name!r} "
+            f"(batch_size={serving.batch_size}); split the item or raise batch_size"
+        )
+    return item, cost
+
+
+def _slices(serving: Serving, request: Request, items: list[Any]) -> Accepted:
+    if serving.cost is None and serving.input_model is None:
+        return Accepted(request, [Slice(request, 0, items)], [])
+    slices: list[Slice] = []
+    rejected: list[tuple[int, str]] = []
+    run: list[Any] = []
+    costs: list[float] = []
+    start = 0
+    for i, raw in enumerate(items):
+        try:
+            item, cost = _admit(serving, raw)
+        except ValueError as e:
+            if run:
+                slices.append(Slice(request, start, run, costs if serving.cost else None))
+            rejected.append((i, str(e)))
+            run, costs, start = [], [], i + 1
+            continue
+        run.append(item)
+        costs.append(cost)
+    if run:
+        slices.append(Slice(request, start, run, costs if serving.cost else None))
+    return Accepted(request, slices, rejected)

@@ -1,0 +1,194 @@
+"""What a partition takes in: new entries, entries reclaimed from dead consumers, and the
+decisions made before any item may join a batch (decode, reject, dead-letter).
+
+Reclaiming is what makes a SIGKILLed worker lose nothing. Every live partition checks, once a
+second, which consumers hold unacked entries without having sent a heartbeat for
+``DEAD_AFTER_S``; it claims their entries (XCLAIM with that idle floor, so two claimers never
+both win one) and serves them. A live worker's heartbeat is its claim: however long its batch
+runs, its entries are never taken from it. A reclaimed request runs in a batch of its own, and
+only then counts as delivered again; one already delivered ``max_deliveries`` times — it keeps
+killing the processes that run it — goes to the dead-letter stream instead, and its caller is
+told. Requests that shared a batch with it are retried alone and answered.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+from queueserve.broker.sync import RedisBroker
+from queueserve.serving import Serving
+from queueserve.wire import protocol as P
+from queueserve.wire.codec import Codec
+from queueserve.wire.messages import error_to_wire
+from queueserve.wire.timing import DEAD_AFTER_S
+from queueserve.worker.middleware import Middleware
+from queueserve.worker.pipeline.batching import Slice
+from queueserve.worker.pipeline.decode import Accepted, Rejected, decode_entry, decode_plain
+from queueserve.worker.pipeline.execute import Row
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Entry:
+    stream: str
+    entry_id: bytes
+    fields: dict[bytes, bytes]
+    deliveries: int = 1
+    reclaimed: bool = False
+
+
+@dataclass(slots=True)
+class Intake:
+    """Turns stream entries into slices for the assembler and rows for the replier."""
+
+    serving: Serving
+    codec: Codec
+    keys: P.Keys
+    broker: RedisBroker
+    consumer: str
+    middleware: Middleware
+    inboxes: set[str] = field(default_factory=set)  # reply addresses found valid
+
+    def ingest(self, entries: list[Entry]) -> tuple[list[tuple[str, Slice]], list[Row]]:
+        """(batch key, slice) pairs to assemble and error rows to send at once."""
+        slices: list[tuple[str, Slice]] = []
+        rows: list[Row] = []
+        serving, codec, prefix = self.serving, self.codec, self.keys.prefix
+        now = time.time()
+        key_of: dict[str, str] = {}  # entries come in runs of one stream
+        plain = serving.cost is None and serving.input_model is None and serving.hooks is None
+        for entry in entries:
+            if plain and not entry.reclaimed:
+                fast = decode_plain(codec, serving.max_payload_bytes, entry.stream,
+                                    entry.entry_id, entry.fields, now, self.inboxes)
+                if fast is not None:
+                    key = key_of.get(entry.stream)
+                    if key is None:
+                        key = key_of[entry.stream] = self.keys.batch_key_of(entry.stream)
+                    slices.append((key, fast[1]))
+                    continue
+            decoded = decode_entry(
+                serving, codec, prefix, entry.stream, entry.entry_id, entry.fields, now,
+                self.inboxes,
+            )
+            if entry.reclaimed and entry.deliveries >= serving.max_deliveries:
+                self._dead_letter(entry, decoded, rows)
+            elif isinstance(decoded, Rejected):
+                self._reject(entry, decoded, rows)
+            else:
+                # A redelivered request may be what killed the last worker: it runs alone, so
+                # a crash counts against it and not against the requests batched with it.
+                decoded.request.alone = entry.reclaimed
+                key = key_of.get(entry.stream)
+                if key is None:
+                    key = key_of[entry.stream] = self.keys.batch_key_of(entry.stream)
+                if len(decoded.slices) == 1:
+                    slices.append((key, decoded.slices[0]))
+                else:
+                    slices += [(key, piece) for piece in decoded.slices]
+                rows += [
+                    (decoded.request, offset, 1, P.ERROR,
+                     error_to_wire(ValueError(reason), P.ERR_BAD_REQUEST))
+                    for offset, reason in decoded.rejected_items
+                ]
+        return slices, rows
+
+    def _reject(self, entry: Entry, rejected: Rejected, rows: list[Row]) -> None:
+        log.warning(
+            "serving %s: entry %s of %s rejected: %s",
+            self.serving.name, entry.entry_id.decode(), entry.stream, rejected.reason,
+        )
+        request = rejected.request
+        if request is None:  # nobody to answer: keep it for an operator, with the reason
+            self.broker.dead_letter(
+                self.keys, entry.stream, entry.entry_id,
+                {"reason": rejected.reason, "deliveries": entry.deliveries, **_raw(entry)},
+                ack_now=True,
+            )
+            return
+        rows.append((request, 0, request.n, P.ERROR, ["BadRequest", rejected.reason, "",
+                                                       rejected.kind]))
+
+    def _dead_letter(self, entry: Entry, decoded: Accepted | Rejected, rows: list[Row]) -> None:
+        reason = (
+            f"delivered {entry.deliveries} times (max_deliveries="
+            f"{self.serving.max_deliveries}): each worker holding it died before answering"
+        )
+        request = decoded.request
+        self.middleware.dead_lettered(self.serving, 1)
+        dead = self.keys.shard_of(entry.stream).dead  # each shard keeps its own dead letters
+        log.error(
+            "serving %s: entry %s of %s moved to %s: %s",
+            self.serving.name, entry.entry_id.decode(), entry.stream, dead, reason,
+        )
+        self.broker.dead_letter(
+            self.keys, entry.stream, entry.entry_id,
+            {"reason": reason, "deliveries": entry.deliveries, "claimed_by": self.consumer,
+             **_raw(entry)},
+            ack_now=request is None,
+        )
+        if request is not None:  # the replier answers, then acks and releases its items
+            message = f"{reason}; it was moved to the dead-letter stream {dead}"
+            rows.append((request, 0, request.n, P.ERROR,
+                         ["DeadLettered", message, "", P.ERR_DEAD_LETTER]))
+
+    def reclaim(
+        self, streams: list[str], room: int, held: set[tuple[str, bytes]]
+    ) -> list[Entry]:
+        """Claim up to ``room`` entries held by dead consumers, and take back entries Redis says
+        this consumer holds but it does not know of (``held``: (stream, id) it knows).
+        ``streams`` are those read from lately (the only ones that can hold pending entries);
+        their pending summaries come in one round trip, however many keys there are."""
+        alive = self.broker.alive_consumers(self.keys, DEAD_AFTER_S) | {self.consumer}
+        claimed: list[Entry] = []
+        for stream, owners in self.broker.pending_by_stream(streams).items():
+            mine = {entry_id for s, entry_id in held if s == stream}
+            for owner, pending in owners:
+                if owner == self.consumer and pending > len(mine) and room > 0:
+                    forgotten = self._forgotten(stream, mine, room)
+                    claimed += forgotten
+                    room -= len(forgotten)
+                if owner in alive or room <= 0:
+                    continue
+                got = self.broker.claim(
+                    stream, owner, self.consumer, int(DEAD_AFTER_S * 1000), room
+                )
+                if got:
+                    self.middleware.redelivered(self.serving, len(got))
+                    log.warning(
+                        "serving %s: reclaimed %d entries of %s from dead consumer %s",
+                        self.serving.name, len(got), stream, owner,
+                    )
+                claimed += [Entry(stream, eid, fields, n, True) for eid, fields, n in got]
+                room -= len(got)
+        return claimed
+
+    def _forgotten(self, stream: str, held: set[bytes], room: int) -> list[Entry]:
+        """Entries pending for this consumer that it does not hold: a Redis restart that lost
+        the last second of writes (AOF everysec) can bring back an acked entry, or a delivery
+        the worker never saw. Its owner is alive, so no one else would ever reclaim it."""
+        got = self.broker.claim(
+            stream, self.consumer, self.consumer, 0, room + len(held), skip=held
+        )
+        if got:
+            log.warning(
+                "serving %s: %d entries of %s were pending for this worker without its knowing "
+                "(Redis lost writes?); serving them again", self.serving.name, len(got), stream,
+            )
+        return [Entry(stream, eid, fields, n, True) for eid, fields, n in got[:room]]
+
+    def forget_dead_consumers(self, streams: list[str]) -> None:
+        """Remove consumers that are dead and hold nothing, so the group lists the living."""
+        alive = self.broker.alive_consumers(self.keys, DEAD_AFTER_S) | {self.consumer}
+        for stream in streams:
+            for name, pending, idle_ms in self.broker.consumers(stream):
+                if name not in alive and pending == 0 and idle_ms > DEAD_AFTER_S * 1000:
+                    self.broker.forget_consumer(stream, name)
+
+
+def _raw(entry: Entry) -> dict[str, bytes]:
+    """The entry's own fields, kept so `queueserve dead-letter replay` can re-send it."""
+    return {f"field:{k.decode(errors='replace')}": v for k, v in entry.fields.items()}

@@ -1,0 +1,476 @@
+"""One serving inside one partition: read, assemble, execute, reply, ack.
+
+Threads, so that Redis I/O overlaps the batch function:
+
+    reader     read.lua (XREADGROUP over the ready streams) / reclaim -> Intake -> Assembler
+               (about max_concurrent_batches + 1 batches waiting beyond those running)
+    preparers  Assembler -> prepare_batch (prepare_concurrency of them; servings with one)
+    executors  -> batch function (max_concurrent_batches of them, default 1; see stages.py)
+    replier    finish_batch, rows -> RPUSH to each caller's inbox + XACK/XDEL, one round trip
+
+Executors never touch Redis, so the device never waits on it; a partition holds at most
+max_concurrent_batches running batches, prepare_concurrency + 1 batches prepared ahead of them
+and about one more batch waiting each, over all batch keys, so a crash strands little and other
+workers share the load. A step serving runs instead under one step executor
+(step_executor.py).
+
+The reader never polls batch keys. Enqueue marks a stream *ready* (a sorted set ranked by
+priority and waiting time); one script call reads the ready streams in rank order and unmarks
+those it drained. Only when nothing is ready for it does the reader block, on the serving's
+wake stream, which enqueue writes to when a stream becomes ready: an idle key costs nothing,
+and a key with work never waits behind an idle one. A pub/sub listener learns of requests
+cancelled after they were read.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from queueserve.broker.retry import RedisFailure, Retry
+from queueserve.broker.sync import ReadOutcome, RedisBroker, Subscription
+from queueserve.serving import Partition, Serving
+from queueserve.steps import StepServing
+from queueserve.wire import protocol as P
+from queueserve.wire.codec import get_codec
+from queueserve.wire.timing import FORGET_EVERY_S, RECLAIM_EVERY_S
+from queueserve.worker.middleware import Middleware
+from queueserve.worker.pipeline.batching import Assembler, Slice, TakenBatch
+from queueserve.worker.pipeline.execute import Row
+from queueserve.worker.pipeline.intake import Entry, Intake
+from queueserve.worker.pipeline.replies import ReplyQueue, compose
+from queueserve.worker.pipeline.stages import Outgoing, Stages
+from queueserve.worker.pipeline.step_executor import StepExecutor
+from queueserve.worker.pipeline.stepping import StepQueue
+from queueserve.worker.runtime_config import apply_overrides, parse_overrides
+
+log = logging.getLogger(__name__)
+
+Ref = tuple[str, bytes]  # (stream, entry id): entry ids are unique only within one stream
+
+INBOX_TTL_MS = 600_000  # an inbox outlives a client that died by ten minutes at most
+SWEEP_EVERY_S = 1.0  # how often entries written without enqueue.lua and idle keys are looked for
+CONFIG_EVERY_S = 1.0  # how often run-time option changes are looked for
+READ_BLOCK_MS = 100  # longest wait on the wake stream when nothing is ready
+FULL_WAIT_S = 0.002  # nothing readable but keys whose batch is full: look again this soon
+_EXPIRED = ["Timeout", "the request's deadline passed before its batch ran", "", P.ERR_TIMEOUT]
+
+
+
+class ServingRunner:
+    """Serves one serving from one partition process."""
+
+    def __init__(
+        self,
+        serving: Serving,
+        broker: RedisBroker,
+        prefix: str,
+        consumer: str,
+        partition: Partition,
+        *,
+        batch_keys: tuple[str, ...] = (),
+        max_concurrent_batches: int = 1,
+        middleware: Middleware | None = None,
+        on_fatal: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.on_fatal = on_fatal
+        # Our own copy: run-time config changes it, and the caller's object stays as it was.
+        self.serving = serving = copy.copy(serving)
+        self.middleware = middleware or Middleware()
+        self.broker = broker
+        self.keys = P.Keys(prefix, serving.name)
+        self.shards = self.keys.sharded(serving.shards)  # shard 0 is self.keys
+        self.consumer = consumer
+        self.partition = partition
+        self.intake = Intake(
+            serving, get_codec(serving.codec), self.keys, broker, consumer, self.middleware
+        )
+        self.codec = self.intake.codec
+        # A step serving's requests wait in a StepQueue (the reader fills it like an
+        # Assembler) and run under continuous batching, by one StepExecutor.
+        self.stepper: StepExecutor | None = None
+        self.assembler: Assembler | StepQueue
+        if isinstance(serving, StepServing):
+            self.assembler = StepQueue(serving.batch_size)
+            self.stepper = StepExecutor(self, self.assembler)
+        else:
+            self.assembler = Assembler(
+                serving.batch_size, serving.batch_timeout, P.PRIORITY_AGE_MS / 1000
+            )
+        self.executors = 1 if self.stepper else max_concurrent_batches
+        self.cond = threading.Condition()
+        self.outbox = ReplyQueue()
+        self.held: set[Ref] = set()  # entries read and not yet acked
+        self.cancelled: set[Ref] = set()  # held entries whose callers cancelled them
+        self.recent_cancels: dict[Ref, float] = {}  # cancels of entries not (yet) held
+        self._declared_keys = tuple(dict.fromkeys(("default", *batch_keys)))
+        self._reading = True
+        self._read_ended = False  # set by the reader as it ends: nothing more comes in
+        self._readers_left = len(self.shards)  # the read ends when every shard's reader has
+        self._drained_at: dict[int, bytes] = {}  # per shard: wake id of a read that left nothing
+        self._caught_up = False  # the last read left nothing unread (see _hand_over)
+        self._flushing = False  # stopping: run what is buffered without waiting for timeouts
+        self.threads: list[threading.Thread] = []
+        self._config_seen: dict[str, str] = {}
+        self._item_weight = 1.0  # cost per item read, averaged (1 without a cost function)
+        self._cancels: Subscription | None = None
+        self._listening = threading.Event()  # cleared when the cancel listener must end
+        self._reply_retry = Retry(broker.outage, f"serving {serving.name} replier")
+        self._reserved = 0  # items that reads in flight may bring (one reader per shard)
+        self.stages = Stages(
+            serving, partition, self.middleware, take=self._next_batch,
+            withdraw=self._withdraw_cancelled_now, send=self._hand_over,
+            count_delivery=self._count_delivery, cancelled=self.cancelled,
+        )
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> None:
+        self._apply_config()
+        self.broker.declare(self.keys, self.serving.options())
+        self.broker.adopt_legacy_keys(self.keys)
+        for keys in self.shards:
+            for key in self._declared_keys:  # so anyone may XADD to a declared key's stream
+                self.broker.ensure_group(keys.stream(key))
+        self._listen_for_cancels()
+        # One reader per shard: each blocks on its own shard's wake stream (on a cluster one
+        # blocking read cannot span slots), so an idle shard never delays a busy one; they
+        # share the look-ahead budget and fill one assembler, so batches mix shards.
+        roles: list[tuple[str, Callable[[], None]]] = [
+            (f"reader{keys.shard or ''}", functools.partial(self._read_loop, keys))
+            for keys in self.shards
+        ]
+        roles.append(("replier", self._reply_loop))
+        if self.stepper is not None:
+            roles.append(("stepper", self.stepper.run))
+        else:
+            roles += [(f"preparer{i}", self.stages.prepare_loop)
+                      for i in range(self.stages.preparers)]
+            roles += [(f"executor{i}", self.stages.device_loop) for i in range(self.executors)]
+        roles += [("cancels", self._cancel_loop)]  # last: join() stops it after the others
+        for name, target in roles:
+            t = threading.Thread(
+                target=self._guarded, args=(name, target),
+                name=f"queueserve-{self.serving.name}-p{self.partition.index}-{name}",
+                daemon=True,
+            )
+            t.start()
+            self.threads.append(t)
+
+    def _guarded(self, name: str, loop: Callable[[], None]) -> None:
+        """Run a thread's loop; if it dies of a bug, the partition must not live on half-dead
+        (heartbeating while it serves nothing): ``on_fatal`` ends it, and its work is
+        reclaimed by others or by its restart."""
+        try:
+            loop()
+        except BaseException:
+            log.critical(
+                "serving %s partition %d: %s thread died", self.serving.name,
+                self.partition.index, name, exc_info=True,
+            )
+            self.on_fatal()
+
+    @property
+    def reading(self) -> bool:
+        """Still taking work in (False once draining for a stop and the last read is in:
+        a read that began before the stop may bring entries after it)."""
+        return not self._read_ended
+
+    def stop_reading(self) -> None:
+        with self.cond:
+            self._reading = False
+            self._flushing = True
+            self.cond.notify_all()
+
+    def join(self, timeout: float | None) -> bool:
+        """Wait until everything held was executed and answered; False if time ran out."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        # Cancels matter until the last held batch ran: the listener stops after the others.
+        *working, listener = self.threads
+        for t in working:
+            t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        self._listening.clear()  # it ends within one read of its channel
+        listener.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return not any(t.is_alive() for t in self.threads)
+
+    def _listen_for_cancels(self) -> None:
+        """Subscribe to the serving's cancel channel before reading: a cancel published
+        between the first read and a later subscription would be missed."""
+        self._cancels = self.broker.subscribe(*(keys.cancel for keys in self.shards))
+        self._cancels.open()
+        self._listening.set()
+
+    def _cancel_loop(self) -> None:
+        assert self._cancels is not None
+        retry = Retry(self.broker.outage, "cancel listener")
+        try:
+            while self._listening.is_set():
+                try:
+                    message = self._cancels.get(timeout=0.5)
+                except RedisFailure as e:
+                    time.sleep(retry.failed(e))
+                    continue
+                retry.succeeded()
+                if message is not None:
+                    self._on_cancel(message)
+        finally:
+            self._cancels.close()
+
+    def _on_cancel(self, message: bytes) -> None:
+        stream, _, entry_id = message.partition(b"\n")
+        ref = (stream.decode(), entry_id)
+        with self.cond:
+            if ref in self.held:
+                self.cancelled.add(ref)
+            else:  # maybe read but not yet recorded as held: _take_in looks here
+                now = time.monotonic()
+                self.recent_cancels[ref] = now
+                for old in [r for r, t in self.recent_cancels.items() if t < now - 60]:
+                    del self.recent_cancels[old]
+
+    # -- reader ------------------------------------------------------------------------------
+    def _read_loop(self, keys: P.Keys) -> None:
+        shard = f" shard {keys.shard}" if len(self.shards) > 1 else ""
+        retry = Retry(self.broker.outage, f"serving {self.serving.name}{shard} reader")
+        now = time.monotonic()
+        due = {"sweep": 0.0, "reclaim": 0.0, "forget": now + FORGET_EVERY_S}
+        if keys.shard == 0:  # run-time config is the serving's, kept on shard 0
+            due["config"] = now
+        try:
+            while self._reading:
+                try:
+                    self._housekeeping(due, keys)
+                    self._read_once(keys)
+                except RedisFailure as e:
+                    time.sleep(retry.failed(e))
+                    continue
+                retry.succeeded()
+        finally:
+            with self.cond:
+                self._readers_left -= 1
+                self._read_ended = self._readers_left == 0
+                self.cond.notify_all()
+
+    def _housekeeping(self, due: dict[str, float], keys: P.Keys) -> None:
+        now = time.monotonic()
+        if now >= due["sweep"]:
+            forgotten, _ = self.broker.sweep(
+                keys, int(self.serving.key_idle_ttl * 1000), self._declared_keys
+            )
+            if forgotten:
+                log.info("serving %s: forgot %d batch keys idle for %gs", self.serving.name,
+                         forgotten, self.serving.key_idle_ttl)
+            due["sweep"] = now + SWEEP_EVERY_S
+        if now >= due["reclaim"]:
+            with self.cond:
+                room = self._budget()
+                held = set(self.held)
+            if room > 0:
+                streams = self.broker.active_streams(keys)
+                self._take_in(self.intake.reclaim(streams, room, held))
+            due["reclaim"] = now + RECLAIM_EVERY_S
+        if now >= due.get("config", float("inf")):
+            self._apply_config()
+            due["config"] = now + CONFIG_EVERY_S
+        if now >= due["forget"]:
+            self.intake.forget_dead_consumers(self.broker.active_streams(keys))
+            due["forget"] = now + FORGET_EVERY_S
+
+    def _budget(self) -> int:
+        """Items to read now over all keys (caller holds self.cond).
+
+        The partition's look-ahead is one batch beyond each executor's: reading stops while
+        that much waits. Keys holding a whole batch are not read at all (``full_keys``), so
+        the look-ahead always has room for other keys: a quiet key is read while a busy key's
+        batch waits, and a key can fill its batch while others hold partial ones. Capacity is
+        in items or cost; read.lua counts items: divide by what an item usually costs."""
+        room = self.assembler.capacity * (self.executors + 1) - self.assembler.weight
+        room -= self._reserved * self._item_weight
+        return max(1, int(room / self._item_weight)) if room > 0 else 0
+
+    def _per_key(self) -> int:
+        return max(1, int(self.assembler.capacity / self._item_weight))
+
+    def _apply_config(self) -> None:
+        """Pick up options changed with `queueserve config set`."""
+        raw = self.broker.config(self.keys)
+        if raw == self._config_seen:
+            return
+        self._config_seen = raw
+        with self.cond:
+            changed = apply_overrides(self.serving, parse_overrides(raw))
+            self.assembler.capacity = self.serving.batch_size
+            self.assembler.timeout = self.serving.batch_timeout
+            self.cond.notify_all()
+        for name, (old, new) in changed.items():
+            log.warning("serving %s: %s changed from %s to %s", self.serving.name, name, old, new)
+
+    def _read_once(self, keys: P.Keys) -> None:
+        with self.cond:
+            budget = self._budget()
+            if budget <= 0:  # the look-ahead is full: an executor taking a batch wakes us
+                self.cond.wait(RECLAIM_EVERY_S)
+                return
+            full = self.assembler.full_keys()
+            per_key = self._per_key()
+            self._reserved += budget
+        try:
+            if not self._reading:
+                return
+            read = self._read(keys, budget, per_key, full)
+            # Nothing known to wait in Redis: an idle executor may reply itself.
+            self._caught_up = read.drained or not (read.entries or read.skipped)
+            if read.entries:
+                self._take_in([
+                    Entry(stream, entry_id, fields)
+                    for stream, entries in read.entries
+                    for entry_id, fields in entries
+                ])
+        finally:
+            with self.cond:
+                self._reserved -= budget
+                if len(self.shards) > 1:
+                    self.cond.notify_all()  # another shard's reader may wait for this room
+        if read.entries:
+            if read.drained:
+                # Another read now would only cost a round trip (and, on an idle worker,
+                # compete with the executor for the CPU): block for new work next.
+                self._drained_at[keys.shard] = read.wake_id
+            elif not read.skipped and not read.more:
+                # This read looked at every ready stream: if all it read from now hold a
+                # whole batch, reading again finds nothing until a batch is taken.
+                self._wait_while_full({keys.batch_key_of(s) for s, _ in read.entries})
+        elif read.skipped:  # work waits only on keys we hold a full batch of
+            self._wait_while_full(set(full))
+
+    def _read(
+        self, keys: P.Keys, budget: int, per_key: int, full: list[str]
+    ) -> ReadOutcome:
+        """What is ready of this shard; when the last read drained it (or nothing is ready),
+        block on the wake stream and read in the same round trip."""
+        wake_id = self._drained_at.pop(keys.shard, None)
+        if wake_id is None:
+            read = self.broker.read_ready(keys, self.consumer, budget, per_key, full)
+            if read.entries or read.skipped:
+                return read
+            wake_id = read.wake_id
+        return self.broker.wait_then_read(
+            keys, wake_id, READ_BLOCK_MS, self.consumer, budget, per_key, full
+        )
+
+    def _wait_while_full(self, keys: set[str]) -> None:
+        """Wait for an executor to take a batch, if every key of ``keys`` still holds a whole
+        one (an executor that took one meanwhile notified before this wait began); at most
+        FULL_WAIT_S, so work that became ready on other keys meanwhile is read soon."""
+        with self.cond:
+            if keys.issubset(self.assembler.full_keys()):
+                self.cond.wait(FULL_WAIT_S)
+
+    def _take_in(self, entries: list[Entry]) -> None:
+        if not entries:
+            return
+        slices, rows = self.intake.ingest(entries)
+        if slices and self.serving.cost is not None:  # a moving average of an item's cost
+            items = sum(len(piece.items) for _, piece in slices)
+            weight = max(sum(piece.weight for _, piece in slices) / max(items, 1), 1e-3)
+            self._item_weight = 0.8 * self._item_weight + 0.2 * weight
+        now = time.monotonic()
+        with self.cond:
+            idle = self.assembler.buffered == 0  # an executor may be waiting for this
+            # Every request taken in, also those answered only with errors: held until acked.
+            self.held.update(piece.request.ref for _, piece in slices)
+            self.held.update(row[0].ref for row in rows)
+            if self.recent_cancels:
+                self.cancelled.update(self.held.intersection(self.recent_cancels))
+            for key, piece in slices:
+                self.assembler.add(key, piece, now)
+            self.cond.notify_all()
+        if rows:  # only now: the replier forgets what it acks, so it must be held first
+            self.outbox.put(rows)
+        if idle and slices:
+            # Let the woken executor have the GIL now: otherwise it waits until this thread
+            # blocks in its next read, a few hundred µs of Python later, on the critical
+            # path of an idle worker's answer. Reading ahead can wait.
+            time.sleep(0)
+
+    # -- executor ----------------------------------------------------------------------------
+    def _next_batch(self) -> tuple[TakenBatch, list[Slice]] | None:
+        assert isinstance(self.assembler, Assembler)  # step servings run a StepExecutor
+        with self.cond:
+            while True:
+                now = time.monotonic()
+                chosen, wait = self.assembler.pick(now, flush=self._flushing)
+                if chosen is not None:
+                    batch = self.assembler.take(chosen, now)
+                    self.cond.notify_all()  # room for the reader
+                    return batch, self._withdraw_cancelled(batch)
+                if self._read_ended and self.assembler.buffered == 0:
+                    return None
+                self.cond.wait(wait)
+
+    def _withdraw_cancelled(self, batch: TakenBatch) -> list[Slice]:
+        """Remove slices whose callers cancelled (caller holds self.cond); returns them."""
+        if not self.cancelled:
+            return []
+        dropped = [s for s in batch.slices if s.request.ref in self.cancelled]
+        if dropped:
+            batch.slices = [s for s in batch.slices if s.request.ref not in self.cancelled]
+        return dropped
+
+    def _withdraw_cancelled_now(self, batch: TakenBatch) -> list[Slice]:
+        with self.cond:
+            return self._withdraw_cancelled(batch)
+
+    def _count_delivery(self, piece: Slice) -> None:
+        request = piece.request
+        try:
+            self.broker.count_delivery(request.stream, self.consumer, request.entry_id)
+        except RedisFailure as e:
+            log.warning("serving %s: could not count a redelivery: %s", self.serving.name, e)
+
+    def _hand_over(self, item: Outgoing) -> None:
+        """Give a batch's reply to the replier; or, when no batch waits to run, the last read
+        left nothing unread and the replier has nothing to do, send it from this thread: the
+        executor would idle meanwhile, and the answer leaves without waking another thread.
+        With a backlog the replier sends, so the next batch never waits for a reply; and a
+        serving with a finish stage always finishes on the replier, off the device's thread."""
+        if (item is not None and self._caught_up and not self.serving.has_finish
+                and self.assembler.buffered == 0 and self.outbox.claim()):
+            try:
+                self._send(item if isinstance(item, list) else item.rows())
+            finally:
+                self.outbox.done()
+        else:
+            self.outbox.put(item)
+
+    # -- replier -----------------------------------------------------------------------------
+    def _reply_loop(self) -> None:
+        executors_left = self.executors  # each executor ends the outbox with None
+        while executors_left:
+            rows: list[Row] = []
+            # Whatever is queued goes in the same round trip.
+            for item in self.outbox.take():
+                if item is None:
+                    executors_left -= 1
+                else:  # a Reply is split into rows here, off the device's thread
+                    rows += item if isinstance(item, list) else item.rows()
+            try:
+                if rows:
+                    self._send(rows)
+            finally:
+                self.outbox.done()
+
+    def _send(self, rows: list[Row]) -> None:
+        out = compose(rows, self.codec, self.serving.max_reply_bytes)
+        # Unacked work stays ours (our heartbeat holds it): retry until Redis takes it.
+        self._reply_retry.run(lambda: self.broker.reply_and_ack(
+            self.keys, out.messages, out.acks, INBOX_TTL_MS, out.events
+        ))
+        self.middleware.replied(self.serving, out.answered, len(out.finished), out.errors)
+        with self.cond:
+            self.held.difference_update(out.finished)
+            if self.cancelled:
+                self.cancelled.difference_update(out.finished)

@@ -1,0 +1,274 @@
+"""The executor side of a partition: prepare (a CPU pool) → device (one thread per device) →
+finish (on the replier).
+
+    preparers  Assembler -> prepare_batch -> ready      (prepare_concurrency threads)
+    device     ready, in order per key -> handle_batch   (max_concurrent_batches threads)
+    replier    finish_batch -> split into rows -> encode (the runner's replier thread)
+
+The device stage only runs the batch function: tokenizing, collating and building tensors
+happen in a preparer while the device computes the batch before, and turning outputs into
+replies (device-to-host copies, splitting, encoding) happens after it has moved on. A serving
+without a preparation stage has no preparers: its device threads take batches straight from the
+Assembler, with no hand-off between threads.
+
+Bounds: at most ``prepare_concurrency + 1`` batches are taken ahead of the device (being
+prepared, or prepared and waiting), so memory stays flat however long the backlog is: one more
+than the pool, so a prepared batch is waiting when the device finishes one.
+
+Order: batches of one batch key start on the device in the order they left the Assembler,
+whichever preparer finished first; batches of different keys do not wait for each other.
+
+Cancellation and deadlines are checked when a batch is taken, and again when it reaches the
+device: a request cancelled or expired while its batch was being prepared is not run. The
+rest of that batch is prepared again on the device's thread (what was prepared included the
+withdrawn items); this happens only in that race.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from queueserve import hooks
+from queueserve.serving import Partition, Serving
+from queueserve.wire import protocol as P
+from queueserve.worker.middleware import Middleware
+from queueserve.worker.pipeline.batch_context import BatchContext
+from queueserve.worker.pipeline.batching import Slice, TakenBatch
+from queueserve.worker.pipeline.execute import (
+    NOT_PREPARED,
+    Part,
+    Row,
+    Segment,
+    error_rows,
+    finish_segments,
+    prepare_isolated,
+    rows_for,
+    run_isolated,
+)
+
+log = logging.getLogger(__name__)
+
+EXPIRED = ["Timeout", "the request's deadline passed before its batch ran", "", P.ERR_TIMEOUT]
+
+
+@dataclass(eq=False)
+class Staged:
+    """A batch on its way to the device: its place in line and what preparing it gave."""
+
+    batch: TakenBatch
+    seq: int = 0
+    parts: list[Part] | None = None  # None: not prepared (yet)
+
+
+@dataclass(eq=False)
+class Reply:
+    """A batch's outcome as the device left it, turned into reply rows by the replier."""
+
+    serving: Serving
+    slices: list[Slice]
+    segments: list[Segment]
+    answered: set[int] = field(default_factory=set)  # ids of requests answered mid-batch
+
+    def rows(self) -> list[Row]:
+        rows = rows_for(self.slices, finish_segments(self.serving, self.segments))
+        if self.answered:
+            return [r for r in rows if id(r[0]) not in self.answered]
+        return rows
+
+
+Outgoing = list[Row] | Reply | None
+
+
+def split_expired(slices: list[Slice], now: float) -> tuple[list[Slice], list[Slice]]:
+    """(live, expired) by each request's deadline (unix seconds, 0 = none)."""
+    live: list[Slice] = []
+    expired: list[Slice] = []
+    for s in slices:
+        (expired if s.request.deadline and s.request.deadline <= now else live).append(s)
+    return live, expired
+
+
+class Stages:
+    """Prepare, device and finish stages of one serving in one partition.
+
+    ``take`` blocks until the Assembler gives a batch (and the slices cancelled in it), or
+    returns None once the partition stops and nothing is left; ``withdraw`` removes slices
+    cancelled since; ``send`` hands rows to the replier; ``count_delivery`` records a run of a
+    redelivered request.
+    """
+
+    def __init__(
+        self,
+        serving: Serving,
+        partition: Partition,
+        middleware: Middleware,
+        *,
+        take: Callable[[], tuple[TakenBatch, list[Slice]] | None],
+        withdraw: Callable[[TakenBatch], list[Slice]],
+        send: Callable[[Outgoing], None],
+        count_delivery: Callable[[Slice], None],
+        cancelled: set[tuple[str, bytes]],
+    ) -> None:
+        self.serving = serving
+        self.partition = partition
+        self.middleware = middleware
+        self._take = take
+        self._withdraw = withdraw
+        self._send = send
+        self._count_delivery = count_delivery
+        self._cancelled = cancelled
+        self.preparers = serving.prepare_concurrency if serving.has_prepare else 0
+        self.bound = self.preparers + 1  # batches taken ahead of the device, at most
+        self._cond = threading.Condition()
+        self._take_lock = threading.Lock()  # one preparer takes at a time: seqs follow takes
+        self._seq = 0
+        self._ahead = 0  # taken by preparers, not yet on the device
+        self._ready: dict[int, Staged] = {}  # prepared, by seq
+        self._lines: dict[str, deque[int]] = {}  # per key, seqs not yet on the device, in order
+        self._preparers_left = self.preparers
+
+    # -- preparers ---------------------------------------------------------------------------
+    def prepare_loop(self) -> None:
+        """One preparer thread: take, prepare, hand to the device; until nothing is left."""
+        try:
+            while (staged := self._take_ahead()) is not None:
+                self._prepare(staged)
+                with self._cond:
+                    self._ready[staged.seq] = staged
+                    self._cond.notify_all()
+        finally:
+            with self._cond:
+                self._preparers_left -= 1
+                self._cond.notify_all()
+
+    def _take_ahead(self) -> Staged | None:
+        with self._cond:
+            while self._ahead >= self.bound:
+                self._cond.wait()
+            self._ahead += 1
+        with self._take_lock:
+            taken = self._take()
+            if taken is None:
+                with self._cond:
+                    self._ahead -= 1
+                    self._cond.notify_all()
+                return None
+            batch, dropped = taken
+            with self._cond:
+                self._seq += 1
+                staged = Staged(batch, self._seq)
+                self._lines.setdefault(batch.key, deque()).append(staged.seq)
+        self._drop(dropped)
+        return staged
+
+    def _prepare(self, staged: Staged) -> None:
+        """Prepare the batch's live items (those cancelled or expired are answered instead)."""
+        batch = staged.batch
+        live, expired = split_expired(batch.slices, time.time())
+        if expired:
+            self._send(error_rows(expired, EXPIRED))
+            batch.slices = live
+        if not live:
+            staged.parts = []
+            return
+        if live[0].request.alone:  # redelivered: this run is what max_deliveries counts
+            self._count_delivery(live[0])
+        staged.parts = prepare_isolated(
+            self.serving, batch.items(), batch.key, self.partition
+        )
+
+    # -- device ------------------------------------------------------------------------------
+    def device_loop(self) -> None:
+        """One device thread: run batches until nothing is left, then tell the replier."""
+        try:
+            while (staged := self._next_for_device()) is not None:
+                self._run(staged)
+        finally:
+            self._send(None)
+
+    def _next_for_device(self) -> Staged | None:
+        if not self.preparers:
+            taken = self._take()
+            if taken is None:
+                return None
+            batch, dropped = taken
+            self._drop(dropped)
+            return Staged(batch)
+        with self._cond:
+            while True:
+                staged = self._runnable()
+                if staged is not None:
+                    del self._ready[staged.seq]
+                    line = self._lines[staged.batch.key]
+                    line.popleft()
+                    if not line:  # keys come and go: keep only those with batches ahead
+                        del self._lines[staged.batch.key]
+                    self._ahead -= 1
+                    self._cond.notify_all()
+                    return staged
+                if not self._preparers_left and not self._ready:
+                    return None
+                self._cond.wait()
+
+    def _runnable(self) -> Staged | None:
+        """The oldest prepared batch that is first in its key's line (caller holds _cond)."""
+        best: Staged | None = None
+        for seq, staged in self._ready.items():
+            if self._lines[staged.batch.key][0] == seq and (best is None or seq < best.seq):
+                best = staged
+        return best
+
+    def _run(self, staged: Staged) -> None:
+        batch = staged.batch
+        withdrawn = self._withdraw(batch) if self.preparers else []
+        self._drop(withdrawn)
+        live, expired = split_expired(batch.slices, time.time())
+        if expired:
+            self._send(error_rows(expired, EXPIRED))
+            batch.slices = live
+        if not live:
+            return
+        if staged.parts is None or withdrawn or expired:
+            # Not prepared (no preparation stage, or a preparer's items were withdrawn since):
+            # run_isolated prepares in this thread when the serving has a prepare_batch.
+            if staged.parts is None and live[0].request.alone:
+                self._count_delivery(live[0])
+            staged.parts = [Part(0, len(batch), NOT_PREPARED)]
+        self._execute(batch, live, staged.parts)
+
+    def _execute(self, batch: TakenBatch, live: list[Slice], parts: list[Part]) -> None:
+        items = batch.items()
+        self.middleware.batch_started(
+            self.serving, batch.key, self.partition, len(items), time.monotonic() - batch.opened
+        )
+        started = time.perf_counter()
+        context = BatchContext(
+            self.serving.hooks, live, self._send, self._cancelled, self.serving.name
+        )
+        segments: list[Segment] = []
+        with hooks.running(context):
+            for part in parts:
+                if part.error is not None:
+                    segments.append((part.start, part.count, part.error))
+                    continue
+                segments += run_isolated(
+                    self.serving, items[part.start : part.start + part.count], batch.key,
+                    self.partition, context.drive, part.start, part.prepared,
+                )
+        took = time.perf_counter() - started
+        self.middleware.batch_finished(self.serving, batch.key, self.partition, len(items), took)
+        log.debug(
+            "serving %s key %s partition %d: batch of %d items (%d requests) in %.2f ms",
+            self.serving.name, batch.key, self.partition.index, len(items), len(live),
+            took * 1000,
+        )
+        self._send(Reply(self.serving, live, segments, context.finished))
+
+    def _drop(self, slices: list[Slice]) -> None:
+        if slices:
+            self._send([(s.request, s.offset, len(s.items), P.DROP, None) for s in slices])

@@ -1,0 +1,452 @@
+"""The executor thread of a step serving: continuous batching on one partition.
+
+Each cycle, between two decode steps:
+
+1. withdraw what must leave: waiting or running requests whose callers cancelled (answered
+   ``DROP``, their slots free for this very boundary) or whose deadline passed (``Timeout``);
+2. measure newly waiting requests (``tokens``, ``prompt_tokens``; errors answer the request),
+   look their prompts up in the prefix cache, and let the ``Scheduler`` pick who joins;
+3. prefill the joiners (one call per batch key, resuming from cached prefixes), then decode one
+   step of every running sequence (one call per batch key: keys never share a call);
+4. stream each step's outputs as events, and answer every request whose items all ended.
+
+Rows go to the runner's replier like a batch executor's, so replies, acks and events travel the
+usual way. A failed prefill or decode answers the sequences of that call with the error — after
+bisecting to find the culprit under ``on_error="isolate"`` — and the others go on.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, Protocol
+
+from queueserve.broker.sync import RedisBroker
+from queueserve.errors import RedisUnavailable
+from queueserve.hooks import END
+from queueserve.serving import Partition
+from queueserve.steps import Resume, StepServing
+from queueserve.wire import protocol as P
+from queueserve.wire.messages import error_to_wire
+from queueserve.worker.middleware import Middleware
+from queueserve.worker.pipeline.batching import Request
+from queueserve.worker.pipeline.execute import Row, _free_device_memory, is_out_of_memory
+from queueserve.worker.pipeline.prefix_cache import PrefixCache
+from queueserve.worker.pipeline.replies import ReplyQueue
+from queueserve.worker.pipeline.stepping import (
+    Limits,
+    Scheduler,
+    StepQueue,
+    StepRecord,
+    Waiting,
+    split_runs,
+    too_large,
+)
+
+
+class Runner(Protocol):
+    """What the step executor uses of the serving's runner (``runner.ServingRunner``), named
+    here so that the runner, which starts the executor, is not imported by it."""
+
+    serving: Any
+    broker: RedisBroker
+    consumer: str
+    partition: Partition
+    middleware: Middleware
+    outbox: ReplyQueue
+    cond: threading.Condition
+    cancelled: set[tuple[str, bytes]]
+
+    @property
+    def reading(self) -> bool: ...
+
+log = logging.getLogger(__name__)
+
+IDLE_WAIT_S = 0.1  # how often an idle executor looks whether it should stop
+_EXPIRED = ["Timeout", "the request's deadline passed before it finished generating", "",
+            P.ERR_TIMEOUT]
+
+Outcome = Any  # a value, or an error body (list[str]) wrapped in _Failed
+
+
+class _ContractError(ValueError):
+    """prefill or decode returned other than one entry per sequence."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Failed:
+    error: list[str]
+
+
+@dataclass(eq=False, slots=True)
+class Member:
+    """One waiting slice that joined: its items are sequences of the running set."""
+
+    key: str
+    waiting: Waiting
+    states: list[Any]
+    outputs: list[list[Any]] = field(default_factory=list)
+    ended: list[bool] = field(default_factory=list)
+    errors: list[list[str] | None] = field(default_factory=list)
+
+    @property
+    def request(self) -> Request:
+        return self.waiting.piece.request
+
+    @property
+    def offset(self) -> int:
+        return self.waiting.piece.offset
+
+    def live(self) -> list[int]:
+        return [i for i, done in enumerate(self.ended) if not done]
+
+
+class StepExecutor:
+    """Runs one step serving's running set; the runner's only executor for that serving."""
+
+    def __init__(self, runner: Runner, queue: StepQueue) -> None:
+        serving = runner.serving
+        if not isinstance(serving, StepServing):
+            raise TypeError(f"StepExecutor runs StepServings, got {type(serving).__name__}")
+        self.runner = runner
+        self.serving: StepServing = serving
+        self.queue = queue
+        self.scheduler = Scheduler(Limits.of(serving))
+        self.running: list[Member] = []
+        self.cache = PrefixCache(serving.prefix_cache_bytes) if serving.prefix_cache_bytes else None
+        # Default answers are the step lists themselves: sent as STEPS, a caller's stream can
+        # rebuild steps lost on the way from them. Custom results come as a final Output.
+        self.custom_result = not serving.answers_outputs()
+
+    # -- the loop ------------------------------------------------------------------------------
+    def run(self) -> None:
+        try:
+            while self._cycle():
+                pass
+        finally:
+            self.runner.outbox.put(None)
+
+    def _cycle(self) -> bool:
+        runner = self.runner
+        with runner.cond:
+            while not self.running and not self.queue.waiting:
+                if not runner.reading:
+                    return False
+                runner.cond.wait(IDLE_WAIT_S)
+            self.scheduler.limits = Limits.of(self.serving)  # run-time config changes
+            rows, left = self._withdraw()
+            unmeasured = [w for w in self.queue.waiting if not w.measured]
+        rows += self._measure(unmeasured)
+        with runner.cond:
+            if self.cache is not None:
+                for w in self.queue.waiting:
+                    if w.measured and w.looked != self.cache.version:
+                        w.cached, w.looked = self._cached_tokens(w), self.cache.version
+            joiners = self.queue.take(self.scheduler)
+            runner.cond.notify_all()  # room for the reader
+        if rows:
+            runner.outbox.put(rows)
+        record = _Tally(left=left)
+        rows = self._join(joiners, record)
+        rows += self._step(record)
+        if record.slots or record.joined:
+            runner.middleware.step(self.serving, runner.partition, record.freeze(
+                self.scheduler.tokens + record.released_tokens))
+        if rows:
+            runner.outbox.put(rows)
+        return True
+
+    # -- leaving -------------------------------------------------------------------------------
+    def _withdraw(self) -> tuple[list[Row], int]:
+        """Rows for cancelled and expired requests, waiting or running (caller holds cond)."""
+        now = time.time()
+        cancelled = self.runner.cancelled
+        rows: list[Row] = []
+        gone: list[Waiting] = []
+        for w in self.queue.waiting:
+            request = w.piece.request
+            if request.ref in cancelled:
+                rows.append((request, w.piece.offset, w.slots, P.DROP, None))
+                gone.append(w)
+            elif request.deadline and request.deadline <= now:
+                rows.append((request, w.piece.offset, w.slots, P.ERROR, _EXPIRED))
+                gone.append(w)
+        self.queue.remove(gone)
+        left = 0
+        for m in list(self.running):
+            request = m.request
+            if request.ref in cancelled:
+                rows.append((request, m.offset, len(m.states), P.DROP, None))
+            elif request.deadline and request.deadline <= now:
+                rows.append((request, m.offset, len(m.states), P.ERROR, _EXPIRED))
+            else:
+                continue
+            left += len(m.live())
+            self._leave(m)
+        return rows, left
+
+    def _leave(self, m: Member) -> None:
+        self.running.remove(m)
+        self.scheduler.left(m.waiting.slots, m.waiting.budget, m.request.alone)
+
+    # -- measuring and joining -----------------------------------------------------------------
+    def _measure(self, waiting: list[Waiting]) -> list[Row]:
+        """Set each slice's budget and prompt size (outside the lock: serving code); a slice
+        whose items cannot be measured, or that can never fit, is answered and removed."""
+        rows: list[Row] = []
+        bad: list[Waiting] = []
+        limits = self.scheduler.limits
+        for w in waiting:
+            try:
+                budget = prompt = 0
+                for item in w.piece.items:
+                    p, g = self.serving.tokens(item)
+                    if not (isinstance(p, int) and isinstance(g, int)) or p < 0 or g < 0:
+                        raise ValueError(
+                            f"{type(self.serving).__name__}.tokens(item) returned {(p, g)!r}; "
+                            "return (prompt tokens, most generated tokens) as ints >= 0"
+                        )
+                    budget, prompt = budget + p + g, prompt + p
+            except Exception as e:
+                rows.append((w.piece.request, w.piece.offset, w.slots, P.ERROR,
+                             error_to_wire(e, P.ERR_BAD_REQUEST)))
+                bad.append(w)
+                continue
+            if self.cache is not None:
+                try:
+                    w.prompts = [self._prompt(item) for item in w.piece.items]
+                except Exception:
+                    log.warning("serving %s: prompt_tokens failed; prefilling without the "
+                                "cache", self.serving.name, exc_info=True)
+                    w.prompts = [() for _ in w.piece.items]
+            w.budget, w.prompt = budget, prompt
+            reason = too_large(w, limits)
+            if reason is not None:
+                rows.append((w.piece.request, w.piece.offset, w.slots, P.ERROR,
+                             error_to_wire(ValueError(reason), P.ERR_BAD_REQUEST)))
+                bad.append(w)
+        if bad:
+            with self.runner.cond:
+                self.queue.remove(bad)
+        return rows
+
+    def _prompt(self, item: Any) -> tuple[Hashable, ...]:
+        tokens = self.serving.prompt_tokens(item)
+        return () if tokens is None else tuple(tokens)
+
+    def _cached_tokens(self, w: Waiting) -> int:
+        assert self.cache is not None and w.prompts is not None
+        return sum(self.cache.lookup(tokens)[0] for tokens in w.prompts if tokens)
+
+    def _join(self, joiners: list[Waiting], record: _Tally) -> list[Row]:
+        if not joiners:
+            return []
+        rows: list[Row] = []
+        for w in joiners:
+            if w.piece.request.alone:  # this run is what max_deliveries counts
+                self._count_delivery(w.piece.request)
+        started = time.perf_counter()
+        by_key: dict[str, list[Waiting]] = {}
+        for w in joiners:
+            by_key.setdefault(w.key, []).append(w)
+        for key, group in by_key.items():
+            rows += self._prefill(key, group, record)
+        record.prefill_seconds = time.perf_counter() - started
+        return rows
+
+    def _prefill(self, key: str, group: list[Waiting], record: _Tally) -> list[Row]:
+        items = [item for w in group for item in w.piece.items]
+        prompts = [p for w in group for p in (w.prompts or [()] * w.slots)]
+        resumes = [self._resume(tokens, record) for tokens in prompts]
+        outcomes = self._isolated(
+            lambda pos: self.serving.prefill_from([items[i] for i in pos],
+                                                  [resumes[i] for i in pos]),
+            list(range(len(items))), "prefill", key,
+        )
+        record.joined += len(items)
+        record.prefill_tokens += sum(w.prompt for w in group) - sum(r.start for r in resumes)
+        if self.cache is not None:
+            for r in resumes:
+                for length, state, nbytes in r.kept:
+                    self.cache.put(r.tokens, length, state, nbytes)
+        rows: list[Row] = []
+        pos = 0
+        for w in group:
+            n = w.slots
+            got = outcomes[pos:pos + n]
+            pos += n
+            m = Member(key, w, [None if isinstance(o, _Failed) else o for o in got],
+                       [[] for _ in range(n)], [isinstance(o, _Failed) for o in got],
+                       [o.error if isinstance(o, _Failed) else None for o in got])
+            self.running.append(m)
+            if all(m.ended):
+                rows += self._finish(m)
+        return rows
+
+    def _resume(self, tokens: tuple[Hashable, ...], record: _Tally) -> Resume:
+        if self.cache is None or not tokens:
+            return Resume(tokens)
+        start, state = self.cache.lookup(tokens)
+        if start:
+            record.cache_hits += 1
+            record.cache_saved_tokens += start
+        else:
+            record.cache_misses += 1
+        return Resume(tokens, start, state)
+
+    def _count_delivery(self, request: Request) -> None:
+        try:
+            self.runner.broker.count_delivery(request.stream, self.runner.consumer,
+                                              request.entry_id)
+        except RedisUnavailable as e:
+            log.warning("serving %s: could not count a redelivery: %s", self.serving.name, e)
+
+    # -- one decode step -----------------------------------------------------------------------
+    def _step(self, record: _Tally) -> list[Row]:
+        started = time.perf_counter()
+        rows: list[Row] = []
+        by_key: dict[str, list[tuple[Member, int]]] = {}
+        for m in self.running:
+            for i in m.live():
+                by_key.setdefault(m.key, []).append((m, i))
+        if not by_key:
+            return rows
+        for key, seqs in by_key.items():
+            self.runner.middleware.batch_started(
+                self.serving, key, self.runner.partition, len(seqs), 0.0)
+            call_started = time.perf_counter()
+            outcomes = self._isolated(
+                partial(self._decode, seqs), list(range(len(seqs))), "decode", key)
+            self.runner.middleware.batch_finished(
+                self.serving, key, self.runner.partition, len(seqs),
+                time.perf_counter() - call_started)
+            record.slots += len(seqs)
+            for (m, i), out in zip(seqs, outcomes, strict=True):
+                if isinstance(out, _Failed):
+                    m.ended[i], m.errors[i] = True, out.error
+                elif out is END:
+                    m.ended[i] = True
+                else:
+                    m.outputs[i].append(out)
+                    record.generated += 1
+            rows += self._stream(seqs, outcomes)
+        self.scheduler.stepped()
+        record.decode_seconds = time.perf_counter() - started
+        for m in list(self.running):
+            if all(m.ended):
+                rows += self._finish(m)
+                record.released_tokens += m.waiting.budget
+        return rows
+
+    def _decode(self, seqs: list[tuple[Member, int]], pos: list[int]) -> list[Any]:
+        return self.serving.decode([seqs[j][0].states[seqs[j][1]] for j in pos])
+
+    def _stream(self, seqs: list[tuple[Member, int]], outcomes: list[Outcome]) -> list[Row]:
+        """This step's output events, per request: one per run of consecutive items."""
+        per_member: dict[int, tuple[Member, list[Any], list[bool]]] = {}
+        for (m, i), out in zip(seqs, outcomes, strict=True):
+            if not m.request.events:
+                continue
+            if id(m) not in per_member:
+                n = len(m.states)
+                per_member[id(m)] = (m, [None] * n, [False] * n)
+            _, values, present = per_member[id(m)]
+            if not isinstance(out, _Failed) and out is not END:
+                values[i], present[i] = out, True
+        rows: list[Row] = []
+        for m, values, present in per_member.values():
+            for start, run in split_runs(values, present):
+                rows.append(_event(m.request, ["o", P.RESULTS, run, m.offset + start,
+                                               len(run)]))
+        return rows
+
+    def _finish(self, m: Member) -> list[Row]:
+        """The answer of a slice whose items all ended: runs of results, and the errors."""
+        self._leave(m)
+        n = len(m.states)
+        results: list[Any] = []
+        kind = P.RESULTS if self.custom_result else P.STEPS
+        for i in range(n):
+            if m.errors[i] is not None:
+                results.append(None)
+                continue
+            if not self.custom_result:
+                results.append(m.outputs[i])
+                continue
+            try:
+                results.append(self.serving.result(m.states[i], m.outputs[i]))
+            except Exception as e:
+                m.errors[i] = error_to_wire(e)
+                results.append(None)
+        rows: list[Row] = []
+        ok = [e is None for e in m.errors]
+        for start, run in split_runs(results, ok):
+            rows.append((m.request, m.offset + start, len(run), kind, run))
+        for i, error in enumerate(m.errors):
+            if error is not None:
+                rows.append((m.request, m.offset + i, 1, P.ERROR, error))
+        return rows
+
+    # -- failures ------------------------------------------------------------------------------
+    def _isolated(
+        self, call: Callable[[list[int]], list[Any]], pos: list[int], what: str, key: str,
+    ) -> list[Outcome]:
+        """``call`` over positions ``pos``: one outcome each. When it raises, under
+        on_error="isolate" (or out of device memory) retry on halves, so only the culprits
+        get the error."""
+        try:
+            out = call(pos)
+            if not isinstance(out, list | tuple) or len(out) != len(pos):
+                got = len(out) if isinstance(out, list | tuple) else type(out).__name__
+                raise _ContractError(
+                    f"{type(self.serving).__name__}.{what} returned {got} for {len(pos)} "
+                    f"sequences; return a list with one entry per sequence"
+                )
+            return list(out)
+        except Exception as e:
+            oom = is_out_of_memory(e)
+            # A broken contract is the call's, not one sequence's: bisecting would not help.
+            if len(pos) == 1 or isinstance(e, _ContractError) or (
+                    self.serving.on_error == "fail" and not oom):
+                log.warning("serving %s key %s: %s of %d sequences failed: %r",
+                            self.serving.name, key, what, len(pos), e)
+                return [_Failed(error_to_wire(e))] * len(pos)
+            if oom:
+                _free_device_memory()
+            mid = len(pos) // 2
+            return (self._isolated(call, pos[:mid], what, key)
+                    + self._isolated(call, pos[mid:], what, key))
+
+
+@dataclass(slots=True)
+class _Tally:
+    """A step's figures as they are gathered (frozen into a StepRecord)."""
+
+    left: int = 0
+    slots: int = 0
+    joined: int = 0
+    prefill_tokens: int = 0
+    generated: int = 0
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    cache_hits: int = 0
+    cache_misses: int = 0
+    cache_saved_tokens: int = 0
+    released_tokens: int = 0  # budgets of requests that finished after this step
+
+    def freeze(self, batch_tokens: int) -> StepRecord:
+        return StepRecord(
+            self.slots, batch_tokens, self.joined, self.prefill_tokens, self.left,
+            self.generated, self.prefill_seconds, self.decode_seconds, self.cache_hits,
+            self.cache_misses, self.cache_saved_tokens,
+        )
+
+
+def _event(request: Request, body: list[Any]) -> Row:
+    seq = request.events_sent
+    request.events_sent += 1
+    return (request, seq, 0, P.EVENT, body)

@@ -1,0 +1,231 @@
+"""Continuous batching for step servings: who waits, who joins the running set, and when.
+
+Pure logic, no I/O, no model calls (``step_executor`` runs the steps):
+
+- ``StepQueue`` holds the requests a partition read and has not started, in arrival order. The
+  runner's reader fills it as it fills an ``Assembler`` (``room``/``add``), so a partition reads
+  at most ``max_slots`` items ahead of what runs.
+- ``Scheduler`` keeps the running set's accounts (slots, reserved tokens, steps since the last
+  join) and decides, between two decode steps, which waiting requests join:
+
+  1. in arrival order, and whole (each item takes a slot); the first that does not fit stops
+     the join, so a large request is never overtaken for ever by small ones;
+  2. while ``max_slots``, ``max_batch_tokens`` (prompt + most generated, reserved for the whole
+     run: the running set can never outgrow it) and ``max_prefill_tokens`` (prompt tokens
+     computed by this join, after the prefix cache) allow;
+  3. joining pauses the running sequences for a prefill, so while some run, a join happens only
+     when at least ``waiting_served_ratio`` x running sequences can join at once, or after
+     ``max_waiting_steps`` steps without a join (TGI's waiting_served_ratio and
+     max_waiting_tokens). An empty running set takes whatever fits;
+  4. a request redelivered after a worker died (``alone``) may be what killed it: it joins only
+     an empty running set, and nothing joins while it runs, so a crash counts against it alone.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from queueserve.steps import StepServing
+from queueserve.worker.pipeline.batching import Slice
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    max_slots: int
+    max_batch_tokens: int
+    max_prefill_tokens: int
+    waiting_served_ratio: float
+    max_waiting_steps: int
+
+    @classmethod
+    def of(cls, serving: StepServing) -> Limits:
+        # batch_size, not max_slots: `queueserve config set NAME batch_size=N` resizes slots.
+        return cls(serving.batch_size, serving.max_batch_tokens, serving.max_prefill_tokens,
+                   serving.waiting_served_ratio, serving.max_waiting_steps)
+
+
+@dataclass(eq=False, slots=True)
+class Waiting:
+    """A request's slice waiting to join; ``budget``/``prompt`` are set once measured."""
+
+    key: str
+    piece: Slice
+    arrived: float
+    budget: int = -1  # tokens reserved while it runs: prompt + most generated, all items
+    prompt: int = 0  # prompt tokens of all items, before the prefix cache
+    cached: int = 0  # prompt tokens the prefix cache covers (as of the last look)
+    looked: int = -1  # the cache's version at that look
+    prompts: list[tuple[Any, ...]] | None = None  # per item: its prompt_tokens, () for none
+
+    @property
+    def measured(self) -> bool:
+        return self.budget >= 0
+
+    @property
+    def slots(self) -> int:
+        return len(self.piece.items)
+
+    @property
+    def prefill(self) -> int:
+        return self.prompt - self.cached
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """One step of a step serving, as metrics and tests see it."""
+
+    slots: int  # sequences decoded in this step
+    batch_tokens: int  # tokens reserved by the running set during this step
+    joined: int  # sequences prefilled just before this step
+    prefill_tokens: int  # prompt tokens that prefill computed (the cache's share excluded)
+    left: int  # sequences that left at the boundary before this step (ended, cancelled...)
+    generated: int  # outputs produced by this step
+    prefill_seconds: float
+    decode_seconds: float
+    cache_hits: int = 0
+    cache_misses: int = 0
+    cache_saved_tokens: int = 0  # prompt tokens not computed thanks to the cache
+
+
+class StepQueue:
+    """Slices read and not yet running, in arrival order (the reader's side of the executor).
+
+    Has the ``Assembler`` interface the runner's reader uses (``room``, ``add``, ``buffered``,
+    ``capacity``, ``timeout``), so the reader needs no step-specific code.
+    """
+
+    def __init__(self, capacity: int, timeout: float = 0.0) -> None:
+        self.capacity = capacity
+        self.timeout = timeout  # kept for the reader's config updates; joins wait for no clock
+        self.waiting: deque[Waiting] = deque()
+        self.buffered = 0
+
+    @property
+    def weight(self) -> float:
+        """Items waiting (the reader's measure of what it holds)."""
+        return float(self.buffered)
+
+    def full_keys(self) -> list[str]:
+        """Keys the reader should not read: all of them once a running set's worth waits."""
+        return list({w.key for w in self.waiting}) if self.buffered >= self.capacity else []
+
+    def room(self, key: str) -> float:
+        """Items the reader may still read: one running set's worth waits, no more."""
+        return self.capacity - self.buffered
+
+    def add(self, key: str, piece: Slice, now: float) -> None:
+        # A raw request larger than the slots (not streamed, so splittable) runs in parts.
+        while len(piece.items) > self.capacity and not piece.request.no_split:
+            head, piece = piece.split(self.capacity)
+            self._append(Waiting(key, head, now))
+        self._append(Waiting(key, piece, now))
+
+    def _append(self, waiting: Waiting) -> None:
+        self.waiting.append(waiting)
+        self.buffered += waiting.slots
+
+    def take(self, scheduler: Scheduler) -> list[Waiting]:
+        """The waiting slices that join the running set now (``Scheduler.admit``)."""
+        taken = scheduler.admit(self.waiting)
+        self.buffered -= sum(w.slots for w in taken)
+        return taken
+
+    def remove(self, gone: list[Waiting]) -> None:
+        if not gone:
+            return
+        ids = {id(w) for w in gone}
+        self.waiting = deque(w for w in self.waiting if id(w) not in ids)
+        self.buffered -= sum(w.slots for w in gone)
+
+
+def too_large(w: Waiting, limits: Limits) -> str | None:
+    """Why ``w`` can never join (even an empty running set), or None."""
+    if w.slots > limits.max_slots:
+        return (f"the request has {w.slots} items, more than max_slots={limits.max_slots} of "
+                "this step serving; send at most max_slots items per request")
+    if w.budget > limits.max_batch_tokens:
+        return (f"the request needs {w.budget} tokens (prompt + most generated), more than "
+                f"max_batch_tokens={limits.max_batch_tokens}; shorten it or raise "
+                "max_batch_tokens")
+    if w.prompt > limits.max_prefill_tokens:
+        return (f"the request's prompt has {w.prompt} tokens, more than max_prefill_tokens="
+                f"{limits.max_prefill_tokens}; shorten it or raise max_prefill_tokens")
+    return None
+
+
+class Scheduler:
+    """The running set's accounts and the join decision."""
+
+    def __init__(self, limits: Limits) -> None:
+        self.limits = limits
+        self.slots = 0  # sequences running
+        self.tokens = 0  # tokens reserved by them
+        self.steps_since_join = 0
+        self.alone = 0  # sequences of a redelivered request running (nothing else joins)
+
+    def admit(self, waiting: deque[Waiting]) -> list[Waiting]:
+        """Remove and return the waiting slices that join now (all measured, at the front)."""
+        if not waiting or self.alone:
+            return []
+        lim = self.limits
+        taken: list[Waiting] = []
+        slots, tokens, prefill = self.slots, self.tokens, 0
+        for w in waiting:
+            if not w.measured:
+                break
+            if w.piece.request.alone:
+                if not taken and self.slots == 0:
+                    taken.append(w)
+                break
+            if (slots + w.slots > lim.max_slots or tokens + w.budget > lim.max_batch_tokens
+                    or prefill + w.prefill > lim.max_prefill_tokens):
+                break
+            taken.append(w)
+            slots, tokens, prefill = slots + w.slots, tokens + w.budget, prefill + w.prefill
+        if sum(w.slots for w in taken) < self.least_join():
+            return []
+        for _ in taken:
+            waiting.popleft()
+        for w in taken:
+            self.joined(w)
+        self.steps_since_join = 0
+        return taken
+
+    def least_join(self) -> int:
+        """Sequences worth pausing the running set for a prefill (the join policy)."""
+        lim = self.limits
+        if self.slots == 0 or self.steps_since_join >= lim.max_waiting_steps:
+            return 1
+        return max(1, math.floor(self.slots * lim.waiting_served_ratio))
+
+    def joined(self, w: Waiting) -> None:
+        self.slots += w.slots
+        self.tokens += w.budget
+        if w.piece.request.alone:
+            self.alone += w.slots
+
+    def left(self, slots: int, budget: int, alone: bool) -> None:
+        """Sequences left the running set (their request ended, failed or was withdrawn)."""
+        self.slots -= slots
+        self.tokens -= budget
+        if alone:
+            self.alone -= slots
+
+    def stepped(self) -> None:
+        self.steps_since_join += 1
+
+
+def split_runs(values: list[Any], present: list[bool]) -> list[tuple[int, list[Any]]]:
+    """(start, values) of each contiguous run of positions where ``present`` is true."""
+    runs: list[tuple[int, list[Any]]] = []
+    for i, (v, p) in enumerate(zip(values, present, strict=True)):
+        if not p:
+            continue
+        if runs and runs[-1][0] + len(runs[-1][1]) == i:
+            runs[-1][1].append(v)
+        else:
+            runs.append((i, [v]))
+    return runs

@@ -1,0 +1,139 @@
+"""Limits on a partition's batches and on its life, as Celery's time limits and
+``max_tasks_per_child`` / ``max_memory_per_child`` put them on its pool's children.
+
+- ``max_batch_seconds``: a batch running longer is abandoned. Python cannot stop a thread, so the
+  supervisor kills the partition process; its requests are reclaimed by a live partition once the
+  dead one's heartbeat has lapsed, each redelivery counted, and a request whose runs keep hanging
+  is dead-lettered after ``max_deliveries`` like one whose runs keep crashing.
+- ``max_batches_per_partition`` and ``max_partition_memory``: a partition that ran that many
+  batches, or whose resident memory grew past the limit, is recycled gracefully — it stops
+  reading, finishes and answers what it holds, and exits with ``EXIT_RECYCLE``; the supervisor
+  starts a fresh one at once, and does not count it as a crash.
+
+The partition and its supervisor share two numbers in shared memory, written by the partition
+only: when its oldest running batch started (``time.monotonic()``, one clock for every process
+on the machine; 0 when no batch runs), and how many batches it finished. A partition that dies
+while a batch runs has its death charged to that batch's requests (through their delivery
+counts), not to the worker's crash-loop count: a poison request cannot stop a worker.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from queueserve.serving import Partition, Serving
+from queueserve.worker.middleware import Middleware
+
+EXIT_RECYCLE = 75  # a partition's exit code for "recycled on purpose": restart, not a crash
+
+_SINCE, _DONE = 0, 1  # fields of the shared array
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The worker's limits on each partition (None: no limit)."""
+
+    max_batch_seconds: float | None = None
+    max_batches_per_partition: int | None = None
+    max_partition_memory: int | None = None  # bytes of resident memory
+
+
+def shared_clock(context: Any) -> Any:
+    """A fresh shared array for one partition process (``context``: a multiprocessing
+    context); [oldest running batch's start, batches finished]."""
+    return context.RawArray("d", 2)
+
+
+class BatchClock(Middleware):
+    """Partition side: publishes when the oldest running batch started, and counts batches;
+    sets ``wake`` once ``max_batches`` have finished, so the partition stops taking work then
+    rather than at its next periodic check."""
+
+    def __init__(
+        self, shared: Any, wake: threading.Event, max_batches: int | None = None
+    ) -> None:
+        self._shared = shared
+        self._wake = wake
+        self._max_batches = max_batches
+        self._running: dict[int, float] = {}  # executor thread -> its batch's start
+        self._lock = threading.Lock()
+
+    @property
+    def batches(self) -> int:
+        return int(self._shared[_DONE])
+
+    def batch_started(
+        self, serving: Serving, key: str, partition: Partition, size: int, waited: float
+    ) -> None:
+        with self._lock:
+            self._running[threading.get_ident()] = time.monotonic()
+            self._shared[_SINCE] = min(self._running.values())
+
+    def batch_finished(
+        self, serving: Serving, key: str, partition: Partition, size: int, seconds: float
+    ) -> None:
+        with self._lock:
+            self._running.pop(threading.get_ident(), None)
+            self._shared[_SINCE] = min(self._running.values(), default=0.0)
+            self._shared[_DONE] += 1
+            if self._max_batches is not None and self._shared[_DONE] >= self._max_batches:
+                self._wake.set()
+
+
+def recycle_reason(limits: Limits, clock: BatchClock) -> str | None:
+    """Why this partition should drain and restart now, or None."""
+    most = limits.max_batches_per_partition
+    if most is not None and clock.batches >= most:
+        return f"it ran {clock.batches} batches (max_batches_per_partition={most})"
+    cap = limits.max_partition_memory
+    if cap is not None and (rss := resident_bytes()) >= cap:
+        return (
+            f"its resident memory is {rss / 2**20:.0f} MiB "
+            f"(max_partition_memory={cap / 2**20:.0f} MiB)"
+        )
+    return None
+
+
+def resident_bytes() -> int:
+    """This process's resident memory (Linux: /proc; elsewhere the peak, from getrusage)."""
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def running_for(shared: Any, now: float) -> float | None:
+    """Supervisor side: seconds the partition's oldest running batch has run, None if idle."""
+    since = float(shared[_SINCE])
+    return None if since == 0.0 else now - since
+
+
+def parse_bytes(value: int | str | None, what: str) -> int | None:
+    """``2GiB``, ``512MB``, ``1e9`` or a plain int, as bytes; None stays None."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise ValueError(f"{what} must be a number of bytes like 2GiB or 512MB, got {value!r}")
+    if isinstance(value, int):
+        number = value
+    else:
+        text = value.strip().replace(" ", "")
+        units = {"kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10**3, "mb": 10**6,
+                 "gb": 10**9, "b": 1}
+        unit = next((u for u in units if text.lower().endswith(u)), "")
+        try:
+            number = int(float(text[: len(text) - len(unit)]) * units.get(unit, 1))
+        except ValueError:
+            raise ValueError(
+                f"{what} must be a number of bytes like 2GiB or 512MB, got {value!r}"
+            ) from None
+    if number < 1:
+        raise ValueError(f"{what} must be positive, got {value!r}")
+    return number
