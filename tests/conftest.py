@@ -1,16 +1,23 @@
 """Fixtures shared by the whole suite.
 
-The suite talks to a real Redis. By default it starts its own throwaway ``redis-server`` for the
-session (see ``tests/_redis_server.py``); set ``QUEUESERVE_TEST_REDIS_URL`` to use a server of
-yours instead. Either way nothing is ever FLUSHALLed: each test works under its own key
-``prefix``, and ``redis_client`` deletes that prefix's keys afterwards. When no server can be
-had, the session fails; it never skips.
+The suite is laid out along what a test needs:
+
+- ``tests/unit/``: no Redis server; pure logic, or fakeredis where it models Redis faithfully
+  (``tests/unit/conftest.py`` refuses the real-Redis fixtures there).
+- ``tests/integration/``: a real Redis; protocol, batching, clients, worker, streaming, CLI.
+- ``tests/faults/``: crashes, signals, Redis restarts, the guarantees under failure.
+- ``tests/support/``: what the tests share; worker processes import its ``*_app`` modules.
+
+The real Redis is by default a throwaway ``redis-server`` started for the session (see
+``tests/support/redis_server.py``); set ``QUEUESERVE_TEST_REDIS_URL`` to use a server of yours
+instead. Either way nothing is ever FLUSHALLed: each test works under its own key ``prefix``,
+and ``redis_client`` deletes that prefix's keys afterwards. When no server can be had, the
+session fails; it never skips.
 """
 
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -20,11 +27,14 @@ import pytest
 import redis
 
 import queueserve as qs
-
-from ._redis_server import RedisServer, prefixed_client, start_redis_server
-from .fault_app import Workers
-
-REDIS_URL_ENV = "QUEUESERVE_TEST_REDIS_URL"
+from tests.support.fault_app import Workers
+from tests.support.helpers import stream_key
+from tests.support.redis_server import (
+    REDIS_URL_ENV,
+    RedisServer,
+    prefixed_client,
+    start_redis_server,
+)
 
 
 @pytest.fixture(scope="session")
@@ -78,30 +88,7 @@ def redis_tmp_server(tmp_path: Path) -> Iterator[RedisServer]:
         server.stop()
 
 
-# --- workers, clients and waiting (integration tests) ---------------------------------------
-WAIT_LIMIT_S = 10.0
-
-
-def wait_until(
-    predicate: Callable[[], Any], *, what: str, timeout: float = WAIT_LIMIT_S
-) -> Any:
-    """Poll ``predicate`` until it returns something truthy, and return that; fail loudly with
-    ``what`` once ``timeout`` seconds passed. For waiting on conditions, never for time."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"waited {timeout:g}s for {what}; last value: {value!r}")
-        time.sleep(0.002)
-
-
-def stream_key(prefix: str, serving: str, batch_key: str = "default") -> str:
-    """The request stream of one (serving, batch key) under ``prefix``."""
-    return f"{prefix}:{{{serving}}}:in:{batch_key}"
-
-
+# --- workers and clients (integration and fault tests) -------------------------------------
 @pytest.fixture
 def pending(redis_client: redis.Redis, prefix: str) -> Callable[..., int]:
     """``pending(serving, batch_key="default")``: entries workers have read and not acked yet."""
@@ -124,7 +111,7 @@ def start_worker(
 ) -> Iterator[Callable[..., qs.Worker]]:
     """``start_worker(*servings, **worker_options)``: a worker in background threads of this
     process, under the test's prefix. Every one is stopped after the test, pass or fail, after
-    opening the gates of the servings it runs (see ``tests.servings.Recording``)."""
+    opening the gates of the servings it runs (see ``tests.support.servings.Recording``)."""
     started: list[tuple[qs.Worker, tuple[qs.Serving, ...]]] = []
 
     def start(*servings: qs.Serving, **options: Any) -> qs.Worker:
@@ -155,7 +142,8 @@ def client(redis_client: redis.Redis, redis_url: str, prefix: str) -> Iterator[q
 
 @pytest.fixture
 def workers(redis_url: str, prefix: str, tmp_path: Path) -> Iterator[Workers]:
-    """Real `queueserve worker` processes (tests/fault_app.py), all stopped after the test."""
+    """Real `queueserve worker` processes (tests/support/fault_app.py), all stopped after the
+    test."""
     w = Workers(redis_url, prefix, tmp_path)
     try:
         yield w

@@ -1,0 +1,214 @@
+"""queueserve on a real local Redis Cluster (3 masters, 3 replicas): the core cases on a
+serving spread over 3 shards, the shards' spread over the masters, and a master SIGKILLed
+under load with ``durable=True``.
+
+One cluster serves the whole module (it forms in about 2 s); each test has its own prefix.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+from uuid import uuid4
+
+import pytest
+import redis
+
+import queueserve as qs
+from queueserve.broker.connect import parse_url
+from queueserve.wire.protocol import Keys, key_slot, shard_tags
+from tests.support.helpers import wait_until
+from tests.support.redis_topologies import Cluster, redis_cluster
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    with redis_cluster(tmp_path_factory.mktemp("cluster")) as c:
+        yield c
+
+
+@pytest.fixture
+def prefix() -> str:
+    return f"qsc{uuid4().hex[:8]}"
+
+
+def square(xs: list[int]) -> list[int]:
+    for x in xs:
+        if x == -1:
+            raise ValueError("no squares of -1 here")
+    return [x * x for x in xs]
+
+
+class Recorder:
+    """A batch function that records each batch's items (to check batches never mix keys)."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[Any]] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, xs: list[Any]) -> list[Any]:
+        with self.lock:
+            self.batches.append(list(xs))
+        return [x if isinstance(x, str) else x * 10 for x in xs]
+
+
+def test_cluster_urls_are_parsed_and_checked() -> None:
+    t = parse_url("redis+cluster://:pw@10.0.0.1:7000,10.0.0.2")
+    assert (t.kind, t.hosts, t.password) == ("cluster", (("10.0.0.1", 7000), ("10.0.0.2", 6379)),
+                                             "pw")
+    assert parse_url("redis://localhost:6379/0").kind == "single"
+    with pytest.raises(ValueError, match="only database 0"):
+        parse_url("redis+cluster://h:7000/3")
+    with pytest.raises(ValueError, match=r"unknown option\(s\) \['sentinel_password'\]"):
+        parse_url("redis+cluster://h:7000?sentinel_password=x")
+    with pytest.raises(ValueError, match="unknown scheme 'redis\\+mesh'"):
+        parse_url("redis+mesh://h:1")
+
+
+def test_shard_tags_sit_evenly_around_the_slot_ring() -> None:
+    tags = shard_tags("square", 4)
+    slots = [key_slot(t) for t in tags]
+    assert tags[0] == "square"
+    assert [(s - slots[0]) % 16384 for s in slots] == [0, 4096, 8192, 12288]
+    keys = Keys("qs", "square")
+    shards = keys.sharded(4)
+    stream = shards[3].stream("k", 2)
+    assert keys.shard_of(stream) is shards[3] and keys.batch_key_of(stream) == "k"
+    with pytest.raises(ValueError, match="not a key of serving 'square'"):
+        keys.shard_of("qs:{other#1}:in:k")
+
+
+def test_three_shards_land_on_three_masters_and_share_the_enqueues(
+    cluster: Cluster, prefix: str
+) -> None:
+    # Given a serving with 3 shards on a cluster of 3 masters
+    serving = qs.Serving(square, name="spread", batch_size=8, batch_timeout=0.001, shards=3)
+    masters = {cluster.node_of_slot(key_slot(t)).port for t in shard_tags("spread", 3)}
+    assert len(masters) == 3, "each shard's slot is served by another master"
+    before = {m.port: _script_calls(m.port) for m in cluster.masters}
+    worker = qs.Worker([serving], redis_url=cluster.url, prefix=prefix,
+                       handle_signals=False).start()
+    try:
+        with qs.Client(cluster.url, prefix=prefix) as client:
+            # When 300 requests are sent by name (the shard count comes from the workers)
+            wait_until(lambda: client.broker.meta(Keys(prefix, "spread")).get("shards") == "3",
+                       "the worker to declare the serving")
+            for i in range(300):
+                assert client.dispatch("spread", i) == i * i
+    finally:
+        worker.stop(timeout=10)
+    # Then every master ran about a third of the scripts (enqueues, reads, acks)
+    ran = [_script_calls(m.port) - before[m.port] for m in cluster.masters]
+    assert min(ran) >= 0.8 * max(ran), ran
+
+
+def _script_calls(port: int) -> int:
+    with redis.Redis(port=port) as r:
+        stats = r.info("commandstats")
+    return sum(int(v["calls"]) for k, v in stats.items() if k in ("cmdstat_evalsha",
+                                                                 "cmdstat_eval"))
+
+
+def test_core_cases_run_on_a_sharded_serving(cluster: Cluster, prefix: str) -> None:
+    recorder = Recorder()
+    keyed = qs.Serving(recorder, name="keyed", batch_size=16, batch_timeout=0.02, shards=3)
+    squares = qs.Serving(square, name="squares", batch_size=32, batch_timeout=0.001, shards=3)
+    events = qs.Serving(_progress, name="events", batch_size=8, batch_timeout=0.001,
+                        shards=2).streaming(hooks=["progress"])
+    worker = qs.Worker([keyed, squares, events], redis_url=cluster.url, prefix=prefix,
+                       handle_signals=False).start()
+    try:
+        with qs.Client(cluster.url, prefix=prefix) as client:
+            # dispatch, dispatch_many and a remote error
+            assert client.dispatch(squares, 7) == 49
+            assert client.dispatch_many(squares, [1, 2, 3]) == [1, 4, 9]
+            with pytest.raises(qs.RemoteError, match="no squares of -1"):
+                client.dispatch(squares, -1)
+            assert client.dispatch_many(squares, [2, -1], return_exceptions=True)[0] == 4
+            # map: ordered over many chunks, so over every shard
+            assert list(client.map(squares, range(2000), chunk_size=64)) == [
+                x * x for x in range(2000)]
+            # batch keys: requests of two keys on three shards still never share a batch
+            tickets = [client.submit(keyed, [f"{k}{i}" for i in range(5)], batch_key=k)
+                       for _ in range(6) for k in ("a", "b")]
+            for t in tickets:
+                t.result(timeout=30)
+            assert all(len({x[0] for x in b}) == 1 for b in recorder.batches), recorder.batches
+            # streaming: hook events reach the caller from a shard of another slot
+            got = list(client.stream(events, [1, 2, 3]))
+            assert [e.payload for e in got if isinstance(e, qs.Hook)] == ["done"]
+            assert [r for e in got if isinstance(e, qs.Output) for r in e.results] == [2, 4, 6]
+        asyncio.run(_async_cases(cluster.url, prefix))
+    finally:
+        worker.stop(timeout=10)
+
+
+def _progress(xs: list[int]) -> list[int]:
+    qs.emit("progress", "done")
+    return [x * 2 for x in xs]
+
+
+async def _async_cases(url: str, prefix: str) -> None:
+    async with qs.AsyncClient(url, prefix=prefix) as client:
+        assert await client.dispatch("squares", 12) == 144
+        assert await client.dispatch_many("squares", list(range(50))) == [
+            x * x for x in range(50)]
+
+
+def test_a_killed_master_loses_no_durable_request(cluster: Cluster, prefix: str) -> None:
+    # Given a durable serving on 3 shards, and 4 threads sending under load
+    executed: Counter[int] = Counter()
+    lock = threading.Lock()
+
+    def record(xs: list[int]) -> list[int]:
+        with lock:
+            executed.update(xs)
+        return [x + 1 for x in xs]
+
+    serving = qs.Serving(record, name="durable", batch_size=32, batch_timeout=0.002,
+                         shards=3, durable=True)
+    worker = qs.Worker([serving], redis_url=cluster.url, prefix=prefix,
+                       handle_signals=False).start()
+    outcomes: dict[int, str] = {}
+    stop = threading.Event()
+
+    def send(first: int) -> None:
+        with qs.Client(cluster.url, prefix=prefix) as client:
+            n = first
+            while not stop.is_set():
+                try:
+                    outcomes[n] = "answered" if client.dispatch(serving, n, timeout=40) == n + 1 \
+                        else "wrong"
+                except qs.Timeout:
+                    outcomes[n] = "lost"  # accepted (acknowledged by a replica), never answered
+                except (qs.NotReplicated, qs.RedisUnavailable):
+                    outcomes[n] = "refused"  # the caller was told: nothing silent
+                n += 4
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(4)]
+    try:
+        for t in threads:
+            t.start()
+        wait_until(lambda: len(outcomes) > 200, "answers before the kill")
+        # When the master of shard 1 is SIGKILLed and its replica takes over
+        victim = cluster.node_of_slot(key_slot(shard_tags("durable", 3)[1]))
+        victim.kill()
+        killed_at = len(outcomes)
+        wait_until(lambda: cluster.node_of_slot(key_slot(shard_tags("durable", 3)[1])).port
+                   != victim.port, "a replica promoted", timeout=30)
+        victim.restart()  # it comes back as the new master's replica: durable again
+        wait_until(lambda: sum(v == "answered" for v in list(outcomes.values())[killed_at:])
+                   > 300, "answers after the failover", timeout=60)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=60)
+        worker.stop(timeout=10)
+    counts = Counter(outcomes.values())
+    duplicated = sum(1 for n in outcomes if executed[n] > 1)
+    print(f"\nmaster killed under durable load: {dict(counts)}, executed twice: {duplicated}")
+    # Then every request a caller was told was accepted got its one right answer
+    assert counts["lost"] == 0 and counts["wrong"] == 0, counts

@@ -1,0 +1,76 @@
+"""What every test folder shares: waiting on conditions, the repository root, the environment of
+the processes a test starts, and the name of a request stream.
+
+Worker processes import modules of this package too (``tests.support.fault_app`` imports
+``wait_until``), so nothing here imports pytest or touches Redis at import time.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol, TypeVar
+
+T = TypeVar("T")
+
+REPO = Path(__file__).resolve().parents[2]
+
+# How long any wait may take before the test fails. A wait returns as soon as its condition
+# holds, so this only bounds how long a broken test takes to say so; it is generous because the
+# fault tests restart processes and Redis on a small, shared machine.
+WAIT_S = 60.0
+POLL_S = 0.005  # polling interval, not synchronisation
+
+
+class Watched(Protocol):
+    """A process a test started, with its log: what ``wait_until(..., process=)`` watches."""
+
+    proc: subprocess.Popen[bytes]
+
+    def output(self) -> str: ...
+
+
+def wait_until(
+    condition: Callable[[], T], what: str, *, timeout: float = WAIT_S,
+    process: Watched | None = None,
+) -> T:
+    """Poll ``condition`` until it returns something truthy, and return that.
+
+    Fails naming ``what`` (and the last value seen) once ``timeout`` seconds passed, or at once
+    when ``process`` exits meanwhile; either way with ``process``'s output, if one is given.
+    For waiting on conditions, never for time.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if process is not None and process.proc.poll() is not None:
+            raise AssertionError(
+                f"process {process.proc.pid} exited with code {process.proc.returncode} while "
+                f"waiting for {what}; its output:\n{process.output()}"
+            )
+        if time.monotonic() >= deadline:
+            extra = f"; process output:\n{process.output()}" if process is not None else ""
+            raise AssertionError(
+                f"waited {timeout:g}s for {what}; last value: {value!r}{extra}"
+            )
+        time.sleep(POLL_S)
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """The environment of a process a test starts: this checkout's ``queueserve`` and ``tests``
+    importable, no stray ``QUEUESERVE_*`` settings of the caller's, unbuffered output."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QUEUESERVE_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra)
+    return env
+
+
+def stream_key(prefix: str, serving: str, batch_key: str = "default") -> str:
+    """The request stream of one (serving, batch key) under ``prefix``."""
+    return f"{prefix}:{{{serving}}}:in:{batch_key}"

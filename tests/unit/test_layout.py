@@ -1,0 +1,331 @@
+"""The package layout's rules (docs/architecture.md "Layout rules"), read from the source.
+
+Every module under queueserve/ is parsed with ``ast``, and every import counts wherever it is
+written: at the top, inside a function, under ``if TYPE_CHECKING:``, or as
+``importlib.import_module("...")`` / ``__import__("...")`` with a literal name. The rules:
+
+- only queueserve/broker/ imports ``redis``;
+- no import cycles among queueserve modules;
+- queueserve/worker/ never reaches queueserve/client/, and queueserve/client/ never reaches
+  queueserve/worker/: not directly, not through other modules;
+- queueserve/wire/ reaches nothing that does I/O (broker, client, worker, ops, redis);
+- every name in ``queueserve.__all__`` is importable from ``queueserve``.
+
+The checker runs first on small synthetic packages, so each rule is known to fire.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.support.helpers import REPO
+
+Graph = dict[str, list["Import"]]
+
+
+@dataclass(frozen=True)
+class Import:
+    importer: str  # dotted name of the importing module
+    where: str  # file:line, relative to the root
+    target: str  # absolute dotted name: the module it names if that is one, else what it names
+    statement: str
+
+    def __str__(self) -> str:
+        return f"{self.where} ({self.statement})"
+
+
+def module_files(root: Path, package: str) -> dict[str, Path]:
+    """Dotted name -> file, for every module of ``package`` under ``root``."""
+    names = {}
+    for path in sorted((root / package).rglob("*.py")):
+        parts = path.relative_to(root).with_suffix("").parts
+        names[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return names
+
+
+def _is_dynamic_import(node: ast.Call) -> bool:
+    func = node.func
+    named = (isinstance(func, ast.Attribute) and func.attr == "import_module") or (
+        isinstance(func, ast.Name) and func.id in {"__import__", "import_module"}
+    )
+    return named and bool(node.args) and isinstance(node.args[0], ast.Constant) and isinstance(
+        node.args[0].value, str
+    )
+
+
+def _from_base(node: ast.ImportFrom, here: str, where: str) -> str:
+    if not node.level:
+        return node.module or ""
+    parts = here.split(".")
+    if node.level - 1 >= len(parts):
+        raise AssertionError(f"{where}: relative import goes above the top package")
+    base = ".".join(parts[: len(parts) - node.level + 1])
+    return f"{base}.{node.module}" if node.module else base
+
+
+def imports_of(root: Path, name: str, path: Path, modules: dict[str, Path]) -> Iterator[Import]:
+    """Every import in one module, resolved to absolute names."""
+    here = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    rel = path.relative_to(root)
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        where = f"{rel}:{getattr(node, 'lineno', 0)}"
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield Import(name, where, alias.name, ast.unparse(node))
+        elif isinstance(node, ast.ImportFrom):
+            base = _from_base(node, here, where)
+            for alias in node.names:
+                submodule = f"{base}.{alias.name}"
+                target = submodule if submodule in modules else base
+                yield Import(name, where, target, ast.unparse(node))
+        elif isinstance(node, ast.Call) and _is_dynamic_import(node):
+            literal = node.args[0]
+            assert isinstance(literal, ast.Constant)
+            yield Import(name, where, str(literal.value), ast.unparse(node))
+
+
+def within(name: str, area: str) -> bool:
+    return name == area or name.startswith(area + ".")
+
+
+def import_graph(imports: list[Import], modules: dict[str, Path]) -> Graph:
+    """Importer -> its imports of the package's own modules."""
+    graph: Graph = {m: [] for m in modules}
+    for imp in imports:
+        if imp.target in modules and imp.target != imp.importer:
+            graph[imp.importer].append(imp)
+    return graph
+
+
+def shortest_chain(
+    graph: Graph, start: str, is_goal: Callable[[str], bool], allowed: set[str] | None = None
+) -> list[Import] | None:
+    """The shortest chain of imports from ``start`` to a module ``is_goal`` accepts (through
+    ``allowed`` modules only, when given); None when there is none."""
+    seen = {start}
+    frontier: list[tuple[str, list[Import]]] = [(start, [])]
+    while frontier:
+        following = []
+        for module, chain in frontier:
+            for imp in graph[module]:
+                if allowed is not None and imp.target not in allowed:
+                    continue
+                if is_goal(imp.target):
+                    return [*chain, imp]
+                if imp.target not in seen:
+                    seen.add(imp.target)
+                    following.append((imp.target, [*chain, imp]))
+        frontier = following
+    return None
+
+
+def strongly_connected(graph: Graph) -> list[set[str]]:
+    """Components of more than one module (Tarjan), i.e. where import cycles live."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[set[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in (imp.target for imp in graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = set()
+            while (w := stack.pop()) != v:
+                component.add(w)
+            component.add(v)
+            if len(component) > 1:
+                found.append(component)
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def show(chain: list[Import]) -> str:
+    names = " -> ".join([chain[0].importer, *(imp.target for imp in chain)])
+    return names + "".join(f"\n      {imp}" for imp in chain)
+
+
+def layout_problems(root: Path, package: str) -> dict[str, list[str]]:
+    """Every broken layout rule of ``package`` (a folder under ``root``), by rule."""
+    modules = module_files(root, package)
+    imports = [i for name, path in modules.items() for i in imports_of(root, name, path, modules)]
+    graph = import_graph(imports, modules)
+    p = package
+
+    def cycles() -> list[str]:
+        out = []
+        for component in strongly_connected(graph):
+            start = min(component)
+            chain = shortest_chain(graph, start, lambda m, s=start: m == s, component)
+            assert chain is not None
+            out.append(f"import cycle: {show(chain)}\n    break it: move what both need "
+                       "into a module that imports neither")
+        return out
+
+    def reaching(area: str, forbidden: list[str], why: str) -> list[str]:
+        out = []
+        for module in sorted(m for m in modules if within(m, area)):
+            chain = shortest_chain(graph, module, lambda m: any(within(m, f) for f in forbidden))
+            if chain is not None:
+                out.append(f"{module} reaches {chain[-1].target}: {show(chain)}\n    {why}")
+        out += [
+            f"{imp}: {area} imports {imp.target}\n    {why}"
+            for imp in imports
+            if within(imp.importer, area) and not within(imp.target, p)
+            and any(within(imp.target, f) for f in forbidden)
+        ]
+        return out
+
+    return {
+        "redis": [
+            f"{imp}: {imp.importer} imports {imp.target}, but only {p}/broker/ may import redis"
+            f"\n    put the Redis operation behind {p}.broker and call that"
+            for imp in imports
+            if within(imp.target, "redis") and not within(imp.importer, f"{p}.broker")
+        ],
+        "cycles": cycles(),
+        "worker->client": reaching(
+            f"{p}.worker", [f"{p}.client"],
+            "the worker must not depend on the client: share code through wire/",
+        ),
+        "client->worker": reaching(
+            f"{p}.client", [f"{p}.worker"],
+            "the client must not depend on the worker: share code through wire/",
+        ),
+        "wire": reaching(
+            f"{p}.wire", [f"{p}.broker", f"{p}.client", f"{p}.worker", f"{p}.ops", "redis"],
+            "wire/ holds names and formats only and must do no I/O",
+        ),
+    }
+
+
+def report(problems: list[str]) -> str:
+    return f"{len(problems)} broken:\n" + "\n".join(f"  - {p}" for p in problems)
+
+
+# --- the checker, on synthetic packages --------------------------------------------------
+
+
+def write_package(root: Path, files: dict[str, str]) -> Path:
+    for relative, source in {**files, "pkg/__init__.py": files.get("pkg/__init__.py", "")}.items():
+        path = root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        for parent in path.relative_to(root).parents:
+            if parent != Path(".") and not (root / parent / "__init__.py").exists():
+                (root / parent / "__init__.py").write_text("")
+        path.write_text(source)
+    return root
+
+
+CLEAN = {
+    "pkg/wire/protocol.py": "KEY = 'k'\n",
+    "pkg/broker/sync.py": "import redis\nfrom pkg.wire.protocol import KEY\n",
+    "pkg/client/sync.py": "from pkg.broker.sync import KEY\nfrom ..wire import protocol\n",
+    "pkg/worker/run.py": "from pkg.broker import sync\nfrom pkg.wire.protocol import KEY\n",
+    "pkg/ops/cli.py": "from pkg.worker.run import KEY\nfrom pkg.client.sync import KEY as K\n",
+}
+
+
+def test_a_package_that_keeps_every_rule_has_no_problems(tmp_path: Path) -> None:
+    root = write_package(tmp_path, CLEAN)
+    assert layout_problems(root, "pkg") == {
+        "redis": [], "cycles": [], "worker->client": [], "client->worker": [], "wire": []
+    }
+
+
+@pytest.mark.parametrize(
+    ("rule", "module", "source", "named"),
+    [
+        ("redis", "pkg/client/sync.py", "import redis.asyncio\n", "pkg/client/sync.py:1"),
+        ("redis", "pkg/client/sync.py", "def f():\n    from redis import Redis\n",
+         "pkg/client/sync.py:2"),
+        ("redis", "pkg/ops/cli.py",
+         "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import redis\n",
+         "pkg/ops/cli.py:3"),
+        ("redis", "pkg/ops/cli.py", "import importlib\nimportlib.import_module('redis')\n",
+         "pkg/ops/cli.py:2"),
+        ("cycles", "pkg/wire/protocol.py", "from pkg.broker import sync\n",
+         "pkg.broker.sync -> pkg.wire.protocol -> pkg.broker.sync"),
+        ("cycles", "pkg/worker/extra.py",
+         "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .run import KEY\n",
+         "pkg/worker/extra.py:3"),
+        ("worker->client", "pkg/worker/run.py", "def f():\n    import pkg.client.sync\n",
+         "pkg/worker/run.py:2"),
+        ("worker->client", "pkg/worker/run.py", "from pkg.ops import cli\n",
+         "pkg.worker.run -> pkg.ops.cli -> pkg.client.sync"),
+        ("client->worker", "pkg/client/sync.py", "from pkg.worker.run import KEY\n",
+         "pkg/client/sync.py:1"),
+        ("wire", "pkg/wire/codec.py", "from pkg.broker.sync import KEY\n", "pkg/wire/codec.py:1"),
+        ("wire", "pkg/wire/codec.py", "import redis\n", "pkg/wire/codec.py:1"),
+    ],
+)
+def test_each_rule_names_the_module_and_the_import_that_break_it(
+    tmp_path: Path, rule: str, module: str, source: str, named: str
+) -> None:
+    files = dict(CLEAN)
+    files[module] = source + files.get(module, "")
+    if rule == "cycles" and module == "pkg/worker/extra.py":
+        files["pkg/worker/run.py"] += "from pkg.worker import extra\n"
+    problems = layout_problems(write_package(tmp_path, files), "pkg")
+    assert problems[rule], f"rule {rule!r} did not fire for {module}: {source!r}"
+    assert any(named in p for p in problems[rule]), report(problems[rule])
+
+
+def test_relative_imports_resolve_against_the_importing_module(tmp_path: Path) -> None:
+    root = write_package(tmp_path, {
+        "pkg/worker/pipeline/step.py": "from ...client import sync\nfrom .. import run\n",
+        "pkg/worker/run.py": "",
+        "pkg/client/sync.py": "",
+    })
+    modules = module_files(root, "pkg")
+    targets = [
+        i.target for i in imports_of(root, "pkg.worker.pipeline.step",
+                                     modules["pkg.worker.pipeline.step"], modules)
+    ]
+    assert targets == ["pkg.client.sync", "pkg.worker.run"]
+
+
+# --- queueserve itself -------------------------------------------------------------------
+
+PROBLEMS = layout_problems(REPO, "queueserve")
+
+
+def test_the_checker_sees_every_module_of_queueserve() -> None:
+    modules = module_files(REPO, "queueserve")
+    for expected in ("queueserve", "queueserve.broker.sync", "queueserve.wire.protocol",
+                     "queueserve.worker.pipeline.runner", "queueserve.client.sync",
+                     "queueserve.ops.cli"):
+        assert expected in modules
+
+
+@pytest.mark.parametrize("rule", sorted(PROBLEMS))
+def test_queueserve_keeps_the_layout_rule(rule: str) -> None:
+    assert not PROBLEMS[rule], report(PROBLEMS[rule])
+
+
+def test_every_public_name_is_exported_from_the_package() -> None:
+    qs = importlib.import_module("queueserve")
+    exported = qs.__all__
+    assert isinstance(exported, list | tuple) and exported, "queueserve.__all__ is missing"
+    duplicates = sorted({n for n in exported if exported.count(n) > 1})
+    assert not duplicates, f"names listed twice in queueserve.__all__: {duplicates}"
+    missing = [n for n in exported if not hasattr(qs, n)]
+    assert not missing, f"queueserve.__all__ names what queueserve does not define: {missing}"
+    namespace: dict[str, object] = {}
+    exec("from queueserve import *", namespace)
+    assert set(exported) <= set(namespace)

@@ -1,0 +1,182 @@
+"""Continuous batching without Redis (issue 14): the join decision, the waiting queue, the
+prefix cache, and the StepServing API run inline."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+import pytest
+
+import queueserve as qs
+from queueserve.worker.pipeline.batching import Request, Slice
+from queueserve.worker.pipeline.prefix_cache import PrefixCache
+from queueserve.worker.pipeline.stepping import (
+    Limits,
+    Scheduler,
+    StepQueue,
+    Waiting,
+    split_runs,
+    too_large,
+)
+from tests.support.step_app import Count, expected
+
+LIMITS = Limits(max_slots=8, max_batch_tokens=100, max_prefill_tokens=40,
+                waiting_served_ratio=0.5, max_waiting_steps=3)
+
+
+def waiting(n: int = 1, budget: int = 10, prompt: int = 2, alone: bool = False) -> Waiting:
+    request = Request(b"1-0", "s", 1, "inbox", 0.0, n)
+    request.alone = alone
+    w = Waiting("default", Slice(request, 0, list(range(n))), 0.0)
+    w.budget, w.prompt = budget, prompt
+    return w
+
+
+# --- the join decision ------------------------------------------------------------------------
+
+
+def test_an_idle_running_set_takes_every_waiting_request_that_fits_in_arrival_order() -> None:
+    s = Scheduler(LIMITS)
+    queue = deque([waiting(3), waiting(4), waiting(2), waiting(1)])
+    joined = s.admit(queue)
+    # 3 + 4 slots fit max_slots=8; the third (2 slots) does not, and stops the join
+    assert [w.slots for w in joined] == [3, 4]
+    assert [w.slots for w in queue] == [2, 1]
+    assert (s.slots, s.tokens) == (7, 20)
+
+
+@pytest.mark.parametrize("blocker", [
+    {"n": 1, "budget": 81},  # 20 reserved + 81 > max_batch_tokens=100
+    {"n": 1, "prompt": 39},  # 2 + 39 > max_prefill_tokens=40 in one join
+])
+def test_token_budgets_stop_a_join(blocker: dict[str, int]) -> None:
+    s = Scheduler(LIMITS)
+    queue = deque([waiting(1), waiting(1), waiting(**blocker), waiting(1)])
+    assert len(s.admit(queue)) == 2
+    assert s.tokens <= LIMITS.max_batch_tokens
+
+
+def test_while_sequences_run_a_join_waits_for_enough_joiners_or_enough_steps() -> None:
+    s = Scheduler(LIMITS)
+    s.admit(deque([waiting(4)]))  # 4 running: ratio 0.5 asks for 2 joiners at once
+    queue = deque([waiting(1)])
+    assert s.admit(queue) == []
+    s.stepped()
+    s.stepped()
+    assert s.admit(queue) == []
+    s.stepped()  # max_waiting_steps=3 steps without a join: one joiner is worth it now
+    assert len(s.admit(queue)) == 1
+    # two waiting at once are enough right away
+    queue = deque([waiting(1), waiting(1)])
+    s.left(1, 10, False)
+    assert len(s.admit(queue)) == 2
+
+
+def test_a_redelivered_request_runs_alone() -> None:
+    s = Scheduler(LIMITS)
+    s.admit(deque([waiting(1)]))
+    queue = deque([waiting(1, alone=True), waiting(1)])
+    for _ in range(5):
+        s.stepped()
+    assert s.admit(queue) == []  # something runs: the redelivered one waits, and blocks others
+    s.left(1, 10, False)
+    assert [w.piece.request.alone for w in s.admit(queue)] == [True]
+    assert s.admit(queue) == []  # nothing joins while it runs
+    s.left(1, 10, True)
+    assert len(s.admit(queue)) == 1
+
+
+def test_requests_that_can_never_fit_are_named() -> None:
+    assert too_large(waiting(9), LIMITS) is not None
+    assert "max_batch_tokens=100" in (too_large(waiting(1, budget=101), LIMITS) or "")
+    assert "max_prefill_tokens=40" in (too_large(waiting(1, prompt=41), LIMITS) or "")
+    assert too_large(waiting(8, budget=100, prompt=40), LIMITS) is None
+
+
+def test_the_queue_bounds_reading_and_splits_raw_requests_larger_than_the_slots() -> None:
+    q = StepQueue(capacity=4)
+    request = Request(b"1-0", "s", 1, "inbox", 0.0, 10)
+    q.add("default", Slice(request, 0, list(range(10))), 0.0)
+    assert [(w.piece.offset, w.slots) for w in q.waiting] == [(0, 4), (4, 4), (8, 2)]
+    assert q.room("default") == 4 - 10
+    q.remove([q.waiting[0]])
+    assert q.buffered == 6
+
+
+def test_split_runs() -> None:
+    assert split_runs([1, 2, 3, 4], [True, False, True, True]) == [(0, [1]), (2, [3, 4])]
+    assert split_runs([1], [False]) == []
+
+
+# --- the prefix cache -------------------------------------------------------------------------
+
+
+def test_lookup_returns_the_longest_cached_prefix() -> None:
+    cache = PrefixCache(1000)
+    cache.put("abcdef", 2, "s2", 10)
+    cache.put("abcdef", 4, "s4", 10)
+    assert cache.lookup("abcdxy") == (4, "s4")
+    assert cache.lookup("abz") == (2, "s2")
+    assert cache.lookup("xyz") == (0, None)
+    assert cache.lookup("ab") == (2, "s2")
+
+
+def test_the_cache_is_bounded_by_bytes_and_drops_the_least_recently_used() -> None:
+    cache = PrefixCache(30)
+    cache.put("aaaa", 4, "a", 10)
+    cache.put("bbbb", 4, "b", 10)
+    cache.put("cccc", 4, "c", 10)
+    cache.lookup("aaaa")  # a is now the most recent
+    cache.put("dddd", 4, "d", 10)
+    assert cache.nbytes == 30
+    assert cache.lookup("bbbb") == (0, None)
+    assert [cache.lookup(k)[1] for k in ("aaaa", "cccc", "dddd")] == ["a", "c", "d"]
+    assert cache.put("eeee", 4, "e", 31) is False  # larger than the whole cache
+
+
+def test_evicted_branches_are_pruned() -> None:
+    cache = PrefixCache(10)
+    cache.put("abcdef", 6, "long", 10)
+    cache.put("xy", 2, "short", 10)
+    assert cache.lookup("abcdef") == (0, None)
+    assert cache._root.children.keys() == {"x"}
+
+
+# --- the API, inline --------------------------------------------------------------------------
+
+
+def test_inline_runs_the_same_steps_statically() -> None:
+    items: list[dict[str, Any]] = [{"n": 3}, {"n": 0}, {"n": 2, "prompt": "hi", "base": 7}]
+    assert Count().inline_many(items) == [expected(i) for i in items]
+
+
+def test_the_decorator_form() -> None:
+    @qs.step_serving(prefill=lambda items: [[n] for n in items], max_slots=2,
+                     result=lambda state, outputs: sum(outputs))
+    def countdown(states: list[list[int]]) -> list[Any]:
+        out: list[Any] = []
+        for s in states:
+            s[0] -= 1
+            out.append(qs.END if s[0] < 0 else s[0])
+        return out
+
+    assert countdown.name == "countdown"
+    assert countdown.max_slots == countdown.batch_size == 2
+    assert countdown.inline_many([3, 0, 2]) == [3, 0, 1]
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"max_slots": 0}, "max_slots must be an int >= 1, got 0"),
+    ({"max_batch_tokens": -1}, "max_batch_tokens must be an int >= 1, got -1"),
+    ({"waiting_served_ratio": -0.5}, "waiting_served_ratio must be a number >= 0"),
+    ({"prefix_cache_bytes": -1}, "prefix_cache_bytes must be an int >= 0"),
+])
+def test_bad_options_are_refused_with_the_value(options: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        Count(**options)
+
+
+def test_batch_size_is_not_an_option_of_a_step_serving() -> None:
+    with pytest.raises(TypeError, match="max_slots"):
+        Count(batch_size=4)
