@@ -88,16 +88,31 @@ class Processes:
     Celery worker abandons the indexing task rather than finish it.
     """
 
-    def __init__(self, env: dict[str, str]) -> None:
+    def __init__(self, env: dict[str, str], logs: Path) -> None:
         self.env = env
+        self.logs = logs
         self.started: list[tuple[str, subprocess.Popen[bytes], signal.Signals]] = []
         self.seen: set[int] = set()
+        self.captured: dict[int, Path] = {}  # pid -> its output, shown only when it failed
 
-    def start(self, name: str, *args: str,
-              urgent: signal.Signals = signal.SIGTERM) -> subprocess.Popen[bytes]:
+    def start(self, name: str, *args: str, urgent: signal.Signals = signal.SIGTERM,
+              capture: bool = False) -> subprocess.Popen[bytes]:
+        """``capture``: the process's output goes to a file, shown only if it fails (Celery
+        prints "worker: Warm shutdown (MainProcess)" on every stop, whatever its log level)."""
+        output = None
+        if capture:
+            path = self.logs / f"{len(self.started)}-{name.replace(' ', '-')}.log"
+            output = path.open("wb")
         # Own process group: a Ctrl-C reaches the demo alone, which then stops these in order.
-        proc = subprocess.Popen([sys.executable, *args], cwd=ROOT, env=self.env,
-                                stdin=subprocess.DEVNULL, process_group=0)
+        try:
+            proc = subprocess.Popen([sys.executable, *args], cwd=ROOT, env=self.env,
+                                    stdin=subprocess.DEVNULL, process_group=0,
+                                    stdout=output, stderr=output)
+        finally:
+            if output is not None:
+                output.close()  # the child holds its own descriptor
+        if capture:
+            self.captured[proc.pid] = path
         self.started.append((name, proc, urgent))
         return proc
 
@@ -120,7 +135,7 @@ class Processes:
                 code = proc.wait()
                 problems.append(f"{name} did not stop within {STOP_TIMEOUT_S:g}s; killed")
             if code != 0 and not urgent:
-                problems.append(f"{name} exited with code {code}")
+                problems.append(f"{name} exited with code {code}{self._output_of(proc)}")
         deadline = time.monotonic() + 10  # helpers (multiprocessing's tracker) exit just after
         left = [p for p in self.seen if _alive(p)]
         while left and time.monotonic() < deadline:
@@ -130,13 +145,20 @@ class Processes:
             problems.append(f"processes still running: {sorted(left)}")
         return problems
 
+    def _output_of(self, proc: subprocess.Popen[bytes]) -> str:
+        path = self.captured.get(proc.pid)
+        if path is None or not path.exists():
+            return ""
+        tail = path.read_text(errors="replace").splitlines()[-20:]
+        return "; its output ended:\n" + "\n".join(f"    {line}" for line in tail)
+
 
 def _redis(stack: contextlib.ExitStack) -> str:
     url = os.environ.get("QUEUESERVE_REDIS_URL")
     if url:
         print(f"Redis: {url} (QUEUESERVE_REDIS_URL)")
         return url
-    from queueserve.embedded import EmbeddedRedis
+    from queueserve.broker.embedded import EmbeddedRedis
 
     url = stack.enter_context(EmbeddedRedis())
     print(f"Redis: started a private redis-server at {url}")
@@ -170,18 +192,23 @@ def _show_progress(result: Any, limit_s: float) -> dict[str, Any]:
             raise TimeoutError(f"indexing did not finish within {limit_s:g}s")
         info = result.info
         if result.state == "PROGRESS" and isinstance(info, dict):
-            line = (f"  PROGRESS {info['done']:>5}/{info['total']} passages, "
-                    f"{info['items_per_s']:6.1f}/s")
+            line = progress_line(info["done"], info["total"], info["items_per_s"])
             if tty:
                 print(f"\r{line}", end="", flush=True)
             elif info["done"] != printed_done and time.monotonic() - printed_at >= 5:
                 print(line, flush=True)
                 printed_at, printed_done = time.monotonic(), info["done"]
         time.sleep(0.3)
-    if tty:
-        print()
     summary: dict[str, Any] = result.get(timeout=30)
+    # The last PROGRESS state seen may be seconds old (sampled, printed at most every 5s):
+    # end on the total, so the count never stops short of what "indexed N" then reports.
+    final = progress_line(summary["count"], summary["count"], summary["items_per_s"])
+    print(f"\r{final}" if tty else final, flush=True)
     return summary
+
+
+def progress_line(done: int, total: int, per_s: float) -> str:
+    return f"  PROGRESS {done:>5}/{total} passages, {per_s:6.1f}/s"
 
 
 def batch_sizes(metrics_text: str) -> dict[str, list[tuple[float, float]]]:
@@ -268,7 +295,8 @@ def run(args: argparse.Namespace, stack: contextlib.ExitStack, problems: list[st
     if not given_prefix:
         stack.callback(_delete_keys, url, prefix)
     port = _free_port()
-    procs = Processes(dict(os.environ, PYTHONUNBUFFERED="1"))
+    logs = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="qs-demo-logs-")))
+    procs = Processes(dict(os.environ, PYTHONUNBUFFERED="1"), logs)
     stack.push(lambda exc_type, *_: problems.extend(procs.stop(urgent=exc_type is not None)))
     worker = procs.start(
         "queueserve worker", "-m", "queueserve", "worker", "tasks.embed:embed",
@@ -284,7 +312,7 @@ def run(args: argparse.Namespace, stack: contextlib.ExitStack, problems: list[st
         "--without-gossip", "--without-mingle", "--without-heartbeat",
         # After an interrupt: a solo pool cannot cancel its running task (a cold shutdown
         # raises NotImplementedError into it), and the task's message is acked already.
-        urgent=signal.SIGKILL,
+        urgent=signal.SIGKILL, capture=True,
     )
     print(f"started queueserve worker ({args.partitions} partitions, metrics on :{port}) and "
           "a Celery worker; loading the model ...", flush=True)
