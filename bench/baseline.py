@@ -1,11 +1,12 @@
 """The yardstick: a minimal hand-written redis-py loop doing the work of queueserve's single-item
-path, and nothing else (DESIGN §8 measures queueserve as a ratio of it). No queueserve imports.
+path, and nothing else (docs/design.md §8 measures queueserve as a ratio of it). No queueserve
+imports.
 
 Producer side (:class:`BaselineClient`, in the benchmark process):
 
 - one entry per item: ``XADD <stream> * m msgpack([request_id, inbox, item])``; a caller thread
   sends a window of items as one pipeline (one round trip per window), then waits for each
-  (:meth:`BaselineClient.submit_window`: the reference of DESIGN §8); :meth:`BaselineClient.
+  (:meth:`BaselineClient.submit_window`: the reference of docs/design.md §8); :meth:`BaselineClient.
   dispatch` is the unpipelined form, one XADD per item from a blocked caller thread, for
   comparing like with like against 64 threads calling ``dispatch``;
 - one reader thread per client: ``BLPOP`` the client's inbox list, then ``LPOP inbox 512`` until

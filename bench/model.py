@@ -8,7 +8,7 @@ normalize) on the same texts, in batches of the same size, with the same torch t
   count) while this process keeps it saturated with ``client.map`` (8 batches in flight).
 
 Runs alternate (direct, served, direct, ...) so a machine whose load drifts hurts both alike;
-the medians give the ratio (budget >= 0.95, DESIGN §8). Rates are steady state: from the end
+the medians give the ratio (budget >= 0.95, docs/design.md §8). Rates are steady state: from the end
 of the first batch to the end of the last. It also prints the padded-token waste of the demo
 corpus with and without length-bucket batch keys (tokenizer only, no model).
 

@@ -1,4 +1,4 @@
-"""Overlap benchmark: does the device ever wait on Redis or decoding? (issue 3, DESIGN §6)
+"""Overlap benchmark: does the device ever wait on Redis or decoding? (issue 3, docs/design.md §6)
 
 A serving whose batch takes a fixed device time T runs in a real worker process, under a load
 that always has more than a batch queued. The ideal is ``batch_size / T`` items/s; the ratio to

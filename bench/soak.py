@@ -1,4 +1,5 @@
-"""Soak: worker memory stays flat under sustained load (DESIGN §8: within 5% over 10 minutes).
+"""Soak: worker memory stays flat under sustained load (docs/design.md §8: within 5% over 10
+minutes).
 
 A `queueserve worker bench.servings:noop` process (one partition) serves a steady mix for the
 whole duration: packed `map` requests, single-item `dispatch` calls from several threads, and a

@@ -1,0 +1,184 @@
+"""Generation: continuous batching vs static generator batching, and the prefix cache.
+
+    python -m bench.generate [--requests 80] [--rate 30] [--seed 0]
+
+One worker process (one partition, one torch thread) serves the character-level GRU
+(``tasks.charlm``) three ways: ``charlm`` (StepServing, continuous batching, prefix cache on),
+``charlm_static`` (the same model and steps as a generator serving: static batching) and
+``charlm_cold`` (continuous, cache off). Both share a private redis-server.
+
+1. Mixed load, sent twice with the same arrivals (Poisson, ``--rate`` per second) and the same
+   requests — once to the static serving, once to the continuous one: prompts of 10..200
+   characters of stdlib docstrings, outputs of 4..400 characters (log-uniform: most short, a
+   few long), greedy. Each request is its own ``client.stream`` caller. Reported: generated
+   characters per second over the run, time to first character p50/p99, time per output
+   character (mean over requests of (last - first) / (n - 1)).
+2. Prefix cache: requests sharing one 200-character prefix (a different 10..30-character
+   question after it, 8 characters out), one after another, to the cold and the cached serving;
+   reported: prefill seconds per request from the worker's metrics, and the saving.
+
+Budgets (issue 14): continuous >= 2x static tokens/s, TTFT p99 <= 1/3 of static's, and the
+cache saves >= 80% of prefill time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import re
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass
+
+import queueserve as qs
+from bench._harness import RedisServer, free_port, percentile, spawn_module, stop_process
+from tasks.charlm import CharLM
+
+charlm_cold = CharLM(name="charlm_cold", prefix_cache_bytes=0)
+
+PREFIX = "bench-generate"
+SLOTS = CharLM.max_slots
+
+
+@dataclass
+class Sent:
+    """One request's timings (perf_counter seconds)."""
+
+    sent: float
+    first: float = 0.0
+    last: float = 0.0
+    n: int = 0
+
+
+def workload(count: int, rate: float, seed: int) -> list[tuple[float, dict[str, object]]]:
+    """(arrival offset, item) pairs: prompts cut from docstrings, wide output lengths."""
+    from tasks.corpus import stdlib_passages
+
+    rng = random.Random(seed)
+    texts = [p.text for p in stdlib_passages(limit=400) if len(p.text) >= 200]
+    at = 0.0
+    load = []
+    for _ in range(count):
+        at += rng.expovariate(rate)
+        text = rng.choice(texts)
+        prompt_len = rng.randint(10, 200)
+        start = rng.randint(0, len(text) - prompt_len)
+        max_new = round(4 * 100 ** rng.random())  # log-uniform over 4..400
+        load.append((at, {"prompt": text[start : start + prompt_len], "max_new": max_new}))
+    return load
+
+
+def run_load(client: qs.Client, serving: str, load: list[tuple[float, dict[str, object]]]
+             ) -> tuple[list[Sent], float]:
+    """Send every request at its arrival time as a stream of its own; (timings, seconds)."""
+    sent = [Sent(0.0) for _ in load]
+    started = time.perf_counter()
+
+    def one(i: int, item: dict[str, object]) -> None:
+        record = sent[i]
+        record.sent = time.perf_counter()
+        for event in client.stream(serving, [item], timeout=600):
+            if isinstance(event, qs.Output):
+                now = time.perf_counter()
+                if record.n == 0:
+                    record.first = now
+                record.last = now
+                record.n += len(event.results)
+
+    threads = []
+    for i, (at, item) in enumerate(load):
+        delay = started + at - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        t = threading.Thread(target=one, args=(i, item), daemon=True)
+        t.start()
+        threads.append(t)
+    for t in threads:
+        t.join()
+    return sent, time.perf_counter() - started
+
+
+def summarize(name: str, sent: list[Sent], seconds: float) -> dict[str, float]:
+    ttft = sorted(s.first - s.sent for s in sent)
+    tpot = [(s.last - s.first) / (s.n - 1) for s in sent if s.n > 1]
+    tokens = sum(s.n for s in sent)
+    figures = {
+        "tokens_s": tokens / seconds,
+        "ttft_p50": percentile(ttft, 50),
+        "ttft_p99": percentile(ttft, 99),
+        "tpot": sum(tpot) / len(tpot),
+    }
+    print(f"{name:<11} {tokens:>6} chars in {seconds:6.2f}s  {figures['tokens_s']:7.0f} chars/s  "
+          f"TTFT p50 {1000 * figures['ttft_p50']:7.1f} ms  p99 {1000 * figures['ttft_p99']:7.1f} "
+          f"ms  per output char {1000 * figures['tpot']:6.2f} ms")
+    return figures
+
+
+def metric(port: int, name: str, serving: str) -> float:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    pattern = rf'^{name}\{{[^}}]*serving="{serving}"[^}}]*\}} (\S+)$'
+    return sum(float(v) for v in re.findall(pattern, text, re.M))
+
+
+def cache_run(client: qs.Client, port: int, seed: int, count: int = 30) -> None:
+    from tasks.corpus import stdlib_passages
+
+    rng = random.Random(seed)
+    long_texts = [p.text for p in stdlib_passages(limit=400) if len(p.text) >= 200]
+    prefix = rng.choice(long_texts)[:200]
+    questions = [" " + "".join(rng.choice("abcdefghijklmnopqrstuvwxyz ")
+                               for _ in range(rng.randint(10, 30))) for _ in range(count)]
+    seconds = {}
+    for serving in ("charlm_cold", "charlm"):
+        before = metric(port, "queueserve_prefill_seconds_total", serving)
+        for q in questions:
+            client.dispatch(serving, {"prompt": prefix + q, "max_new": 8}, timeout=60)
+        time.sleep(1.5)  # the worker's metrics files are read by the supervisor per scrape
+        seconds[serving] = metric(port, "queueserve_prefill_seconds_total", serving) - before
+    hits = metric(port, "queueserve_prefix_cache_lookups_total", "charlm")
+    saved = metric(port, "queueserve_prefix_cache_saved_tokens_total", "charlm")
+    cold, warm = seconds["charlm_cold"], seconds["charlm"]
+    print(f"prefix cache: {count} requests sharing a 200-character prefix, one after another")
+    print(f"  prefill without cache {1000 * cold / count:6.2f} ms/request, with cache "
+          f"{1000 * warm / count:6.2f} ms/request: {100 * (1 - warm / cold):.0f}% saved "
+          f"({hits:.0f} lookups, {saved:.0f} prompt characters not recomputed)")
+    print(f"  budget: >= 80% saved: {'met' if warm <= 0.2 * cold else 'NOT met'}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=80)
+    parser.add_argument("--rate", type=float, default=30.0, help="arrivals per second")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    redis_server = RedisServer().start()
+    port = free_port()
+    worker = spawn_module(
+        "queueserve", "worker", "tasks.charlm:charlm", "tasks.charlm:charlm_static",
+        "bench.generate:charlm_cold", "--redis-url", redis_server.url, "--prefix", PREFIX,
+        "--partitions", "1", "--metrics-port", str(port),
+    )
+    client = qs.Client(redis_server.url, prefix=PREFIX)
+    try:
+        for serving in ("charlm", "charlm_static", "charlm_cold"):  # loaded and answering
+            client.dispatch(serving, {"prompt": "warm up", "max_new": 4}, timeout=120)
+        load = workload(args.requests, args.rate, args.seed)
+        print(f"mixed load: {len(load)} requests over {load[-1][0]:.1f}s, {SLOTS} slots / "
+              f"batch size, prompts 10..200 chars, outputs 4..400 chars (log-uniform)")
+        static = summarize("static", *run_load(client, "charlm_static", load))
+        cont = summarize("continuous", *run_load(client, "charlm", load))
+        speedup = cont["tokens_s"] / static["tokens_s"]
+        ttft = cont["ttft_p99"] / static["ttft_p99"]
+        print(f"continuous / static: {speedup:.2f}x chars/s (budget >= 2x: "
+              f"{'met' if speedup >= 2 else 'NOT met'}), TTFT p99 {ttft:.2f}x of static's "
+              f"(budget <= 0.33x: {'met' if ttft <= 1 / 3 else 'NOT met'})")
+        cache_run(client, port, args.seed)
+    finally:
+        client.close()
+        stop_process(worker, timeout=30)
+        redis_server.stop()
+
+
+if __name__ == "__main__":
+    main()
