@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
+import multiprocessing
 import os
 import platform
 import signal
@@ -327,12 +328,15 @@ def _serve_until_stopped(
     wake: threading.Event,
 ) -> int:
     """Wait for a SIGTERM, the supervisor's death or a recycling limit; the exit code."""
-    supervisor = os.getppid()
+    # The spawn sentinel, not getppid(): it was handed over at spawn, so a supervisor killed
+    # while this partition was still loading its model is seen too (getppid() read after the
+    # load would already name the reaper that adopted us).
+    supervisor = multiprocessing.parent_process()
     while True:
         wake.wait(1.0)
         if stop.is_set():
             return EXIT_OK
-        if os.getppid() != supervisor:  # the supervisor was killed: do not serve on, orphaned
+        if supervisor is not None and not supervisor.is_alive():  # do not serve on, orphaned
             log.warning(
                 "partition %d: the worker process is gone; draining and exiting", partition.index
             )

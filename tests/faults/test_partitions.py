@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import subprocess
 import sys
@@ -180,17 +182,46 @@ def test_partitions_exit_when_their_supervisor_is_killed(
     start_worker: Callable[..., WorkerProcess], client: qs.Client, redis_client: redis.Redis,
     prefix: str,
 ) -> None:
-    # Given a worker whose partition is serving
-    worker = start_worker("Pair", "--partitions", "1")
+    # Given a worker whose partition is still loading its model
+    worker = start_worker("SlowSetup", "--partitions", "1")
     wait_until(lambda: redis_client.llen(f"{prefix}:rec:setup") == 1, "the partition's setup")
     pid = int(_texts(redis_client, f"{prefix}:rec:setup")[0].split(":")[2])
 
-    # When the supervisor is SIGKILLed (as the OOM killer would)
+    # When the supervisor is SIGKILLed (as the OOM killer would) before the load finishes
     worker.proc.kill()
     worker.proc.wait(10)
+    redis_client.rpush(f"{prefix}:rec:go", 1)
 
     # Then its partition does not serve on as an orphan: it drains and exits
     wait_until(lambda: not Path(f"/proc/{pid}").exists() or _is_zombie(pid), "the orphan to exit")
+
+
+def test_partition_sees_its_supervisor_die_even_before_it_starts_serving(
+    redis_client: redis.Redis, redis_url: str, prefix: str,
+) -> None:
+    # Given a partition that has not reached its serve loop yet
+    probe = subprocess.Popen(
+        [sys.executable, "-m", "tests.support.orphan_probe", redis_url, f"{prefix}:go"],
+        cwd=REPO, env=child_env(), stdout=subprocess.PIPE,
+    )
+    assert probe.stdout is not None
+    with probe.stdout:
+        orphan = int(probe.stdout.readline())
+    try:
+        # When its supervisor is SIGKILLed first, and only then does it start serving
+        probe.kill()
+        probe.wait(10)
+        redis_client.set(f"{prefix}:go", 1)
+
+        # Then it still sees itself orphaned, and ends its serve loop
+        wait_until(lambda: redis_client.lrange(f"{prefix}:go:exited", 0, -1), "the orphan's exit")
+    finally:
+        _kill_quietly(orphan)
+
+
+def _kill_quietly(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
 
 
 def _is_zombie(pid: int) -> bool:

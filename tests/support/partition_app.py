@@ -59,6 +59,17 @@ class Pair(Recording):
     rendezvous = 2
 
 
+class SlowSetup(Recording):
+    """Records its setup, then stays in it until the test says go: a model still loading."""
+
+    name = "slow-setup"
+
+    def setup(self, partition: qs.Partition) -> None:
+        super().setup(partition)
+        r, prefix = _redis()
+        _wait_for(r, f"{prefix}:rec:go", 1)
+
+
 class Crashy(qs.Serving):
     """Kills its own process (as a segfault or OOM kill would) on the item -1."""
 
