@@ -295,21 +295,46 @@ def test_a_request_that_keeps_killing_workers_is_dead_lettered_and_can_be_replay
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.parametrize(
+    "spec", ["crasher_batched", "crasher_batched_3"],
+    ids=["every-retry-alone", "first-retry-batched"],
+)
 def test_a_request_that_shared_a_batch_with_a_crasher_is_still_answered(
-    workers: Workers, client: qs.Client, redis_client: redis.Redis, prefix: str,
+    workers: Workers, client: qs.Client, redis_client: redis.Redis, prefix: str, spec: str,
 ) -> None:
-    # Given batches of up to 4 requests, and a worker that dies on "boom"
-    worker = workers.start("crasher_batched", "--max-restarts", "50")
-    serving_consumer(redis_client, prefix, "crasher-batched", worker)
+    # Given batches of up to 4 requests, and a worker that dies on "boom" (max_deliveries 2:
+    # every redelivery runs alone; 3: the first redelivery is batched, and dies again)
+    name = spec.replace("_", "-")
+    worker = workers.start(spec, "--max-restarts", "50")
+    serving_consumer(redis_client, prefix, name, worker)
 
     # When a healthy request arrives together with "boom" (they share a batch)
-    poison = client.submit("crasher-batched", ["boom"])
-    healthy = client.submit("crasher-batched", ["fine"])
+    poison = client.submit(name, ["boom"])
+    healthy = client.submit(name, ["fine"])
 
     # Then the crasher is dead-lettered, and the healthy request still gets its result
     with pytest.raises(qs.DeadLettered):
         poison.result(90)
     assert healthy.result(90) == ["ok:fine"]
+
+
+def test_the_requests_of_a_killed_batch_run_again_together_not_one_by_one(
+    workers: Workers, client: qs.Client, redis_client: redis.Redis, prefix: str,
+) -> None:
+    # Given a batch of six requests running when its partition is SIGKILLed
+    worker = workers.start("gathering", "--max-restarts", "10")
+    serving_consumer(redis_client, prefix, "gathering", worker)
+    items = ["wait", "a", "b", "c", "d", "e"]
+    tickets = [client.submit("gathering", [x]) for x in items]
+    sizes = f"{prefix}:fault:sizes"
+    wait_until(lambda: redis_client.lrange(sizes, 0, -1) == [b"6"], "the batch of six to start")
+    worker.kill_partition(worker.partition_pids()[0])
+    redis_client.set(f"{prefix}:fault:go", 1)
+
+    # Then each is answered once, and their first redelivery ran as one batch again (one
+    # batch per request would hold a killed worker's recovery for seconds)
+    assert [t.result(60) for t in tickets] == [[f"r:{x}"] for x in items]
+    assert redis_client.lrange(sizes, 0, -1) == [b"6", b"6"]
 
 
 # --- deadlines and cancellation ---------------------------------------------------------------

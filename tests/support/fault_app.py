@@ -138,6 +138,29 @@ class CrasherBatched(Crasher):
     batch_timeout = 0.2
 
 
+class CrasherBatchedThree(CrasherBatched):
+    """Like CrasherBatched with the default max_deliveries (3): a redelivered crasher's first
+    retry is batched with its neighbours (docs/design.md §5)."""
+
+    name = "crasher-batched-3"
+    max_deliveries = 3
+
+
+class Gathering(_Recorded):
+    """Batches of up to 8 gathered for 0.3 s, each one's size recorded (``sizes``); a batch
+    holding "wait" waits for the ``go`` gate, so a kill can land inside it."""
+
+    name = "gathering"
+    batch_size = 8
+    batch_timeout = 0.3
+
+    def handle_batch(self, batch: qs.Batch) -> list[Any]:
+        self.r.rpush(f"{self.rec}:sizes", len(batch))
+        if "wait" in batch:
+            wait_for_key(self.r, f"{self.rec}:go")
+        return [f"r:{x}" for x in batch]
+
+
 class Sturdy(_Recorded):
     """Plain serving for the bad-input flood: answers ``r:<item>``."""
 
@@ -201,6 +224,8 @@ hanger = Hanger()
 hoarder = Hoarder()
 crasher = Crasher()
 crasher_batched = CrasherBatched()
+crasher_batched_3 = CrasherBatchedThree()
+gathering = Gathering()
 sturdy = Sturdy()
 held = Held()
 

@@ -37,7 +37,9 @@ class Request:
     events: str = ""  # pub/sub channel for streamed events, "" = none
     no_split: bool = False  # streamed and hook-serving requests run whole, in one batch
     admitted: int = 0  # items its admission counted (the 'a' field); released by its ack
-    alone: bool = False  # redelivered after a crash: runs in a batch of its own
+    redelivered: bool = False  # reclaimed from a dead consumer: its run counts a delivery
+    alone: bool = False  # redelivered more than once: runs in a batch of its own
+    counted: bool = False  # this run's delivery is counted (once, however many batches)
     priority: int = 0  # 0..9, larger first
     remaining: int = field(init=False)  # items not answered yet; the entry is acked at 0
     events_sent: int = field(init=False, default=0)

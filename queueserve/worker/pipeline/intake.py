@@ -79,9 +79,10 @@ class Intake:
             elif isinstance(decoded, Rejected):
                 self._reject(entry, decoded, rows)
             else:
-                # A redelivered request may be what killed the last worker: it runs alone, so
-                # a crash counts against it and not against the requests batched with it.
-                decoded.request.alone = entry.reclaimed
+                decoded.request.redelivered = entry.reclaimed
+                decoded.request.alone = entry.reclaimed and runs_alone(
+                    entry.deliveries, serving.max_deliveries
+                )
                 key = key_of.get(entry.stream)
                 if key is None:
                     key = key_of[entry.stream] = self.keys.batch_key_of(entry.stream)
@@ -187,6 +188,21 @@ class Intake:
             for name, pending, idle_ms in self.broker.consumers(stream):
                 if name not in alive and pending == 0 and idle_ms > DEAD_AFTER_S * 1000:
                     self.broker.forget_consumer(stream, name)
+
+
+def runs_alone(deliveries: int, max_deliveries: int) -> bool:
+    """Whether a reclaimed entry, delivered ``deliveries`` times so far, runs in a batch of its
+    own (docs/design.md §5 "Poison items").
+
+    Most entries reclaimed after a kill are the healthy batch-mates of whatever died, so their
+    first redelivery runs batched like any request: one batch per request would hold the
+    recovery of a killed worker's ~50 requests for seconds. That run is counted, so when it
+    dies too, every later redelivery runs alone, where a crash is the request's own. A request
+    thus shares the blame for at most one death besides its original run's; with
+    ``max_deliveries`` under 3 that one would be enough to dead-letter it, so there every
+    redelivery runs alone.
+    """
+    return deliveries > 1 or max_deliveries < 3
 
 
 def _raw(entry: Entry) -> dict[str, bytes]:

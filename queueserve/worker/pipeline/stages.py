@@ -176,8 +176,7 @@ class Stages:
         if not live:
             staged.parts = []
             return
-        if live[0].request.alone:  # redelivered: this run is what max_deliveries counts
-            self._count_delivery(live[0])
+        self._count_deliveries(live)
         staged.parts = prepare_isolated(
             self.serving, batch.items(), batch.key, self.partition
         )
@@ -236,8 +235,8 @@ class Stages:
         if staged.parts is None or withdrawn or expired:
             # Not prepared (no preparation stage, or a preparer's items were withdrawn since):
             # run_isolated prepares in this thread when the serving has a prepare_batch.
-            if staged.parts is None and live[0].request.alone:
-                self._count_delivery(live[0])
+            if staged.parts is None:
+                self._count_deliveries(live)
             staged.parts = [Part(0, len(batch), NOT_PREPARED)]
         self._execute(batch, live, staged.parts)
 
@@ -268,6 +267,15 @@ class Stages:
             took * 1000,
         )
         self._send(Reply(self.serving, live, segments, context.finished))
+
+    def _count_deliveries(self, live: list[Slice]) -> None:
+        """Count this run against ``max_deliveries`` for each redelivered request in it: once
+        per run, however many batches the request spans."""
+        for piece in live:
+            request = piece.request
+            if request.redelivered and not request.counted:
+                request.counted = True
+                self._count_delivery(piece)
 
     def _drop(self, slices: list[Slice]) -> None:
         if slices:

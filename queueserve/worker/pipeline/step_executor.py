@@ -247,8 +247,10 @@ class StepExecutor:
             return []
         rows: list[Row] = []
         for w in joiners:
-            if w.piece.request.alone:  # this run is what max_deliveries counts
-                self._count_delivery(w.piece.request)
+            request = w.piece.request
+            if request.redelivered and not request.counted:  # what max_deliveries counts
+                request.counted = True
+                self._count_delivery(request)
         started = time.perf_counter()
         by_key: dict[str, list[Waiting]] = {}
         for w in joiners:
