@@ -19,6 +19,11 @@ HEARTBEAT_EVERY_S = 0.5
 HEARTBEAT_TTL_MS = 30_000
 DEAD_AFTER_S = 2.0  # a consumer with no heartbeat for this long is dead: its entries are taken
 RECLAIM_EVERY_S = 0.5
+# A dead consumer's entry is taken once it has been idle this long: a claim resets the idle
+# time, so two live consumers racing for it never both get it. Shorter than DEAD_AFTER_S, so
+# the entries of a partition its supervisor saw die (and took off the live set at once) are
+# taken at the next pass, not DEAD_AFTER_S after their delivery.
+CLAIM_IDLE_S = 0.5
 FORGET_EVERY_S = 30.0  # how often dead consumers holding nothing leave the consumer group
 # "Alive" as operators and callers are told it (stats, readiness, a Timeout's message): more
 # forgiving than DEAD_AFTER_S, so a slow beat is not reported as a missing worker.

@@ -49,8 +49,8 @@ def supervisor_metrics(worker: Worker, supervisor: Supervisor) -> Iterator[Metri
             os.environ["PROMETHEUS_MULTIPROC_DIR"] = directory
             stack.callback(os.environ.pop, "PROMETHEUS_MULTIPROC_DIR", None)
         path = os.environ["PROMETHEUS_MULTIPROC_DIR"]
-        supervisor.on_exit = lambda pid: multiprocess.mark_process_dead(  # type: ignore[no-untyped-call]
-            pid, path
+        supervisor.on_exit.append(
+            lambda pid: multiprocess.mark_process_dead(pid, path)  # type: ignore[no-untyped-call]
         )
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry, path=path)  # type: ignore[no-untyped-call]

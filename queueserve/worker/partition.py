@@ -70,7 +70,12 @@ def _n(count: int, one: str, many: str) -> str:
 
 def consumer_name(partition: Partition) -> str:
     """Unique per process start, readable in `queueserve stats`: host-pid-partition-nonce."""
-    return f"{socket.gethostname()}-{os.getpid()}-p{partition.index}-{uuid.uuid4().hex[:6]}"
+    return f"{consumer_prefix(os.getpid())}{partition.index}-{uuid.uuid4().hex[:6]}"
+
+
+def consumer_prefix(pid: int) -> str:
+    """What the consumer names of process ``pid`` on this host start with."""
+    return f"{socket.gethostname()}-{pid}-p"
 
 
 class PartitionHost:

@@ -123,7 +123,7 @@ class Supervisor:
         self._stop = threading.Event()
         self._signals = 0
         self._why_stop = "stop() was called"
-        self.on_exit: Callable[[int], None] | None = None  # told each dead partition's pid
+        self.on_exit: list[Callable[[int], None]] = []  # each told every dead partition's pid
 
     def stop(self) -> None:
         """Ask for a graceful stop (what the first SIGTERM does)."""
@@ -280,8 +280,7 @@ class Supervisor:
         during_batch = running_for(slot.clock, now) is not None
         if not (recycled or during_batch):
             return False
-        if self.on_exit is not None and process.pid is not None:
-            self.on_exit(process.pid)
+        self._tell_exit(process)
         slot.process = None
         slot.restart_at = now if recycled else now + 0.5
         if recycled:
@@ -298,12 +297,16 @@ class Supervisor:
             )
         return True
 
+    def _tell_exit(self, process: BaseProcess) -> None:
+        if process.pid is not None:
+            for tell in self.on_exit:
+                tell(process.pid)
+
     def _record_crash(self, slot: _Slot, process: BaseProcess, now: float) -> bool:
         """Note a dead partition and schedule its restart; True when it is crash-looping."""
         code = process.exitcode
         assert code is not None
-        if self.on_exit is not None and process.pid is not None:
-            self.on_exit(process.pid)
+        self._tell_exit(process)
         why = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
         slot.process = None
         slot.crashes.append(now)

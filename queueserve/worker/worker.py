@@ -19,17 +19,18 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from queueserve._durations import parse_duration
-from queueserve.broker.retry import Retry
+from queueserve.broker.retry import RedisFailure, Retry
 from queueserve.broker.sync import RedisBroker
 from queueserve.broker.urls import redact_url
 from queueserve.errors import RedisUnavailable
 from queueserve.serving import Partition, Serving, _check_batch_size
 from queueserve.settings import Settings, check_redis_url
 from queueserve.wire.protocol import Keys
+from queueserve.wire.timing import HEARTBEAT_TTL_MS
 from queueserve.worker.loading import load_servings
 from queueserve.worker.metrics_server import MetricsServer, in_process_metrics, supervisor_metrics
 from queueserve.worker.middleware import Middleware
-from queueserve.worker.partition import PartitionHost, StartupFailed
+from queueserve.worker.partition import PartitionHost, StartupFailed, consumer_prefix
 from queueserve.worker.supervisor import (
     EXIT_CRASH_LOOP,
     EXIT_ERROR,
@@ -200,6 +201,7 @@ class Worker:
             max_batch_seconds=self.config.limits.max_batch_seconds,
             handle_signals=self.handle_signals,
         )
+        self._supervisor.on_exit.append(self._release_dead_partition)
         if self._stopped.is_set():
             return EXIT_OK
         if self.metrics_port is None:
@@ -207,6 +209,13 @@ class Worker:
         with supervisor_metrics(self, self._supervisor) as server:
             self.metrics_port = server.port
             return self._supervisor.run()
+
+    def _release_dead_partition(self, pid: int) -> None:
+        """Off the supervisor's thread: Redis may be away, and the restart must not wait."""
+        threading.Thread(
+            target=release_consumers_of, name=f"queueserve-release-{pid}", daemon=True,
+            args=(self.redis_url, [Keys(self.prefix, s.name) for s in self.servings], pid),
+        ).start()
 
     def _log_start(self) -> None:
         log.info("queueserve %s worker starting (pid %d, Python %s)", _version(), os.getpid(),
@@ -277,6 +286,29 @@ def wait_for_redis(url: str, serving: str, prefix: str) -> None:
             f"{e} (retried for {REDIS_STARTUP_WAIT_S:g}s), or point the worker at yours with "
             "--redis-url or QUEUESERVE_REDIS_URL"
         ) from None
+    finally:
+        broker.close()
+
+
+def release_consumers_of(url: str, keys_list: list[Keys], pid: int) -> None:
+    """Take the consumers of dead partition process ``pid`` off every serving's live set, so
+    the other partitions reclaim its entries at their next pass instead of ``DEAD_AFTER_S``
+    after its last heartbeat (docs/design.md §5 "No loss"). Best effort: when Redis cannot be
+    reached, the heartbeat's age tells the same a little later."""
+    broker = RedisBroker(url, owner=f"supervisor (release of pid {pid})")
+    try:
+        mine = consumer_prefix(pid)
+        dead = {
+            consumer
+            for keys in keys_list
+            for consumer in broker.alive_consumers(keys, HEARTBEAT_TTL_MS / 1000)
+            if consumer.startswith(mine)
+        }
+        for consumer in dead:
+            broker.leave(keys_list, consumer)
+            log.info("consumer %s of dead partition pid %d left the live set", consumer, pid)
+    except RedisFailure as e:
+        log.info("could not release the consumers of dead partition pid %d: %s", pid, e)
     finally:
         broker.close()
 

@@ -15,6 +15,7 @@ import pytest
 import redis
 
 import queueserve as qs
+from queueserve.wire.protocol import Keys
 from queueserve.worker.supervisor import EXIT_CRASH_LOOP, resolve_partitions
 from tests.support.helpers import REPO, child_env, wait_until
 
@@ -194,6 +195,32 @@ def test_partitions_exit_when_their_supervisor_is_killed(
 
     # Then its partition does not serve on as an orphan: it drains and exits
     wait_until(lambda: not Path(f"/proc/{pid}").exists() or _is_zombie(pid), "the orphan to exit")
+
+
+def test_a_dead_partitions_consumer_leaves_the_live_set_at_once(
+    start_worker: Callable[..., WorkerProcess], redis_client: redis.Redis, prefix: str,
+) -> None:
+    # Given a serving partition, live in the serving's worker set
+    start_worker("Recording", "--partitions", "1")
+    wait_until(lambda: redis_client.llen(f"{prefix}:rec:setup") == 1, "the partition's setup")
+    pid = int(_texts(redis_client, f"{prefix}:rec:setup")[0].split(":")[2])
+    workers = Keys(prefix, "recording").workers
+
+    def consumers_of_pid() -> list[str]:
+        return [c for c in _members(redis_client, workers) if f"-{pid}-p" in c]
+
+    wait_until(consumers_of_pid, "its heartbeat")
+
+    # When it is SIGKILLed
+    os.kill(pid, signal.SIGKILL)
+
+    # Then its supervisor takes it off the live set at once, so its entries are reclaimed at
+    # the next pass (its last heartbeat would otherwise keep it there for 30 s)
+    wait_until(lambda: not consumers_of_pid(), "the dead consumer to leave", timeout=10)
+
+
+def _members(r: redis.Redis, key: str) -> list[str]:
+    return [m.decode() for m in r.zrange(key, 0, -1)]
 
 
 def test_partition_sees_its_supervisor_die_even_before_it_starts_serving(

@@ -1,14 +1,16 @@
 """What a partition takes in: new entries, entries reclaimed from dead consumers, and the
 decisions made before any item may join a batch (decode, reject, dead-letter).
 
-Reclaiming is what makes a SIGKILLed worker lose nothing. Every live partition checks, once a
-second, which consumers hold unacked entries without having sent a heartbeat for
-``DEAD_AFTER_S``; it claims their entries (XCLAIM with that idle floor, so two claimers never
-both win one) and serves them. A live worker's heartbeat is its claim: however long its batch
-runs, its entries are never taken from it. A reclaimed request runs in a batch of its own, and
-only then counts as delivered again; one already delivered ``max_deliveries`` times — it keeps
-killing the processes that run it — goes to the dead-letter stream instead, and its caller is
-told. Requests that shared a batch with it are retried alone and answered.
+Reclaiming is what makes a SIGKILLed worker lose nothing. Every live partition checks, every
+``RECLAIM_EVERY_S``, which consumers hold unacked entries without having sent a heartbeat for
+``DEAD_AFTER_S`` (or were taken off the live set by the supervisor that saw them die); it
+claims their entries (XCLAIM with the ``CLAIM_IDLE_S`` idle floor, so two claimers never both
+win one) and serves them. A live worker's heartbeat is its claim: however long its batch runs,
+its entries are never taken from it. A reclaimed request's run counts as a delivery; its first
+redelivery runs batched, later ones alone (``runs_alone``). One already delivered
+``max_deliveries`` times — it keeps killing the processes that run it — goes to the
+dead-letter stream instead, and its caller is told; requests that shared its batches are
+answered.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from queueserve.serving import Serving
 from queueserve.wire import protocol as P
 from queueserve.wire.codec import Codec
 from queueserve.wire.messages import error_to_wire
-from queueserve.wire.timing import DEAD_AFTER_S
+from queueserve.wire.timing import CLAIM_IDLE_S, DEAD_AFTER_S
 from queueserve.worker.middleware import Middleware
 from queueserve.worker.pipeline.batching import Slice
 from queueserve.worker.pipeline.decode import Accepted, Rejected, decode_entry, decode_plain
@@ -155,7 +157,7 @@ class Intake:
                 if owner in alive or room <= 0:
                     continue
                 got = self.broker.claim(
-                    stream, owner, self.consumer, int(DEAD_AFTER_S * 1000), room
+                    stream, owner, self.consumer, int(CLAIM_IDLE_S * 1000), room
                 )
                 if got:
                     self.middleware.redelivered(self.serving, len(got))
