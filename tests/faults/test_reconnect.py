@@ -115,11 +115,13 @@ def test_a_waiting_worker_logs_the_outage_and_the_recovery(
 
         # When Redis restarts (keeping its data)
         aof_server.stop()
-        wait_until(lambda: "Redis unavailable" in worker.output(), "the outage log line")
+        wait_until(lambda: "Redis unavailable" in worker.output(), "the outage log line",
+                   process=worker)
         aof_server.start()
 
         # Then the worker says it is back, and serves
-        wait_until(lambda: "Redis is reachable again" in worker.output(), "the recovery line")
+        wait_until(lambda: "Redis is reachable again" in worker.output(), "the recovery line",
+                   process=worker)
         assert client.dispatch("sturdy", "x", timeout=RESULT_WAIT_S) == "r:x"
         assert "retrying" in worker.output()
     finally:
@@ -141,7 +143,8 @@ def test_a_worker_serves_again_after_redis_lost_its_data(
 
         # When Redis restarts empty (its streams and consumer groups are gone)
         redis_tmp_server.stop()
-        wait_until(lambda: "Redis unavailable" in worker.output(), "the outage log line")
+        wait_until(lambda: "Redis unavailable" in worker.output(), "the outage log line",
+                   process=worker)
         redis_tmp_server.start()
 
         # Then the worker still serves new requests
@@ -181,7 +184,8 @@ def test_a_busy_worker_logs_the_recovery_too(
         del queued
 
         # Then its log says Redis is back
-        wait_until(lambda: "reachable again" in worker.output(), "the recovery log line")
+        wait_until(lambda: "reachable again" in worker.output(), "the recovery log line",
+                   process=worker)
     finally:
         client.close()
         r.close()
