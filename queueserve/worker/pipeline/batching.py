@@ -9,7 +9,7 @@ from the front of one key's queue:
   until then;
 - a slice larger than the room left is split, and the rest starts the next batch — except a
   request that must run whole (streamed, or for a serving with hooks): it starts the next batch;
-- a request redelivered after a crash runs in a batch of its own (it may be what crashed);
+- a request redelivered a second time runs in a batch of its own (it may be what crashed);
 - within a key, slices wait in priority order (higher first, then arrival), so a batch may mix
   priorities of one key but takes the most urgent first;
 - between keys with a batch ready to run, the one waiting longest goes first, each priority
