@@ -14,7 +14,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import islice
 from typing import Any, Generic, TypeVar
 
@@ -43,6 +43,32 @@ UNSERVED_WARN_AFTER = 10.0
 ServingRef = str | Serving
 
 
+class ShardSpread:
+    """The items one client has sent to each shard of one serving; each send goes to the
+    shard with the fewest (ties taken in turn, from a random one: many clients that each
+    started at shard 0 would load it most in short bursts).
+
+    Counted here, so it costs no round trip (asking queue depths would cost one per send),
+    and every worker reads every shard, so no shard waits without workers. Items, not sends:
+    one send carries whatever its callers queued meanwhile, from 1 to hundreds of requests,
+    and taking turns per send left one master with twice another's items in a short run
+    (bench/cluster.py)."""
+
+    def __init__(self, keys: P.Keys, count: int) -> None:
+        self.shards = keys.sharded(count)
+        self.sent = [0] * count
+        self._turn = random.randrange(count)
+        self._lock = threading.Lock()  # the async client's sends and a sync one's may overlap
+
+    def next(self, items: int) -> P.Keys:
+        count = len(self.shards)
+        with self._lock:
+            i = min(range(count), key=lambda s: (self.sent[s], (s - self._turn) % count))
+            self.sent[i] += items
+            self._turn = (i + 1) % count
+        return self.shards[i]
+
+
 @dataclass(slots=True)
 class Target:
     """Where and how requests to one serving go."""
@@ -55,25 +81,19 @@ class Target:
     batch_size: int | None = None  # likewise; a streamed request holds at most this many items
     hooks: bool = False  # the serving streams hook events: its requests are never split
     durable: bool = False  # each enqueue waits for a replica (the serving's durable option)
-    # The serving's shards, shard 0 first; requests take turns over them (see ``next_shard``).
-    shards: list[P.Keys] = field(default_factory=list)
-    _turn: int = 0
+    # Where its requests go: the serving's shards, shared by every Target of the serving
+    # in this client (a caller passing the Serving object gets a new Target per call).
+    spread: ShardSpread | None = None
 
-    def set_shards(self, count: int) -> None:
-        """Spread requests over ``count`` shards, starting at a random one: many clients
-        that each start at shard 0 would load it most in short bursts."""
-        if count != len(self.shards):
-            self.shards = self.keys.sharded(count)
-            self._turn = random.randrange(count)
+    @property
+    def shards(self) -> list[P.Keys]:
+        return self.spread.shards if self.spread is not None else []
 
-    def next_shard(self) -> P.Keys:
-        """Round-robin over the shards, one turn per send: no round trip to learn queue depths
-        (least-loaded would cost one per send), and every worker reads every shard, so a
-        turn never waits on a shard without workers."""
-        if len(self.shards) <= 1:
+    def next_shard(self, items: int = 1) -> P.Keys:
+        """The shard the next send of ``items`` items goes to (``ShardSpread.next``)."""
+        if self.spread is None or len(self.spread.shards) <= 1:
             return self.keys
-        self._turn = (self._turn + 1) % len(self.shards)
-        return self.shards[self._turn]
+        return self.spread.next(items)
 
     def check_payload(self, payload: bytes, n: int) -> None:
         """Refuse, before sending, a payload the workers would refuse."""
@@ -152,6 +172,7 @@ class ClientBase:
         self.table = CallTable()
         self.events_channel = P.events_channel(self.prefix, self.client_id)
         self._targets: dict[str, Target] = {}
+        self._spreads: dict[str, ShardSpread] = {}
 
     def timeout_for(self, timeout: float | None) -> float | None:
         """The call's timeout, checked (a mistake is reported now, not as a Timeout later);
@@ -267,17 +288,24 @@ class ClientBase:
             target.batch_size = target.serving.batch_size
             target.hooks = target.serving.hooks is not None
             target.durable = target.serving.durable
-            target.set_shards(target.serving.shards)
+            target.spread = self._spread(target.keys, target.serving.shards)
         elif meta:
             target.max_payload_bytes = int(meta.get("max_payload_bytes") or 0) or None
             target.batch_size = int(meta.get("batch_size") or 0) or None
             target.hooks = meta.get("streaming") == "True"
             target.durable = meta.get("durable") == "True"
-            target.set_shards(_shards_of(meta))
+            target.spread = self._spread(target.keys, _shards_of(meta))
         if isinstance(serving, str) and "codec" in meta:
             self._targets[serving] = target
         self.table.accept(target.codec)
         return target
+
+    def _spread(self, keys: P.Keys, count: int) -> ShardSpread:
+        """This client's ShardSpread of a serving (one per shard count it was told)."""
+        spread = self._spreads.get(keys.name)
+        if spread is None or len(spread.shards) != count:
+            spread = self._spreads[keys.name] = ShardSpread(keys, count)
+        return spread
 
     def _target_for(self, serving: ServingRef, meta_codec: str | None) -> Target:
         if isinstance(serving, Serving):
@@ -429,11 +457,12 @@ def enqueue_groups(batch: list[Outgoing]) -> Iterator[tuple[list[Outgoing], P.Ke
     """Per serving: the requests of ``batch``, the keys of the shard they go to, enqueue
     arguments, max_queue (per shard) and whether the enqueue must wait for a replica.
 
-    A serving's requests of one send go to one shard, the next in turn: one script call per
-    send as with one shard, where splitting them would cost a round trip per shard."""
+    A serving's requests of one send go to one shard, the one this client has sent the fewest
+    items (``Target.next_shard``): one script call per send as with one shard, where
+    splitting them would cost a round trip per shard."""
     for group in by_serving(batch):
         target = group[0][0]
-        shard = target.next_shard()
+        shard = target.next_shard(sum(call.n for _, _, call, _, _ in group))
         requests = []
         for _, key, call, h, p in group:
             call.keys = shard  # where the request lives: cancel finds it there
