@@ -467,7 +467,8 @@ class ServingRunner:
         out = compose(rows, self.codec, self.serving.max_reply_bytes)
         # Unacked work stays ours (our heartbeat holds it): retry until Redis takes it.
         self._reply_retry.run(lambda: self.broker.reply_and_ack(
-            self.keys, out.messages, out.acks, INBOX_TTL_MS, out.events
+            self.keys, out.messages, out.acks, INBOX_TTL_MS, out.events,
+            durable=self.serving.durable,
         ))
         self.middleware.replied(self.serving, out.answered, len(out.finished), out.errors)
         with self.cond:
