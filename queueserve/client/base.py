@@ -43,16 +43,23 @@ UNSERVED_WARN_AFTER = 10.0
 ServingRef = str | Serving
 
 
+# A send of more items than this is split over the shards (one script call per shard it
+# reaches); a smaller one goes whole to one shard, in one script call.
+SPLIT_SEND_ABOVE = 128
+
+
 class ShardSpread:
-    """The items one client has sent to each shard of one serving; each send goes to the
-    shard with the fewest (ties taken in turn, from a random one: many clients that each
-    started at shard 0 would load it most in short bursts).
+    """The items one client has sent to each shard of one serving, and where the next send
+    goes: the shard with the fewest (ties taken in turn, from a random one: many clients
+    that each started at shard 0 would load it most in short bursts).
 
     Counted here, so it costs no round trip (asking queue depths would cost one per send),
-    and every worker reads every shard, so no shard waits without workers. Items, not sends:
-    one send carries whatever its callers queued meanwhile, from 1 to hundreds of requests,
-    and taking turns per send left one master with twice another's items in a short run
-    (bench/cluster.py)."""
+    and every worker reads every shard, so no shard waits without workers. Items, not sends,
+    and a large send split: one send carries whatever its callers queued meanwhile, from 1 to
+    hundreds of requests, and with one shard per send (in turn, or even the emptiest) a short
+    run of large sends left one master with 45% of the items (bench/cluster.py). A send of up
+    to SPLIT_SEND_ABOVE items stays one script call on one shard; a larger one costs one
+    script call per shard, which its own size dwarfs."""
 
     def __init__(self, keys: P.Keys, count: int) -> None:
         self.shards = keys.sharded(count)
@@ -60,13 +67,19 @@ class ShardSpread:
         self._turn = random.randrange(count)
         self._lock = threading.Lock()  # the async client's sends and a sync one's may overlap
 
-    def next(self, items: int) -> P.Keys:
+    def _fewest(self, items: int) -> int:
         count = len(self.shards)
+        i = min(range(count), key=lambda s: (self.sent[s], (s - self._turn) % count))
+        self.sent[i] += items
+        self._turn = (i + 1) % count
+        return i
+
+    def place(self, sizes: list[int]) -> list[int]:
+        """The shard (index) of each request of one send, ``sizes`` being their items."""
         with self._lock:
-            i = min(range(count), key=lambda s: (self.sent[s], (s - self._turn) % count))
-            self.sent[i] += items
-            self._turn = (i + 1) % count
-        return self.shards[i]
+            if sum(sizes) <= SPLIT_SEND_ABOVE:
+                return [self._fewest(sum(sizes))] * len(sizes)
+            return [self._fewest(n) for n in sizes]
 
 
 @dataclass(slots=True)
@@ -89,11 +102,11 @@ class Target:
     def shards(self) -> list[P.Keys]:
         return self.spread.shards if self.spread is not None else []
 
-    def next_shard(self, items: int = 1) -> P.Keys:
-        """The shard the next send of ``items`` items goes to (``ShardSpread.next``)."""
+    def place(self, sizes: list[int]) -> list[P.Keys]:
+        """The shard of each request of one send (``ShardSpread.place``)."""
         if self.spread is None or len(self.spread.shards) <= 1:
-            return self.keys
-        return self.spread.next(items)
+            return [self.keys] * len(sizes)
+        return [self.spread.shards[i] for i in self.spread.place(sizes)]
 
     def check_payload(self, payload: bytes, n: int) -> None:
         """Refuse, before sending, a payload the workers would refuse."""
@@ -454,20 +467,23 @@ def send_window(batch: list[Outgoing]) -> float:
 
 def enqueue_groups(batch: list[Outgoing]) -> Iterator[tuple[list[Outgoing], P.Keys, list[Any],
                                                             int, bool]]:
-    """Per serving: the requests of ``batch``, the keys of the shard they go to, enqueue
-    arguments, max_queue (per shard) and whether the enqueue must wait for a replica.
+    """Per serving and shard: the requests of ``batch``, the keys of the shard they go to,
+    enqueue arguments, max_queue (per shard) and whether the enqueue must wait for a replica.
 
-    A serving's requests of one send go to one shard, the one this client has sent the fewest
-    items (``Target.next_shard``): one script call per send as with one shard, where
-    splitting them would cost a round trip per shard."""
+    Each is one script call (one Cluster slot). A small send of a serving goes whole to the
+    shard this client has sent the fewest items; a large one is spread over the shards
+    (``ShardSpread``)."""
     for group in by_serving(batch):
         target = group[0][0]
-        shard = target.next_shard(sum(call.n for _, _, call, _, _ in group))
-        requests = []
-        for _, key, call, h, p in group:
-            call.keys = shard  # where the request lives: cancel finds it there
-            requests.append((key, call.n, h, p, call.priority))
-        yield group, shard, requests, target.max_queue, target.durable
+        per_shard: dict[int, tuple[P.Keys, list[Outgoing]]] = {}
+        for out, shard in zip(group, target.place([o[2].n for o in group]), strict=True):
+            per_shard.setdefault(shard.shard, (shard, []))[1].append(out)
+        for shard, outs in per_shard.values():
+            requests = []
+            for _, key, call, h, p in outs:
+                call.keys = shard  # where the request lives: cancel finds it there
+                requests.append((key, call.n, h, p, call.priority))
+            yield outs, shard, requests, target.max_queue, target.durable
 
 
 TicketT = TypeVar("TicketT")
