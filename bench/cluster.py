@@ -6,10 +6,11 @@ and failovers under load, on that cluster and behind Sentinel.
                             [--durable both|yes|no]
 
 For each serving, a ``queueserve worker`` process serves the no-op serving and this process
-sends, through 4 ``qs.Client`` (producers are many processes; see docs/scaling.md):
+sends, through 12 ``qs.Client`` (``--clients``; producers are many processes, and each
+client's reply inbox lives on one master: see CLIENTS below and docs/scaling.md):
 
-- ``single``: 8 threads over the 4 clients, each thread submitting windows of 512 one-item
-  tickets, then collecting them;
+- ``single``: one thread per client, each submitting windows of 512 one-item tickets, then
+  collecting them;
 - ``packed``: one ``client.map(chunk_size=256, max_in_flight=8)`` per client, in threads, over
   10x as many items in all (Redis spends about 1 us per packed item: fewer would not move
   INFO cpu's counters reliably);
@@ -69,7 +70,12 @@ durable1 = qs.Serving(_noop, name="durable1", batch_size=256, batch_timeout=0, s
 durable3 = qs.Serving(_noop, name="durable3", batch_size=256, batch_timeout=0, shards=3,
                       durable=True)
 SERVINGS = {"noop1": noop1, "noop3": noop3, "durable1": durable1, "durable3": durable3}
-THREADS, WINDOW, CLIENTS = 8, 512, 4
+WINDOW = 512
+# Producers: each client's reply inbox lands on one master, as its random id hashes. A real
+# deployment has many producer processes, so the reply traffic evens out over the masters;
+# with 4 clients, 1 run in 3 put 3 inboxes on one master, which then did a third more work on
+# the packed path (large replies). 12 clients stand for "many"; --clients to change it.
+CLIENTS = 12
 
 
 def master_cpu(cluster: Cluster) -> dict[int, float]:
@@ -82,7 +88,8 @@ def master_cpu(cluster: Cluster) -> dict[int, float]:
 
 
 def single(clients: list[qs.Client], serving: qs.Serving, n: int) -> None:
-    per = n // THREADS
+    threads_n = len(clients)  # one sending thread per client
+    per = n // threads_n
     errors: list[BaseException] = []
 
     def body(i: int) -> None:
@@ -95,7 +102,7 @@ def single(clients: list[qs.Client], serving: qs.Serving, n: int) -> None:
         except BaseException as e:
             errors.append(e)
 
-    threads = [threading.Thread(target=body, args=(i,)) for i in range(THREADS)]
+    threads = [threading.Thread(target=body, args=(i,)) for i in range(threads_n)]
     for t in threads:
         t.start()
     for t in threads:
@@ -174,7 +181,7 @@ def round_trip(client: qs.Client, serving: qs.Serving, n: int = 400) -> dict[str
             "p99_ms": 1000 * times[int(0.99 * (len(times) - 1))]}
 
 
-def run(n: int, names: list[str]) -> dict[str, Any]:
+def run(n: int, names: list[str], clients_n: int = CLIENTS) -> dict[str, Any]:
     results: list[dict[str, Any]] = []
     trips: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory() as tmp, redis_cluster(Path(tmp)) as cluster:
@@ -187,7 +194,10 @@ def run(n: int, names: list[str]) -> dict[str, Any]:
             worker = spawn_module("queueserve", "worker", f"bench.cluster:{name}",
                                   "--redis-url", cluster.url, "--prefix", prefix)
             try:
-                clients = [qs.Client(cluster.url, prefix=prefix) for _ in range(CLIENTS)]
+                clients = [qs.Client(cluster.url, prefix=prefix) for _ in range(clients_n)]
+                inboxes = Counter(cluster.node_of_slot(key_slot(c._base.inbox)).port
+                                  for c in clients)
+                print(f"{name}: client inboxes per master {dict(inboxes)}", flush=True)
                 with contextlib.ExitStack() as stack:
                     for c in clients:
                         stack.enter_context(c)
@@ -376,6 +386,8 @@ def failovers(repeat: int, after_s: float, kinds: list[str],
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--items", type=int, default=40_960)
+    parser.add_argument("--clients", type=int, default=CLIENTS,
+                        help="producer clients (one sending thread each)")
     parser.add_argument("--servings", nargs="+", choices=sorted(SERVINGS), default=list(SERVINGS),
                         help="which servings to run (default: all)")
     parser.add_argument("--json", type=Path)
@@ -391,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     modes = {"both": [False, True], "yes": [True], "no": [False]}[args.durable]
     out: Any = (failovers(args.repeat, args.after, args.topology, modes) if args.failover
-                else run(args.items, args.servings))
+                else run(args.items, args.servings, args.clients))
     if args.json:
         args.json.write_text(json.dumps(out, indent=2))
     return 0
