@@ -277,6 +277,13 @@ class RedisBroker:
             if isinstance(reply, redis.ResponseError):
                 self._moved(script_keys[0], reply)  # failover or resharding: sent again
                 raise reply
+            if isinstance(replicas, redis.ResponseError):
+                # UNBLOCKED: the master turned replica while WAIT waited (a failover took
+                # its slot or service): transient, so the send is retried on the new master
+                # (the entry went with the old master's writes, or it runs twice and its
+                # caller keeps one answer). Never int() of it: that killed the sender thread,
+                # and its callers waited for their timeout.
+                raise replicas
             break
         return reply, int(replicas)
 
