@@ -2,8 +2,8 @@
 and failovers under load, on that cluster and behind Sentinel.
 
     python -m bench.cluster [--items N] [--servings noop3 ...] [--json out.json]
-    python -m bench.cluster --failover [--repeat N] [--after S] [--topology cluster sentinel]
-                            [--durable both|yes|no]
+    python -m bench.cluster --failover [--repeat N] [--after S]
+                            [--topology cluster takeover sentinel] [--durable both|yes|no]
 
 For each serving, a ``queueserve worker`` process serves the no-op serving and this process
 sends, through 12 ``qs.Client`` (``--clients``; producers are many processes, and each
@@ -28,7 +28,9 @@ behind Sentinel) with an in-process worker that records what it executed, 8 thre
 windows of 64 one-item requests; after 3000 answers it measures how far the replicas trail the
 master to be failed (bytes not yet processed, and as time at the write rate), then fails it:
 on the cluster the master of shard 1 is SIGKILLed and restarted once its replica is promoted;
-behind Sentinel, ``SENTINEL FAILOVER``. It keeps sending ``--after`` seconds and reports per
+with ``takeover`` its replica is promoted by ``CLUSTER FAILOVER TAKEOVER`` while the master
+runs on (as when it is cut off from the others: it takes writes until it learns of the new
+epoch); behind Sentinel, ``SENTINEL FAILOVER``. It keeps sending ``--after`` seconds and reports per
 run: sent, answered, refused (the caller got NotReplicated or RedisUnavailable: it knows),
 lost (accepted and never answered within 30 s: qs.Timeout), executed twice, the promotion
 time, the longest gap between two answers, and when the lost requests were sent relative to
@@ -305,12 +307,25 @@ def _trigger(kind: str, topology: Any, name: str) -> tuple[float, float]:
     slot = key_slot(shard_tags(name, 3)[1])
     victim = topology.node_of_slot(slot)
     at = time.monotonic()
-    victim.kill()
+    if kind == "takeover":
+        # The replica takes the slots without the master's agreement (what an operator does
+        # when the master is cut off): the old master keeps taking writes from the clients
+        # connected to it until it learns of the new epoch, then turns replica and drops them.
+        with redis.Redis(port=_replica_port(victim.port)) as replica:
+            replica.execute_command("CLUSTER", "FAILOVER", "TAKEOVER")
+    else:
+        victim.kill()
     while topology.node_of_slot(slot).port == victim.port:
-        time.sleep(0.05)
+        time.sleep(0.01)
     promoted = time.monotonic() - at
-    victim.restart()
+    if kind != "takeover":
+        victim.restart()
     return at, promoted
+
+
+def _replica_port(port: int) -> int:
+    with redis.Redis(port=port) as r:
+        return int(r.info("replication")["slave0"]["port"])
 
 
 def failover(kind: str, durable: bool, after_s: float = 10.0) -> dict[str, Any]:
@@ -324,14 +339,14 @@ def failover(kind: str, durable: bool, after_s: float = 10.0) -> dict[str, Any]:
             executed.update(xs)
         return [x + 1 for x in xs]
 
-    shards = 3 if kind == "cluster" else 1
+    shards = 1 if kind == "sentinel" else 3
     serving = qs.Serving(record, name="failover", batch_size=64, batch_timeout=0.001,
                          shards=shards, durable=durable)
     log: dict[int, tuple[float, str]] = {}
     ANSWERED_AT.clear()
     stop = threading.Event()
     with tempfile.TemporaryDirectory() as tmp, (
-        redis_cluster(Path(tmp)) if kind == "cluster" else sentinel_set(Path(tmp))
+        sentinel_set(Path(tmp)) if kind == "sentinel" else redis_cluster(Path(tmp))
     ) as topology:
         worker = qs.Worker([serving], redis_url=topology.url, prefix="bf",
                            handle_signals=False).start()
@@ -394,8 +409,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--failover", action="store_true",
                         help="fail a master under load instead (see the module docstring)")
     parser.add_argument("--repeat", type=int, default=1, help="with --failover: rounds")
-    parser.add_argument("--topology", nargs="+", choices=["cluster", "sentinel"],
-                        default=["cluster", "sentinel"], help="with --failover")
+    parser.add_argument("--topology", nargs="+", choices=["cluster", "takeover", "sentinel"],
+                        default=["cluster", "sentinel"],
+                        help="with --failover: cluster (master SIGKILLed), takeover (CLUSTER "
+                             "FAILOVER TAKEOVER on its replica, the master left running), "
+                             "sentinel (SENTINEL FAILOVER)")
     parser.add_argument("--durable", choices=["both", "yes", "no"], default="both",
                         help="with --failover: with durable=True, without, or both")
     parser.add_argument("--after", type=float, default=10.0,
