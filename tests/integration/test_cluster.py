@@ -201,7 +201,10 @@ async def _async_cases(url: str, prefix: str) -> None:
             x * x for x in range(50)]
 
 
-def test_a_killed_master_loses_no_durable_request(cluster: Cluster, prefix: str) -> None:
+@pytest.mark.parametrize("failure", ["kill", "takeover"])
+def test_a_failed_master_loses_no_durable_request(
+    cluster: Cluster, prefix: str, failure: str
+) -> None:
     # Given a durable serving on 3 shards, and 4 threads sending under load
     executed: Counter[int] = Counter()
     lock = threading.Lock()
@@ -219,21 +222,25 @@ def test_a_killed_master_loses_no_durable_request(cluster: Cluster, prefix: str)
     stop = threading.Event()
 
     inboxes: list[str] = []
+    errors: list[BaseException] = []
 
     def send(first: int) -> None:
-        with qs.Client(cluster.url, prefix=prefix) as client:
-            # one call at a time: each answer comes to this thread's own inbox
-            inboxes.append(client._base.own_inbox(threading.get_ident()))
-            n = first
-            while not stop.is_set():
-                try:
-                    outcomes[n] = "answered" if client.dispatch(serving, n, timeout=40) == n + 1 \
-                        else "wrong"
-                except qs.Timeout:
-                    outcomes[n] = "lost"  # accepted (acknowledged by a replica), never answered
-                except (qs.NotReplicated, qs.RedisUnavailable):
-                    outcomes[n] = "refused"  # the caller was told: nothing silent
-                n += 4
+        try:
+            with qs.Client(cluster.url, prefix=prefix) as client:
+                # one call at a time: each answer comes to this thread's own inbox
+                inboxes.append(client._base.own_inbox(threading.get_ident()))
+                n = first
+                while not stop.is_set():
+                    try:
+                        answer = client.dispatch(serving, n, timeout=40)
+                        outcomes[n] = "answered" if answer == n + 1 else "wrong"
+                    except qs.Timeout:
+                        outcomes[n] = "lost"  # accepted (a replica acknowledged), unanswered
+                    except (qs.NotReplicated, qs.RedisUnavailable):
+                        outcomes[n] = "refused"  # the caller was told: nothing silent
+                    n += 4
+        except BaseException as e:  # a thread that dies fails the test
+            errors.append(e)
 
     threads = [threading.Thread(target=send, args=(i,)) for i in range(4)]
     try:
@@ -241,14 +248,10 @@ def test_a_killed_master_loses_no_durable_request(cluster: Cluster, prefix: str)
             t.start()
         wait_until(lambda: len(outcomes) > 200 and inboxes, "answers before the kill")
         # When the master holding a sender's inbox (and, 3 shards on 3 masters, a shard) is
-        # SIGKILLed and its replica takes over: requests and replies both on the line
-        slot = key_slot(inboxes[0])
-        victim = cluster.node_of_slot(slot)
-        victim.kill()
+        # SIGKILLed, or its replica takes over while it runs on (CLUSTER FAILOVER TAKEOVER:
+        # it takes writes until it learns of the new epoch): requests and replies on the line
         killed_at = len(outcomes)
-        wait_until(lambda: cluster.node_of_slot(slot).port != victim.port, "a replica promoted",
-                   timeout=30)
-        victim.restart()  # it comes back as the new master's replica: durable again
+        _fail_master(cluster, key_slot(inboxes[0]), failure)
         wait_until(lambda: sum(v == "answered" for v in list(outcomes.values())[killed_at:])
                    > 300, "answers after the failover", timeout=60)
     finally:
@@ -258,9 +261,27 @@ def test_a_killed_master_loses_no_durable_request(cluster: Cluster, prefix: str)
         worker.stop(timeout=10)
     counts = Counter(outcomes.values())
     duplicated = sum(1 for n in outcomes if executed[n] > 1)
-    print(f"\nmaster killed under durable load: {dict(counts)}, executed twice: {duplicated}")
+    print(f"\nmaster failed ({failure}) under durable load: {dict(counts)}, executed twice: "
+          f"{duplicated}")
     # Then every request a caller was told was accepted got its one right answer
+    assert not errors, errors
     assert counts["lost"] == 0 and counts["wrong"] == 0, counts
+
+
+def _fail_master(cluster: Cluster, slot: int, failure: str) -> None:
+    """Fail the master of ``slot`` and wait until a replica serves it, and has a replica."""
+    victim = cluster.node_of_slot(slot)
+    if failure == "kill":
+        victim.kill()
+    else:
+        with redis.Redis(port=_replica_of(cluster, victim).port) as replica:
+            replica.execute_command("CLUSTER", "FAILOVER", "TAKEOVER")
+    wait_until(lambda: cluster.node_of_slot(slot).port != victim.port, "a replica promoted",
+               timeout=30)
+    if failure == "kill":
+        victim.restart()  # it comes back as the new master's replica: durable again
+    wait_until(lambda: _online_replicas(cluster.node_of_slot(slot).port) == 1,
+               "the old master to replicate the new one", timeout=30)
 
 
 def test_durable_replies_reach_a_replica_of_the_inbox_master_before_the_ack(
