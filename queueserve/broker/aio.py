@@ -198,10 +198,25 @@ class AsyncRedisBroker:
             return bool(await self._cancel(keys=script_keys, args=args))
 
     async def read_inbox(self, inbox: str, timeout: float) -> list[bytes]:
+        """Replies waiting in ``inbox`` (BLMPOP). On a cluster, sent to the inbox's node by
+        name: redis-py would otherwise ask its default node COMMAND GETKEYS first, each time
+        (one more round trip, and the same master's CPU for every client)."""
+        command = inbox_command(inbox, timeout)
         with redis_errors(self.url):
-            return inbox_messages(
-                await self.redis.execute_command(*inbox_command(inbox, timeout))
-            )
+            if not is_cluster(self.redis):
+                return inbox_messages(await self.redis.execute_command(*command))
+            try:
+                reply = await self.redis.execute_command(
+                    *command, target_nodes=self.redis.get_node_from_key(inbox))
+            except redis.ResponseError as e:
+                if error_code(e) not in ("MOVED", "ASK"):
+                    raise
+                await self._refresh_slots()
+                raise redis.ConnectionError(f"the slot of {inbox} moved: {e}") from None
+            except redis.ConnectionError:
+                await self._refresh_slots()
+                raise
+            return inbox_messages(reply)
 
     def subscribe(self, channel: str) -> AsyncSubscription:
         return AsyncSubscription(self.redis, self.url, channel)

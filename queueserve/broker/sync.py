@@ -141,6 +141,22 @@ def _fields(flat: list[bytes]) -> dict[bytes, bytes]:
     return dict(zip(flat[::2], flat[1::2], strict=True))
 
 
+def _push(pipe: Any, replies: Mapping[str, list[bytes]], inbox_ttl_ms: int) -> None:
+    for inbox, messages in replies.items():
+        for message in messages:  # one command each: a command's size is bounded too
+            pipe.rpush(inbox, message)
+        pipe.pexpire(inbox, inbox_ttl_ms)
+
+
+def _drop_undeliverable(failures: list[Exception]) -> None:
+    for failure in failures:
+        if not str(failure).startswith("WRONGTYPE"):
+            raise failure
+        # Someone made an inbox key another type: that caller cannot be answered, and
+        # retrying would hold every later reply behind it.
+        log.warning("a reply could not be delivered and was dropped: %s", failure)
+
+
 def _read_outcome(out: list[Any]) -> ReadOutcome:
     entries = [
         (text(out[i]), [(e[0], _fields(e[1])) for e in out[i + 1]])
@@ -200,12 +216,48 @@ class RedisBroker:
             raise NotReplicated(not_replicated_message(keys, self.url))
         return enqueued(reply)
 
+    def _node(self, key: str) -> Any:
+        """A plain client of the master serving ``key``: on a cluster, commands sent through it
+        skip the cluster client's routing. redis-py asks ``COMMAND GETKEYS`` of its default
+        node (always the same master) before every command whose keys it cannot place itself
+        (BLMPOP, XREAD): one more round trip per call, and that master's CPU. Not a cluster:
+        the client itself."""
+        client: Any = self.redis
+        if is_cluster(client):
+            return client.get_redis_connection(client.get_node_from_key(key))
+        return client
+
+    def _target(self, key: str) -> dict[str, Any]:
+        """Options naming the node of ``key`` for a command in a cluster pipeline."""
+        if is_cluster(self.redis):
+            return {"target_nodes": self.redis.get_node_from_key(key)}  # type: ignore[union-attr]
+        return {}
+
+    def _moved(self, key: str, reply: object) -> None:
+        """Raise a transient error for a MOVED/ASK ``reply`` of a command sent through
+        ``_node`` (a failover or resharding moved the slot), after reloading the slot map;
+        the retry helper then sends it again, to the new master."""
+        if isinstance(reply, redis.ResponseError) and error_code(reply) in ("MOVED", "ASK"):
+            self._refresh_slots()
+            raise redis.ConnectionError(f"the slot of {key} moved: {reply}")
+
+    @contextlib.contextmanager
+    def _routed(self, key: str) -> Iterator[None]:
+        """Around commands sent through ``_node(key)``: a MOVED, or a master that cannot be
+        reached, reloads the slot map before the error goes on."""
+        try:
+            yield
+        except redis.ResponseError as e:
+            self._moved(key, e)
+            raise
+        except redis.ConnectionError:
+            self._refresh_slots()
+            raise
+
     def _enqueue_and_wait(self, script_keys: list[str], args: list[Any]) -> tuple[Any, int]:
         """enqueue.lua then ``WAIT 1``, on one connection: WAIT counts the replicas that hold
         this connection's writes. On a cluster, that is a connection to the shard's master."""
-        client: Any = self.redis
-        if is_cluster(client):
-            client = client.get_redis_connection(client.get_node_from_key(script_keys[0]))
+        client = self._node(script_keys[0])
         if id(client) not in self._loaded_on:
             # Loaded first: after a NOSCRIPT the WAIT behind it would still wait its full time.
             client.script_load(self._enqueue.script)
@@ -223,10 +275,15 @@ class RedisBroker:
                 client.script_load(self._enqueue.script)
                 continue
             if isinstance(reply, redis.ResponseError):
-                if error_code(reply) in ("MOVED", "ASK"):
-                    self._refresh_slots()  # the shard's master moved: failover or resharding
-                    raise redis.ConnectionError(f"the slot of {script_keys[0]} moved: {reply}")
+                self._moved(script_keys[0], reply)  # failover or resharding: sent again
                 raise reply
+            if isinstance(replicas, redis.ResponseError):
+                # UNBLOCKED: the master turned replica while WAIT waited (a failover took
+                # its slot or service): transient, so the send is retried on the new master
+                # (the entry went with the old master's writes, or it runs twice and its
+                # caller keeps one answer). Never int() of it: that killed the sender thread,
+                # and its callers waited for their timeout.
+                raise replicas
             break
         return reply, int(replicas)
 
@@ -241,10 +298,9 @@ class RedisBroker:
             return bool(self._cancel(keys=script_keys, args=args))
 
     def read_inbox(self, inbox: str, timeout: float) -> list[bytes]:
-        with redis_errors(self.url):
-            return inbox_messages(
-                self.redis.execute_command(*inbox_command(inbox, timeout))  # type: ignore[no-untyped-call]
-            )
+        """Replies waiting in ``inbox`` (BLMPOP), sent straight to the inbox's master."""
+        with redis_errors(self.url), self._routed(inbox):
+            return inbox_messages(self._node(inbox).execute_command(*inbox_command(inbox, timeout)))
 
     def wake_inbox(self, inbox: str) -> None:
         """Make a blocked ``read_inbox`` return (an empty message, which readers skip)."""
@@ -308,14 +364,18 @@ class RedisBroker:
         work arrives, and an idle worker's answer costs one wake-up instead of a wake-up and
         another round trip."""
         keys_, args = self._read_arguments(keys, consumer, budget, per_key, full)
-        with redis_errors(self.url):
-            pipe = self.redis.pipeline(transaction=False)
+        with redis_errors(self.url), self._routed(keys.wake):
+            # On the shard's master directly: a cluster pipeline refuses evalsha() by name,
+            # and would ask COMMAND GETKEYS of its default node for the XREAD.
+            pipe = self._node(keys.wake).pipeline(transaction=False)
             pipe.xread({keys.wake: after}, count=1, block=block_ms)
-            pipe.evalsha(self._read.sha, len(keys_), *keys_, *args)
-            _, out = pipe.execute(raise_on_error=False)
+            pipe.execute_command("EVALSHA", self._read.sha, len(keys_), *keys_, *args)
+            woke, out = pipe.execute(raise_on_error=False)
+            self._moved(keys.wake, woke)
             if isinstance(out, NoScriptError):  # Redis restarted or flushed its scripts
                 out = self._read(keys=keys_, args=args)
             elif isinstance(out, Exception):
+                self._moved(keys.wake, out)
                 raise out
         return _read_outcome(out)
 
@@ -399,33 +459,49 @@ class RedisBroker:
         acks: Mapping[str, Mapping[int, list[bytes]]],
         inbox_ttl_ms: int,
         events: Sequence[tuple[str, bytes]] = (),
+        *,
+        durable: bool = False,
     ) -> None:
         """Publish streamed events, push replies to client inboxes, then ack finished entries:
         one round trip, in that order (a batch's events precede its replies).
 
         Replies go before acks: a worker dying between the two re-runs the request, and the
-        client drops the duplicate answer.
+        client drops the duplicate answer. On one server (Sentinel too) that order is also
+        the replication order, so a failover that keeps an ack keeps its reply, and one that
+        loses both leaves the entry pending for this worker, which serves it again
+        (``_forgotten`` in the worker's intake). On a cluster an inbox lives on another master
+        than the stream: ``durable`` (the serving's option) then pushes the replies and waits
+        for a replica of each inbox's master (``WAIT 1``) before any ack is sent, so a reply
+        whose request was acked survives the loss of its master. When no replica acknowledged
+        within DURABLE_WAIT_MS the acks are held (RedisUnavailable, retried: the replies go
+        again and the clients keep the first of each).
         """
+        durable_replies = durable and bool(replies) and is_cluster(self.redis)
+        if durable_replies:
+            self._push_replicated(replies, inbox_ttl_ms)
+            replies = {}
 
         def send() -> list[Exception]:
             pipe = self.redis.pipeline(transaction=False)
             for channel, message in events:
                 pipe.execute_command("PUBLISH", channel, message)  # as EVALSHA below
-            for inbox, messages in replies.items():
-                for message in messages:  # one command each: a command's size is bounded too
-                    pipe.rpush(inbox, message)
-                pipe.pexpire(inbox, inbox_ttl_ms)
+            _push(pipe, replies, inbox_ttl_ms)
             # EVALSHA directly: redis-py's Script in a pipeline asks SCRIPT EXISTS on every
             # execute, one more round trip per batch. As a plain command: a cluster pipeline
-            # refuses evalsha() by name, yet routes EVALSHA by its keys.
+            # refuses evalsha() by name; and with its node named, or the cluster pipeline
+            # would ask its default node COMMAND GETKEYS for each one (one more round trip,
+            # and that one master's CPU).
             for stream, runs in acks.items():
                 shard = keys.shard_of(stream)
                 args: list[Any] = [GROUP, shard.batch_key_of(stream)]
                 for admitted, ids in runs.items():  # entries admitted with the same count
                     args += (admitted, len(ids), *ids)
                 pipe.execute_command("EVALSHA", self._ack.sha, 3, stream, shard.queued,
-                                     shard.depth, *args)
-            return [r for r in pipe.execute(raise_on_error=False) if isinstance(r, Exception)]
+                                     shard.depth, *args, **self._target(stream))
+            failures = [r for r in pipe.execute(raise_on_error=False) if isinstance(r, Exception)]
+            for failure in failures:
+                self._moved(next(iter(acks), ""), failure)
+            return failures
 
         with redis_errors(self.url):
             failures = send()
@@ -434,12 +510,33 @@ class RedisBroker:
                 # twice and the clients keep the first of each.
                 self.redis.script_load(self._ack.script)
                 failures = send()
-            for failure in failures:
-                if not str(failure).startswith("WRONGTYPE"):
-                    raise failure
-                # Someone made an inbox key another type: that caller cannot be answered, and
-                # retrying would hold every later reply behind it.
-                log.warning("a reply could not be delivered and was dropped: %s", failure)
+            _drop_undeliverable(failures)
+
+    def _push_replicated(self, replies: Mapping[str, list[bytes]], inbox_ttl_ms: int) -> None:
+        """Push ``replies`` on each inbox's master, each push followed by ``WAIT 1`` on the
+        same connection; return once a replica of every one of them holds its replies."""
+        by_node: dict[str, dict[str, list[bytes]]] = {}
+        for inbox, messages in replies.items():
+            node = self.redis.get_node_from_key(inbox)  # type: ignore[union-attr]
+            by_node.setdefault(node.name, {})[inbox] = messages
+        with redis_errors(self.url):
+            for inboxes in by_node.values():
+                first = next(iter(inboxes))
+                with self._routed(first):
+                    pipe = self._node(first).pipeline(transaction=False)
+                    _push(pipe, inboxes, inbox_ttl_ms)
+                    pipe.execute_command("WAIT", 1, DURABLE_WAIT_MS)
+                    *out, replicas = pipe.execute(raise_on_error=False)
+                    for result in out:
+                        self._moved(first, result)
+                    _drop_undeliverable([r for r in out if isinstance(r, Exception)])
+                if isinstance(replicas, Exception) or int(replicas) < 1:
+                    raise RedisUnavailable(
+                        f"no replica of the master holding {first} on {redact_url(self.url)} "
+                        f"acknowledged a durable serving's replies within {DURABLE_WAIT_MS} ms "
+                        f"({replicas!r}); the requests stay unacked and the replies are sent "
+                        "again: check that master's replicas (INFO replication)"
+                    )
 
     def alive_consumers(self, keys: Keys, within: float) -> set[str]:
         with redis_errors(self.url):

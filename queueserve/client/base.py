@@ -14,7 +14,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import islice
 from typing import Any, Generic, TypeVar
 
@@ -43,6 +43,45 @@ UNSERVED_WARN_AFTER = 10.0
 ServingRef = str | Serving
 
 
+# A send of more items than this is split over the shards (one script call per shard it
+# reaches); a smaller one goes whole to one shard, in one script call.
+SPLIT_SEND_ABOVE = 128
+
+
+class ShardSpread:
+    """The items one client has sent to each shard of one serving, and where the next send
+    goes: the shard with the fewest (ties taken in turn, from a random one: many clients
+    that each started at shard 0 would load it most in short bursts).
+
+    Counted here, so it costs no round trip (asking queue depths would cost one per send),
+    and every worker reads every shard, so no shard waits without workers. Items, not sends,
+    and a large send split: one send carries whatever its callers queued meanwhile, from 1 to
+    hundreds of requests, and with one shard per send (in turn, or even the emptiest) a short
+    run of large sends left one master with 45% of the items (bench/cluster.py). A send of up
+    to SPLIT_SEND_ABOVE items stays one script call on one shard; a larger one costs one
+    script call per shard, which its own size dwarfs."""
+
+    def __init__(self, keys: P.Keys, count: int) -> None:
+        self.shards = keys.sharded(count)
+        self.sent = [0] * count
+        self._turn = random.randrange(count)
+        self._lock = threading.Lock()  # the async client's sends and a sync one's may overlap
+
+    def _fewest(self, items: int) -> int:
+        count = len(self.shards)
+        i = min(range(count), key=lambda s: (self.sent[s], (s - self._turn) % count))
+        self.sent[i] += items
+        self._turn = (i + 1) % count
+        return i
+
+    def place(self, sizes: list[int]) -> list[int]:
+        """The shard (index) of each request of one send, ``sizes`` being their items."""
+        with self._lock:
+            if sum(sizes) <= SPLIT_SEND_ABOVE:
+                return [self._fewest(sum(sizes))] * len(sizes)
+            return [self._fewest(n) for n in sizes]
+
+
 @dataclass(slots=True)
 class Target:
     """Where and how requests to one serving go."""
@@ -55,25 +94,19 @@ class Target:
     batch_size: int | None = None  # likewise; a streamed request holds at most this many items
     hooks: bool = False  # the serving streams hook events: its requests are never split
     durable: bool = False  # each enqueue waits for a replica (the serving's durable option)
-    # The serving's shards, shard 0 first; requests take turns over them (see ``next_shard``).
-    shards: list[P.Keys] = field(default_factory=list)
-    _turn: int = 0
+    # Where its requests go: the serving's shards, shared by every Target of the serving
+    # in this client (a caller passing the Serving object gets a new Target per call).
+    spread: ShardSpread | None = None
 
-    def set_shards(self, count: int) -> None:
-        """Spread requests over ``count`` shards, starting at a random one: many clients
-        that each start at shard 0 would load it most in short bursts."""
-        if count != len(self.shards):
-            self.shards = self.keys.sharded(count)
-            self._turn = random.randrange(count)
+    @property
+    def shards(self) -> list[P.Keys]:
+        return self.spread.shards if self.spread is not None else []
 
-    def next_shard(self) -> P.Keys:
-        """Round-robin over the shards, one turn per send: no round trip to learn queue depths
-        (least-loaded would cost one per send), and every worker reads every shard, so a
-        turn never waits on a shard without workers."""
-        if len(self.shards) <= 1:
-            return self.keys
-        self._turn = (self._turn + 1) % len(self.shards)
-        return self.shards[self._turn]
+    def place(self, sizes: list[int]) -> list[P.Keys]:
+        """The shard of each request of one send (``ShardSpread.place``)."""
+        if self.spread is None or len(self.spread.shards) <= 1:
+            return [self.keys] * len(sizes)
+        return [self.spread.shards[i] for i in self.spread.place(sizes)]
 
     def check_payload(self, payload: bytes, n: int) -> None:
         """Refuse, before sending, a payload the workers would refuse."""
@@ -152,6 +185,7 @@ class ClientBase:
         self.table = CallTable()
         self.events_channel = P.events_channel(self.prefix, self.client_id)
         self._targets: dict[str, Target] = {}
+        self._spreads: dict[str, ShardSpread] = {}
 
     def timeout_for(self, timeout: float | None) -> float | None:
         """The call's timeout, checked (a mistake is reported now, not as a Timeout later);
@@ -267,17 +301,24 @@ class ClientBase:
             target.batch_size = target.serving.batch_size
             target.hooks = target.serving.hooks is not None
             target.durable = target.serving.durable
-            target.set_shards(target.serving.shards)
+            target.spread = self._spread(target.keys, target.serving.shards)
         elif meta:
             target.max_payload_bytes = int(meta.get("max_payload_bytes") or 0) or None
             target.batch_size = int(meta.get("batch_size") or 0) or None
             target.hooks = meta.get("streaming") == "True"
             target.durable = meta.get("durable") == "True"
-            target.set_shards(_shards_of(meta))
+            target.spread = self._spread(target.keys, _shards_of(meta))
         if isinstance(serving, str) and "codec" in meta:
             self._targets[serving] = target
         self.table.accept(target.codec)
         return target
+
+    def _spread(self, keys: P.Keys, count: int) -> ShardSpread:
+        """This client's ShardSpread of a serving (one per shard count it was told)."""
+        spread = self._spreads.get(keys.name)
+        if spread is None or len(spread.shards) != count:
+            spread = self._spreads[keys.name] = ShardSpread(keys, count)
+        return spread
 
     def _target_for(self, serving: ServingRef, meta_codec: str | None) -> Target:
         if isinstance(serving, Serving):
@@ -426,19 +467,23 @@ def send_window(batch: list[Outgoing]) -> float:
 
 def enqueue_groups(batch: list[Outgoing]) -> Iterator[tuple[list[Outgoing], P.Keys, list[Any],
                                                             int, bool]]:
-    """Per serving: the requests of ``batch``, the keys of the shard they go to, enqueue
-    arguments, max_queue (per shard) and whether the enqueue must wait for a replica.
+    """Per serving and shard: the requests of ``batch``, the keys of the shard they go to,
+    enqueue arguments, max_queue (per shard) and whether the enqueue must wait for a replica.
 
-    A serving's requests of one send go to one shard, the next in turn: one script call per
-    send as with one shard, where splitting them would cost a round trip per shard."""
+    Each is one script call (one Cluster slot). A small send of a serving goes whole to the
+    shard this client has sent the fewest items; a large one is spread over the shards
+    (``ShardSpread``)."""
     for group in by_serving(batch):
         target = group[0][0]
-        shard = target.next_shard()
-        requests = []
-        for _, key, call, h, p in group:
-            call.keys = shard  # where the request lives: cancel finds it there
-            requests.append((key, call.n, h, p, call.priority))
-        yield group, shard, requests, target.max_queue, target.durable
+        per_shard: dict[int, tuple[P.Keys, list[Outgoing]]] = {}
+        for out, shard in zip(group, target.place([o[2].n for o in group]), strict=True):
+            per_shard.setdefault(shard.shard, (shard, []))[1].append(out)
+        for shard, outs in per_shard.values():
+            requests = []
+            for _, key, call, h, p in outs:
+                call.keys = shard  # where the request lives: cancel finds it there
+                requests.append((key, call.n, h, p, call.priority))
+            yield outs, shard, requests, target.max_queue, target.durable
 
 
 TicketT = TypeVar("TicketT")

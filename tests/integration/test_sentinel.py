@@ -97,6 +97,48 @@ def test_durable_enqueue_without_a_replica_tells_the_caller(tmp_path: Any) -> No
         lone.stop()
 
 
+def test_a_durable_enqueue_whose_master_turns_replica_meanwhile_is_retried(
+    tmp_path: Any
+) -> None:
+    # Given a durable enqueue waiting (WAIT 1) on a master that has no replica
+    from queueserve.broker.sync import RedisBroker
+    from queueserve.wire.protocol import Keys
+    from tests.support.redis_server import start_redis_server
+
+    master = start_redis_server(tmp_path / "master")
+    other = start_redis_server(tmp_path / "other")
+    broker = RedisBroker(master.url)
+    outcome: list[BaseException | None] = []
+
+    def enqueue() -> None:
+        try:
+            broker.enqueue(Keys("qsd", "turned"), [("default", 1, b"h", b"p", 0)], 0,
+                           durable=True)
+            outcome.append(None)
+        except BaseException as e:
+            outcome.append(e)
+
+    thread = threading.Thread(target=enqueue)
+    try:
+        with redis.Redis(port=master.port) as r:
+            thread.start()
+            wait_until(lambda: int(r.info("clients")["blocked_clients"]) == 1,
+                       "the WAIT to block")
+            # When a failover turns that master into a replica (Redis answers the blocked
+            # WAIT with UNBLOCKED)
+            r.replicaof("127.0.0.1", other.port)
+            thread.join(timeout=10)
+        # Then the sender gets a transient error, which its retry rides out on the new
+        # master: not a TypeError that killed the client's sender thread, whose callers then
+        # waited for their timeout (20 durable requests "lost" in bench.cluster's takeover)
+        assert len(outcome) == 1 and isinstance(outcome[0], qs.RedisUnavailable), outcome
+        assert "UNBLOCKED" in str(outcome[0])
+    finally:
+        broker.close()
+        master.stop()
+        other.stop()
+
+
 def _waits(r: redis.Redis) -> int:
     return int(r.info("commandstats").get("cmdstat_wait", {}).get("calls", 0))
 

@@ -663,17 +663,37 @@ def keda_problems(docs: list[Doc]) -> list[str]:
 
 
 def trigger_problems(docs: list[Doc], c: Doc, trigger: Doc) -> list[str]:
-    """One trigger: the lag of queueserve's group, in the Redis the worker uses."""
+    """One trigger: the lag of queueserve's group, in the Redis the worker uses; behind
+    Sentinel, asked of the worker's sentinels for the worker's master."""
     meta, name = trigger["metadata"], trigger.get("name")
-    url = urlparse(config_value(docs, c, "QUEUESERVE_REDIS_URL"))
+    raw_url = config_value(docs, c, "QUEUESERVE_REDIS_URL")
     problems = []
-    if trigger["type"] != "redis-streams" or meta.get("consumerGroup") != GROUP:
-        problems.append(f"{name}: not a redis-streams trigger on group {GROUP!r}")
+    if meta.get("consumerGroup") != GROUP:
+        problems.append(f"{name}: not a trigger on group {GROUP!r}")
     if "lagCount" not in meta:
         problems.append(f"{name}: scale on the group's lag (lagCount)")
-    if config_value(docs, c, meta["addressFromEnv"]) != f"{url.hostname}:{url.port or 6379}":
-        problems.append(f"{name}: KEDA reads another Redis than the worker")
-    if meta.get("databaseIndex", "0") != (url.path.strip("/") or "0"):
+    topology = parse_url(raw_url)
+    if topology.kind == "sentinel":
+        if trigger["type"] != "redis-sentinel-streams":
+            problems.append(f"{name}: the worker follows the master through Sentinel, so KEDA "
+                            "must too (redis-sentinel-streams): a fixed address stops being the "
+                            "master after a failover")
+        sentinels = ",".join(f"{h}:{p}" for h, p in topology.hosts)
+        env = meta.get("addressesFromEnv")
+        if env is None or config_value(docs, c, env) != sentinels:
+            problems.append(f"{name}: KEDA asks other sentinels than the worker ({sentinels})")
+        if meta.get("sentinelMaster") != topology.service:
+            problems.append(f"{name}: sentinelMaster is not the worker's {topology.service!r}")
+        database = str(topology.db)
+    else:
+        url = urlparse(raw_url)
+        if trigger["type"] != "redis-streams":
+            problems.append(f"{name}: not a redis-streams trigger")
+        env = meta.get("addressFromEnv")
+        if env is None or config_value(docs, c, env) != f"{url.hostname}:{url.port or 6379}":
+            problems.append(f"{name}: KEDA reads another Redis than the worker")
+        database = url.path.strip("/") or "0"
+    if meta.get("databaseIndex", "0") != database:
         problems.append(f"{name}: databaseIndex differs from the worker's URL")
     return problems
 
@@ -833,12 +853,37 @@ def test_prometheus_checks_catch_a_broken_copy(breakage: str) -> None:
     assert problems != []
 
 
-# --- the Sentinel overlay (deploy/k8s/sentinel) ---------------------------------------------
-SENTINEL_OVERLAY = K8S / "sentinel"
+# --- the Sentinel overlay (deploy/k8s-sentinel) ----------------------------------------------
+SENTINEL_OVERLAY = DEPLOY / "k8s-sentinel"
 
 
 def sentinel_docs() -> list[Doc]:
     return [d for p in sorted(SENTINEL_OVERLAY.glob("*.yaml")) for d in load_docs(p)]
+
+
+def _merged(base: Any, patch: Any) -> Any:
+    """A patch merged into a document as kustomize does for the kinds patched here: maps
+    merge key by key, lists are replaced whole (a custom resource's lists have no merge key;
+    the ConfigMap patch has none)."""
+    if isinstance(base, dict) and isinstance(patch, dict):
+        return {**base, **{k: _merged(base.get(k), v) for k, v in patch.items()}}
+    return copy.deepcopy(patch)
+
+
+def overlay_docs() -> list[Doc]:
+    """What ``kubectl kustomize deploy/k8s-sentinel`` gives, for the kinds it patches: the
+    base's documents, less the deleted ones, with the patches merged, and the overlay's own."""
+    docs = k8s_docs()
+    for patch in find(sentinel_docs(), "Kustomization")["patches"]:
+        body = yaml.safe_load(patch["patch"])
+        i = next(i for i, d in enumerate(docs) if (d["kind"], d.get("metadata", {}).get(
+            "name")) == (body["kind"], body["metadata"]["name"]))
+        if body.pop("$patch", None) == "delete":
+            del docs[i]
+        else:
+            docs[i] = _merged(docs[i], body)
+    return [d for d in docs if d["kind"] != "Kustomization"] + [
+        d for d in sentinel_docs() if d["kind"] != "Kustomization"]
 
 
 @pytest.mark.parametrize("version", K8S_VERSIONS)
@@ -850,6 +895,25 @@ def test_sentinel_overlay_validates(version: str) -> None:
         patched.pop("$patch", None)
         if patched["kind"] != "ConfigMap":  # a delete names the base object by kind and name
             find(k8s_docs(), patched["kind"], patched["metadata"]["name"])
+    validate_k8s(find(overlay_docs(), "ScaledObject"), version)
+
+
+def test_sentinel_overlay_lives_outside_its_base() -> None:
+    """kustomize refuses an overlay inside the directory of its base ("cycle detected:
+    candidate root ... contains visited root"): `kubectl apply -k deploy/k8s/sentinel` failed
+    that way. The overlay's patches name the base's namespace, so that deleting the base's
+    StatefulSet "redis" does not also match the overlay's own."""
+    kustomization = find(sentinel_docs(), "Kustomization")
+    bases = [(SENTINEL_OVERLAY / r).resolve() for r in kustomization["resources"]
+             if (SENTINEL_OVERLAY / r).is_dir()]
+    assert bases == [K8S.resolve()]
+    assert all(not SENTINEL_OVERLAY.resolve().is_relative_to(b) for b in bases)
+    namespace = load(K8S / "kustomization.yaml")["namespace"]
+    assert kustomization["namespace"] == namespace
+    for patch in kustomization["patches"]:
+        body = yaml.safe_load(patch["patch"])
+        if body.get("$patch") == "delete":
+            assert body["metadata"].get("namespace") == namespace, body
 
 
 def test_sentinel_overlay_points_queueserve_at_its_sentinels() -> None:
@@ -866,6 +930,43 @@ def test_sentinel_overlay_points_queueserve_at_its_sentinels() -> None:
     assert f"sentinel monitor {topology.service} " in scripts["sentinel.sh"]
     assert f"get-master-addr-by-name {topology.service}" in scripts["redis.sh"]
     assert "--maxmemory-policy noeviction" in scripts["redis.sh"]
+
+
+def test_keda_follows_the_master_behind_sentinel() -> None:
+    # every trigger asks the worker's sentinels for the worker's master, on the same streams,
+    # group and lag as the base
+    docs = overlay_docs()
+    assert keda_problems(docs) == []
+    triggers = _scaled(docs)["spec"]["triggers"]
+    assert {t["type"] for t in triggers} == {"redis-sentinel-streams"}
+    base = {t["name"]: t["metadata"]["stream"] for t in _scaled(k8s_docs())["spec"]["triggers"]}
+    assert {t["name"]: t["metadata"]["stream"] for t in triggers} == base
+
+
+BROKEN_SENTINEL_KEDA: dict[str, Callable[[list[Doc]], object]] = {
+    "base triggers kept": lambda d: _scaled(d)["spec"].update(
+        triggers=_scaled(k8s_docs())["spec"]["triggers"]),
+    "another master": lambda d: _meta(d).update(sentinelMaster="mymaster"),
+    "a fixed address": lambda d: find(d, "ConfigMap", "queueserve-config")["data"].update(
+        REDIS_ADDRESS="redis-0.redis-sentinel-nodes.queueserve.svc.cluster.local:6379"),
+    "no sentinel addresses": lambda d: _meta(d).update(addressFromEnv=_meta(d).pop(
+        "addressesFromEnv")),
+    "another database": lambda d: _meta(d).update(databaseIndex="2"),
+}
+
+
+@pytest.mark.parametrize("breakage", BROKEN_SENTINEL_KEDA)
+def test_sentinel_keda_cross_checks_catch_a_broken_copy(breakage: str) -> None:
+    docs = overlay_docs()
+    BROKEN_SENTINEL_KEDA[breakage](docs)
+    assert keda_problems(docs) != []
+
+
+def test_the_schema_rejects_a_sentinel_trigger_without_its_master() -> None:
+    docs = overlay_docs()
+    _meta(docs).pop("sentinelMaster")
+    with pytest.raises(jsonschema.ValidationError):
+        validate_k8s(_scaled(docs), K8S_VERSIONS[-1])
 
 
 def test_every_file_in_deploy_is_checked_here() -> None:

@@ -316,6 +316,11 @@ class ServingRunner:
                 return
             full = self.assembler.full_keys()
             per_key = self._per_key()
+            if len(self.shards) > 1 and keys.shard in self._drained_at:
+                # This read blocks first (up to READ_BLOCK_MS) on a drained shard: it
+                # reserves a share of the room, not all of it, or the other shards' readers
+                # would find none while it waits.
+                budget = max(1, budget // len(self.shards))
             self._reserved += budget
         try:
             if not self._reading:
@@ -355,6 +360,9 @@ class ServingRunner:
         if wake_id is None:
             read = self.broker.read_ready(keys, self.consumer, budget, per_key, full)
             if read.entries or read.skipped:
+                return read
+            if len(self.shards) > 1:  # block on the next turn, with a share of the room
+                self._drained_at[keys.shard] = read.wake_id
                 return read
             wake_id = read.wake_id
         return self.broker.wait_then_read(
@@ -467,7 +475,8 @@ class ServingRunner:
         out = compose(rows, self.codec, self.serving.max_reply_bytes)
         # Unacked work stays ours (our heartbeat holds it): retry until Redis takes it.
         self._reply_retry.run(lambda: self.broker.reply_and_ack(
-            self.keys, out.messages, out.acks, INBOX_TTL_MS, out.events
+            self.keys, out.messages, out.acks, INBOX_TTL_MS, out.events,
+            durable=self.serving.durable,
         ))
         self.middleware.replied(self.serving, out.answered, len(out.finished), out.errors)
         with self.cond:
