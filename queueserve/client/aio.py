@@ -343,6 +343,8 @@ class AsyncClient:
                     )
                 except QueueServeError as e:
                     self._base.fail_batch(batch, e)
+                except Exception as e:
+                    self._base.fail_send(batch, e)
         finally:
             self._flushing = False
 

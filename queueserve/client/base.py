@@ -267,6 +267,17 @@ class ClientBase:
             self.table.forget(call)
             call.fail(error)
 
+    def fail_send(self, batch: list[Outgoing], error: Exception) -> None:
+        """A send stopped by something other than a queueserve error (a bug): its callers are
+        told at once, and the thread that sends lives on to send the next requests."""
+        log.error("sending %d requests failed unexpectedly", len(batch), exc_info=error)
+        failed = QueueServeError(
+            f"the request could not be sent: {type(error).__name__}: {error} (a bug in queueserve "
+            "or in something it called; the client keeps working)"
+        )
+        failed.__cause__ = error
+        self.fail_batch(batch, failed)
+
     def deliver(self, messages: list[bytes]) -> None:
         """Apply replies read from the inbox; a bad one is logged and dropped."""
         for message in messages:

@@ -427,6 +427,8 @@ class Client:
                 self._enqueue_retrying(batch)
             except QueueServeError as e:
                 self._base.fail_batch(batch, e)
+            except Exception as e:
+                self._base.fail_send(batch, e)
             except BaseException:
                 with self._out_lock:
                     self._flushing = False

@@ -177,3 +177,28 @@ def test_the_client_rides_out_a_redis_restart_and_logs_it_once(
     # Then every request is answered, and the outage was logged once at each end
     assert results == [f"r:during{i}" for i in range(5)]
     assert outage_lines(caplog, client_id) == ["WARNING", "INFO"]
+
+
+def test_a_bug_while_sending_fails_those_callers_and_the_client_sends_on(
+    start_worker: StartWorker, redis_url: str, prefix: str
+) -> None:
+    serving = Recording(tag_items, name="tag", batch_size=8, batch_timeout=0)
+    start_worker(serving)
+
+    async def use(client: qs.AsyncClient) -> Any:
+        # Given a client whose next send hits a bug (not a Redis failure)
+        real = client.broker.enqueue
+        broken = [True]
+
+        async def enqueue_once_broken(*args: Any, **kwargs: Any) -> Any:
+            if broken.pop() if broken else False:
+                raise ValueError("a bug")
+            return await real(*args, **kwargs)
+
+        client.broker.enqueue = enqueue_once_broken  # type: ignore[method-assign]
+        # Then its caller gets it as a queueserve error, and the next call is sent
+        with pytest.raises(qs.QueueServeError, match="could not be sent: ValueError: a bug"):
+            await client.dispatch(serving, "a", timeout=10)
+        return await client.dispatch(serving, "b", timeout=10)
+
+    assert run(use, redis_url, prefix) == "r:b"

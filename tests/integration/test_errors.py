@@ -4,6 +4,7 @@ cancellation (docs/design.md §2, §5), against a real worker and Redis."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import redis
@@ -295,3 +296,28 @@ def test_cancel_after_a_worker_read_it_returns_false_and_drops_the_result(
     assert client.dispatch(serving, "next", timeout=RESULT_WAIT_S) == "r:next"
     with pytest.raises(qs.Cancelled):
         ticket.result(RESULT_WAIT_S)
+
+
+def test_a_bug_while_sending_fails_those_callers_at_once_and_the_sender_lives_on(
+    start_worker: StartWorker, client: qs.Client, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given a client whose next send hits a bug (not a Redis failure)
+    serving = Recording(tag_items, name="tag", batch_size=8, batch_timeout=0)
+    start_worker(serving)
+    real = client.broker.enqueue
+    broken = [True]
+
+    def enqueue_once_broken(*args: Any, **kwargs: Any) -> Any:
+        if broken.pop() if broken else False:
+            raise ValueError("a bug")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(client.broker, "enqueue", enqueue_once_broken)
+
+    # When a request goes out through the sender thread
+    doomed = client.submit(serving, ["a"], timeout=RESULT_WAIT_S)
+
+    # Then its caller gets the error at once, and the thread sends the next request
+    with pytest.raises(qs.QueueServeError, match="could not be sent: ValueError: a bug"):
+        doomed.result()
+    assert client.submit(serving, ["b"], timeout=RESULT_WAIT_S).result() == ["r:b"]
