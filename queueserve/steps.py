@@ -33,7 +33,7 @@ from collections.abc import Callable, Generator, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from queueserve.hooks import END
+from queueserve.hooks import END, NO_OUTPUT
 from queueserve.serving import Batch, Serving, _check_positive
 
 
@@ -84,7 +84,10 @@ class StepServing(Serving):
 
     - ``prefill(items) -> states``: one state per joining item (a batch of joiners);
     - ``decode(states) -> outputs``: one step for every running sequence, one output per state,
-      or ``qs.END`` when that sequence is finished; the serving owns and updates its states;
+      ``qs.END`` when that sequence is finished, or ``qs.NO_OUTPUT`` when it goes on without an
+      output this step (say, it read prompt positions inside the batched step, so a join
+      costs the running set one cheap row instead of a pause); the serving owns and updates
+      its states;
     - ``result(state, outputs)``: an item's answer (default: the list of its outputs);
     - ``tokens(item) -> (prompt, most generated)``: what the item costs the token budgets.
 
@@ -157,7 +160,8 @@ class StepServing(Serving):
         )
 
     def decode(self, states: list[Any]) -> list[Any]:
-        """One step of every state in ``states``: an output each, or ``qs.END``."""
+        """One step of every state in ``states``: an output each, ``qs.END`` (finished) or
+        ``qs.NO_OUTPUT`` (goes on, nothing to show this step)."""
         raise NotImplementedError(f"{type(self).__name__} must define decode(self, states)")
 
     def result(self, state: Any, outputs: list[Any]) -> Any:
@@ -192,8 +196,9 @@ class StepServing(Serving):
     # -- the same steps, run statically (inline runs, and a static baseline) ---------------
     def static_steps(self, items: list[Any]) -> Generator[list[Any], None, list[Any]]:
         """Static generator batching of the same steps: prefill ``items`` together, then decode
-        until every one ended, yielding each step (``qs.END`` in the place of ended items)
-        and finally returning the states. No item joins or leaves early."""
+        until every one ended, yielding each step (``qs.END`` in the place of ended items,
+        ``qs.NO_OUTPUT`` where decode gave none) and finally returning the states. No item
+        joins or leaves early."""
         states = self.prefill(list(items))
         if len(states) != len(items):
             raise ValueError(
@@ -227,7 +232,7 @@ class StepServing(Serving):
                 states: list[Any] = done.value
                 break
             for i, out in enumerate(row):
-                if out is not END:
+                if out is not END and out is not NO_OUTPUT:
                     outputs[i].append(out)
         return [self.result(s, o) for s, o in zip(states, outputs, strict=True)]
 

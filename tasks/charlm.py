@@ -9,10 +9,16 @@ generator seeded per request, so a request's text does not depend on what else r
 Each step outputs one character; an item's answer is the list of its characters (the default
 ``result``: sent as steps, a stream can rebuild any step lost on the way from it).
 
-The recurrent state is one vector, so the prefix cache is exact and cheap: prefill reads the
-prompt in one GRU call and offers the state at every multiple of ``CHUNK`` characters (the GRU's
-output there); a later prompt sharing a prefix resumes at its longest cached boundary and reads
-only the rest (tests/test_step_serving.py checks that the text is the same as a cold run's).
+Prompts are read inside the batched decode steps, not in a separate prefill: a joining
+sequence consumes up to ``prompt_chunk`` prompt characters per step (chunks aligned to
+multiples of ``prompt_chunk``) and answers ``qs.NO_OUTPUT`` until its prompt is read, so a
+join costs the running set a few extra rows in its GRU call instead of a pause while the new
+prompt is read alone. ``prefill`` only makes the state.
+
+The recurrent state is one vector, so the prefix cache is exact and cheap: the state after
+every multiple of ``CACHE_EVERY`` prompt characters that ends a chunk is offered to the cache;
+a later prompt sharing a prefix resumes at its longest cached boundary and reads only the rest
+(tests/integration/test_step_serving.py checks the text is the same as a cold run's).
 """
 
 from __future__ import annotations
@@ -22,11 +28,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.nn.utils.rnn import pack_padded_sequence
 
 import queueserve as qs
 from tasks.charlm_model import CharGRU, decode, encode, load
 
-CHUNK = 16  # prefill granularity, and where prefix states are offered to the cache
+CACHE_EVERY = 16  # prefix states at multiples of this are offered to the cache
+PROMPT_CHUNK = 16  # prompt characters a sequence reads per step, at most
 DEFAULT_MAX_NEW = 200
 NEWLINE = encode("\n")[0]
 
@@ -59,17 +67,29 @@ class Request:
 
 @dataclass(slots=True)
 class State:
-    """One sequence: its GRU state, the next input character, and what it generated."""
+    """One sequence: its GRU state, what it still has to read, and what it generated."""
 
     req: Request
-    h: torch.Tensor  # (1, 1, hidden)
-    last: int
+    h: torch.Tensor  # (1, 1, hidden): after reading ``pos`` characters
+    feed: list[int]  # to read: the rest of the prompt, then each generated character
+    pos: int  # characters read so far (prompt and generated)
+    prompt_len: int
     rng: torch.Generator | None
+    resume: qs.Resume
     made: str = ""
+
+    def finished(self) -> bool:
+        stop = self.req.stop
+        return len(self.made) >= self.req.max_new or bool(stop and self.made.endswith(stop))
+
+    def chunk(self, most: int) -> int:
+        """Characters to read this step: up to ``most`` of the prompt, ending on a multiple of
+        ``most`` (so a resumed prompt reads the same chunks as a cold one); 1 when generating."""
+        return min(len(self.feed), most - self.pos % most)
 
 
 class CharLM(qs.StepServing):
-    """The GRU as a step serving: prefill reads prompts, each decode step emits a character."""
+    """The GRU as a step serving: decode steps read prompts and emit characters."""
 
     name = "charlm"
     max_slots = 16
@@ -77,6 +97,16 @@ class CharLM(qs.StepServing):
     max_prefill_tokens = 4096
     prefix_cache_bytes = 32 * 1024 * 1024
     max_payload_bytes = 64 * 1024
+    # Joining costs the running set little (prompts are read in decode steps): join at once.
+    waiting_served_ratio = 0.0
+    prompt_chunk = PROMPT_CHUNK
+
+    def __init__(self, *, prompt_chunk: int | None = None, **options: Any) -> None:
+        super().__init__(**options)
+        chunk = type(self).prompt_chunk if prompt_chunk is None else prompt_chunk
+        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+            raise ValueError(f"prompt_chunk must be an int >= 1, got {chunk!r}")
+        self.prompt_chunk = chunk
 
     def setup(self, partition: qs.Partition) -> None:
         self.device = partition.device
@@ -88,60 +118,78 @@ class CharLM(qs.StepServing):
         return len(req.prompt), req.max_new
 
     def prompt_tokens(self, item: Any) -> list[int]:
-        # Prefill reads all of the prompt but its last character, which is the first decode
-        # step's input: the cached state of a prefix is the state before that character.
+        # The prompt's last character is the input of the step that emits the first output:
+        # cached states are those of the prefixes before it.
         return encode(Request.of(item).prompt)[:-1]
 
     # -- steps ---------------------------------------------------------------------------------
     def prefill(self, items: list[Any]) -> list[State]:
         return self.prefill_from(items, [qs.Resume(()) for _ in items])
 
-    @torch.inference_mode()
     def prefill_from(self, items: list[Any], resumes: list[qs.Resume]) -> list[State]:
+        """A state per item, resumed from its cached prefix; nothing is read here."""
         states = []
         for item, resume in zip(items, resumes, strict=True):
             req = Request.of(item)
             ids = encode(req.prompt) or [NEWLINE]
             h = resume.state if resume.start else None
-            end = len(ids) - 1
-            if resume.start < end:
-                x = torch.tensor(ids[resume.start : end], device=self.device)[None]
-                # One GRU layer: its output at each position is the state there, so one call
-                # reads the prompt and yields every CHUNK boundary's state for the cache.
-                out, h = self.model.gru(self.model.embed(x), h)
-                for boundary in range((resume.start // CHUNK + 1) * CHUNK, end + 1, CHUNK):
-                    state = out[:, boundary - resume.start - 1][None].clone()
-                    resume.keep(boundary, state, state.numel() * state.element_size())
             if h is None:
                 h = torch.zeros(1, 1, self.model.hidden, device=self.device)
             rng = None
             if req.temperature > 0:
                 rng = torch.Generator(device=self.device).manual_seed(req.seed)
-            states.append(State(req, h, ids[-1], rng))
+            states.append(State(req, h, ids[resume.start:], resume.start, len(ids), rng,
+                                resume))
         return states
 
     @torch.inference_mode()
     def decode(self, states: list[State]) -> list[Any]:
-        x = torch.tensor([[s.last] for s in states], device=self.device)
-        h = torch.cat([s.h for s in states], dim=1)
-        logits, h_new = self.model(x, h)
-        logits = logits[:, -1]
-        chosen = logits.argmax(dim=-1).tolist()
-        for j, s in enumerate(states):
-            if s.rng is not None:
-                probs = torch.softmax(logits[j] / s.req.temperature, dim=-1)
-                chosen[j] = int(torch.multinomial(probs, 1, generator=s.rng))
-        out: list[Any] = []
+        out: list[Any] = [qs.END] * len(states)
+        going = [j for j, s in enumerate(states) if not s.finished()]
+        if not going:
+            return out
+        sizes = [states[j].chunk(self.prompt_chunk) for j in going]
+        h_n = self._read([states[j] for j in going], sizes)
+        # Rows whose feed is used up emit: the GRU's last state is its output there.
+        emit = [k for k, j in enumerate(going) if sizes[k] == len(states[j].feed)]
+        chosen: dict[int, int] = {}
+        if emit:
+            logits = self.model.head(h_n[0, emit])
+            picks = logits.argmax(dim=-1).tolist()
+            for row, k in enumerate(emit):
+                s = states[going[k]]
+                if s.rng is not None:
+                    probs = torch.softmax(logits[row] / s.req.temperature, dim=-1)
+                    picks[row] = int(torch.multinomial(probs, 1, generator=s.rng))
+                chosen[k] = picks[row]
         # Every step computed before any state changes: a failed call can be re-run in halves.
-        for j, s in enumerate(states):
-            stop = s.req.stop
-            if len(s.made) >= s.req.max_new or (stop and s.made.endswith(stop)):
-                out.append(qs.END)
-                continue
-            ch = decode([chosen[j]])
-            s.h, s.last, s.made = h_new[:, j : j + 1], chosen[j], s.made + ch
-            out.append(ch)
+        for k, j in enumerate(going):
+            s, n = states[j], sizes[k]
+            s.h, s.pos, s.feed = h_n[:, k : k + 1], s.pos + n, s.feed[n:]
+            if s.pos % CACHE_EVERY == 0 and s.pos < s.prompt_len:
+                state = s.h.clone()
+                s.resume.keep(s.pos, state, state.numel() * state.element_size())
+            if k in chosen:
+                ch = decode([chosen[k]])
+                s.feed, s.made = [chosen[k]], s.made + ch
+                out[j] = ch
+            else:
+                out[j] = qs.NO_OUTPUT
         return out
+
+    def _read(self, states: list[State], sizes: list[int]) -> torch.Tensor:
+        """The GRU states after each sequence reads its next ``sizes[k]`` characters."""
+        h = torch.cat([s.h for s in states], dim=1)
+        longest = max(sizes)
+        x = torch.tensor([s.feed[:n] + [0] * (longest - n) for s, n in zip(states, sizes,
+                                                                          strict=True)],
+                         device=self.device)
+        if longest == 1:
+            return self.model.advance(x, h)
+        packed = pack_padded_sequence(self.model.embed(x), torch.tensor(sizes),
+                                      batch_first=True, enforce_sorted=False)
+        _, h_n = self.model.gru(packed, h)
+        return h_n
 
 
 class StaticCharLM(qs.Serving):

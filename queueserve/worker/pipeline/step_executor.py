@@ -8,7 +8,9 @@ Each cycle, between two decode steps:
    look their prompts up in the prefix cache, and let the ``Scheduler`` pick who joins;
 3. prefill the joiners (one call per batch key, resuming from cached prefixes), then decode one
    step of every running sequence (one call per batch key: keys never share a call);
-4. stream each step's outputs as events, and answer every request whose items all ended.
+4. stream each step's outputs as events (``qs.NO_OUTPUT``: none for that sequence this step),
+   take the prefix states that decode offered (a serving may read prompts inside its decode
+   steps), and answer every request whose items all ended.
 
 Rows go to the runner's replier like a batch executor's, so replies, acks and events travel the
 usual way. A failed prefill or decode answers the sequences of that call with the error — after
@@ -27,7 +29,7 @@ from typing import Any, Protocol
 
 from queueserve.broker.sync import RedisBroker
 from queueserve.errors import RedisUnavailable
-from queueserve.hooks import END
+from queueserve.hooks import END, NO_OUTPUT
 from queueserve.serving import Partition
 from queueserve.steps import Resume, StepServing
 from queueserve.wire import protocol as P
@@ -92,6 +94,7 @@ class Member:
     outputs: list[list[Any]] = field(default_factory=list)
     ended: list[bool] = field(default_factory=list)
     errors: list[list[str] | None] = field(default_factory=list)
+    resumes: list[Resume] = field(default_factory=list)  # per item: its prefix-cache offers
 
     @property
     def request(self) -> Request:
@@ -255,7 +258,7 @@ class StepExecutor:
             by_key.setdefault(w.key, []).append(w)
         for key, group in by_key.items():
             rows += self._prefill(key, group, record)
-        record.prefill_seconds = time.perf_counter() - started
+        record.prefill_seconds += time.perf_counter() - started
         return rows
 
     def _prefill(self, key: str, group: list[Waiting], record: _Tally) -> list[Row]:
@@ -269,10 +272,7 @@ class StepExecutor:
         )
         record.joined += len(items)
         record.prefill_tokens += sum(w.prompt for w in group) - sum(r.start for r in resumes)
-        if self.cache is not None:
-            for r in resumes:
-                for length, state, nbytes in r.kept:
-                    self.cache.put(r.tokens, length, state, nbytes)
+        self._offered(resumes)
         rows: list[Row] = []
         pos = 0
         for w in group:
@@ -281,11 +281,22 @@ class StepExecutor:
             pos += n
             m = Member(key, w, [None if isinstance(o, _Failed) else o for o in got],
                        [[] for _ in range(n)], [isinstance(o, _Failed) for o in got],
-                       [o.error if isinstance(o, _Failed) else None for o in got])
+                       [o.error if isinstance(o, _Failed) else None for o in got],
+                       resumes[pos - n:pos])
             self.running.append(m)
             if all(m.ended):
                 rows += self._finish(m)
         return rows
+
+    def _offered(self, resumes: list[Resume]) -> None:
+        """Put the states offered with ``Resume.keep`` (in prefill, or in decode while a
+        sequence reads its prompt there) into the cache."""
+        for r in resumes:
+            if r.kept:
+                if self.cache is not None:
+                    for length, state, nbytes in r.kept:
+                        self.cache.put(r.tokens, length, state, nbytes)
+                r.kept.clear()
 
     def _resume(self, tokens: tuple[Hashable, ...], record: _Tally) -> Resume:
         if self.cache is None or not tokens:
@@ -316,24 +327,7 @@ class StepExecutor:
         if not by_key:
             return rows
         for key, seqs in by_key.items():
-            self.runner.middleware.batch_started(
-                self.serving, key, self.runner.partition, len(seqs), 0.0)
-            call_started = time.perf_counter()
-            outcomes = self._isolated(
-                partial(self._decode, seqs), list(range(len(seqs))), "decode", key)
-            self.runner.middleware.batch_finished(
-                self.serving, key, self.runner.partition, len(seqs),
-                time.perf_counter() - call_started)
-            record.slots += len(seqs)
-            for (m, i), out in zip(seqs, outcomes, strict=True):
-                if isinstance(out, _Failed):
-                    m.ended[i], m.errors[i] = True, out.error
-                elif out is END:
-                    m.ended[i] = True
-                else:
-                    m.outputs[i].append(out)
-                    record.generated += 1
-            rows += self._stream(seqs, outcomes)
+            rows += self._step_key(key, seqs, record)
         self.scheduler.stepped()
         record.decode_seconds = time.perf_counter() - started
         for m in list(self.running):
@@ -341,6 +335,36 @@ class StepExecutor:
                 rows += self._finish(m)
                 record.released_tokens += m.waiting.budget
         return rows
+
+    def _step_key(self, key: str, seqs: list[tuple[Member, int]], record: _Tally) -> list[Row]:
+        """One decode call for the running sequences of ``key``; its rows to send."""
+        self.runner.middleware.batch_started(
+            self.serving, key, self.runner.partition, len(seqs), 0.0)
+        call_started = time.perf_counter()
+        outcomes = self._isolated(
+            partial(self._decode, seqs), list(range(len(seqs))), "decode", key)
+        call_seconds = time.perf_counter() - call_started
+        self.runner.middleware.batch_finished(
+            self.serving, key, self.runner.partition, len(seqs), call_seconds)
+        record.slots += len(seqs)
+        reading = 0
+        for (m, i), out in zip(seqs, outcomes, strict=True):
+            if isinstance(out, _Failed):
+                m.ended[i], m.errors[i] = True, out.error
+            elif out is END:
+                m.ended[i] = True
+            elif out is NO_OUTPUT:
+                reading += 1
+            else:
+                m.outputs[i].append(out)
+                record.generated += 1
+        # Sequences with no output were reading their prompts: their share of the call is
+        # prefill time (what the prefix cache saves when prompts are read in decode).
+        record.reading += reading
+        record.prefill_seconds += call_seconds * reading / len(seqs)
+        if self.cache is not None:
+            self._offered([m.resumes[i] for m, i in seqs])
+        return self._stream(seqs, outcomes)
 
     def _decode(self, seqs: list[tuple[Member, int]], pos: list[int]) -> list[Any]:
         return self.serving.decode([seqs[j][0].states[seqs[j][1]] for j in pos])
@@ -355,7 +379,7 @@ class StepExecutor:
                 n = len(m.states)
                 per_member[id(m)] = (m, [None] * n, [False] * n)
             _, values, present = per_member[id(m)]
-            if not isinstance(out, _Failed) and out is not END:
+            if not isinstance(out, _Failed) and out is not END and out is not NO_OUTPUT:
                 values[i], present[i] = out, True
         rows: list[Row] = []
         for m, values, present in per_member.values():
@@ -436,13 +460,14 @@ class _Tally:
     cache_hits: int = 0
     cache_misses: int = 0
     cache_saved_tokens: int = 0
+    reading: int = 0
     released_tokens: int = 0  # budgets of requests that finished after this step
 
     def freeze(self, batch_tokens: int) -> StepRecord:
         return StepRecord(
             self.slots, batch_tokens, self.joined, self.prefill_tokens, self.left,
             self.generated, self.prefill_seconds, self.decode_seconds, self.cache_hits,
-            self.cache_misses, self.cache_saved_tokens,
+            self.cache_misses, self.cache_saved_tokens, self.reading,
         )
 
 

@@ -83,11 +83,12 @@ class StepRecord:
     prefill_tokens: int  # prompt tokens that prefill computed (the cache's share excluded)
     left: int  # sequences that left at the boundary before this step (ended, cancelled...)
     generated: int  # outputs produced by this step
-    prefill_seconds: float
+    prefill_seconds: float  # prefill calls, plus the share of decode calls spent on `reading`
     decode_seconds: float
     cache_hits: int = 0
     cache_misses: int = 0
     cache_saved_tokens: int = 0  # prompt tokens not computed thanks to the cache
+    reading: int = 0  # sequences that gave qs.NO_OUTPUT (read prompt positions in the step)
 
 
 class StepQueue:
