@@ -31,15 +31,28 @@ from __future__ import annotations
 
 from collections.abc import Callable, Generator, Hashable, Sequence
 from dataclasses import dataclass, field
+from types import EllipsisType
 from typing import Any
 
 from queueserve.hooks import END, NO_OUTPUT
 from queueserve.serving import Batch, Serving, _check_positive
+from queueserve.wire.timing import CALLER_GONE_AFTER_S
 
 
 def _check_ratio(value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
         raise ValueError(f"waiting_served_ratio must be a number >= 0, got {value!r}")
+    return float(value)
+
+
+def _check_gone_after(value: object) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ValueError(
+            f"caller_gone_after must be a number of seconds > 0, or None to never look, "
+            f"got {value!r}"
+        )
     return float(value)
 
 
@@ -103,7 +116,12 @@ class StepServing(Serving):
       least ``waiting_served_ratio`` x running of them can join at once, or when
       ``max_waiting_steps`` steps passed since the last join (TGI's ``waiting_served_ratio``
       and ``max_waiting_tokens``). An idle serving admits at once;
-    - ``prefix_cache_bytes`` [0 = off]: bound of the prefix state cache, per partition.
+    - ``prefix_cache_bytes`` [0 = off]: bound of the prefix state cache, per partition;
+    - ``caller_gone_after`` [10.0 s; None: never]: a ``client.stream`` caller whose client has
+      not been subscribed to its event channel for this long (its process died, or it closed
+      its client) is gone: its requests leave, waiting or running, and their slots are reused.
+      Looked at every second between steps, so a slot is freed within ``caller_gone_after``
+      + 1 s + one step. Requests sent without streaming carry no such signal and run on.
 
     Requests join whole and in arrival order; one that can never fit (more items than
     ``max_slots``, a budget over ``max_batch_tokens``, a prompt over ``max_prefill_tokens``) is
@@ -118,6 +136,7 @@ class StepServing(Serving):
     waiting_served_ratio: float = 0.3
     max_waiting_steps: int = 20
     prefix_cache_bytes: int = 0
+    caller_gone_after: float | None = CALLER_GONE_AFTER_S
 
     def __init__(
         self,
@@ -128,6 +147,7 @@ class StepServing(Serving):
         waiting_served_ratio: float | None = None,
         max_waiting_steps: int | None = None,
         prefix_cache_bytes: int | None = None,
+        caller_gone_after: float | EllipsisType | None = ...,  # ...: the class's
         **options: Any,
     ) -> None:
         cls = type(self)
@@ -150,6 +170,8 @@ class StepServing(Serving):
         self.prefix_cache_bytes = _check_non_negative(
             "prefix_cache_bytes", cls.prefix_cache_bytes if prefix_cache_bytes is None
             else prefix_cache_bytes)
+        self.caller_gone_after = _check_gone_after(
+            cls.caller_gone_after if caller_gone_after is ... else caller_gone_after)
 
     # -- what a subclass defines -------------------------------------------------------------
     def prefill(self, items: list[Any]) -> list[Any]:
@@ -246,6 +268,7 @@ class StepServing(Serving):
             "waiting_served_ratio": self.waiting_served_ratio,
             "max_waiting_steps": self.max_waiting_steps,
             "prefix_cache_bytes": self.prefix_cache_bytes,
+            "caller_gone_after": self.caller_gone_after,
         }
 
     def __repr__(self) -> str:

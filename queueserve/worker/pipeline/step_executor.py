@@ -2,8 +2,10 @@
 
 Each cycle, between two decode steps:
 
-1. withdraw what must leave: waiting or running requests whose callers cancelled (answered
-   ``DROP``, their slots free for this very boundary) or whose deadline passed (``Timeout``);
+1. withdraw what must leave: waiting or running requests whose callers cancelled or went away
+   (answered ``DROP``, their slots free for this very boundary; a streaming caller is gone
+   when its client's event channel has had no subscriber for ``caller_gone_after``, looked at
+   every ``CALLER_CHECK_EVERY_S``) or whose deadline passed (``Timeout``);
 2. measure newly waiting requests (``tokens``, ``prompt_tokens``; errors answer the request),
    look their prompts up in the prefix cache, and let the ``Scheduler`` pick who joins;
 3. prefill the joiners (one call per batch key, resuming from cached prefixes), then decode one
@@ -28,18 +30,20 @@ from functools import partial
 from typing import Any, Protocol
 
 from queueserve.broker.sync import RedisBroker
-from queueserve.errors import RedisUnavailable
+from queueserve.errors import RedisCommandError, RedisUnavailable
 from queueserve.hooks import END, NO_OUTPUT
 from queueserve.serving import Partition
 from queueserve.steps import Resume, StepServing
 from queueserve.wire import protocol as P
 from queueserve.wire.messages import error_to_wire
+from queueserve.wire.timing import CALLER_CHECK_EVERY_S
 from queueserve.worker.middleware import Middleware
 from queueserve.worker.pipeline.batching import Request
 from queueserve.worker.pipeline.execute import Row, _free_device_memory, is_out_of_memory
 from queueserve.worker.pipeline.prefix_cache import PrefixCache
 from queueserve.worker.pipeline.replies import ReplyQueue
 from queueserve.worker.pipeline.stepping import (
+    CallerWatch,
     Limits,
     Scheduler,
     StepQueue,
@@ -124,6 +128,9 @@ class StepExecutor:
         # Default answers are the step lists themselves: sent as STEPS, a caller's stream can
         # rebuild steps lost on the way from them. Custom results come as a final Output.
         self.custom_result = not serving.answers_outputs()
+        gone_after = serving.caller_gone_after
+        self.callers = (None if gone_after is None
+                        else CallerWatch(gone_after, min(CALLER_CHECK_EVERY_S, gone_after)))
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self) -> None:
@@ -140,8 +147,11 @@ class StepExecutor:
                 if not runner.reading:
                     return False
                 runner.cond.wait(IDLE_WAIT_S)
+            watched = self._watched()
+        gone = self._gone(watched)
+        with runner.cond:
             self.scheduler.limits = Limits.of(self.serving)  # run-time config changes
-            rows, left = self._withdraw()
+            rows, left = self._withdraw(gone)
             unmeasured = [w for w in self.queue.waiting if not w.measured]
         rows += self._measure(unmeasured)
         with runner.cond:
@@ -164,15 +174,44 @@ class StepExecutor:
         return True
 
     # -- leaving -------------------------------------------------------------------------------
-    def _withdraw(self) -> tuple[list[Row], int]:
-        """Rows for cancelled and expired requests, waiting or running (caller holds cond)."""
+    def _watched(self) -> set[str] | None:
+        """The event channels of streaming callers, when it is time to look whether they are
+        still there (caller holds cond); None otherwise."""
+        if self.callers is None or not self.callers.due(time.monotonic()):
+            return None
+        requests = [m.request for m in self.running] + [w.piece.request
+                                                        for w in self.queue.waiting]
+        return {r.events for r in requests if r.events}
+
+    def _gone(self, channels: set[str] | None) -> set[str]:
+        """The channels among ``channels`` whose callers went away (one PUBSUB NUMSUB)."""
+        if channels is None or self.callers is None:
+            return set()
+        try:
+            counts: dict[str, int] | None = self.runner.broker.subscribers(sorted(channels))
+        except (RedisUnavailable, RedisCommandError) as e:
+            log.debug("serving %s: could not count subscribers: %s", self.serving.name, e)
+            counts = None
+        gone = self.callers.looked(time.monotonic(), counts)
+        if gone:
+            log.info("serving %s: %d streaming caller(s) gone (no subscriber for %gs): their "
+                     "requests leave", self.serving.name, len(gone), self.callers.gone_after)
+        return gone
+
+    def _withdraw(self, gone_callers: set[str]) -> tuple[list[Row], int]:
+        """Rows for cancelled, abandoned and expired requests, waiting or running (caller
+        holds cond)."""
         now = time.time()
         cancelled = self.runner.cancelled
+
+        def dropped(request: Request) -> bool:
+            return request.ref in cancelled or request.events in gone_callers
+
         rows: list[Row] = []
         gone: list[Waiting] = []
         for w in self.queue.waiting:
             request = w.piece.request
-            if request.ref in cancelled:
+            if dropped(request):
                 rows.append((request, w.piece.offset, w.slots, P.DROP, None))
                 gone.append(w)
             elif request.deadline and request.deadline <= now:
@@ -182,7 +221,7 @@ class StepExecutor:
         left = 0
         for m in list(self.running):
             request = m.request
-            if request.ref in cancelled:
+            if dropped(request):
                 rows.append((request, m.offset, len(m.states), P.DROP, None))
             elif request.deadline and request.deadline <= now:
                 rows.append((request, m.offset, len(m.states), P.ERROR, _EXPIRED))
@@ -347,7 +386,7 @@ class StepExecutor:
         self.runner.middleware.batch_finished(
             self.serving, key, self.runner.partition, len(seqs), call_seconds)
         record.slots += len(seqs)
-        reading = 0
+        reading = 0  # sequences still reading their prompts in this call, or finishing it
         for (m, i), out in zip(seqs, outcomes, strict=True):
             if isinstance(out, _Failed):
                 m.ended[i], m.errors[i] = True, out.error
@@ -356,10 +395,11 @@ class StepExecutor:
             elif out is NO_OUTPUT:
                 reading += 1
             else:
+                reading += not m.outputs[i]
                 m.outputs[i].append(out)
                 record.generated += 1
-        # Sequences with no output were reading their prompts: their share of the call is
-        # prefill time (what the prefix cache saves when prompts are read in decode).
+        # A sequence's share of the calls up to its first output is its prompt's reading:
+        # prefill time, when a serving reads prompts in decode (what the prefix cache saves).
         record.reading += reading
         record.prefill_seconds += call_seconds * reading / len(seqs)
         if self.cache is not None:
