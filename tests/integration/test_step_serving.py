@@ -360,4 +360,11 @@ def test_charlm_resumed_from_the_prefix_cache_writes_what_a_cold_run_writes(
     start_worker(CharLM(), middleware=[records])
     warm = [client.dispatch("charlm", item, timeout=60) for item in items]
     assert warm == [cold.inline(item) for item in items]
-    assert sum(r.cache_hits for r in records.snapshot()) == len(items) - 1
+    steps = records.snapshot()
+    assert sum(r.cache_hits for r in steps) == len(items) - 1
+    # Prompts are read in decode steps, 64 characters a step: the cold request reads its
+    # whole prompt, each later one only what follows the cached 128 characters (one step).
+    # Those steps, up to each first output, are what prefill time counts.
+    cold_steps = -(-len(items[0]["prompt"]) // 64)
+    assert sum(r.reading for r in steps) == cold_steps + len(items) - 1
+    assert all(r.prefill_seconds > 0 for r in steps if r.reading)
