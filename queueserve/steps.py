@@ -1,10 +1,11 @@
 """Step servings: generation served by continuous batching (TGI's router, ai00's slots).
 
 A step serving runs a *running set* of sequences on its partition, one decode step at a time.
-Between two steps, finished, cancelled and expired sequences leave, and waiting requests join
-(their prompts are prefilled) while slots and token budgets allow. Each item of a request is one
-sequence with a slot of its own; every step's output streams to ``client.stream`` callers, and
-a request's answer is the list of its items' results.
+Between two steps, finished, cancelled, expired and abandoned sequences (a streaming caller
+gone: ``caller_gone_after``) leave, and waiting requests join (their prompts are prefilled)
+while slots and token budgets allow. Each item of a request is one sequence with a slot of its
+own; every step's output streams to ``client.stream`` callers, and a request's answer is the
+list of its items' results.
 
 >>> import queueserve as qs
 >>> class Countdown(qs.StepServing):

@@ -34,10 +34,11 @@ import queueserve as qs
 from tasks.charlm_model import CharGRU, decode, encode, load
 
 CACHE_EVERY = 16  # prefix states at multiples of this are offered to the cache
-# Prompt characters a sequence reads per step, at most. Measured (docs/generation.md): per
-# output character the cost barely moves from 4 to 256, while time to first character falls
-# with fewer, longer reading steps; 64 reads the bench's longest prompts (200) in 4 steps.
-PROMPT_CHUNK = 64
+# Prompt characters a sequence reads per step, at most (a divisor of CACHE_EVERY, so every
+# cache boundary ends a chunk). Measured by bench/generate_chunks.py (docs/generation.md):
+# longer chunks mean fewer steps to the first character, but a step reading a chunk lasts as
+# long for every sequence in it; 8 did best on both counts against 4, 16 and 64.
+PROMPT_CHUNK = 8
 DEFAULT_MAX_NEW = 200
 NEWLINE = encode("\n")[0]
 

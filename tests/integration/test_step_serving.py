@@ -350,7 +350,7 @@ def test_a_sigkilled_workers_requests_restart_elsewhere_and_no_step_is_shown_twi
 def test_charlm_resumed_from_the_prefix_cache_writes_what_a_cold_run_writes(
     start_worker: StartWorker, client: qs.Client,
 ) -> None:
-    from tasks.charlm import CharLM
+    from tasks.charlm import CACHE_EVERY, CharLM
 
     shared = "Return a list of the names of the attributes of the object, sorted. " * 2
     items = [{"prompt": shared + q, "max_new": 30} for q in ("If ", "The ", "Raise ", "A")]
@@ -362,9 +362,22 @@ def test_charlm_resumed_from_the_prefix_cache_writes_what_a_cold_run_writes(
     assert warm == [cold.inline(item) for item in items]
     steps = records.snapshot()
     assert sum(r.cache_hits for r in steps) == len(items) - 1
-    # Prompts are read in decode steps, 64 characters a step: the cold request reads its
-    # whole prompt, each later one only what follows the cached 128 characters (one step).
+    # Prompts are read in decode steps, a chunk a step: the cold request reads its whole
+    # prompt, each later one only what follows the shared prefix's last cached boundary.
     # Those steps, up to each first output, are what prefill time counts.
-    cold_steps = -(-len(items[0]["prompt"]) // 64)
-    assert sum(r.reading for r in steps) == cold_steps + len(items) - 1
+    assert CACHE_EVERY % CharLM.prompt_chunk == 0  # every cache boundary ends a chunk
+    cached = len(shared) // CACHE_EVERY * CACHE_EVERY
+    assert sum(r.reading for r in steps) == sum(
+        reading_steps(cached if i else 0, len(item["prompt"]), CharLM.prompt_chunk)
+        for i, item in enumerate(items))
     assert all(r.prefill_seconds > 0 for r in steps if r.reading)
+
+
+def reading_steps(start: int, end: int, chunk: int) -> int:
+    """Decode steps that read prompt positions start..end in chunks ending on multiples of
+    ``chunk`` (the last one ends at ``end``)."""
+    steps = 0
+    while start < end:
+        start = min(end, (start // chunk + 1) * chunk)
+        steps += 1
+    return steps
