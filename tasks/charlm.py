@@ -9,14 +9,15 @@ generator seeded per request, so a request's text does not depend on what else r
 Each step outputs one character; an item's answer is the list of its characters (the default
 ``result``: sent as steps, a stream can rebuild any step lost on the way from it).
 
-Prompts are read inside the batched decode steps, not in a separate prefill: a joining
-sequence consumes up to ``prompt_chunk`` prompt characters per step (chunks aligned to
-multiples of ``prompt_chunk``) and answers ``qs.NO_OUTPUT`` until its prompt is read, so a
-join costs the running set a few extra rows in its GRU call instead of a pause while the new
-prompt is read alone. ``prefill`` only makes the state.
+Prompts are read inside the batched decode steps, not in a separate prefill (``prefill``
+only makes the state): while other sequences in a step emit characters, a joining one reads
+up to ``prompt_chunk`` prompt characters in that step's GRU call (chunks ending on multiples of
+``prompt_chunk``) and answers ``qs.NO_OUTPUT`` until its prompt is read, so a join costs the
+running set a few rows and a short call instead of a pause; a step in which nobody emits reads
+whole prompts at once. Only then does the last prompt character give the first output.
 
-The recurrent state is one vector, so the prefix cache is exact and cheap: the state after
-every multiple of ``CACHE_EVERY`` prompt characters that ends a chunk is offered to the cache;
+The recurrent state is one vector, so the prefix cache is exact and cheap: the GRU's output at
+every multiple of ``CACHE_EVERY`` prompt characters is the state there, offered to the cache;
 a later prompt sharing a prefix resumes at its longest cached boundary and reads only the rest
 (tests/integration/test_step_serving.py checks the text is the same as a cold run's).
 """
@@ -28,17 +29,18 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.nn.utils.rnn import pack_padded_sequence
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 import queueserve as qs
 from tasks.charlm_model import CharGRU, decode, encode, load
 
 CACHE_EVERY = 16  # prefix states at multiples of this are offered to the cache
-# Prompt characters a sequence reads per step, at most (a divisor of CACHE_EVERY, so every
-# cache boundary ends a chunk). Measured by bench/generate_chunks.py (docs/generation.md):
-# longer chunks mean fewer steps to the first character, but a step reading a chunk lasts as
-# long for every sequence in it; 8 did best on both counts against 4, 16 and 64.
+# Prompt characters a sequence reads per step while others in the step emit, at most.
+# Measured by bench/generate_chunks.py (docs/generation.md): longer chunks mean fewer steps
+# to the first character, but a step reading a chunk lasts as long for every sequence in
+# it; 8 did best on both counts against 4, 16 and 64.
 PROMPT_CHUNK = 8
+WHOLE = 1 << 30  # no chunking: a step in which nobody emits reads whole prompts
 DEFAULT_MAX_NEW = 200
 NEWLINE = encode("\n")[0]
 
@@ -88,7 +90,7 @@ class State:
 
     def chunk(self, most: int) -> int:
         """Characters to read this step: up to ``most`` of the prompt, ending on a multiple of
-        ``most`` (so a resumed prompt reads the same chunks as a cold one); 1 when generating."""
+        ``most``; 1 when generating."""
         return min(len(self.feed), most - self.pos % most)
 
 
@@ -152,8 +154,12 @@ class CharLM(qs.StepServing):
         going = [j for j, s in enumerate(states) if not s.finished()]
         if not going:
             return out
-        sizes = [states[j].chunk(self.prompt_chunk) for j in going]
-        h_n = self._read([states[j] for j in going], sizes)
+        # Chunks protect the sequences that emit in this step from a long call; with none,
+        # each reads all of its prompt at once (what static generation's prefill does).
+        emitting = any(len(states[j].feed) == 1 for j in going)
+        most = self.prompt_chunk if emitting else WHOLE
+        sizes = [states[j].chunk(most) for j in going]
+        outputs, h_n = self._read([states[j] for j in going], sizes)
         # Rows whose feed is used up emit: the GRU's last state is its output there.
         emit = [k for k, j in enumerate(going) if sizes[k] == len(states[j].feed)]
         chosen: dict[int, int] = {}
@@ -169,10 +175,14 @@ class CharLM(qs.StepServing):
         # Every step computed before any state changes: a failed call can be re-run in halves.
         for k, j in enumerate(going):
             s, n = states[j], sizes[k]
+            # The GRU's output at each position is its state there: offer the prompt's
+            # prefixes at multiples of CACHE_EVERY read in this call.
+            last = min(s.pos + n, s.prompt_len - 1)
+            for boundary in range((s.pos // CACHE_EVERY + 1) * CACHE_EVERY, last + 1,
+                                  CACHE_EVERY):
+                state = outputs[k, boundary - s.pos - 1][None, None].clone()
+                s.resume.keep(boundary, state, state.numel() * state.element_size())
             s.h, s.pos, s.feed = h_n[:, k : k + 1], s.pos + n, s.feed[n:]
-            if s.pos % CACHE_EVERY == 0 and s.pos < s.prompt_len:
-                state = s.h.clone()
-                s.resume.keep(s.pos, state, state.numel() * state.element_size())
             if k in chosen:
                 ch = decode([chosen[k]])
                 s.feed, s.made = [chosen[k]], s.made + ch
@@ -181,19 +191,23 @@ class CharLM(qs.StepServing):
                 out[j] = qs.NO_OUTPUT
         return out
 
-    def _read(self, states: list[State], sizes: list[int]) -> torch.Tensor:
-        """The GRU states after each sequence reads its next ``sizes[k]`` characters."""
+    def _read(
+        self, states: list[State], sizes: list[int]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each sequence reads its next ``sizes[k]`` characters: the GRU's outputs (batch,
+        time, hidden; padded past each one's size) and its last states (1, batch, hidden)."""
         h = torch.cat([s.h for s in states], dim=1)
         longest = max(sizes)
         x = torch.tensor([s.feed[:n] + [0] * (longest - n) for s, n in zip(states, sizes,
                                                                           strict=True)],
                          device=self.device)
         if longest == 1:
-            return self.model.advance(x, h)
+            h_n = self.model.advance(x, h)
+            return h_n.transpose(0, 1), h_n
         packed = pack_padded_sequence(self.model.embed(x), torch.tensor(sizes),
                                       batch_first=True, enforce_sorted=False)
-        _, h_n = self.model.gru(packed, h)
-        return h_n
+        out, h_n = self.model.gru(packed, h)
+        return pad_packed_sequence(out, batch_first=True)[0], h_n
 
 
 class StaticCharLM(qs.Serving):

@@ -362,22 +362,13 @@ def test_charlm_resumed_from_the_prefix_cache_writes_what_a_cold_run_writes(
     assert warm == [cold.inline(item) for item in items]
     steps = records.snapshot()
     assert sum(r.cache_hits for r in steps) == len(items) - 1
-    # Prompts are read in decode steps, a chunk a step: the cold request reads its whole
-    # prompt, each later one only what follows the shared prefix's last cached boundary.
-    # Those steps, up to each first output, are what prefill time counts.
-    assert CACHE_EVERY % CharLM.prompt_chunk == 0  # every cache boundary ends a chunk
+    # Prompts are read in decode steps; each request, alone in its steps, reads what the
+    # cache does not cover in one step (the one giving its first output): the cold one its
+    # whole prompt, each later one only what follows the shared prefix's last cached boundary.
+    # Those steps are what prefill time counts.
     cached = len(shared) // CACHE_EVERY * CACHE_EVERY
-    assert sum(r.reading for r in steps) == sum(
-        reading_steps(cached if i else 0, len(item["prompt"]), CharLM.prompt_chunk)
-        for i, item in enumerate(items))
+    assert [r.reading for r in steps if r.reading] == [1] * len(items)
+    assert sum(r.cache_saved_tokens for r in steps) == cached * (len(items) - 1)
+    assert sum(r.prefill_tokens for r in steps) == sum(
+        len(item["prompt"]) for item in items) - cached * (len(items) - 1)
     assert all(r.prefill_seconds > 0 for r in steps if r.reading)
-
-
-def reading_steps(start: int, end: int, chunk: int) -> int:
-    """Decode steps that read prompt positions start..end in chunks ending on multiples of
-    ``chunk`` (the last one ends at ``end``)."""
-    steps = 0
-    while start < end:
-        start = min(end, (start // chunk + 1) * chunk)
-        steps += 1
-    return steps
