@@ -34,7 +34,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 import queueserve as qs
 from tasks.charlm_model import CharGRU, decode, encode, load
 
-CACHE_EVERY = 16  # prefix states at multiples of this are offered to the cache
+CACHE_EVERY = 8  # prefix states at multiples of this are offered to the cache
 # Prompt characters a sequence reads per step while others in the step emit, at most.
 # Measured by bench/generate_chunks.py (docs/generation.md): longer chunks mean fewer steps
 # to the first character, but a step reading a chunk lasts as long for every sequence in
