@@ -2,13 +2,14 @@
 
     python -m bench.generate_chunks [--repeat 2]
 
-One worker process (one partition) serves charlm four times, reading prompts in chunks of 4,
-8, 16 and 64 characters per step; bench/generate.py's mixed load goes to each in turn, at 30
-arrivals/s (time to first character, time per output character) and saturating (160 requests
-at 300/s: characters per second), ``--repeat`` times interleaved, so a busy machine moves all
-four alike. Longer chunks mean fewer steps before the first character; but a step in which a
-sequence reads a chunk is as long as its chunk for every sequence in it, which the others see
-as time per output character.
+One worker process (one partition) serves charlm four times, prefix cache off (the loads
+repeat, and would find their prompts cached), reading prompts in chunks of 4, 8, 16 and 64
+characters per step while others in the step emit; bench/generate.py's mixed load goes to each
+in turn, at 30 arrivals/s (time to first character, time per output character) and saturating
+(160 requests at 300/s: characters per second), ``--repeat`` times interleaved, so a busy
+machine moves all four alike. Longer chunks mean fewer steps before the first character; but
+a step in which a sequence reads a chunk is as long as its chunk for every sequence in it,
+which the others see as time per output character.
 """
 
 from __future__ import annotations
@@ -21,10 +22,10 @@ from bench.generate import PREFIX, run_load, summarize, workload
 from tasks.charlm import CharLM
 
 CHUNKS = (4, 8, 16, 64)
-chunk4 = CharLM(name="charlm_chunk4", prompt_chunk=4)
-chunk8 = CharLM(name="charlm_chunk8", prompt_chunk=8)
-chunk16 = CharLM(name="charlm_chunk16", prompt_chunk=16)
-chunk64 = CharLM(name="charlm_chunk64", prompt_chunk=64)
+chunk4 = CharLM(name="charlm_chunk4", prompt_chunk=4, prefix_cache_bytes=0)
+chunk8 = CharLM(name="charlm_chunk8", prompt_chunk=8, prefix_cache_bytes=0)
+chunk16 = CharLM(name="charlm_chunk16", prompt_chunk=16, prefix_cache_bytes=0)
+chunk64 = CharLM(name="charlm_chunk64", prompt_chunk=64, prefix_cache_bytes=0)
 
 
 def main() -> None:
