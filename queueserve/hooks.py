@@ -3,8 +3,9 @@ caller of ``client.stream`` receives.
 
 Inside a batch function, ``qs.emit(name, payload)`` sends a hook event to every caller whose
 items are in the batch, and a generator batch function yields steps, with ``qs.END`` in an item's
-place to end that item. The worker installs the running batch's sink (``running``) around the
-batch function; inline runs install none, so ``emit`` there reaches nobody.
+place to end that item (``qs.NO_OUTPUT`` there: nothing from that item this step). The worker
+installs the running batch's sink (``running``) around the batch function; inline runs install
+none, so ``emit`` there reaches nobody.
 
 A caller receives ``Hook`` and ``Output`` events, in the order the worker produced them.
 """
@@ -51,6 +52,19 @@ class _End:
 
 END: Final = _End()
 """Yield in an item's place from a generator batch function to end that item's stream."""
+
+
+class _NoOutput:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "qs.NO_OUTPUT"
+
+
+NO_OUTPUT: Final = _NoOutput()
+"""Yield (or return from a step serving's ``decode``) in an item's place when that item goes on
+but has nothing to show this step, e.g. it read prompt positions inside the batched step:
+nothing is streamed or kept for it, and it is not ended."""
 
 
 class HookSink(Protocol):

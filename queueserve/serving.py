@@ -12,7 +12,7 @@ from pydantic import BaseModel, ValidationError
 
 from queueserve import hooks
 from queueserve._durations import parse_duration
-from queueserve.hooks import END
+from queueserve.hooks import END, NO_OUTPUT
 from queueserve.results import BatchResults
 from queueserve.wire.codec import get_codec
 from queueserve.wire.protocol import Keys, check_shards
@@ -429,14 +429,14 @@ class Serving:
 
 def collect_steps(steps: Iterator[Any], size: int, serving: str) -> list[list[Any]]:
     """Per-item step values of a generator batch function run to its end (``END`` ends an
-    item)."""
+    item, ``NO_OUTPUT`` adds nothing)."""
     values: list[list[Any]] = [[] for _ in range(size)]
     ended = [False] * size
     for step in steps:
         for i, v in enumerate(BatchResults(step, size, serving).as_list()):
             if ended[i] or v is END:
                 ended[i] = True
-            else:
+            elif v is not NO_OUTPUT:
                 values[i].append(v)
         if all(ended):
             break

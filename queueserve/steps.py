@@ -1,10 +1,11 @@
 """Step servings: generation served by continuous batching (TGI's router, ai00's slots).
 
 A step serving runs a *running set* of sequences on its partition, one decode step at a time.
-Between two steps, finished, cancelled and expired sequences leave, and waiting requests join
-(their prompts are prefilled) while slots and token budgets allow. Each item of a request is one
-sequence with a slot of its own; every step's output streams to ``client.stream`` callers, and
-a request's answer is the list of its items' results.
+Between two steps, finished, cancelled, expired and abandoned sequences (a streaming caller
+gone: ``caller_gone_after``) leave, and waiting requests join (their prompts are prefilled)
+while slots and token budgets allow. Each item of a request is one sequence with a slot of its
+own; every step's output streams to ``client.stream`` callers, and a request's answer is the
+list of its items' results.
 
 >>> import queueserve as qs
 >>> class Countdown(qs.StepServing):
@@ -31,15 +32,28 @@ from __future__ import annotations
 
 from collections.abc import Callable, Generator, Hashable, Sequence
 from dataclasses import dataclass, field
+from types import EllipsisType
 from typing import Any
 
-from queueserve.hooks import END
+from queueserve.hooks import END, NO_OUTPUT
 from queueserve.serving import Batch, Serving, _check_positive
+from queueserve.wire.timing import CALLER_GONE_AFTER_S
 
 
 def _check_ratio(value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
         raise ValueError(f"waiting_served_ratio must be a number >= 0, got {value!r}")
+    return float(value)
+
+
+def _check_gone_after(value: object) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ValueError(
+            f"caller_gone_after must be a number of seconds > 0, or None to never look, "
+            f"got {value!r}"
+        )
     return float(value)
 
 
@@ -84,7 +98,10 @@ class StepServing(Serving):
 
     - ``prefill(items) -> states``: one state per joining item (a batch of joiners);
     - ``decode(states) -> outputs``: one step for every running sequence, one output per state,
-      or ``qs.END`` when that sequence is finished; the serving owns and updates its states;
+      ``qs.END`` when that sequence is finished, or ``qs.NO_OUTPUT`` when it goes on without an
+      output this step (say, it read prompt positions inside the batched step, so a join
+      costs the running set one cheap row instead of a pause); the serving owns and updates
+      its states;
     - ``result(state, outputs)``: an item's answer (default: the list of its outputs);
     - ``tokens(item) -> (prompt, most generated)``: what the item costs the token budgets.
 
@@ -100,7 +117,12 @@ class StepServing(Serving):
       least ``waiting_served_ratio`` x running of them can join at once, or when
       ``max_waiting_steps`` steps passed since the last join (TGI's ``waiting_served_ratio``
       and ``max_waiting_tokens``). An idle serving admits at once;
-    - ``prefix_cache_bytes`` [0 = off]: bound of the prefix state cache, per partition.
+    - ``prefix_cache_bytes`` [0 = off]: bound of the prefix state cache, per partition;
+    - ``caller_gone_after`` [10.0 s; None: never]: a ``client.stream`` caller whose client has
+      not been subscribed to its event channel for this long (its process died, or it closed
+      its client) is gone: its requests leave, waiting or running, and their slots are reused.
+      Looked at every second between steps, so a slot is freed within ``caller_gone_after``
+      + 1 s + one step. Requests sent without streaming carry no such signal and run on.
 
     Requests join whole and in arrival order; one that can never fit (more items than
     ``max_slots``, a budget over ``max_batch_tokens``, a prompt over ``max_prefill_tokens``) is
@@ -115,6 +137,7 @@ class StepServing(Serving):
     waiting_served_ratio: float = 0.3
     max_waiting_steps: int = 20
     prefix_cache_bytes: int = 0
+    caller_gone_after: float | None = CALLER_GONE_AFTER_S
 
     def __init__(
         self,
@@ -125,6 +148,7 @@ class StepServing(Serving):
         waiting_served_ratio: float | None = None,
         max_waiting_steps: int | None = None,
         prefix_cache_bytes: int | None = None,
+        caller_gone_after: float | EllipsisType | None = ...,  # ...: the class's
         **options: Any,
     ) -> None:
         cls = type(self)
@@ -147,6 +171,8 @@ class StepServing(Serving):
         self.prefix_cache_bytes = _check_non_negative(
             "prefix_cache_bytes", cls.prefix_cache_bytes if prefix_cache_bytes is None
             else prefix_cache_bytes)
+        self.caller_gone_after = _check_gone_after(
+            cls.caller_gone_after if caller_gone_after is ... else caller_gone_after)
 
     # -- what a subclass defines -------------------------------------------------------------
     def prefill(self, items: list[Any]) -> list[Any]:
@@ -157,7 +183,8 @@ class StepServing(Serving):
         )
 
     def decode(self, states: list[Any]) -> list[Any]:
-        """One step of every state in ``states``: an output each, or ``qs.END``."""
+        """One step of every state in ``states``: an output each, ``qs.END`` (finished) or
+        ``qs.NO_OUTPUT`` (goes on, nothing to show this step)."""
         raise NotImplementedError(f"{type(self).__name__} must define decode(self, states)")
 
     def result(self, state: Any, outputs: list[Any]) -> Any:
@@ -192,8 +219,9 @@ class StepServing(Serving):
     # -- the same steps, run statically (inline runs, and a static baseline) ---------------
     def static_steps(self, items: list[Any]) -> Generator[list[Any], None, list[Any]]:
         """Static generator batching of the same steps: prefill ``items`` together, then decode
-        until every one ended, yielding each step (``qs.END`` in the place of ended items)
-        and finally returning the states. No item joins or leaves early."""
+        until every one ended, yielding each step (``qs.END`` in the place of ended items,
+        ``qs.NO_OUTPUT`` where decode gave none) and finally returning the states. No item
+        joins or leaves early."""
         states = self.prefill(list(items))
         if len(states) != len(items):
             raise ValueError(
@@ -227,7 +255,7 @@ class StepServing(Serving):
                 states: list[Any] = done.value
                 break
             for i, out in enumerate(row):
-                if out is not END:
+                if out is not END and out is not NO_OUTPUT:
                     outputs[i].append(out)
         return [self.result(s, o) for s, o in zip(states, outputs, strict=True)]
 
@@ -241,6 +269,7 @@ class StepServing(Serving):
             "waiting_served_ratio": self.waiting_served_ratio,
             "max_waiting_steps": self.max_waiting_steps,
             "prefix_cache_bytes": self.prefix_cache_bytes,
+            "caller_gone_after": self.caller_gone_after,
         }
 
     def __repr__(self) -> str:

@@ -9,10 +9,17 @@ generator seeded per request, so a request's text does not depend on what else r
 Each step outputs one character; an item's answer is the list of its characters (the default
 ``result``: sent as steps, a stream can rebuild any step lost on the way from it).
 
-The recurrent state is one vector, so the prefix cache is exact and cheap: prefill reads the
-prompt in one GRU call and offers the state at every multiple of ``CHUNK`` characters (the GRU's
-output there); a later prompt sharing a prefix resumes at its longest cached boundary and reads
-only the rest (tests/test_step_serving.py checks that the text is the same as a cold run's).
+Prompts are read inside the batched decode steps, not in a separate prefill (``prefill``
+only makes the state): while other sequences in a step emit characters, a joining one reads
+up to ``prompt_chunk`` prompt characters in that step's GRU call (chunks ending on multiples of
+``prompt_chunk``) and answers ``qs.NO_OUTPUT`` until its prompt is read, so a join costs the
+running set a few rows and a short call instead of a pause; a step in which nobody emits reads
+whole prompts at once. Only then does the last prompt character give the first output.
+
+The recurrent state is one vector, so the prefix cache is exact and cheap: the GRU's output at
+every multiple of ``CACHE_EVERY`` prompt characters is the state there, offered to the cache;
+a later prompt sharing a prefix resumes at its longest cached boundary and reads only the rest
+(tests/integration/test_step_serving.py checks the text is the same as a cold run's).
 """
 
 from __future__ import annotations
@@ -22,11 +29,18 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 import queueserve as qs
 from tasks.charlm_model import CharGRU, decode, encode, load
 
-CHUNK = 16  # prefill granularity, and where prefix states are offered to the cache
+CACHE_EVERY = 8  # prefix states at multiples of this are offered to the cache
+# Prompt characters a sequence reads per step while others in the step emit, at most.
+# Measured by bench/generate_chunks.py (docs/generation.md): longer chunks mean fewer steps
+# to the first character, but a step reading a chunk lasts as long for every sequence in
+# it; against 4, 8 and 16, 64 gave the lowest TTFT at 30/s and no worse time per character.
+PROMPT_CHUNK = 64
+WHOLE = 1 << 30  # no chunking: a step in which nobody emits reads whole prompts
 DEFAULT_MAX_NEW = 200
 NEWLINE = encode("\n")[0]
 
@@ -59,17 +73,29 @@ class Request:
 
 @dataclass(slots=True)
 class State:
-    """One sequence: its GRU state, the next input character, and what it generated."""
+    """One sequence: its GRU state, what it still has to read, and what it generated."""
 
     req: Request
-    h: torch.Tensor  # (1, 1, hidden)
-    last: int
+    h: torch.Tensor  # (1, 1, hidden): after reading ``pos`` characters
+    feed: list[int]  # to read: the rest of the prompt, then each generated character
+    pos: int  # characters read so far (prompt and generated)
+    prompt_len: int
     rng: torch.Generator | None
+    resume: qs.Resume
     made: str = ""
+
+    def finished(self) -> bool:
+        stop = self.req.stop
+        return len(self.made) >= self.req.max_new or bool(stop and self.made.endswith(stop))
+
+    def chunk(self, most: int) -> int:
+        """Characters to read this step: up to ``most`` of the prompt, ending on a multiple of
+        ``most``; 1 when generating."""
+        return min(len(self.feed), most - self.pos % most)
 
 
 class CharLM(qs.StepServing):
-    """The GRU as a step serving: prefill reads prompts, each decode step emits a character."""
+    """The GRU as a step serving: decode steps read prompts and emit characters."""
 
     name = "charlm"
     max_slots = 16
@@ -77,6 +103,16 @@ class CharLM(qs.StepServing):
     max_prefill_tokens = 4096
     prefix_cache_bytes = 32 * 1024 * 1024
     max_payload_bytes = 64 * 1024
+    # Joining costs the running set little (prompts are read in decode steps): join at once.
+    waiting_served_ratio = 0.0
+    prompt_chunk = PROMPT_CHUNK
+
+    def __init__(self, *, prompt_chunk: int | None = None, **options: Any) -> None:
+        super().__init__(**options)
+        chunk = type(self).prompt_chunk if prompt_chunk is None else prompt_chunk
+        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+            raise ValueError(f"prompt_chunk must be an int >= 1, got {chunk!r}")
+        self.prompt_chunk = chunk
 
     def setup(self, partition: qs.Partition) -> None:
         self.device = partition.device
@@ -88,65 +124,97 @@ class CharLM(qs.StepServing):
         return len(req.prompt), req.max_new
 
     def prompt_tokens(self, item: Any) -> list[int]:
-        # Prefill reads all of the prompt but its last character, which is the first decode
-        # step's input: the cached state of a prefix is the state before that character.
+        # The prompt's last character is the input of the step that emits the first output:
+        # cached states are those of the prefixes before it.
         return encode(Request.of(item).prompt)[:-1]
 
     # -- steps ---------------------------------------------------------------------------------
     def prefill(self, items: list[Any]) -> list[State]:
         return self.prefill_from(items, [qs.Resume(()) for _ in items])
 
-    @torch.inference_mode()
     def prefill_from(self, items: list[Any], resumes: list[qs.Resume]) -> list[State]:
+        """A state per item, resumed from its cached prefix; nothing is read here."""
         states = []
         for item, resume in zip(items, resumes, strict=True):
             req = Request.of(item)
             ids = encode(req.prompt) or [NEWLINE]
             h = resume.state if resume.start else None
-            end = len(ids) - 1
-            if resume.start < end:
-                x = torch.tensor(ids[resume.start : end], device=self.device)[None]
-                # One GRU layer: its output at each position is the state there, so one call
-                # reads the prompt and yields every CHUNK boundary's state for the cache.
-                out, h = self.model.gru(self.model.embed(x), h)
-                for boundary in range((resume.start // CHUNK + 1) * CHUNK, end + 1, CHUNK):
-                    state = out[:, boundary - resume.start - 1][None].clone()
-                    resume.keep(boundary, state, state.numel() * state.element_size())
             if h is None:
                 h = torch.zeros(1, 1, self.model.hidden, device=self.device)
             rng = None
             if req.temperature > 0:
                 rng = torch.Generator(device=self.device).manual_seed(req.seed)
-            states.append(State(req, h, ids[-1], rng))
+            states.append(State(req, h, ids[resume.start:], resume.start, len(ids), rng,
+                                resume))
         return states
 
     @torch.inference_mode()
     def decode(self, states: list[State]) -> list[Any]:
-        x = torch.tensor([[s.last] for s in states], device=self.device)
-        h = torch.cat([s.h for s in states], dim=1)
-        logits, h_new = self.model(x, h)
-        logits = logits[:, -1]
-        chosen = logits.argmax(dim=-1).tolist()
-        for j, s in enumerate(states):
-            if s.rng is not None:
-                probs = torch.softmax(logits[j] / s.req.temperature, dim=-1)
-                chosen[j] = int(torch.multinomial(probs, 1, generator=s.rng))
-        out: list[Any] = []
+        out: list[Any] = [qs.END] * len(states)
+        going = [j for j, s in enumerate(states) if not s.finished()]
+        if not going:
+            return out
+        # Chunks protect the sequences that emit in this step from a long call; with none,
+        # each reads all of its prompt at once (what static generation's prefill does).
+        emitting = any(len(states[j].feed) == 1 for j in going)
+        most = self.prompt_chunk if emitting else WHOLE
+        sizes = [states[j].chunk(most) for j in going]
+        outputs, h_n = self._read([states[j] for j in going], sizes)
+        # Rows whose feed is used up emit: the GRU's last state is its output there.
+        emit = [k for k, j in enumerate(going) if sizes[k] == len(states[j].feed)]
+        chosen: dict[int, int] = {}
+        if emit:
+            logits = self.model.head(h_n[0, emit])
+            picks = logits.argmax(dim=-1).tolist()
+            for row, k in enumerate(emit):
+                s = states[going[k]]
+                if s.rng is not None:
+                    probs = torch.softmax(logits[row] / s.req.temperature, dim=-1)
+                    picks[row] = int(torch.multinomial(probs, 1, generator=s.rng))
+                chosen[k] = picks[row]
         # Every step computed before any state changes: a failed call can be re-run in halves.
-        for j, s in enumerate(states):
-            stop = s.req.stop
-            if len(s.made) >= s.req.max_new or (stop and s.made.endswith(stop)):
-                out.append(qs.END)
-                continue
-            ch = decode([chosen[j]])
-            s.h, s.last, s.made = h_new[:, j : j + 1], chosen[j], s.made + ch
-            out.append(ch)
+        for k, j in enumerate(going):
+            s, n = states[j], sizes[k]
+            # The GRU's output at each position is its state there: offer the prompt's
+            # prefixes at multiples of CACHE_EVERY read in this call.
+            last = min(s.pos + n, s.prompt_len - 1)
+            for boundary in range((s.pos // CACHE_EVERY + 1) * CACHE_EVERY, last + 1,
+                                  CACHE_EVERY):
+                state = outputs[k, boundary - s.pos - 1][None, None].clone()
+                s.resume.keep(boundary, state, state.numel() * state.element_size())
+            s.h, s.pos, s.feed = h_n[:, k : k + 1], s.pos + n, s.feed[n:]
+            if k in chosen:
+                ch = decode([chosen[k]])
+                s.feed, s.made = [chosen[k]], s.made + ch
+                out[j] = ch
+            else:
+                out[j] = qs.NO_OUTPUT
         return out
+
+    def _read(
+        self, states: list[State], sizes: list[int]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each sequence reads its next ``sizes[k]`` characters: the GRU's outputs (batch,
+        time, hidden; padded past each one's size) and its last states (1, batch, hidden)."""
+        h = torch.cat([s.h for s in states], dim=1)
+        longest = max(sizes)
+        x = torch.tensor([s.feed[:n] + [0] * (longest - n) for s, n in zip(states, sizes,
+                                                                          strict=True)],
+                         device=self.device)
+        if longest == 1:
+            h_n = self.model.advance(x, h)
+            return h_n.transpose(0, 1), h_n
+        packed = pack_padded_sequence(self.model.embed(x), torch.tensor(sizes),
+                                      batch_first=True, enforce_sorted=False)
+        out, h_n = self.model.gru(packed, h)
+        return pad_packed_sequence(out, batch_first=True)[0], h_n
 
 
 class StaticCharLM(qs.Serving):
     """The same model and steps under static generator batching (the baseline of
-    bench/generate.py): a batch's items run to the longest one's end, and nothing joins."""
+    bench/generate.py): a batch's items run to the longest one's end, and nothing joins. Its
+    first step reads every prompt whole, in one batched call (static generation's prefill,
+    which measured a little cheaper here than reading in chunks)."""
 
     name = "charlm_static"
     batch_size = CharLM.max_slots
@@ -154,7 +222,7 @@ class StaticCharLM(qs.Serving):
     max_payload_bytes = 64 * 1024
 
     def setup(self, partition: qs.Partition) -> None:
-        self.lm = CharLM()
+        self.lm = CharLM(prompt_chunk=CharLM.max_prefill_tokens)
         self.lm.setup(partition)
 
     def handle_batch(self, batch: qs.Batch) -> Iterator[list[Any]]:

@@ -313,6 +313,14 @@ class RedisBroker:
     def subscribe(self, *channels: str) -> Subscription:
         return Subscription(self.redis, self.url, *channels)
 
+    def subscribers(self, channels: Sequence[str]) -> dict[str, int]:
+        """Subscribers of each pub/sub channel (PUBSUB NUMSUB; a cluster's nodes summed)."""
+        if not channels:
+            return {}
+        with redis_errors(self.url):
+            pairs = self.redis.pubsub_numsub(*channels)
+        return {text(channel): int(count) for channel, count in pairs}
+
     def alive_workers(self, keys: Keys, within: float) -> int:
         with redis_errors(self.url):
             return int(self.redis.zcount(keys.workers, since_ms(within), "+inf"))

@@ -28,6 +28,12 @@ FORGET_EVERY_S = 30.0  # how often dead consumers holding nothing leave the cons
 # "Alive" as operators and callers are told it (stats, readiness, a Timeout's message): more
 # forgiving than DEAD_AFTER_S, so a slow beat is not reported as a missing worker.
 ALIVE_WITHIN_S = 10.0
+# A streaming caller (``client.stream``) is gone when its client's event channel has had no
+# subscriber for CALLER_GONE_AFTER_S: Redis drops a subscription as soon as its client closes or
+# its process dies, while a live client that lost its connection subscribes again within
+# BACKOFF_MAX_S of Redis answering. Step servings look every CALLER_CHECK_EVERY_S, between steps.
+CALLER_GONE_AFTER_S = 10.0
+CALLER_CHECK_EVERY_S = 1.0
 # How long a send keeps retrying while Redis cannot serve before the caller gets the error.
 RECONNECT_WITHIN_S = 30.0
 # Backoff between retries against a Redis that cannot serve: doubling from the first to the

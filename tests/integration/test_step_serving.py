@@ -9,8 +9,13 @@ the caller's stream never shows a step twice.
 
 from __future__ import annotations
 
+import json
+import os
 import queue
 import random
+import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Generator
 from pathlib import Path
@@ -21,7 +26,7 @@ import redis
 
 import queueserve as qs
 from tests.support.fault_app import WorkerProc, serving_consumer
-from tests.support.helpers import WAIT_S, wait_until
+from tests.support.helpers import REPO, WAIT_S, child_env, wait_until
 from tests.support.step_app import Count, Records, expected
 
 StartWorker = Callable[..., qs.Worker]
@@ -188,6 +193,59 @@ def test_cancel_frees_a_slot_within_one_step(
         held.result(5)
 
 
+# --- callers that went away ------------------------------------------------------------------
+
+
+def test_a_killed_streaming_callers_slot_is_freed_and_live_callers_run_on(
+    start_worker: StartWorker, client: qs.Client, redis_url: str, prefix: str,
+    pending: Callable[..., int],
+) -> None:
+    # Given a full running set (2 slots): a live caller here, and a caller in a process of its
+    # own, both streaming requests that would run until the gate opens
+    serving = Count(max_slots=2, caller_gone_after=0.5)
+    start_worker(serving)
+    live = Caller(client, "count", [{"n": 3, "hold": True, "base": 7}])
+    live.next_event()
+    with subprocess.Popen(
+        [sys.executable, "-m", "tests.support.stream_caller", redis_url, prefix, "count",
+         json.dumps({"n": 1, "hold": True, "base": 100})],
+        cwd=REPO, env=child_env(), stdout=subprocess.PIPE, start_new_session=True,
+    ) as other:
+        assert other.stdout is not None
+        assert json.loads(other.stdout.readline()) == [100]  # it is streaming
+        # When that caller's process is SIGKILLed mid-generation
+        os.kill(other.pid, signal.SIGKILL)
+        other.wait(WAIT_S)
+    # Then its slot is freed: a new request (the set was full) joins and is answered
+    assert client.dispatch("count", {"n": 3, "base": 9}, timeout=30) == expected(
+        {"n": 3, "base": 9})
+    # and the live caller, watched all along, was never taken for gone: it runs to its end
+    assert not live.finished.is_set()
+    serving.gate.set()
+    assert live.finished.wait(WAIT_S) and live.error is None
+    outputs = live.outputs()
+    assert len(outputs) >= 3 and outputs == list(range(7, 7 + len(outputs)))
+    # and the killed caller's request was withdrawn and acked, not left pending
+    wait_until(lambda: pending("count") == 0, "every request acked")
+
+
+def test_a_streaming_caller_that_closes_its_client_frees_its_slot(
+    start_worker: StartWorker, redis_url: str, prefix: str, client: qs.Client,
+) -> None:
+    # Given one slot, held by a request streamed through a second client
+    serving = Count(max_slots=1, caller_gone_after=0.5)
+    start_worker(serving)
+    leaving = qs.Client(redis_url, prefix=prefix)
+    caller = Caller(leaving, "count", [{"n": 1, "hold": True}])
+    caller.next_event()
+    # When that client is closed while the request runs
+    leaving.close()
+    # Then the slot is freed for the next request
+    assert client.dispatch("count", {"n": 2, "base": 4}, timeout=30) == expected(
+        {"n": 2, "base": 4})
+    assert caller.finished.wait(WAIT_S)
+
+
 # --- failures ---------------------------------------------------------------------------------
 
 
@@ -292,7 +350,7 @@ def test_a_sigkilled_workers_requests_restart_elsewhere_and_no_step_is_shown_twi
 def test_charlm_resumed_from_the_prefix_cache_writes_what_a_cold_run_writes(
     start_worker: StartWorker, client: qs.Client,
 ) -> None:
-    from tasks.charlm import CharLM
+    from tasks.charlm import CACHE_EVERY, CharLM
 
     shared = "Return a list of the names of the attributes of the object, sorted. " * 2
     items = [{"prompt": shared + q, "max_new": 30} for q in ("If ", "The ", "Raise ", "A")]
@@ -302,4 +360,15 @@ def test_charlm_resumed_from_the_prefix_cache_writes_what_a_cold_run_writes(
     start_worker(CharLM(), middleware=[records])
     warm = [client.dispatch("charlm", item, timeout=60) for item in items]
     assert warm == [cold.inline(item) for item in items]
-    assert sum(r.cache_hits for r in records.snapshot()) == len(items) - 1
+    steps = records.snapshot()
+    assert sum(r.cache_hits for r in steps) == len(items) - 1
+    # Prompts are read in decode steps; each request, alone in its steps, reads what the
+    # cache does not cover in one step (the one giving its first output): the cold one its
+    # whole prompt, each later one only what follows the shared prefix's last cached boundary.
+    # Those steps are what prefill time counts.
+    cached = len(shared) // CACHE_EVERY * CACHE_EVERY
+    assert [r.reading for r in steps if r.reading] == [1] * len(items)
+    assert sum(r.cache_saved_tokens for r in steps) == cached * (len(items) - 1)
+    assert sum(r.prefill_tokens for r in steps) == sum(
+        len(item["prompt"]) for item in items) - cached * (len(items) - 1)
+    assert all(r.prefill_seconds > 0 for r in steps if r.reading)

@@ -463,6 +463,30 @@ def test_steps_of_an_item_that_ended_early_come_as_runs_of_the_items_still_going
     ]
 
 
+def test_no_output_in_a_step_sends_and_keeps_nothing_for_that_item(
+    start_worker: StartWorker, client: qs.Client
+) -> None:
+    # Item n has nothing to show for its first n steps (say, it reads a prompt), then 2 values
+    def steps(batch: qs.Batch) -> Iterator[list[Any]]:
+        for k in range(max(batch) + 3):
+            yield [qs.NO_OUTPUT if k < n else k if k < n + 2 else qs.END for n in batch]
+
+    serving = qs.Serving(steps, name="reads", batch_size=4, batch_timeout=0)
+    start_worker(serving)
+
+    events = list(client.stream(serving, [0, 2, 1], timeout=30))
+
+    assert events == [
+        qs.Output([0], 0, 1),
+        qs.Output([1], 0, 1),
+        qs.Output([1], 2, 1),
+        qs.Output([2, 2], 1, 2),
+        qs.Output([3], 1, 1),
+    ]
+    assert client.dispatch_many(serving, [0, 2, 1], timeout=30) == [[0, 1], [2, 3], [1, 2]]
+    assert serving.inline_many([0, 2, 1]) == [[0, 1], [2, 3], [1, 2]]
+
+
 def test_dispatch_on_a_generator_serving_returns_each_items_steps(
     start_worker: StartWorker, client: qs.Client
 ) -> None:

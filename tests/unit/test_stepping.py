@@ -12,6 +12,7 @@ import queueserve as qs
 from queueserve.worker.pipeline.batching import Request, Slice
 from queueserve.worker.pipeline.prefix_cache import PrefixCache
 from queueserve.worker.pipeline.stepping import (
+    CallerWatch,
     Limits,
     Scheduler,
     StepQueue,
@@ -109,6 +110,47 @@ def test_split_runs() -> None:
     assert split_runs([1], [False]) == []
 
 
+# --- callers that went away ------------------------------------------------------------------
+
+
+def test_a_caller_is_gone_only_after_its_channel_had_no_subscriber_for_the_whole_grace() -> None:
+    watch = CallerWatch(gone_after=5.0, every=1.0)
+    assert watch.due(0.0)
+    assert watch.looked(0.0, {"a": 0, "b": 1}) == set()
+    assert not watch.due(0.5) and watch.due(1.0)
+    assert watch.looked(4.9, {"a": 0, "b": 0}) == set()  # a: silent for 4.9 s only
+    assert watch.looked(5.0, {"a": 0, "b": 0}) == {"a"}
+    assert watch.looked(9.9, {"a": 0, "b": 1}) == {"a"}  # b subscribed again: its clock restarts
+    assert watch.looked(14.0, {"b": 0}) == set()
+
+
+def test_a_failed_look_never_makes_a_caller_gone() -> None:
+    # A Redis outage: the client may be reconnecting too, so every clock starts again
+    watch = CallerWatch(gone_after=5.0, every=1.0)
+    watch.looked(0.0, {"a": 0})
+    assert watch.looked(6.0, None) == set()
+    assert watch.looked(7.0, {"a": 0}) == set()
+    assert watch.looked(12.0, {"a": 0}) == {"a"}
+
+
+def test_no_output_steps_are_neither_kept_nor_ended() -> None:
+    class Reads(qs.StepServing):
+        def prefill(self, items: list[int]) -> list[list[int]]:
+            return [[n, 0] for n in items]  # [prompt length, step]
+
+        def decode(self, states: list[list[int]]) -> list[Any]:
+            out: list[Any] = []
+            for s in states:
+                s[1] += 1
+                out.append(qs.NO_OUTPUT if s[1] <= s[0] else qs.END if s[1] > s[0] + 2
+                           else s[1])
+            return out
+
+    assert Reads(name="reads").inline_many([0, 3]) == [[1, 2], [4, 5]]
+    steps = list(Reads(name="reads").static_steps([0, 2]))
+    assert steps[0] == [1, qs.NO_OUTPUT] and steps[2] == [qs.END, 3]
+
+
 # --- the prefix cache -------------------------------------------------------------------------
 
 
@@ -171,6 +213,7 @@ def test_the_decorator_form() -> None:
     ({"max_batch_tokens": -1}, "max_batch_tokens must be an int >= 1, got -1"),
     ({"waiting_served_ratio": -0.5}, "waiting_served_ratio must be a number >= 0"),
     ({"prefix_cache_bytes": -1}, "prefix_cache_bytes must be an int >= 0"),
+    ({"caller_gone_after": 0}, "caller_gone_after must be a number of seconds > 0, or None"),
 ])
 def test_bad_options_are_refused_with_the_value(options: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):

@@ -9,7 +9,8 @@ a request carries a sequence number, and its durable reply the count of events s
 so the caller can order events across partitions and notice lost ones.
 
 A generator batch function yields steps: one entry per item of the batch (a list, or an
-array/tensor whose first axis is the batch). ``qs.END`` in an item's place ends that item; a
+array/tensor whose first axis is the batch). ``qs.END`` in an item's place ends that item,
+``qs.NO_OUTPUT`` there gives nothing for that item in this step (it goes on); a
 request whose items have all ended is answered at once, while the batch goes on for the others.
 Each item's result is the list of its step values.
 """
@@ -19,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from queueserve.hooks import END
+from queueserve.hooks import END, NO_OUTPUT
 from queueserve.results import BatchResults
 from queueserve.wire import protocol as P
 from queueserve.wire.messages import error_to_wire
@@ -124,7 +125,7 @@ def _active_runs(
     run: list[Any] = []
     run_start = start
     for i in range(start, start + count):
-        if ended[i] or items[i] is END:
+        if ended[i] or items[i] is END or items[i] is NO_OUTPUT:
             if run:
                 yield run_start, run
             run, run_start = [], i + 1

@@ -2,13 +2,17 @@
 
 Each cycle, between two decode steps:
 
-1. withdraw what must leave: waiting or running requests whose callers cancelled (answered
-   ``DROP``, their slots free for this very boundary) or whose deadline passed (``Timeout``);
+1. withdraw what must leave: waiting or running requests whose callers cancelled or went away
+   (answered ``DROP``, their slots free for this very boundary; a streaming caller is gone
+   when its client's event channel has had no subscriber for ``caller_gone_after``, looked at
+   every ``CALLER_CHECK_EVERY_S``) or whose deadline passed (``Timeout``);
 2. measure newly waiting requests (``tokens``, ``prompt_tokens``; errors answer the request),
    look their prompts up in the prefix cache, and let the ``Scheduler`` pick who joins;
 3. prefill the joiners (one call per batch key, resuming from cached prefixes), then decode one
    step of every running sequence (one call per batch key: keys never share a call);
-4. stream each step's outputs as events, and answer every request whose items all ended.
+4. stream each step's outputs as events (``qs.NO_OUTPUT``: none for that sequence this step),
+   take the prefix states that decode offered (a serving may read prompts inside its decode
+   steps), and answer every request whose items all ended.
 
 Rows go to the runner's replier like a batch executor's, so replies, acks and events travel the
 usual way. A failed prefill or decode answers the sequences of that call with the error — after
@@ -26,18 +30,20 @@ from functools import partial
 from typing import Any, Protocol
 
 from queueserve.broker.sync import RedisBroker
-from queueserve.errors import RedisUnavailable
-from queueserve.hooks import END
+from queueserve.errors import RedisCommandError, RedisUnavailable
+from queueserve.hooks import END, NO_OUTPUT
 from queueserve.serving import Partition
 from queueserve.steps import Resume, StepServing
 from queueserve.wire import protocol as P
 from queueserve.wire.messages import error_to_wire
+from queueserve.wire.timing import CALLER_CHECK_EVERY_S
 from queueserve.worker.middleware import Middleware
 from queueserve.worker.pipeline.batching import Request
 from queueserve.worker.pipeline.execute import Row, _free_device_memory, is_out_of_memory
 from queueserve.worker.pipeline.prefix_cache import PrefixCache
 from queueserve.worker.pipeline.replies import ReplyQueue
 from queueserve.worker.pipeline.stepping import (
+    CallerWatch,
     Limits,
     Scheduler,
     StepQueue,
@@ -92,6 +98,7 @@ class Member:
     outputs: list[list[Any]] = field(default_factory=list)
     ended: list[bool] = field(default_factory=list)
     errors: list[list[str] | None] = field(default_factory=list)
+    resumes: list[Resume] = field(default_factory=list)  # per item: its prefix-cache offers
 
     @property
     def request(self) -> Request:
@@ -121,6 +128,9 @@ class StepExecutor:
         # Default answers are the step lists themselves: sent as STEPS, a caller's stream can
         # rebuild steps lost on the way from them. Custom results come as a final Output.
         self.custom_result = not serving.answers_outputs()
+        gone_after = serving.caller_gone_after
+        self.callers = (None if gone_after is None
+                        else CallerWatch(gone_after, min(CALLER_CHECK_EVERY_S, gone_after)))
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self) -> None:
@@ -137,8 +147,11 @@ class StepExecutor:
                 if not runner.reading:
                     return False
                 runner.cond.wait(IDLE_WAIT_S)
+            watched = self._watched()
+        gone = self._gone(watched)
+        with runner.cond:
             self.scheduler.limits = Limits.of(self.serving)  # run-time config changes
-            rows, left = self._withdraw()
+            rows, left = self._withdraw(gone)
             unmeasured = [w for w in self.queue.waiting if not w.measured]
         rows += self._measure(unmeasured)
         with runner.cond:
@@ -161,15 +174,44 @@ class StepExecutor:
         return True
 
     # -- leaving -------------------------------------------------------------------------------
-    def _withdraw(self) -> tuple[list[Row], int]:
-        """Rows for cancelled and expired requests, waiting or running (caller holds cond)."""
+    def _watched(self) -> set[str] | None:
+        """The event channels of streaming callers, when it is time to look whether they are
+        still there (caller holds cond); None otherwise."""
+        if self.callers is None or not self.callers.due(time.monotonic()):
+            return None
+        requests = [m.request for m in self.running] + [w.piece.request
+                                                        for w in self.queue.waiting]
+        return {r.events for r in requests if r.events}
+
+    def _gone(self, channels: set[str] | None) -> set[str]:
+        """The channels among ``channels`` whose callers went away (one PUBSUB NUMSUB)."""
+        if channels is None or self.callers is None:
+            return set()
+        try:
+            counts: dict[str, int] | None = self.runner.broker.subscribers(sorted(channels))
+        except (RedisUnavailable, RedisCommandError) as e:
+            log.debug("serving %s: could not count subscribers: %s", self.serving.name, e)
+            counts = None
+        gone = self.callers.looked(time.monotonic(), counts)
+        if gone:
+            log.info("serving %s: %d streaming caller(s) gone (no subscriber for %gs): their "
+                     "requests leave", self.serving.name, len(gone), self.callers.gone_after)
+        return gone
+
+    def _withdraw(self, gone_callers: set[str]) -> tuple[list[Row], int]:
+        """Rows for cancelled, abandoned and expired requests, waiting or running (caller
+        holds cond)."""
         now = time.time()
         cancelled = self.runner.cancelled
+
+        def dropped(request: Request) -> bool:
+            return request.ref in cancelled or request.events in gone_callers
+
         rows: list[Row] = []
         gone: list[Waiting] = []
         for w in self.queue.waiting:
             request = w.piece.request
-            if request.ref in cancelled:
+            if dropped(request):
                 rows.append((request, w.piece.offset, w.slots, P.DROP, None))
                 gone.append(w)
             elif request.deadline and request.deadline <= now:
@@ -179,7 +221,7 @@ class StepExecutor:
         left = 0
         for m in list(self.running):
             request = m.request
-            if request.ref in cancelled:
+            if dropped(request):
                 rows.append((request, m.offset, len(m.states), P.DROP, None))
             elif request.deadline and request.deadline <= now:
                 rows.append((request, m.offset, len(m.states), P.ERROR, _EXPIRED))
@@ -257,7 +299,7 @@ class StepExecutor:
             by_key.setdefault(w.key, []).append(w)
         for key, group in by_key.items():
             rows += self._prefill(key, group, record)
-        record.prefill_seconds = time.perf_counter() - started
+        record.prefill_seconds += time.perf_counter() - started
         return rows
 
     def _prefill(self, key: str, group: list[Waiting], record: _Tally) -> list[Row]:
@@ -271,10 +313,7 @@ class StepExecutor:
         )
         record.joined += len(items)
         record.prefill_tokens += sum(w.prompt for w in group) - sum(r.start for r in resumes)
-        if self.cache is not None:
-            for r in resumes:
-                for length, state, nbytes in r.kept:
-                    self.cache.put(r.tokens, length, state, nbytes)
+        self._offered(resumes)
         rows: list[Row] = []
         pos = 0
         for w in group:
@@ -283,11 +322,22 @@ class StepExecutor:
             pos += n
             m = Member(key, w, [None if isinstance(o, _Failed) else o for o in got],
                        [[] for _ in range(n)], [isinstance(o, _Failed) for o in got],
-                       [o.error if isinstance(o, _Failed) else None for o in got])
+                       [o.error if isinstance(o, _Failed) else None for o in got],
+                       resumes[pos - n:pos])
             self.running.append(m)
             if all(m.ended):
                 rows += self._finish(m)
         return rows
+
+    def _offered(self, resumes: list[Resume]) -> None:
+        """Put the states offered with ``Resume.keep`` (in prefill, or in decode while a
+        sequence reads its prompt there) into the cache."""
+        for r in resumes:
+            if r.kept:
+                if self.cache is not None:
+                    for length, state, nbytes in r.kept:
+                        self.cache.put(r.tokens, length, state, nbytes)
+                r.kept.clear()
 
     def _resume(self, tokens: tuple[Hashable, ...], record: _Tally) -> Resume:
         if self.cache is None or not tokens:
@@ -318,24 +368,7 @@ class StepExecutor:
         if not by_key:
             return rows
         for key, seqs in by_key.items():
-            self.runner.middleware.batch_started(
-                self.serving, key, self.runner.partition, len(seqs), 0.0)
-            call_started = time.perf_counter()
-            outcomes = self._isolated(
-                partial(self._decode, seqs), list(range(len(seqs))), "decode", key)
-            self.runner.middleware.batch_finished(
-                self.serving, key, self.runner.partition, len(seqs),
-                time.perf_counter() - call_started)
-            record.slots += len(seqs)
-            for (m, i), out in zip(seqs, outcomes, strict=True):
-                if isinstance(out, _Failed):
-                    m.ended[i], m.errors[i] = True, out.error
-                elif out is END:
-                    m.ended[i] = True
-                else:
-                    m.outputs[i].append(out)
-                    record.generated += 1
-            rows += self._stream(seqs, outcomes)
+            rows += self._step_key(key, seqs, record)
         self.scheduler.stepped()
         record.decode_seconds = time.perf_counter() - started
         for m in list(self.running):
@@ -343,6 +376,37 @@ class StepExecutor:
                 rows += self._finish(m)
                 record.released_tokens += m.waiting.budget
         return rows
+
+    def _step_key(self, key: str, seqs: list[tuple[Member, int]], record: _Tally) -> list[Row]:
+        """One decode call for the running sequences of ``key``; its rows to send."""
+        self.runner.middleware.batch_started(
+            self.serving, key, self.runner.partition, len(seqs), 0.0)
+        call_started = time.perf_counter()
+        outcomes = self._isolated(
+            partial(self._decode, seqs), list(range(len(seqs))), "decode", key)
+        call_seconds = time.perf_counter() - call_started
+        self.runner.middleware.batch_finished(
+            self.serving, key, self.runner.partition, len(seqs), call_seconds)
+        record.slots += len(seqs)
+        reading = 0  # sequences still reading their prompts in this call, or finishing it
+        for (m, i), out in zip(seqs, outcomes, strict=True):
+            if isinstance(out, _Failed):
+                m.ended[i], m.errors[i] = True, out.error
+            elif out is END:
+                m.ended[i] = True
+            elif out is NO_OUTPUT:
+                reading += 1
+            else:
+                reading += not m.outputs[i]
+                m.outputs[i].append(out)
+                record.generated += 1
+        # A sequence's share of the calls up to its first output is its prompt's reading:
+        # prefill time, when a serving reads prompts in decode (what the prefix cache saves).
+        record.reading += reading
+        record.prefill_seconds += call_seconds * reading / len(seqs)
+        if self.cache is not None:
+            self._offered([m.resumes[i] for m, i in seqs])
+        return self._stream(seqs, outcomes)
 
     def _decode(self, seqs: list[tuple[Member, int]], pos: list[int]) -> list[Any]:
         return self.serving.decode([seqs[j][0].states[seqs[j][1]] for j in pos])
@@ -357,7 +421,7 @@ class StepExecutor:
                 n = len(m.states)
                 per_member[id(m)] = (m, [None] * n, [False] * n)
             _, values, present = per_member[id(m)]
-            if not isinstance(out, _Failed) and out is not END:
+            if not isinstance(out, _Failed) and out is not END and out is not NO_OUTPUT:
                 values[i], present[i] = out, True
         rows: list[Row] = []
         for m, values, present in per_member.values():
@@ -438,13 +502,14 @@ class _Tally:
     cache_hits: int = 0
     cache_misses: int = 0
     cache_saved_tokens: int = 0
+    reading: int = 0
     released_tokens: int = 0  # budgets of requests that finished after this step
 
     def freeze(self, batch_tokens: int) -> StepRecord:
         return StepRecord(
             self.slots, batch_tokens, self.joined, self.prefill_tokens, self.left,
             self.generated, self.prefill_seconds, self.decode_seconds, self.cache_hits,
-            self.cache_misses, self.cache_saved_tokens,
+            self.cache_misses, self.cache_saved_tokens, self.reading,
         )
 
 

@@ -19,12 +19,16 @@ Pure logic, no I/O, no model calls (``step_executor`` runs the steps):
      max_waiting_tokens). An empty running set takes whatever fits;
   4. a request redelivered after a worker died (``alone``) may be what killed it: it joins only
      an empty running set, and nothing joins while it runs, so a crash counts against it alone.
+
+- ``CallerWatch`` tells, from the subscriber counts of their event channels, which streaming
+  callers went away (their requests leave like cancelled ones).
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,11 +87,13 @@ class StepRecord:
     prefill_tokens: int  # prompt tokens that prefill computed (the cache's share excluded)
     left: int  # sequences that left at the boundary before this step (ended, cancelled...)
     generated: int  # outputs produced by this step
-    prefill_seconds: float
+    prefill_seconds: float  # prefill calls, plus the decode calls' share of `reading`
     decode_seconds: float
     cache_hits: int = 0
     cache_misses: int = 0
     cache_saved_tokens: int = 0  # prompt tokens not computed thanks to the cache
+    # sequences reading their prompts in the step: qs.NO_OUTPUT, or their first output
+    reading: int = 0
 
 
 class StepQueue:
@@ -216,6 +222,41 @@ class Scheduler:
 
     def stepped(self) -> None:
         self.steps_since_join += 1
+
+
+class CallerWatch:
+    """Which streaming callers went away, from the subscriber counts of their event channels.
+
+    A ``client.stream`` caller's client subscribes to its event channel before it sends and
+    stays subscribed until it is closed; Redis drops the subscription when the client closes or
+    its process dies. A channel seen without a subscriber on every look for ``gone_after``
+    seconds is gone. A look that failed (Redis unreachable) proves nothing and restarts every
+    clock, so an outage never makes a live caller look gone.
+    """
+
+    def __init__(self, gone_after: float, every: float) -> None:
+        self.gone_after = gone_after
+        self.every = every
+        self._next = 0.0
+        self._silent: dict[str, float] = {}  # channel -> first look that found no subscriber
+
+    def due(self, now: float) -> bool:
+        return now >= self._next
+
+    def looked(self, now: float, counts: Mapping[str, int] | None) -> set[str]:
+        """Record a look (``None``: it failed); the channels whose callers are gone."""
+        self._next = now + self.every
+        if counts is None:
+            self._silent.clear()
+            return set()
+        self._silent = {ch: t for ch, t in self._silent.items() if ch in counts}
+        gone = set()
+        for channel, count in counts.items():
+            if count > 0:
+                self._silent.pop(channel, None)
+            elif now - self._silent.setdefault(channel, now) >= self.gone_after:
+                gone.add(channel)
+        return gone
 
 
 def split_runs(values: list[Any], present: list[bool]) -> list[tuple[int, list[Any]]]:
