@@ -17,8 +17,9 @@ Pure logic, no I/O, no model calls (``step_executor`` runs the steps):
      when at least ``waiting_served_ratio`` x running sequences can join at once, or after
      ``max_waiting_steps`` steps without a join (TGI's waiting_served_ratio and
      max_waiting_tokens). An empty running set takes whatever fits;
-  4. a request redelivered after a worker died (``alone``) may be what killed it: it joins only
-     an empty running set, and nothing joins while it runs, so a crash counts against it alone.
+  4. a request redelivered a second time (``alone``: its first redelivery died too) may be what
+     killed the workers: it joins only an empty running set, and nothing joins while it runs,
+     so a crash counts against it alone.
 
 - ``CallerWatch`` tells, from the subscriber counts of their event channels, which streaming
   callers went away (their requests leave like cancelled ones).
