@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 
 from queueserve.broker.retry import RedisFailure, Retry
 from queueserve.broker.sync import RedisBroker
+from queueserve.errors import RedisCommandError, RedisUnavailable
 from queueserve.serving import Partition, Serving
 from queueserve.wire import protocol as P
 from queueserve.wire.timing import HEARTBEAT_EVERY_S, HEARTBEAT_TTL_MS
@@ -133,12 +134,9 @@ class PartitionHost:
                     f"setup() of serving {runner.serving.name!r} failed on partition "
                     f"{self.partition.index} ({self.partition.device}): {type(e).__name__}: {e}"
                 ) from e
-        try:
-            self._beat()
-        except RedisFailure as e:
-            raise StartupFailed(str(e)) from e
+        self._ride_out(self._beat)
         for runner in self.runners:
-            runner.start()
+            self._ride_out(runner.start)
         self._heart = threading.Thread(
             target=self._heartbeat_loop, name="queueserve-heartbeat", daemon=True
         )
@@ -187,6 +185,23 @@ class PartitionHost:
 
     def _keys(self) -> list[P.Keys]:
         return [r.keys for r in self.runners]
+
+    def _ride_out(self, step: Callable[[], None]) -> None:
+        """One Redis step of the start, retried while Redis is unavailable: the supervisor
+        restarts a partition whenever it dies, Redis may be restarting just then, and a start
+        must wait that out as every running loop does rather than stop the worker. An error
+        that retrying will not fix (a refused command) fails the start."""
+        retry = Retry(self.broker.outage, "start")
+        while True:
+            try:
+                step()
+            except RedisUnavailable as e:
+                time.sleep(retry.failed(e))
+                continue
+            except RedisCommandError as e:
+                raise StartupFailed(str(e)) from e
+            retry.succeeded()
+            return
 
     def _beat(self) -> None:
         self.broker.heartbeat(self._keys(), self.consumer, HEARTBEAT_TTL_MS, self._info)

@@ -17,7 +17,7 @@ import pytest
 import redis
 
 import queueserve as qs
-from tests.support.fault_app import WorkerProc, Workers, consumer_of, serving_consumer
+from tests.support.fault_app import WorkerProc, Workers, consumer_of, serving_consumer, start_gate
 from tests.support.helpers import stream_key, wait_until
 from tests.support.redis_server import RedisServer, start_redis_server
 
@@ -125,6 +125,36 @@ def test_a_waiting_worker_logs_the_outage_and_the_recovery(
         assert client.dispatch("sturdy", "x", timeout=RESULT_WAIT_S) == "r:x"
         assert "retrying" in worker.output()
     finally:
+        client.close()
+        workers.close()
+
+
+def test_a_partition_whose_start_meets_an_outage_waits_it_out_and_serves(
+    aof_server: RedisServer, prefix: str, tmp_path: Path,
+) -> None:
+    url = aof_server.url
+    workers = Workers(url, prefix, tmp_path)
+    client = qs.Client(url, prefix=prefix)
+    gate = start_gate(prefix)
+    try:
+        # Given a worker whose partition is still loading its model (Redis answered the
+        # supervisor's check already)
+        worker = workers.start("late_start", url=url)
+        wait_until(lambda: "partition 0 (cpu) started" in worker.output(),
+                   "the partition process", process=worker)
+
+        # When Redis is down just as the partition finishes loading and registers
+        aof_server.stop()
+        gate.touch()
+        wait_until(lambda: "Redis unavailable" in worker.output(), "the outage log line",
+                   process=worker)
+        aof_server.start()
+
+        # Then the partition waits the outage out instead of stopping the worker, and serves
+        assert client.dispatch("late-start", "x", timeout=RESULT_WAIT_S) == "r:x"
+        assert worker.alive, worker.output()
+    finally:
+        gate.unlink(missing_ok=True)
         client.close()
         workers.close()
 

@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterable
@@ -172,6 +173,25 @@ class Sturdy(_Recorded):
         return [f"r:{x}" for x in batch]
 
 
+class LateStart(Sturdy):
+    """Sturdy, whose setup waits until the file ``start_gate(prefix)`` exists: a model still
+    loading, gated outside Redis so the test can stop Redis meanwhile."""
+
+    name = "late-start"
+
+    def setup(self, partition: qs.Partition) -> None:
+        gate = start_gate(os.environ["QS_TEST_PREFIX"])
+        deadline = time.monotonic() + GATE_LIMIT_S
+        while not gate.exists():  # polls a condition, bounded
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{gate} never appeared")
+            time.sleep(0.01)
+
+
+def start_gate(prefix: str) -> Path:
+    return Path(tempfile.gettempdir()) / f"{prefix}.start-gate"
+
+
 class Held(_Recorded):
     """Reconnect tests: records each batch's items, then waits for the ``go`` gate when an item
     is "wait" (riding out a Redis restart inside the batch)."""
@@ -227,6 +247,7 @@ crasher_batched = CrasherBatched()
 crasher_batched_3 = CrasherBatchedThree()
 gathering = Gathering()
 sturdy = Sturdy()
+late_start = LateStart()
 held = Held()
 
 
