@@ -19,7 +19,7 @@ import redis
 import torch
 
 import queueserve as qs
-from tests.support.helpers import stream_key, wait_until
+from tests.support.helpers import items_waiting, stream_key, wait_until
 from tests.support.servings import Recording, drop_last, square_items, tag_items, upper_items
 
 RESULT_WAIT_S = 10.0  # a result that does not come within this is a hang, not a slow machine
@@ -169,12 +169,13 @@ def test_batches_grow_while_the_executor_is_busy(
 ) -> None:
     # Given a small batch_timeout and an executor busy with a first batch
     serving = Recording(tag_items, name="grow", batch_size=10, batch_timeout=0.01)
-    start_worker(serving)
+    worker = start_worker(serving)
     blocker = hold_executor(serving, client, [0])
 
     # When 8 single-item requests are read while it is busy (their timeout passes meanwhile)
     tickets = [client.submit(serving, [i]) for i in range(1, 9)]
-    wait_until(lambda: pending("grow") == 9, what="the worker to read all 9 entries")
+    wait_until(lambda: pending("grow") == 9 and items_waiting(worker) == 8,
+               what="the worker to read all 9 entries")
     serving.release()
 
     # Then they did not queue as small batches: the next batch holds all 8
@@ -191,13 +192,14 @@ def test_request_larger_than_the_room_left_is_split_aab_bcc(
 ) -> None:
     # Given batch_size 4, a timeout that never passes, and an executor busy with a full batch
     serving = Recording(tag_items, name="split", batch_size=4, batch_timeout=FOREVER)
-    start_worker(serving)
+    worker = start_worker(serving)
     blocker = hold_executor(serving, client, ["z0", "z1", "z2", "z3"])
 
     # When request A (3 items) and then request B (5 items) are both read meanwhile
     a = client.submit(serving, ["a0", "a1", "a2"])
     b = client.submit(serving, ["b0", "b1", "b2", "b3", "b4"])
-    wait_until(lambda: pending("split") == 3, what="the worker to read A and B")
+    wait_until(lambda: pending("split") == 3 and items_waiting(worker) == 8,
+               what="the worker to read A and B")
     serving.release()
 
     # Then B is split over two full batches, [A0 A1 A2 B0] [B1 B2 B3 B4] ...

@@ -24,7 +24,7 @@ from queueserve.client.calls import Call
 from queueserve.client.events import RequestStream
 from queueserve.wire import protocol as P
 from queueserve.wire.codec import MsgpackCodec, codec_for_tag
-from tests.support.helpers import REPO, WAIT_S, child_env, stream_key, wait_until
+from tests.support.helpers import REPO, WAIT_S, child_env, items_waiting, stream_key, wait_until
 from tests.support.stream_app import Hooks, Steps, step_value
 
 StartWorker = Callable[..., qs.Worker]
@@ -285,14 +285,15 @@ def test_each_caller_of_a_shared_batch_gets_its_own_slice(
 ) -> None:
     # Given a hook serving whose executor is busy with a first batch
     serving = Hooks(name="hooked", batch_size=6, batch_timeout=0, gated=True)
-    start_worker(serving)
+    worker = start_worker(serving)
     blocker = client.submit(serving, ["blocker"], timeout=30)
     wait_until(lambda: len(serving.record.batches) == 1, what="the first batch to start")
 
     # When three threads stream 1, 2 and 3 items, which wait together for the next batch
     own = {"p": ["p0"], "q": ["q0", "q1"], "s": ["s0", "s1", "s2"]}
     callers = {name: Caller(client, serving, items) for name, items in own.items()}
-    wait_until(lambda: pending("hooked") == 4, what="the worker to read all three requests")
+    wait_until(lambda: pending("hooked") == 4 and items_waiting(worker) == 6,
+               what="the worker to read all three requests and hold their six items")
     serving.gate.set()
 
     # Then they ran as one batch
@@ -334,7 +335,7 @@ def test_hook_servings_and_streamed_requests_run_whole(
 ) -> None:
     # Given a serving of batch_size 4 whose executor is busy with a first batch
     serving = Hooks(name="hooked", batch_size=4, batch_timeout=0, hooks=hooks, gated=True)
-    start_worker(serving)
+    worker = start_worker(serving)
     blocker = client.submit(serving, ["z"], timeout=30)
     wait_until(lambda: len(serving.record.batches) == 1, what="the first batch to start")
 
@@ -342,16 +343,20 @@ def test_hook_servings_and_streamed_requests_run_whole(
     first, second = ["a0", "a1", "a2"], ["b0", "b1", "b2"]
     if how == "submit":
         tickets = [client.submit(serving, first, timeout=30)]
-        wait_until(lambda: pending("hooked") == 2, what="the first request to be read")
+        wait_until(lambda: pending("hooked") == 2 and items_waiting(worker) == 3,
+                   what="the first request to be read")
         tickets.append(client.submit(serving, second, timeout=30))
-        wait_until(lambda: pending("hooked") == 3, what="the second request to be read")
+        wait_until(lambda: pending("hooked") == 3 and items_waiting(worker) == 6,
+                   what="the second request to be read")
         serving.gate.set()
         assert [t.result() for t in tickets] == [results_of(first), results_of(second)]
     else:
         a = Caller(client, serving, first)
-        wait_until(lambda: pending("hooked") == 2, what="the first request to be read")
+        wait_until(lambda: pending("hooked") == 2 and items_waiting(worker) == 3,
+                   what="the first request to be read")
         b = Caller(client, serving, second)
-        wait_until(lambda: pending("hooked") == 3, what="the second request to be read")
+        wait_until(lambda: pending("hooked") == 3 and items_waiting(worker) == 6,
+                   what="the second request to be read")
         serving.gate.set()
         assert a.join()[-1] == qs.Output(results_of(first), 0, 3)
         assert b.join()[-1] == qs.Output(results_of(second), 0, 3)

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol, TypeVar
 
+import queueserve as qs
+
 T = TypeVar("T")
 
 REPO = Path(__file__).resolve().parents[2]
@@ -59,6 +61,14 @@ def wait_until(
                 f"waited {timeout:g}s for {what}; last value: {value!r}{extra}"
             )
         time.sleep(POLL_S)
+
+
+def items_waiting(worker: qs.Worker) -> int:
+    """Items an in-process worker (``Worker.start()``) has taken in and not batched yet. Redis
+    shows entries pending as soon as they are read; they join the batcher a moment later, so a
+    test that lets a held executor go must wait for this too, or a batch may form without them."""
+    host = worker._host
+    return 0 if host is None else host.runners[0].assembler.buffered
 
 
 def child_env(**extra: str) -> dict[str, str]:
