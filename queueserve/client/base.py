@@ -486,15 +486,23 @@ def enqueue_groups(batch: list[Outgoing]) -> Iterator[tuple[list[Outgoing], P.Ke
     (``ShardSpread``)."""
     for group in by_serving(batch):
         target = group[0][0]
-        per_shard: dict[int, tuple[P.Keys, list[Outgoing]]] = {}
-        for out, shard in zip(group, target.place([o[2].n for o in group]), strict=True):
-            per_shard.setdefault(shard.shard, (shard, []))[1].append(out)
-        for shard, outs in per_shard.values():
+        for shard, outs in _by_shard(target, group):
             requests = []
             for _, key, call, h, p in outs:
                 call.keys = shard  # where the request lives: cancel finds it there
                 requests.append((key, call.n, h, p, call.priority))
             yield outs, shard, requests, target.max_queue, target.durable
+
+
+def _by_shard(target: Target, group: list[Outgoing]) -> list[tuple[P.Keys, list[Outgoing]]]:
+    """One send's requests of a serving by the shard they go to; with one shard (the common
+    case) all to its keys, without per-request work on the client's hot path."""
+    if len(target.shards) <= 1:
+        return [(target.keys, group)]
+    per_shard: dict[int, tuple[P.Keys, list[Outgoing]]] = {}
+    for out, shard in zip(group, target.place([o[2].n for o in group]), strict=True):
+        per_shard.setdefault(shard.shard, (shard, []))[1].append(out)
+    return list(per_shard.values())
 
 
 TicketT = TypeVar("TicketT")
