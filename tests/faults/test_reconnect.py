@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -37,6 +37,25 @@ def aof_server(tmp_path: Path) -> Iterator[RedisServer]:
         server.stop()
 
 
+Connect = Callable[[str], tuple[Workers, qs.Client]]
+
+
+@pytest.fixture
+def connect(prefix: str, tmp_path: Path) -> Iterator[Connect]:
+    """``connect(url)``: a place to start workers on ``url`` and a client of it, both closed
+    after the test (before the Redis servers the test asked for earlier)."""
+    made: list[tuple[Workers, qs.Client]] = []
+
+    def make(url: str) -> tuple[Workers, qs.Client]:
+        made.append((Workers(url, prefix, tmp_path), qs.Client(url, prefix=prefix)))
+        return made[-1]
+
+    yield make
+    for workers, client in made:
+        client.close()
+        workers.close()
+
+
 def started_worker(workers: Workers, url: str, prefix: str, serving: str) -> WorkerProc:
     worker = workers.start(serving, url=url)
     r = redis.Redis.from_url(url)
@@ -53,12 +72,12 @@ def outage_logged(worker: WorkerProc) -> bool:
 
 @pytest.mark.timeout(180)
 def test_requests_accepted_before_a_redis_crash_are_answered_after_it(
-    aof_server: RedisServer, prefix: str, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+    aof_server: RedisServer, prefix: str, caplog: pytest.LogCaptureFixture,
+    connect: Connect,
 ) -> None:
     caplog.set_level(logging.INFO, logger="queueserve")
     url = aof_server.url
-    workers = Workers(url, prefix, tmp_path)
-    client = qs.Client(url, prefix=prefix)
+    workers, client = connect(url)
     r = redis.Redis.from_url(url)
     try:
         # Given a worker in the middle of a batch that waits for a gate, more requests queued
@@ -98,43 +117,35 @@ def test_requests_accepted_before_a_redis_crash_are_answered_after_it(
         assert "is reachable again" in client_log, client_log
         assert worker.alive and "restarting" not in worker.output()
     finally:
-        client.close()
         r.close()
-        workers.close()
 
 
 def test_a_waiting_worker_logs_the_outage_and_the_recovery(
-    aof_server: RedisServer, prefix: str, tmp_path: Path,
+    aof_server: RedisServer, prefix: str, connect: Connect,
 ) -> None:
     url = aof_server.url
-    workers = Workers(url, prefix, tmp_path)
-    client = qs.Client(url, prefix=prefix)
-    try:
-        # Given a worker waiting for requests
-        worker = started_worker(workers, url, prefix, "sturdy")
+    workers, client = connect(url)
+    # Given a worker waiting for requests
+    worker = started_worker(workers, url, prefix, "sturdy")
 
-        # When Redis restarts (keeping its data)
-        aof_server.stop()
-        wait_until(lambda: "Redis unavailable" in worker.output(), "the outage log line",
-                   process=worker)
-        aof_server.start()
+    # When Redis restarts (keeping its data)
+    aof_server.stop()
+    wait_until(lambda: "Redis unavailable" in worker.output(), "the outage log line",
+               process=worker)
+    aof_server.start()
 
-        # Then the worker says it is back, and serves
-        wait_until(lambda: "Redis is reachable again" in worker.output(), "the recovery line",
-                   process=worker)
-        assert client.dispatch("sturdy", "x", timeout=RESULT_WAIT_S) == "r:x"
-        assert "retrying" in worker.output()
-    finally:
-        client.close()
-        workers.close()
+    # Then the worker says it is back, and serves
+    wait_until(lambda: "Redis is reachable again" in worker.output(), "the recovery line",
+               process=worker)
+    assert client.dispatch("sturdy", "x", timeout=RESULT_WAIT_S) == "r:x"
+    assert "retrying" in worker.output()
 
 
 def test_a_partition_whose_start_meets_an_outage_waits_it_out_and_serves(
-    aof_server: RedisServer, prefix: str, tmp_path: Path,
+    aof_server: RedisServer, prefix: str, connect: Connect,
 ) -> None:
     url = aof_server.url
-    workers = Workers(url, prefix, tmp_path)
-    client = qs.Client(url, prefix=prefix)
+    workers, client = connect(url)
     gate = start_gate(prefix)
     try:
         # Given a worker whose partition is still loading its model (Redis answered the
@@ -155,43 +166,35 @@ def test_a_partition_whose_start_meets_an_outage_waits_it_out_and_serves(
         assert worker.alive, worker.output()
     finally:
         gate.unlink(missing_ok=True)
-        client.close()
-        workers.close()
 
 
 @pytest.mark.timeout(120)
 def test_a_worker_serves_again_after_redis_lost_its_data(
-    redis_tmp_server: RedisServer, prefix: str, tmp_path: Path,
+    redis_tmp_server: RedisServer, prefix: str, connect: Connect,
 ) -> None:
     url = redis_tmp_server.url
-    workers = Workers(url, prefix, tmp_path)
-    client = qs.Client(url, prefix=prefix)
-    try:
-        # Given a worker, and a Redis without persistence
-        worker = started_worker(workers, url, prefix, "sturdy")
-        assert client.dispatch("sturdy", "before", timeout=RESULT_WAIT_S) == "r:before"
+    workers, client = connect(url)
+    # Given a worker, and a Redis without persistence
+    worker = started_worker(workers, url, prefix, "sturdy")
+    assert client.dispatch("sturdy", "before", timeout=RESULT_WAIT_S) == "r:before"
 
-        # When Redis restarts empty (its streams and consumer groups are gone)
-        redis_tmp_server.stop()
-        wait_until(lambda: "Redis unavailable" in worker.output(), "the outage log line",
-                   process=worker)
-        redis_tmp_server.start()
+    # When Redis restarts empty (its streams and consumer groups are gone)
+    redis_tmp_server.stop()
+    wait_until(lambda: "Redis unavailable" in worker.output(), "the outage log line",
+               process=worker)
+    redis_tmp_server.start()
 
-        # Then the worker still serves new requests
-        assert client.dispatch("sturdy", "after", timeout=10) == "r:after"
-        assert worker.alive
-    finally:
-        client.close()
-        workers.close()
+    # Then the worker still serves new requests
+    assert client.dispatch("sturdy", "after", timeout=10) == "r:after"
+    assert worker.alive
 
 
 @pytest.mark.timeout(120)
 def test_a_busy_worker_logs_the_recovery_too(
-    aof_server: RedisServer, prefix: str, tmp_path: Path,
+    aof_server: RedisServer, prefix: str, connect: Connect,
 ) -> None:
     url = aof_server.url
-    workers = Workers(url, prefix, tmp_path)
-    client = qs.Client(url, prefix=prefix)
+    workers, client = connect(url)
     r = redis.Redis.from_url(url)
     try:
         # Given a worker running a gated batch with its prefetch full
@@ -217,9 +220,7 @@ def test_a_busy_worker_logs_the_recovery_too(
         wait_until(lambda: "reachable again" in worker.output(), "the recovery log line",
                    process=worker)
     finally:
-        client.close()
         r.close()
-        workers.close()
 
 
 @pytest.mark.timeout(120)
@@ -255,11 +256,10 @@ def test_a_caller_sending_while_redis_is_down_gets_an_error_at_its_deadline(
 
 @pytest.mark.timeout(180)
 def test_dropped_connections_are_ridden_out(
-    redis_tmp_server: RedisServer, prefix: str, tmp_path: Path,
+    redis_tmp_server: RedisServer, prefix: str, connect: Connect,
 ) -> None:
     url = redis_tmp_server.url
-    workers = Workers(url, prefix, tmp_path)
-    client = qs.Client(url, prefix=prefix)
+    workers, client = connect(url)
     admin = redis.Redis.from_url(url)
     answered: list[str] = []
     wrong: list[object] = []
@@ -297,6 +297,4 @@ def test_dropped_connections_are_ridden_out(
         assert worker.alive and "restarting" not in worker.output()
         assert client.dispatch("sturdy", "after", timeout=RESULT_WAIT_S) == "r:after"
     finally:
-        client.close()
         admin.close()
-        workers.close()
