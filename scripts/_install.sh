@@ -3,9 +3,22 @@
 # only when the install inputs change: the install is editable, so code edits need none.
 say() { printf '==> %s\n' "$*"; }
 
+apt_install() {  # Debian packages, as root (through sudo when not root)
+    local sudo=""
+    if [[ "$(id -u)" -ne 0 ]]; then sudo="sudo"; fi
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$@" >/dev/null
+}
+
 if [[ ! -x .venv/bin/python ]]; then
     say "creating .venv"
-    python3 -m venv .venv
+    if ! python3 -m venv .venv; then
+        # Debian's python3 ships venv without ensurepip: python3-venv brings it
+        say "installing python3-venv (apt-get)"
+        rm -rf .venv
+        apt_install python3-venv
+        python3 -m venv .venv
+    fi
 fi
 PY=.venv/bin/python
 
@@ -25,10 +38,7 @@ ensure_redis_server() {
         return
     fi
     say "installing redis-server (apt-get)"
-    local sudo=""
-    if [[ "$(id -u)" -ne 0 ]]; then sudo="sudo"; fi
-    $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq redis-server >/dev/null
+    apt_install redis-server
     command -v redis-server >/dev/null && command -v redis-cli >/dev/null || {
         echo "error: redis-server or redis-cli still not found" >&2; exit 1; }
 }
