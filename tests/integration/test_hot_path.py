@@ -1,13 +1,16 @@
 """The single-item path's shortcuts (docs/benchmarks.md, issue 16) keep every answer exact:
 a lone dispatch reads its answer from an inbox of its own, concurrent calls share the client's
-inbox, an idle worker's executor sends its own replies, and a reader that drained everything
-blocks for new work and reads it in the same round trip."""
+inbox, an idle worker's executor reads its own work and sends its own replies, and a reader
+that drained everything blocks for new work and reads it in the same round trip."""
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
+from typing import Any
 
+import pytest
 import redis
 
 import queueserve as qs
@@ -15,7 +18,9 @@ from queueserve.broker.sync import RedisBroker
 from queueserve.wire.codec import get_codec
 from queueserve.wire.messages import encode_request
 from queueserve.wire.protocol import GROUP, Keys, inbox_key
-from tests.support.helpers import wait_until
+from queueserve.worker.pipeline import runner as runner_module
+from queueserve.worker.pipeline.runner import ServingRunner
+from tests.support.helpers import items_waiting, wait_until
 from tests.support.servings import Recording, tag_items
 
 RESULT_WAIT_S = 30.0
@@ -109,6 +114,97 @@ def test_an_idle_worker_answers_each_request_and_blocks_between_them(
     assert [t.result(RESULT_WAIT_S) for t in tickets] == [[f"r:m{i}"] for i in range(10)]
     wait_until(lambda: redis_client.xlen(keys.stream("default")) == 0, "every entry acked")
     assert not redis_client.zcard(keys.ready)
+
+
+def record_take_ins(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The thread that takes in each read that brought entries, from now on (any in-process
+    worker's)."""
+    threads: list[str] = []
+    take_in = ServingRunner._take_in
+
+    def recording(self: ServingRunner, entries: Any, yield_gil: bool = True) -> None:
+        if entries:
+            threads.append(threading.current_thread().name)
+        take_in(self, entries, yield_gil)
+
+    monkeypatch.setattr(ServingRunner, "_take_in", recording)
+    return threads
+
+
+def slow_reader_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reader that lent its read out looks again by itself only after 30 s (RECLAIM_EVERY_S
+    otherwise): what it does sooner, it does because it was woken for it."""
+    monkeypatch.setattr(runner_module, "RECLAIM_EVERY_S", 30.0)
+
+
+def test_an_idle_workers_executor_reads_the_work_it_runs(
+    start_worker: StartWorker, client: qs.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given an idle worker
+    read_by = record_take_ins(monkeypatch)
+    ran_on: list[str] = []
+
+    def tag_and_note(items: list[Any]) -> list[str]:
+        ran_on.append(threading.current_thread().name)
+        return tag_items(items)
+
+    start_worker(Recording(tag_and_note, name="lend", batch_size=4, batch_timeout=0))
+    # When requests come one at a time, each after the last one's answer
+    answers = []
+    for i in range(20):
+        answers.append(client.dispatch("lend", i, timeout=RESULT_WAIT_S))
+        time.sleep(0.003)
+    # Then each is answered, and (after the first, which the reader read) the thread that ran
+    # each batch had read it itself: no hand-off between threads on an idle worker's answer
+    assert answers == [f"r:{i}" for i in range(20)]
+    later = list(zip(read_by, ran_on, strict=True))[2:]
+    assert sum(reader == runner for reader, runner in later) >= len(later) - 2, later
+
+
+def test_work_arriving_during_a_long_batch_is_read_while_it_runs(
+    start_worker: StartWorker, client: qs.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a worker whose batches take a while (20 ms each, so far)
+    slow_reader_fallback(monkeypatch)
+    serving = Recording(tag_items, name="long", batch_size=4, batch_timeout=0, gated=True)
+    worker = start_worker(serving)
+    for i in range(5):
+        ticket = client.submit("long", [f"w{i}"])
+        wait_until(lambda i=i: len(serving.batches) == i + 1, "the batch runs")
+        time.sleep(0.02)
+        serving.gate.set()
+        assert ticket.result(RESULT_WAIT_S) == [f"r:w{i}"]
+        serving.gate.clear()
+    time.sleep(0.3)  # idle: the executor holds the blocking read (see test above)
+    # When a request arrives while the executor runs another one's batch
+    first = client.submit("long", ["a"])
+    wait_until(lambda: len(serving.batches) == 6, "the first batch runs")
+    second = client.submit("long", ["b"])
+    # Then the reader reads it meanwhile, and it is waiting when the executor is free
+    # (well before the 30 s after which the reader would have looked by itself)
+    wait_until(lambda: items_waiting(worker) == 1, "the second request read during the first",
+               timeout=10.0)
+    serving.gate.set()
+    assert first.result(RESULT_WAIT_S) == ["r:a"]
+    assert second.result(RESULT_WAIT_S) == ["r:b"]
+
+
+def test_a_batch_waiting_for_its_timeout_takes_in_what_arrives_meanwhile(
+    start_worker: StartWorker, client: qs.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given an idle worker whose batches wait up to 20 s to fill
+    slow_reader_fallback(monkeypatch)
+    serving = Recording(tag_items, name="fill", batch_size=4, batch_timeout=20.0)
+    start_worker(serving)
+    time.sleep(0.3)  # idle: the executor holds the blocking read
+    # When four requests come one after another (the executor reads the first itself)
+    tickets = []
+    for i in range(4):
+        tickets.append(client.submit("fill", [i]))
+        time.sleep(0.02)
+    # Then the others are read while its batch waits, and the four run as one full batch
+    assert [t.result(RESULT_WAIT_S) for t in tickets] == [[f"r:{i}"] for i in range(4)]
+    assert serving.batches == [("default", [0, 1, 2, 3])]
 
 
 def test_acks_in_runs_release_each_entrys_items_once(redis_url: str, prefix: str,

@@ -67,7 +67,8 @@ class ReplyQueue:
     def done(self) -> None:
         with self._cond:
             self._sending = False
-            self._cond.notify()
+            if self._items:  # the replier waits only for rows: waking it for none costs a wake
+                self._cond.notify()
 
 
 Message = list[Any]  # one reply row on the wire: [rid, offset, count, kind, body(, events)]

@@ -8,7 +8,10 @@ Threads, so that Redis I/O overlaps the batch function:
     executors  -> batch function (max_concurrent_batches of them, default 1; see stages.py)
     replier    finish_batch, rows -> RPUSH to each caller's inbox + XACK/XDEL, one round trip
 
-Executors never touch Redis, so the device never waits on it; a partition holds at most
+Executors touch Redis only when they would otherwise idle: an executor with nothing to run
+takes the reader's blocking read (``_read_lent``) and sends its own batch's reply when nothing
+else is queued (``_hand_over``), so an idle worker answers from one thread, with no hand-off
+between threads; busy, the device never waits on Redis. A partition holds at most
 max_concurrent_batches running batches, prepare_concurrency + 1 batches prepared ahead of them
 and about one more batch waiting each, over all batch keys, so a crash strands little and other
 workers share the load. A step serving runs instead under one step executor
@@ -56,6 +59,9 @@ INBOX_TTL_MS = 600_000  # an inbox outlives a client that died by ten minutes at
 SWEEP_EVERY_S = 1.0  # how often entries written without enqueue.lua and idle keys are looked for
 CONFIG_EVERY_S = 1.0  # how often run-time option changes are looked for
 READ_BLOCK_MS = 100  # longest wait on the wake stream when nothing is ready
+# How long a drained reader keeps its blocking read for a busy executor to come back idle and
+# take it (see _lend_or_wait), before blocking itself so that arrivals are read ahead.
+LEND_WAIT_S = 0.002
 FULL_WAIT_S = 0.002  # nothing readable but keys whose batch is full: look again this soon
 _EXPIRED = ["Timeout", "the request's deadline passed before its batch ran", "", P.ERR_TIMEOUT]
 
@@ -121,6 +127,13 @@ class ServingRunner:
         self._listening = threading.Event()  # cleared when the cancel listener must end
         self._reply_retry = Retry(broker.outage, f"serving {serving.name} replier")
         self._reserved = 0  # items that reads in flight may bring (one reader per shard)
+        # An idle worker's blocking read is done by the thread that will run what it brings
+        # (the executor, or a preparer), not by the reader: one thread hand-off less on an idle
+        # worker's round trip. One shard only: a taker blocks on one shard's wake stream.
+        self._lends_reads = len(self.shards) == 1 and self.stepper is None
+        self._borrowed = False  # a taker holds the blocking read (shard 0's wake id)
+        self._lent_since = 0.0  # when the blocking read became free to take
+        self._reader_wake = threading.Event()  # a waiting reader should look again
         self.stages = Stages(
             serving, partition, self.middleware, take=self._next_batch,
             withdraw=self._withdraw_cancelled_now, send=self._hand_over,
@@ -184,6 +197,7 @@ class ServingRunner:
             self._reading = False
             self._flushing = True
             self.cond.notify_all()
+        self._reader_wake.set()
 
     def join(self, timeout: float | None) -> bool:
         """Wait until everything held was executed and answered; False if time ran out."""
@@ -250,6 +264,9 @@ class ServingRunner:
                 retry.succeeded()
         finally:
             with self.cond:
+                while self._borrowed:  # a read lent out may still bring entries
+                    self.cond.wait()
+                self._drained_at.pop(keys.shard, None)  # nobody may start a read now
                 self._readers_left -= 1
                 self._read_ended = self._readers_left == 0
                 self.cond.notify_all()
@@ -309,6 +326,8 @@ class ServingRunner:
             log.warning("serving %s: %s changed from %s to %s", self.serving.name, name, old, new)
 
     def _read_once(self, keys: P.Keys) -> None:
+        if self._lends_reads and self._lend_or_wait():
+            return
         with self.cond:
             budget = self._budget()
             if budget <= 0:  # the look-ahead is full: an executor taking a batch wakes us
@@ -326,37 +345,44 @@ class ServingRunner:
             if not self._reading:
                 return
             read = self._read(keys, budget, per_key, full)
-            # Nothing known to wait in Redis: an idle executor may reply itself.
-            self._caught_up = read.drained or not (read.entries or read.skipped)
-            if read.entries:
-                self._take_in([
-                    Entry(stream, entry_id, fields)
-                    for stream, entries in read.entries
-                    for entry_id, fields in entries
-                ])
+            self._take_in_read(read)
         finally:
             with self.cond:
                 self._reserved -= budget
                 if len(self.shards) > 1:
                     self.cond.notify_all()  # another shard's reader may wait for this room
+        self._after_read(keys, read, full)
+
+    def _after_read(self, keys: P.Keys, read: ReadOutcome, full: list[str]) -> None:
+        """What the reader does next: block for new work, wait for a batch to be taken, or
+        leave its blocking read to an idle executor."""
         if read.entries:
             if read.drained:
                 # Another read now would only cost a round trip (and, on an idle worker,
                 # compete with the executor for the CPU): block for new work next.
-                self._drained_at[keys.shard] = read.wake_id
+                with self.cond:
+                    self._drained_at[keys.shard] = read.wake_id
+                    self._lent_since = time.monotonic()
             elif not read.skipped and not read.more:
                 # This read looked at every ready stream: if all it read from now hold a
                 # whole batch, reading again finds nothing until a batch is taken.
                 self._wait_while_full({keys.batch_key_of(s) for s, _ in read.entries})
         elif read.skipped:  # work waits only on keys we hold a full batch of
             self._wait_while_full(set(full))
+        elif self._lends_reads:
+            # A blocking read that timed out: an idle executor takes the next one.
+            with self.cond:
+                self._drained_at[keys.shard] = read.wake_id
+                self._lent_since = time.monotonic()
+                self.cond.notify_all()
 
     def _read(
         self, keys: P.Keys, budget: int, per_key: int, full: list[str]
     ) -> ReadOutcome:
         """What is ready of this shard; when the last read drained it (or nothing is ready),
         block on the wake stream and read in the same round trip."""
-        wake_id = self._drained_at.pop(keys.shard, None)
+        with self.cond:
+            wake_id = self._drained_at.pop(keys.shard, None)
         if wake_id is None:
             read = self.broker.read_ready(keys, self.consumer, budget, per_key, full)
             if read.entries or read.skipped:
@@ -377,7 +403,80 @@ class ServingRunner:
             if keys.issubset(self.assembler.full_keys()):
                 self.cond.wait(FULL_WAIT_S)
 
-    def _take_in(self, entries: list[Entry]) -> None:
+    def _take_in_read(self, read: ReadOutcome, yield_gil: bool = True) -> None:
+        # Nothing known to wait in Redis: an idle executor may reply itself.
+        self._caught_up = read.drained or not (read.entries or read.skipped)
+        if read.entries:
+            self._take_in([
+                Entry(stream, entry_id, fields)
+                for stream, entries in read.entries
+                for entry_id, fields in entries
+            ], yield_gil)
+
+    def _lend_or_wait(self) -> bool:
+        """The reader's side of lending its blocking read; True when it must not read now.
+
+        A drained reader's next read would block on the wake stream until work comes. An idle
+        executor takes that read instead (``_read_lent``), so what it brings runs on the thread
+        that read it. While a taker holds it, the reader waits; when the read comes back and
+        the executor is busy with what it brought, the reader leaves it free for LEND_WAIT_S
+        (the executor usually finishes a small batch sooner, and takes it again) and then
+        blocks itself, so that work arriving during a long batch is read ahead of it."""
+        with self.cond:
+            if not self._borrowed and (
+                0 not in self._drained_at or not self._reading
+                or time.monotonic() - self._lent_since >= LEND_WAIT_S
+            ):
+                return False
+            wait = RECLAIM_EVERY_S if self._borrowed else LEND_WAIT_S
+        self._reader_wake.wait(wait)
+        self._reader_wake.clear()
+        return True
+
+    def _borrow_read(self) -> bytes | None:
+        """Take the reader's blocking read, if it is free and nothing waits in the assembler
+        (whose batch timeout a read blocking up to READ_BLOCK_MS could overrun); the caller
+        holds self.cond and then calls ``_read_lent``."""
+        if not self._lends_reads or self._borrowed or self.assembler.buffered or not self._reading:
+            return None
+        wake_id = self._drained_at.pop(0, None)
+        self._borrowed = wake_id is not None
+        return wake_id
+
+    def _read_lent(self, wake_id: bytes) -> None:
+        """Block on the wake stream and read, as the reader would, from the thread that will
+        run what comes; give the read back to the reader drained, or wake it to read on."""
+        keys = self.keys
+        with self.cond:
+            budget = self._budget()
+            full = self.assembler.full_keys()
+            per_key = self._per_key()
+            self._reserved += budget
+        drained_at = None
+        try:
+            read = self.broker.wait_then_read(
+                keys, wake_id, READ_BLOCK_MS, self.consumer, budget, per_key, full
+            )
+            self._take_in_read(read, yield_gil=False)
+            if read.drained or not (read.entries or read.skipped):
+                drained_at = read.wake_id
+        except RedisFailure:
+            pass  # the reader reads next: its retries ride the outage out
+        finally:
+            with self.cond:
+                self._reserved -= budget
+                self._borrowed = False
+                if drained_at is not None and self._reading:
+                    self._drained_at[0] = drained_at
+                    self._lent_since = time.monotonic()
+                self.cond.notify_all()
+            # Work left in Redis, or batches long enough that work arriving meanwhile should be
+            # read ahead of them: the reader reads next. Otherwise this thread is back before
+            # LEND_WAIT_S and takes the read again, and waking the reader would only cost CPU.
+            if drained_at is None or self.stages.recent_batch_s >= LEND_WAIT_S:
+                self._reader_wake.set()
+
+    def _take_in(self, entries: list[Entry], yield_gil: bool = True) -> None:
         if not entries:
             return
         slices, rows = self.intake.ingest(entries)
@@ -398,7 +497,7 @@ class ServingRunner:
             self.cond.notify_all()
         if rows:  # only now: the replier forgets what it acks, so it must be held first
             self.outbox.put(rows)
-        if idle and slices:
+        if idle and slices and yield_gil:
             # Let the woken executor have the GIL now: otherwise it waits until this thread
             # blocks in its next read, a few hundred µs of Python later, on the critical
             # path of an idle worker's answer. Reading ahead can wait.
@@ -407,17 +506,25 @@ class ServingRunner:
     # -- executor ----------------------------------------------------------------------------
     def _next_batch(self) -> tuple[TakenBatch, list[Slice]] | None:
         assert isinstance(self.assembler, Assembler)  # step servings run a StepExecutor
-        with self.cond:
-            while True:
-                now = time.monotonic()
-                chosen, wait = self.assembler.pick(now, flush=self._flushing)
-                if chosen is not None:
-                    batch = self.assembler.take(chosen, now)
-                    self.cond.notify_all()  # room for the reader
-                    return batch, self._withdraw_cancelled(batch)
-                if self._read_ended and self.assembler.buffered == 0:
-                    return None
-                self.cond.wait(wait)
+        while True:
+            with self.cond:
+                while True:
+                    now = time.monotonic()
+                    chosen, wait = self.assembler.pick(now, flush=self._flushing)
+                    if chosen is not None:
+                        batch = self.assembler.take(chosen, now)
+                        self.cond.notify_all()  # room for the reader
+                        return batch, self._withdraw_cancelled(batch)
+                    if self._read_ended and self.assembler.buffered == 0:
+                        return None
+                    wake_id = self._borrow_read()
+                    if wake_id is not None:
+                        break
+                    if self._lends_reads and self.assembler.buffered and 0 in self._drained_at:
+                        # A batch filling up until its timeout: the reader reads meanwhile.
+                        self._reader_wake.set()
+                    self.cond.wait(wait)
+            self._read_lent(wake_id)
 
     def _withdraw_cancelled(self, batch: TakenBatch) -> list[Slice]:
         """Remove slices whose callers cancelled (caller holds self.cond); returns them."""

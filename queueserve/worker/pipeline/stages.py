@@ -131,6 +131,7 @@ class Stages:
         self._ready: dict[int, Staged] = {}  # prepared, by seq
         self._lines: dict[str, deque[int]] = {}  # per key, seqs not yet on the device, in order
         self._preparers_left = self.preparers
+        self.recent_batch_s = 0.0  # how long batches take, a moving average
 
     # -- preparers ---------------------------------------------------------------------------
     def prepare_loop(self) -> None:
@@ -260,6 +261,7 @@ class Stages:
                     self.partition, context.drive, part.start, part.prepared,
                 )
         took = time.perf_counter() - started
+        self.recent_batch_s = 0.8 * self.recent_batch_s + 0.2 * took
         self.middleware.batch_finished(self.serving, batch.key, self.partition, len(items), took)
         log.debug(
             "serving %s key %s partition %d: batch of %d items (%d requests) in %.2f ms",
