@@ -448,10 +448,13 @@ class ServingRunner:
         run what comes; give the read back to the reader drained, or wake it to read on."""
         keys = self.keys
         with self.cond:
+            # Not reserved against the reader's reclaims: this read may block for
+            # READ_BLOCK_MS at a time, again and again on an idle worker, and reclaims would
+            # find no room for ever. A reclaim meanwhile (dead consumers' work, rare) may bring
+            # one look-ahead more.
             budget = self._budget()
             full = self.assembler.full_keys()
             per_key = self._per_key()
-            self._reserved += budget
         drained_at = None
         try:
             read = self.broker.wait_then_read(
@@ -464,7 +467,6 @@ class ServingRunner:
             pass  # the reader reads next: its retries ride the outage out
         finally:
             with self.cond:
-                self._reserved -= budget
                 self._borrowed = False
                 if drained_at is not None and self._reading:
                     self._drained_at[0] = drained_at
