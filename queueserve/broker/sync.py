@@ -17,6 +17,7 @@ import redis
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
+from queueserve.broker import raw
 from queueserve.broker.common import (
     Enqueued,
     Request,
@@ -141,11 +142,18 @@ def _fields(flat: list[bytes]) -> dict[bytes, bytes]:
     return dict(zip(flat[::2], flat[1::2], strict=True))
 
 
-def _push(pipe: Any, replies: Mapping[str, list[bytes]], inbox_ttl_ms: int) -> None:
+def _pushes(replies: Mapping[str, list[bytes]], inbox_ttl_ms: int) -> list[tuple[Any, ...]]:
+    commands: list[tuple[Any, ...]] = []
     for inbox, messages in replies.items():
-        for message in messages:  # one command each: a command's size is bounded too
-            pipe.rpush(inbox, message)
-        pipe.pexpire(inbox, inbox_ttl_ms)
+        # One command each: a command's size is bounded too.
+        commands += [("RPUSH", inbox, message) for message in messages]
+        commands.append(("PEXPIRE", inbox, inbox_ttl_ms))
+    return commands
+
+
+def _push(pipe: Any, replies: Mapping[str, list[bytes]], inbox_ttl_ms: int) -> None:
+    for command in _pushes(replies, inbox_ttl_ms):
+        pipe.execute_command(*command)
 
 
 def _drop_undeliverable(failures: list[Exception]) -> None:
@@ -193,6 +201,10 @@ class RedisBroker:
         self._sweep: Script = self.redis.register_script(load_script("sweep.lua"))
         self._replay: Script = self.redis.register_script(load_script("replay.lua"))
         self._loaded_on: set[int] = set()  # connections enqueue.lua was loaded on (durable)
+        # The hot path's round trips go straight onto a pooled connection (broker/raw.py),
+        # except on a cluster, whose client routes each command to its slot's master.
+        plain = not is_cluster(self.redis)
+        self._pool = cast(redis.Redis, self.redis).connection_pool if plain else None
 
     def close(self) -> None:
         close(self.redis)
@@ -210,11 +222,23 @@ class RedisBroker:
         script_keys, args = enqueue_arguments(keys, requests, max_queue)
         with redis_errors(self.url):
             if not durable:
-                return enqueued(self._enqueue(keys=script_keys, args=args))
+                return enqueued(self._evalsha(self._enqueue, script_keys, args))
             reply, replicas = self._enqueue_and_wait(script_keys, args)
         if replicas < 1:
             raise NotReplicated(not_replicated_message(keys, self.url))
         return enqueued(reply)
+
+    def _evalsha(self, script: Script, script_keys: list[str], args: list[Any]) -> Any:
+        """Run ``script`` (one round trip; on a server that lost its scripts, loaded first)."""
+        if self._pool is None:
+            return script(keys=script_keys, args=args)
+        (reply,) = raw.run(self._pool, [("EVALSHA", script.sha, len(script_keys),
+                                         *script_keys, *args)])
+        if isinstance(reply, NoScriptError):  # Redis restarted or flushed its scripts
+            return script(keys=script_keys, args=args)
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
 
     def _node(self, key: str) -> Any:
         """A plain client of the master serving ``key``: on a cluster, commands sent through it
@@ -300,7 +324,14 @@ class RedisBroker:
     def read_inbox(self, inbox: str, timeout: float) -> list[bytes]:
         """Replies waiting in ``inbox`` (BLMPOP), sent straight to the inbox's master."""
         with redis_errors(self.url), self._routed(inbox):
-            return inbox_messages(self._node(inbox).execute_command(*inbox_command(inbox, timeout)))
+            if self._pool is None:
+                return inbox_messages(
+                    self._node(inbox).execute_command(*inbox_command(inbox, timeout))
+                )
+            (reply,) = raw.run(self._pool, [inbox_command(inbox, timeout)])
+            if isinstance(reply, Exception):
+                raise reply
+            return inbox_messages(reply)
 
     def wake_inbox(self, inbox: str) -> None:
         """Make a blocked ``read_inbox`` return (an empty message, which readers skip)."""
@@ -359,7 +390,7 @@ class RedisBroker:
         batch keys in ``full``. Idle keys are not touched."""
         keys_, args = self._read_arguments(keys, consumer, budget, per_key, full)
         with redis_errors(self.url):
-            out = self._read(keys=keys_, args=args)
+            out = self._evalsha(self._read, keys_, args)
         return _read_outcome(out)
 
     def wait_then_read(
@@ -372,13 +403,18 @@ class RedisBroker:
         work arrives, and an idle worker's answer costs one wake-up instead of a wake-up and
         another round trip."""
         keys_, args = self._read_arguments(keys, consumer, budget, per_key, full)
+        commands = [("XREAD", "COUNT", 1, "BLOCK", block_ms, "STREAMS", keys.wake, after),
+                    ("EVALSHA", self._read.sha, len(keys_), *keys_, *args)]
         with redis_errors(self.url), self._routed(keys.wake):
-            # On the shard's master directly: a cluster pipeline refuses evalsha() by name,
-            # and would ask COMMAND GETKEYS of its default node for the XREAD.
-            pipe = self._node(keys.wake).pipeline(transaction=False)
-            pipe.xread({keys.wake: after}, count=1, block=block_ms)
-            pipe.execute_command("EVALSHA", self._read.sha, len(keys_), *keys_, *args)
-            woke, out = pipe.execute(raise_on_error=False)
+            if self._pool is not None:
+                woke, out = raw.run(self._pool, commands)
+            else:
+                # On the shard's master directly: a cluster pipeline refuses evalsha() by
+                # name, and would ask COMMAND GETKEYS of its default node for the XREAD.
+                pipe = self._node(keys.wake).pipeline(transaction=False)
+                for command in commands:
+                    pipe.execute_command(*command)
+                woke, out = pipe.execute(raise_on_error=False)
             self._moved(keys.wake, woke)
             if isinstance(out, NoScriptError):  # Redis restarted or flushed its scripts
                 out = self._read(keys=keys_, args=args)
@@ -489,24 +525,33 @@ class RedisBroker:
             self._push_replicated(replies, inbox_ttl_ms)
             replies = {}
 
+        commands: list[tuple[Any, ...]] = [("PUBLISH", channel, message)
+                                           for channel, message in events]
+        commands += _pushes(replies, inbox_ttl_ms)
+        # EVALSHA directly: redis-py's Script in a pipeline asks SCRIPT EXISTS on every
+        # execute, one more round trip per batch. As a plain command: a cluster pipeline
+        # refuses evalsha() by name; and with its node named, or the cluster pipeline would
+        # ask its default node COMMAND GETKEYS for each one (one more round trip, and that
+        # one master's CPU).
+        scripted = len(commands)
+        for stream, runs in acks.items():
+            shard = keys.shard_of(stream)
+            args: list[Any] = [GROUP, shard.batch_key_of(stream)]
+            for admitted, ids in runs.items():  # entries admitted with the same count
+                args += (admitted, len(ids), *ids)
+            commands.append(("EVALSHA", self._ack.sha, 3, stream, shard.queued, shard.depth,
+                             *args))
+
         def send() -> list[Exception]:
-            pipe = self.redis.pipeline(transaction=False)
-            for channel, message in events:
-                pipe.execute_command("PUBLISH", channel, message)  # as EVALSHA below
-            _push(pipe, replies, inbox_ttl_ms)
-            # EVALSHA directly: redis-py's Script in a pipeline asks SCRIPT EXISTS on every
-            # execute, one more round trip per batch. As a plain command: a cluster pipeline
-            # refuses evalsha() by name; and with its node named, or the cluster pipeline
-            # would ask its default node COMMAND GETKEYS for each one (one more round trip,
-            # and that one master's CPU).
-            for stream, runs in acks.items():
-                shard = keys.shard_of(stream)
-                args: list[Any] = [GROUP, shard.batch_key_of(stream)]
-                for admitted, ids in runs.items():  # entries admitted with the same count
-                    args += (admitted, len(ids), *ids)
-                pipe.execute_command("EVALSHA", self._ack.sha, 3, stream, shard.queued,
-                                     shard.depth, *args, **self._target(stream))
-            failures = [r for r in pipe.execute(raise_on_error=False) if isinstance(r, Exception)]
+            if self._pool is not None:
+                out = raw.run(self._pool, commands)
+            else:
+                pipe = self.redis.pipeline(transaction=False)
+                for i, command in enumerate(commands):
+                    target = self._target(command[3]) if i >= scripted else {}
+                    pipe.execute_command(*command, **target)
+                out = pipe.execute(raise_on_error=False)
+            failures = [r for r in out if isinstance(r, Exception)]
             for failure in failures:
                 self._moved(next(iter(acks), ""), failure)
             return failures
