@@ -172,9 +172,14 @@ class Intake:
     def _forgotten(self, stream: str, held: set[bytes], room: int) -> list[Entry]:
         """Entries pending for this consumer that it does not hold: a Redis restart that lost
         the last second of writes (AOF everysec) can bring back an acked entry, or a delivery
-        the worker never saw. Its owner is alive, so no one else would ever reclaim it."""
+        the worker never saw. Its owner is alive, so no one else would ever reclaim it.
+
+        Only entries delivered at least DEAD_AFTER_S ago: a read in flight on another thread
+        (an executor's, worker/pipeline/runner.py) has delivered entries it has not taken in
+        yet, and taking those too would run them twice."""
         got = self.broker.claim(
-            stream, self.consumer, self.consumer, 0, room + len(held), skip=held
+            stream, self.consumer, self.consumer, int(DEAD_AFTER_S * 1000), room + len(held),
+            skip=held,
         )
         if got:
             log.warning(
