@@ -422,6 +422,7 @@ class ServingRunner:
         the executor is busy with what it brought, the reader leaves it free for LEND_WAIT_S
         (the executor usually finishes a small batch sooner, and takes it again) and then
         blocks itself, so that work arriving during a long batch is read ahead of it."""
+        self._reader_wake.clear()  # before looking: a wake-up from now on is not missed
         with self.cond:
             if not self._borrowed and (
                 0 not in self._drained_at or not self._reading
@@ -430,7 +431,6 @@ class ServingRunner:
                 return False
             wait = RECLAIM_EVERY_S if self._borrowed else LEND_WAIT_S
         self._reader_wake.wait(wait)
-        self._reader_wake.clear()
         return True
 
     def _borrow_read(self) -> bytes | None:
