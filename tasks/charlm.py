@@ -27,6 +27,7 @@ a later prompt sharing a prefix resumes at its longest cached boundary and reads
 from __future__ import annotations
 
 from collections.abc import Iterator
+from operator import itemgetter
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +44,7 @@ PROMPT_CHUNK = 64
 WHOLE = 1 << 30  # no chunking: a step in which nobody emits reads whole prompts
 DEFAULT_MAX_NEW = 200
 NEWLINE = encode("\n")[0]
+_first = itemgetter(0)
 
 
 @dataclass(slots=True)
@@ -180,9 +182,13 @@ class CharLM(qs.StepServing):
         emitting = any(len(states[j].feed) == 1 for j in going)
         most = self.reading_chunk(len(states)) if emitting else WHOLE
         # Longest reads first: the sequences still reading at any position are a prefix.
-        going.sort(key=lambda j: -states[j].chunk(most))
+        if most == 1:
+            sizes = [1] * len(going)
+        else:
+            order = sorted(((states[j].chunk(most), j) for j in going), key=_first,
+                           reverse=True)  # stable: equal chunks keep their order
+            sizes, going = [n for n, _ in order], [j for _, j in order]
         rows = [states[j] for j in going]
-        sizes = [s.chunk(most) for s in rows]
         h, kept = self._read(rows, sizes)
         # Rows whose feed is used up emit: the GRU's state after its last input gives it.
         emit = [k for k, s in enumerate(rows) if sizes[k] == len(s.feed)]
