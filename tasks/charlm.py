@@ -27,8 +27,8 @@ a later prompt sharing a prefix resumes at its longest cached boundary and reads
 from __future__ import annotations
 
 from collections.abc import Iterator
-from operator import itemgetter
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 
 import torch
@@ -223,26 +223,26 @@ class CharLM(qs.StepServing):
         last states (rows, hidden), and the prompt prefixes' states to offer to the cache
         (row, prefix length, state) at multiples of CACHE_EVERY read on the way."""
         h = torch.stack([s.h for s in rows])
-        longest = sizes[0]
-        if longest == 1:
-            ids = torch.tensor([s.feed[0] for s in rows], device=self.device)
-            return self.stepper.cell(ids, h), []
-        ids = torch.tensor([s.feed[:n] + [0] * (longest - n) for s, n in zip(rows, sizes,
-                                                                            strict=True)],
-                           device=self.device)
         offers: dict[int, list[tuple[int, int]]] = {}  # position -> (row, prefix length)
         for k, (s, n) in enumerate(zip(rows, sizes, strict=True)):
-            if s.resume.tokens:
+            if s.resume.tokens and s.pos < s.prompt_len - 1:  # still reading, cached
                 last = min(s.pos + n, s.prompt_len - 1)
                 first = (s.pos // CACHE_EVERY + 1) * CACHE_EVERY
                 for boundary in range(first, last + 1, CACHE_EVERY):
                     offers.setdefault(boundary - s.pos - 1, []).append((k, boundary))
+        longest = sizes[0]
+        if longest == 1:  # the common step: each sequence reads one character
+            ids = torch.tensor([s.feed[0] for s in rows], device=self.device)
+        else:
+            ids = torch.tensor([s.feed[:n] + [0] * (longest - n)
+                                for s, n in zip(rows, sizes, strict=True)], device=self.device)
         kept = []
         active = len(rows)
         for t in range(longest):
             while sizes[active - 1] <= t:
                 active -= 1
-            new = self.stepper.cell(ids[:active, t], h[:active])
+            columns = ids if longest == 1 else ids[:active, t]
+            new = self.stepper.cell(columns, h[:active])
             if active == len(rows):
                 h = new
             else:

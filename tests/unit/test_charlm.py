@@ -11,7 +11,7 @@ import queueserve as qs
 
 torch = pytest.importorskip("torch")
 
-from tasks.charlm import CharLM, State  # noqa: E402
+from tasks.charlm import CACHE_EVERY, CharLM, State  # noqa: E402
 from tasks.charlm_model import CharGRU, Stepper, encode, load  # noqa: E402
 
 
@@ -107,3 +107,28 @@ def test_the_stepper_cell_is_the_grus_step(model: CharGRU) -> None:
             h = stepper.cell(ids[:, t], h)
         assert torch.allclose(h, h_n[0], atol=1e-5)
         assert torch.allclose(stepper.logits(h), model.head(h_n[0]), atol=1e-5)
+
+
+def test_a_joiner_reading_one_character_per_step_offers_its_prefixes_to_the_cache() -> None:
+    # Given a full running set, and a joiner whose prompt is cached from nothing
+    lm = serving(max_slots=3, prompt_chunk=16)
+    running = generating(lm, 2)
+    prompt = "abcdefghij" * 3
+    resume = qs.Resume(tuple(encode(prompt)[:-1]))
+    joiner = lm.prefill_from([prompt], [resume])[0]
+    # When it reads its prompt one character per step
+    offered = []
+    while joiner.pos < len(prompt):
+        lm.decode([*running, joiner])
+        offered += resume.kept
+        resume.kept.clear()
+    # Then the states after every CACHE_EVERY characters were offered, each the state a
+    # whole read reaches there
+    assert [length for length, _, _ in offered] == list(
+        range(CACHE_EVERY, len(prompt), CACHE_EVERY))
+    alone = serving()
+    whole = qs.Resume(tuple(encode(prompt)[:-1]))
+    alone.decode(alone.prefill_from([prompt], [whole]))
+    assert [length for length, _, _ in whole.kept] == [length for length, _, _ in offered]
+    for (_, state, _), (_, expected, _) in zip(offered, whole.kept, strict=True):
+        assert torch.allclose(state, expected, atol=1e-5)
