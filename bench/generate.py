@@ -1,9 +1,9 @@
 """Generation: continuous batching vs static generator batching, and the prefix cache.
 
-    python -m bench.generate [--requests 80] [--rate 30] [--seed 0]
+    python -m bench.generate [--requests 80] [--rate 30] [--seed 0] [--repeat 3]
                              [--saturating-requests 160] [--saturating-rate 300]
 
-One worker process (one partition, one torch thread) serves the character-level GRU
+One worker process (one partition; charlm sets one torch thread) serves the character-level GRU
 (``tasks.charlm``) three ways: ``charlm`` (StepServing, continuous batching, prefix cache on),
 ``charlm_static`` (the same model and steps as a generator serving: static batching) and
 ``charlm_cold`` (continuous, cache off: what the mixed loads are compared with, so that only
@@ -11,9 +11,12 @@ the batching differs). All share a private redis-server.
 
 0. The model alone, no Redis: the same requests all at once, run through the static schedule
    (batches of 16 to their longest end) and the continuous one (a sequence joins as soon as a
-   slot frees), CPU seconds of this one thread: what scheduling alone can gain here.
-1. Mixed load, sent twice with the same arrivals (Poisson, ``--rate`` per second) and the same
-   requests — once to the static serving, once to the continuous one: prompts of 10..200
+   slot frees), CPU seconds of this one thread: what scheduling alone can gain here; and the
+   decode calls each schedule makes, with the sequences per call.
+1. Mixed load, sent with the same arrivals (Poisson, ``--rate`` per second) and the same
+   requests to the static serving, then to the continuous one, ``--repeat`` such pairs
+   (the median pair's ratio is the figure: other work on the machine moves a pair alike,
+   single runs vary widely on a shared 2-core machine): prompts of 10..200
    characters of stdlib docstrings, outputs of 4..400 characters (log-uniform: most short, a
    few long), greedy. Each request is its own ``client.stream`` caller. Reported: generated
    characters per second over the run, time to first character p50/p99, time per output
@@ -25,7 +28,7 @@ the batching differs). All share a private redis-server.
    do.
 3. Prefix cache: 60 requests sharing one 200-character prefix (a different 10..30-character
    question after it, 8 characters out), one after another, to the cold and the cached serving
-   (each first warmed by 22 requests with other prompts of 20..230 characters).
+   in turn (each first warmed by 22 requests with other prompts of 20..230 characters).
    charlm reads prompts inside its decode steps, so prefill time is, per request, its share of
    the decode calls up to and including the one that gave its first character (one request at
    a time: the whole of those calls), from the worker's metrics; the callers' time to first
@@ -131,10 +134,12 @@ def summarize(name: str, sent: list[Sent], seconds: float) -> dict[str, float]:
 
 def model_alone(load: list[tuple[float, dict[str, object]]]) -> None:
     """Static vs continuous schedules of the same requests, all at once, no Redis: CPU seconds
-    of one thread (steady however busy the machine; wall time is not)."""
+    of one thread (steady however busy the machine; wall time is not), and what each schedule
+    asks of the model: decode calls and sequences per call (a static batch's first call reads
+    its 16 prompts together, one GRU position after another)."""
     import torch
 
-    from tasks.charlm import StaticCharLM
+    from tasks.charlm import State, StaticCharLM
 
     torch.set_num_threads(1)
     items = [item for _, item in load]
@@ -143,23 +148,31 @@ def model_alone(load: list[tuple[float, dict[str, object]]]) -> None:
     cont = CharLM()
     cont.setup(qs.Partition())
     started = time.process_time()
+    static_calls = static_rows = 0
     for b in range(0, len(items), SLOTS):
-        for _ in static.lm.static_steps(items[b : b + SLOTS]):
-            pass
+        for row in static.lm.static_steps(items[b : b + SLOTS]):
+            static_calls += 1
+            static_rows += sum(out is not qs.END for out in row)
     static_s = time.process_time() - started
     started = time.process_time()
-    waiting, running = list(items), []
+    waiting: list[dict[str, object]] = list(items)
+    running: list[State] = []
+    cont_calls = cont_rows = 0
     while waiting or running:
         free = SLOTS - len(running)
         running += cont.prefill(waiting[:free])
         waiting = waiting[free:]
         outs = cont.decode(running)
+        cont_calls, cont_rows = cont_calls + 1, cont_rows + len(running)
         running = [st for st, out in zip(running, outs, strict=True) if out is not qs.END]
     cont_s = time.process_time() - started
     chars = sum(int(str(item["max_new"])) for item in items)
     print(f"model alone, {len(items)} requests at once, CPU s of one thread: static "
           f"{static_s:.2f}s ({chars / static_s:.0f} chars/s), continuous {cont_s:.2f}s "
           f"({chars / cont_s:.0f} chars/s): {static_s / cont_s:.2f}x")
+    print(f"  decode calls: static {static_calls} ({static_rows / static_calls:.1f} sequences "
+          f"per call, prompts read in {len(items) // SLOTS} of them), continuous {cont_calls} "
+          f"({cont_rows / cont_calls:.1f} per call)")
 
 
 def offered(load: list[tuple[float, dict[str, object]]]) -> str:
@@ -168,13 +181,28 @@ def offered(load: list[tuple[float, dict[str, object]]]) -> str:
             f"{chars / load[-1][0]:.0f} chars/s)")
 
 
-def compare(client: qs.Client, load: list[tuple[float, dict[str, object]]]
-            ) -> tuple[dict[str, float], dict[str, float]]:
-    static = summarize("static", *run_load(client, "charlm_static", load))
-    # Without the prefix cache: only the batching differs (and a load repeated, or sharing
-    # prompts with an earlier one, would find them cached).
-    cont = summarize("continuous", *run_load(client, "charlm_cold", load))
-    return static, cont
+def compare(client: qs.Client, load: list[tuple[float, dict[str, object]]], repeat: int
+            ) -> list[tuple[dict[str, float], dict[str, float]]]:
+    """``repeat`` interleaved (static, continuous) pairs: the machine's other work moves both
+    of a pair alike, and the median pair's ratio is the figure."""
+    pairs = []
+    for _ in range(repeat):
+        static = summarize("static", *run_load(client, "charlm_static", load))
+        # Without the prefix cache: only the batching differs (and a load repeated, or
+        # sharing prompts with an earlier one, would find them cached).
+        cont = summarize("continuous", *run_load(client, "charlm_cold", load))
+        pairs.append((static, cont))
+    return pairs
+
+
+def median_ratio(pairs: list[tuple[dict[str, float], dict[str, float]]], key: str) -> float:
+    ratios = sorted(cont[key] / static[key] for static, cont in pairs)
+    return ratios[len(ratios) // 2] if len(ratios) % 2 else (
+        ratios[len(ratios) // 2 - 1] + ratios[len(ratios) // 2]) / 2
+
+
+def ratios(pairs: list[tuple[dict[str, float], dict[str, float]]], key: str) -> str:
+    return ", ".join(f"{cont[key] / static[key]:.2f}x" for static, cont in pairs)
 
 
 def metric(port: int, name: str, serving: str) -> float:
@@ -192,25 +220,27 @@ def cache_run(client: qs.Client, port: int, seed: int, count: int = 60) -> None:
     questions = [" " + "".join(rng.choice("abcdefghijklmnopqrstuvwxyz ")
                                for _ in range(rng.randint(10, 30))) for _ in range(count)]
     others = [t for t in long_texts if not t.startswith(prefix)]
-    seconds = {}
-    ttft: dict[str, list[float]] = {}
-    for serving in ("charlm_cold", "charlm"):
+    servings = ("charlm_cold", "charlm")
+    for serving in servings:
         # Both servings warmed alike first (prompts of every length, none sharing the prefix):
         # first calls of new shapes cost more, and would be charged to whichever runs first.
         for length in range(20, 240, 10):
             client.dispatch(serving, {"prompt": rng.choice(others)[:length], "max_new": 8},
                             timeout=60)
-        before = metric(port, "queueserve_prefill_seconds_total", serving)
-        ttft[serving] = []
-        for q in questions:
+    time.sleep(1.5)  # the worker's metrics files are read by the supervisor per scrape
+    before = {s: metric(port, "queueserve_prefill_seconds_total", s) for s in servings}
+    ttft: dict[str, list[float]] = {s: [] for s in servings}
+    for q in questions:  # interleaved: a change in the machine's load moves both alike
+        for serving in servings:
             sent, first = time.perf_counter(), 0.0
             for event in client.stream(serving, [{"prompt": prefix + q, "max_new": 8}],
                                        timeout=60):
                 if isinstance(event, qs.Output) and not first:
                     first = time.perf_counter()
             ttft[serving].append(first - sent)
-        time.sleep(1.5)  # the worker's metrics files are read by the supervisor per scrape
-        seconds[serving] = metric(port, "queueserve_prefill_seconds_total", serving) - before
+    time.sleep(1.5)
+    seconds = {s: metric(port, "queueserve_prefill_seconds_total", s) - before[s]
+               for s in servings}
     hits = metric(port, "queueserve_prefix_cache_lookups_total", "charlm")
     saved = metric(port, "queueserve_prefix_cache_saved_tokens_total", "charlm")
     cold, warm = seconds["charlm_cold"], seconds["charlm"]
@@ -231,6 +261,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--saturating-requests", type=int, default=160)
     parser.add_argument("--saturating-rate", type=float, default=300.0)
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="interleaved static/continuous pairs per load (the median counts)")
     args = parser.parse_args()
     load = workload(args.requests, args.rate, args.seed)
     saturating = workload(args.saturating_requests, args.saturating_rate, args.seed + 1)
@@ -247,18 +279,18 @@ def main() -> None:
         for serving in ("charlm", "charlm_static", "charlm_cold"):  # loaded and answering
             client.dispatch(serving, {"prompt": "warm up", "max_new": 4}, timeout=120)
         print(f"mixed load: {offered(load)}; {SLOTS} slots / batch size, prompts 10..200 "
-              f"chars, outputs 4..400 chars (log-uniform)")
-        static, cont = compare(client, load)
-        ttft = cont["ttft_p99"] / static["ttft_p99"]
-        print(f"continuous / static: {cont['tokens_s'] / static['tokens_s']:.2f}x chars/s, "
-              f"TTFT p99 {ttft:.2f}x of static's (budget <= 0.33x: "
+              f"chars, outputs 4..400 chars (log-uniform); {args.repeat} pairs")
+        pairs = compare(client, load, args.repeat)
+        ttft = median_ratio(pairs, "ttft_p99")
+        print(f"continuous / static: chars/s {ratios(pairs, 'tokens_s')}; TTFT p99 "
+              f"{ratios(pairs, 'ttft_p99')} of static's: median {ttft:.2f}x (budget <= 0.33x: "
               f"{'met' if ttft <= 1 / 3 else 'NOT met'})")
-        print(f"saturating: {offered(saturating)}")
-        static, cont = compare(client, saturating)
-        speedup = cont["tokens_s"] / static["tokens_s"]
-        print(f"continuous / static: {speedup:.2f}x chars/s (budget >= 2x: "
-              f"{'met' if speedup >= 2 else 'NOT met'}), TTFT p99 "
-              f"{cont['ttft_p99'] / static['ttft_p99']:.2f}x of static's")
+        print(f"saturating: {offered(saturating)}; {args.repeat} pairs")
+        pairs = compare(client, saturating, args.repeat)
+        speedup = median_ratio(pairs, "tokens_s")
+        print(f"continuous / static: chars/s {ratios(pairs, 'tokens_s')}: median "
+              f"{speedup:.2f}x (budget >= 2x: {'met' if speedup >= 2 else 'NOT met'}); TTFT "
+              f"p99 {ratios(pairs, 'ttft_p99')} of static's")
         cache_run(client, port, args.seed)
     finally:
         client.close()

@@ -4,7 +4,8 @@
 
 One worker process (one partition) serves charlm four times, prefix cache off (the loads
 repeat, and would find their prompts cached), reading prompts in chunks of 4, 8, 16 and 64
-characters per step while others in the step emit; bench/generate.py's mixed load goes to each
+characters per step while others in the step emit and slots are free (one per step once the
+running set is full: ``CharLM.reading_chunk``); bench/generate.py's mixed load goes to each
 in turn, at 30 arrivals/s (time to first character, time per output character) and saturating
 (160 requests at 300/s: characters per second), ``--repeat`` times interleaved, so a busy
 machine moves all four alike. Longer chunks mean fewer steps before the first character; but

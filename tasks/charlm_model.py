@@ -45,10 +45,42 @@ class CharGRU(nn.Module):
         out, h_n = self.gru(self.embed(ids), h)
         return self.head(out), h_n
 
-    def advance(self, ids: torch.Tensor, h: torch.Tensor | None) -> torch.Tensor:
-        """The state after reading ``ids`` (batch, time), without computing logits."""
-        _, h_n = self.gru(self.embed(ids), h)
-        return h_n
+
+class Stepper:
+    """The trained GRU as a single-position cell for batched generation: a step is a handful
+    of tensor operations whatever the batch (Python and dispatch, not arithmetic, dominate a
+    small step on a CPU).
+
+    The input side of a GRU step depends on the character alone, so ``embed @ W_ih + b_ih``
+    is a table of one row per vocabulary id (96 x 3 hidden): a gather replaces the embedding
+    and the input matmul. Every path that reads or generates (a sequence alone, a batch, one
+    position or many) runs this same cell, so a sequence's text does not depend on how its
+    reading was cut into steps.
+    """
+
+    def __init__(self, model: CharGRU) -> None:
+        weights = {name: p.detach() for name, p in model.named_parameters()}
+        with torch.inference_mode():
+            self.table = (weights["embed.weight"] @ weights["gru.weight_ih_l0"].T
+                          + weights["gru.bias_ih_l0"]).contiguous()
+            self.w_hh = weights["gru.weight_hh_l0"].T.contiguous()
+            self.b_hh = weights["gru.bias_hh_l0"].clone()
+            self.w_out = weights["head.weight"].T.contiguous()
+            self.b_out = weights["head.bias"].clone()
+        self.hidden = model.hidden
+
+    def cell(self, ids: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """The states (batch, hidden) after reading ``ids`` (batch,) from ``h`` (batch,
+        hidden): torch.nn.GRU's equations."""
+        size = self.hidden
+        gi = self.table.index_select(0, ids)
+        gh = torch.addmm(self.b_hh, h, self.w_hh)
+        rz = torch.sigmoid(gi[:, : 2 * size] + gh[:, : 2 * size])
+        n = torch.tanh(torch.addcmul(gi[:, 2 * size :], rz[:, :size], gh[:, 2 * size :]))
+        return torch.lerp(n, h, rz[:, size:])  # (1 - z) * n + z * h
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        return torch.addmm(self.b_out, h, self.w_out)
 
 
 def load(path: Path = WEIGHTS, device: str = "cpu") -> CharGRU:

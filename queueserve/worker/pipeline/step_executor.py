@@ -22,6 +22,7 @@ bisecting to find the culprit under ``on_error="isolate"`` — and the others go
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Hashable
@@ -131,6 +132,10 @@ class StepExecutor:
         gone_after = serving.caller_gone_after
         self.callers = (None if gone_after is None
                         else CallerWatch(gone_after, min(CALLER_CHECK_EVERY_S, gone_after)))
+        # _withdraw looks at every request only when something may leave: a cancel, a caller
+        # gone, the earliest deadline it saw passed, or a request arrived since.
+        self._next_deadline = 0.0
+        self._arrived_seen = -1
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self) -> None:
@@ -148,6 +153,7 @@ class StepExecutor:
                     return False
                 runner.cond.wait(IDLE_WAIT_S)
             watched = self._watched()
+            departed = self.queue.departed
         gone = self._gone(watched)
         with runner.cond:
             self.scheduler.limits = Limits.of(self.serving)  # run-time config changes
@@ -160,7 +166,10 @@ class StepExecutor:
                     if w.measured and w.looked != self.cache.version:
                         w.cached, w.looked = self._cached_tokens(w), self.cache.version
             joiners = self.queue.take(self.scheduler)
-            runner.cond.notify_all()  # room for the reader
+            if self.queue.departed != departed:
+                # Room for the reader (waiting while a running set's worth waits). Only then:
+                # a reader woken for nothing reads Redis again, a round trip per step.
+                runner.cond.notify_all()
         if rows:
             runner.outbox.put(rows)
         record = _Tally(left=left)
@@ -200,35 +209,40 @@ class StepExecutor:
 
     def _withdraw(self, gone_callers: set[str]) -> tuple[list[Row], int]:
         """Rows for cancelled, abandoned and expired requests, waiting or running (caller
-        holds cond)."""
+        holds cond), and how many running sequences left."""
         now = time.time()
         cancelled = self.runner.cancelled
+        if (not cancelled and not gone_callers and now < self._next_deadline
+                and self.queue.arrived == self._arrived_seen):
+            return [], 0  # nothing cancelled, gone, expired or new since the last look
+        self._arrived_seen = self.queue.arrived
+        self._next_deadline = math.inf
 
-        def dropped(request: Request) -> bool:
-            return request.ref in cancelled or request.events in gone_callers
+        def leaving(request: Request) -> tuple[int, Any] | None:
+            """(kind, body) of the row that withdraws ``request``, or None: it stays."""
+            if request.ref in cancelled or request.events in gone_callers:
+                return P.DROP, None
+            if request.deadline:
+                if request.deadline <= now:
+                    return P.ERROR, _EXPIRED
+                self._next_deadline = min(self._next_deadline, request.deadline)
+            return None
 
         rows: list[Row] = []
         gone: list[Waiting] = []
         for w in self.queue.waiting:
-            request = w.piece.request
-            if dropped(request):
-                rows.append((request, w.piece.offset, w.slots, P.DROP, None))
-                gone.append(w)
-            elif request.deadline and request.deadline <= now:
-                rows.append((request, w.piece.offset, w.slots, P.ERROR, _EXPIRED))
+            why = leaving(w.piece.request)
+            if why is not None:
+                rows.append((w.piece.request, w.piece.offset, w.slots, *why))
                 gone.append(w)
         self.queue.remove(gone)
         left = 0
         for m in list(self.running):
-            request = m.request
-            if dropped(request):
-                rows.append((request, m.offset, len(m.states), P.DROP, None))
-            elif request.deadline and request.deadline <= now:
-                rows.append((request, m.offset, len(m.states), P.ERROR, _EXPIRED))
-            else:
-                continue
-            left += len(m.live())
-            self._leave(m)
+            why = leaving(m.request)
+            if why is not None:
+                rows.append((m.request, m.offset, len(m.states), *why))
+                left += len(m.live())
+                self._leave(m)
         return rows, left
 
     def _leave(self, m: Member) -> None:
@@ -362,9 +376,15 @@ class StepExecutor:
         started = time.perf_counter()
         rows: list[Row] = []
         by_key: dict[str, list[tuple[Member, int]]] = {}
-        for m in self.running:
-            for i in m.live():
-                by_key.setdefault(m.key, []).append((m, i))
+        for m in self.running:  # each member's sequences together, in item order
+            seqs = by_key.setdefault(m.key, [])
+            if len(m.ended) == 1:
+                if not m.ended[0]:
+                    seqs.append((m, 0))
+            else:
+                seqs += [(m, i) for i in m.live()]
+        for key in [key for key, seqs in by_key.items() if not seqs]:
+            del by_key[key]
         if not by_key:
             return rows
         for key, seqs in by_key.items():
@@ -413,22 +433,33 @@ class StepExecutor:
 
     def _stream(self, seqs: list[tuple[Member, int]], outcomes: list[Outcome]) -> list[Row]:
         """This step's output events, per request: one per run of consecutive items."""
-        per_member: dict[int, tuple[Member, list[Any], list[bool]]] = {}
-        for (m, i), out in zip(seqs, outcomes, strict=True):
-            if not m.request.events:
-                continue
-            if id(m) not in per_member:
-                n = len(m.states)
-                per_member[id(m)] = (m, [None] * n, [False] * n)
-            _, values, present = per_member[id(m)]
+        rows: list[Row] = []
+        k, count = 0, len(seqs)
+        while k < count:  # a member's sequences are consecutive in seqs (see _step)
+            m = seqs[k][0]
+            end = k + 1
+            while end < count and seqs[end][0] is m:
+                end += 1
+            if m.request.events:
+                if len(m.states) == 1:  # most requests: one item, one value or none
+                    out = outcomes[k]
+                    if not isinstance(out, _Failed) and out is not END and out is not NO_OUTPUT:
+                        rows.append(_event(m.request, ["o", P.RESULTS, [out], m.offset, 1]))
+                else:
+                    rows += self._member_events(m, seqs[k:end], outcomes[k:end])
+            k = end
+        return rows
+
+    def _member_events(self, m: Member, seqs: list[tuple[Member, int]],
+                       outcomes: list[Outcome]) -> list[Row]:
+        n = len(m.states)
+        values: list[Any] = [None] * n
+        present = [False] * n
+        for (_, i), out in zip(seqs, outcomes, strict=True):
             if not isinstance(out, _Failed) and out is not END and out is not NO_OUTPUT:
                 values[i], present[i] = out, True
-        rows: list[Row] = []
-        for m, values, present in per_member.values():
-            for start, run in split_runs(values, present):
-                rows.append(_event(m.request, ["o", P.RESULTS, run, m.offset + start,
-                                               len(run)]))
-        return rows
+        return [_event(m.request, ["o", P.RESULTS, run, m.offset + start, len(run)])
+                for start, run in split_runs(values, present)]
 
     def _finish(self, m: Member) -> list[Row]:
         """The answer of a slice whose items all ended: runs of results, and the errors."""

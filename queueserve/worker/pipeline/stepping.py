@@ -109,6 +109,8 @@ class StepQueue:
         self.timeout = timeout  # kept for the reader's config updates; joins wait for no clock
         self.waiting: deque[Waiting] = deque()
         self.buffered = 0
+        self.arrived = 0  # slices ever added, and ever taken or removed: what changed since
+        self.departed = 0  # a look (the executor skips looks that would find nothing new)
 
     @property
     def weight(self) -> float:
@@ -133,11 +135,13 @@ class StepQueue:
     def _append(self, waiting: Waiting) -> None:
         self.waiting.append(waiting)
         self.buffered += waiting.slots
+        self.arrived += 1
 
     def take(self, scheduler: Scheduler) -> list[Waiting]:
         """The waiting slices that join the running set now (``Scheduler.admit``)."""
         taken = scheduler.admit(self.waiting)
         self.buffered -= sum(w.slots for w in taken)
+        self.departed += len(taken)
         return taken
 
     def remove(self, gone: list[Waiting]) -> None:
@@ -146,6 +150,7 @@ class StepQueue:
         ids = {id(w) for w in gone}
         self.waiting = deque(w for w in self.waiting if id(w) not in ids)
         self.buffered -= sum(w.slots for w in gone)
+        self.departed += len(gone)
 
 
 def too_large(w: Waiting, limits: Limits) -> str | None:
