@@ -1,8 +1,8 @@
 """Commands written straight onto a pooled connection: the hot path's round trips.
 
-A redis-py pipeline costs about 40 µs of Python per round trip beyond the packing and the
-socket (command stacks, per-command wrappers, its retry and observability layers; measured on
-the development machine, docs/benchmarks.md), and one dispatch makes four round trips (enqueue,
+A redis-py pipeline costs 15–35 µs of CPU per round trip beyond the packing and the socket
+(command stacks, per-command wrappers, its retry and observability layers; ``python -m
+bench.raw_cost`` on the development machine), and one dispatch makes four round trips (enqueue,
 the worker's read, its reply, the caller's inbox read). On a plain server or a Sentinel-managed
 master, those four go through ``run``: each command packed by hiredis, all written in one send,
 each reply read back in order. A Redis Cluster client keeps redis-py's own routing.
