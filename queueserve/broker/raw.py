@@ -1,6 +1,6 @@
 """Commands written straight onto a pooled connection: the hot path's round trips.
 
-A redis-py pipeline costs 15–35 µs of CPU per round trip beyond the packing and the socket
+A redis-py pipeline costs 15-35 µs of CPU per round trip beyond the packing and the socket
 (command stacks, per-command wrappers, its retry and observability layers; ``python -m
 bench.raw_cost`` on the development machine), and one dispatch makes four round trips (enqueue,
 the worker's read, its reply, the caller's inbox read). On a plain server or a Sentinel-managed
