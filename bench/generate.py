@@ -43,9 +43,12 @@ from __future__ import annotations
 import argparse
 import random
 import re
+import subprocess
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import queueserve as qs
@@ -267,17 +270,10 @@ def main() -> None:
     load = workload(args.requests, args.rate, args.seed)
     saturating = workload(args.saturating_requests, args.saturating_rate, args.seed + 1)
     model_alone(saturating)
-    redis_server = RedisServer().start()
     port = free_port()
-    worker = spawn_module(
-        "queueserve", "worker", "tasks.charlm:charlm", "tasks.charlm:charlm_static",
-        "bench.generate:charlm_cold", "--redis-url", redis_server.url, "--prefix", PREFIX,
-        "--partitions", "1", "--metrics-port", str(port),
-    )
-    client = qs.Client(redis_server.url, prefix=PREFIX)
-    try:
-        for serving in ("charlm", "charlm_static", "charlm_cold"):  # loaded and answering
-            client.dispatch(serving, {"prompt": "warm up", "max_new": 4}, timeout=120)
+    specs = ["tasks.charlm:charlm", "tasks.charlm:charlm_static", "bench.generate:charlm_cold"]
+    with charlm_worker(specs, ["charlm", "charlm_static", "charlm_cold"],
+                       "--metrics-port", str(port)) as (client, _, _):
         print(f"mixed load: {offered(load)}; {SLOTS} slots / batch size, prompts 10..200 "
               f"chars, outputs 4..400 chars (log-uniform); {args.repeat} pairs")
         pairs = compare(client, load, args.repeat)
@@ -292,6 +288,23 @@ def main() -> None:
               f"{speedup:.2f}x (budget >= 2x: {'met' if speedup >= 2 else 'NOT met'}); TTFT "
               f"p99 {ratios(pairs, 'ttft_p99')} of static's")
         cache_run(client, port, args.seed)
+
+
+@contextmanager
+def charlm_worker(
+    specs: Sequence[str], names: Sequence[str], *worker_args: str
+) -> Iterator[tuple[qs.Client, subprocess.Popen[bytes], RedisServer]]:
+    """A private redis-server, one worker process (one partition) serving ``specs``
+    (module:attr), and a client under PREFIX, with the servings ``names`` loaded and
+    answering; all stopped on the way out."""
+    redis_server = RedisServer().start()
+    worker = spawn_module("queueserve", "worker", *specs, "--redis-url", redis_server.url,
+                          "--prefix", PREFIX, "--partitions", "1", *worker_args)
+    client = qs.Client(redis_server.url, prefix=PREFIX)
+    try:
+        for name in names:
+            client.dispatch(name, {"prompt": "warm up", "max_new": 4}, timeout=120)
+        yield client, worker, redis_server
     finally:
         client.close()
         stop_process(worker, timeout=30)

@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import argparse
 
-import queueserve as qs
-from bench._harness import RedisServer, spawn_module, stop_process
-from bench.generate import PREFIX, run_load, summarize, workload
+from bench.generate import charlm_worker, run_load, summarize, workload
 from tasks.charlm import CharLM
 
 CHUNKS = (4, 8, 16, 64)
@@ -34,25 +32,14 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2)
     args = parser.parse_args()
     names = [f"charlm_chunk{c}" for c in CHUNKS]
-    redis_server = RedisServer().start()
-    worker = spawn_module(
-        "queueserve", "worker", *[f"bench.generate_chunks:chunk{c}" for c in CHUNKS],
-        "--redis-url", redis_server.url, "--prefix", PREFIX, "--partitions", "1",
-    )
-    client = qs.Client(redis_server.url, prefix=PREFIX)
-    try:
-        for name in names:
-            client.dispatch(name, {"prompt": "warm up", "max_new": 4}, timeout=120)
+    specs = [f"bench.generate_chunks:chunk{c}" for c in CHUNKS]
+    with charlm_worker(specs, names) as (client, _, _):
         for count, rate in ((80, 30.0), (160, 300.0)):
             print(f"{count} requests at {rate:g}/s")
             for _ in range(args.repeat):
                 for name in names:
                     summarize(name.removeprefix("charlm_"),
                               *run_load(client, name, workload(count, rate, 0)))
-    finally:
-        client.close()
-        stop_process(worker, timeout=30)
-        redis_server.stop()
 
 
 if __name__ == "__main__":

@@ -26,8 +26,7 @@ from typing import Any
 import torch
 
 import queueserve as qs
-from bench._harness import RedisServer, spawn_module, stop_process
-from bench.generate import PREFIX, run_load, summarize, workload
+from bench.generate import charlm_worker, run_load, summarize, workload
 from tasks.charlm import CharLM, StaticCharLM
 
 
@@ -88,27 +87,17 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2)
     args = parser.parse_args()
     load = workload(160, 300.0, 1)  # bench/generate.py's saturating load
-    redis_server = RedisServer().start()
-    worker = spawn_module("queueserve", "worker", *SERVINGS.values(), "--redis-url",
-                          redis_server.url, "--prefix", PREFIX, "--partitions", "1")
-    client = qs.Client(redis_server.url, prefix=PREFIX)
-    assert redis_server.proc is not None
-    try:
-        for serving in SERVINGS:
-            client.dispatch(serving, {"prompt": "warm up", "max_new": 4}, timeout=120)
+    with charlm_worker(list(SERVINGS.values()), list(SERVINGS)) as (client, worker, server):
+        assert server.proc is not None
         for _ in range(args.repeat):
             print(f"load average {os.getloadavg()[0]:.2f}")
             for serving in SERVINGS:
                 before: list[Any] = [cpu_seconds(worker.pid),
-                                     cpu_seconds(redis_server.proc.pid), time.process_time()]
+                                     cpu_seconds(server.proc.pid), time.process_time()]
                 summarize(serving[:11], *run_load(client, serving, load))
                 print(f"{'':11} CPU s: worker {cpu_seconds(worker.pid) - before[0]:.2f}, redis "
-                      f"{cpu_seconds(redis_server.proc.pid) - before[1]:.2f}, callers "
+                      f"{cpu_seconds(server.proc.pid) - before[1]:.2f}, callers "
                       f"{time.process_time() - before[2]:.2f}")
-    finally:
-        client.close()
-        stop_process(worker, timeout=30)
-        redis_server.stop()
 
 
 if __name__ == "__main__":
