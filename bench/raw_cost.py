@@ -27,7 +27,7 @@ def main() -> None:
     args = parser.parse_args()
     server = RedisServer().start()
     client = redis.Redis.from_url(server.url)
-    pool = client.connection_pool
+    connections = raw.Connections(client.connection_pool)
     key = "raw-cost"
 
     def pipeline() -> None:
@@ -41,7 +41,7 @@ def main() -> None:
         client.execute_command("PEXPIRE", key, 1000)
 
     def raw_run() -> None:
-        raw.run(pool, [("PING",), ("PEXPIRE", key, 1000)])
+        raw.run(connections, [("PING",), ("PEXPIRE", key, 1000)])
 
     ways: dict[str, Callable[[], None]] = {
         "redis-py pipeline": pipeline, "redis-py, two commands": single_commands,
@@ -59,6 +59,7 @@ def main() -> None:
                 cells.append(f"{name} {(time.process_time() - start) / args.calls * 1e6:6.1f}")
             print(f"round {r + 1}: CPU µs per round trip: " + ", ".join(cells))
     finally:
+        connections.close()
         client.close()
         server.stop()
 

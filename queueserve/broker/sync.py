@@ -204,9 +204,12 @@ class RedisBroker:
         # The hot path's round trips go straight onto a pooled connection (broker/raw.py),
         # except on a cluster, whose client routes each command to its slot's master.
         plain = not is_cluster(self.redis)
-        self._pool = cast(redis.Redis, self.redis).connection_pool if plain else None
+        self._raw = (raw.Connections(cast(redis.Redis, self.redis).connection_pool)
+                      if plain else None)
 
     def close(self) -> None:
+        if self._raw is not None:
+            self._raw.close()
         close(self.redis)
 
     # -- producers --------------------------------------------------------------------------
@@ -230,15 +233,26 @@ class RedisBroker:
 
     def _evalsha(self, script: Script, script_keys: list[str], args: list[Any]) -> Any:
         """Run ``script`` (one round trip; on a server that lost its scripts, loaded first)."""
-        if self._pool is None:
+        if self._raw is None:
             return script(keys=script_keys, args=args)
-        (reply,) = raw.run(self._pool, [("EVALSHA", script.sha, len(script_keys),
-                                         *script_keys, *args)])
+        command = ("EVALSHA", script.sha, len(script_keys), *script_keys, *args)
+        (reply,) = raw.run(self._raw, [command])
         if isinstance(reply, NoScriptError):  # Redis restarted or flushed its scripts
-            return script(keys=script_keys, args=args)
+            (reply,) = raw.run(self._raw, [("SCRIPT", "LOAD", script.script), command])[1:]
         if isinstance(reply, Exception):
             raise reply
         return reply
+
+    def _load(self, script: Script) -> None:
+        """Load ``script`` on the server the hot path's commands go to (after a failover,
+        redis-py's pool may still hold a connection to the old master, now a replica, which
+        would take the script without complaint)."""
+        if self._raw is None:
+            self.redis.script_load(script.script)
+        else:
+            (reply,) = raw.run(self._raw, [("SCRIPT", "LOAD", script.script)])
+            if isinstance(reply, Exception):
+                raise reply
 
     def _node(self, key: str) -> Any:
         """A plain client of the master serving ``key``: on a cluster, commands sent through it
@@ -324,11 +338,11 @@ class RedisBroker:
     def read_inbox(self, inbox: str, timeout: float) -> list[bytes]:
         """Replies waiting in ``inbox`` (BLMPOP), sent straight to the inbox's master."""
         with redis_errors(self.url), self._routed(inbox):
-            if self._pool is None:
+            if self._raw is None:
                 return inbox_messages(
                     self._node(inbox).execute_command(*inbox_command(inbox, timeout))
                 )
-            (reply,) = raw.run(self._pool, [inbox_command(inbox, timeout)])
+            (reply,) = raw.run(self._raw, [inbox_command(inbox, timeout)])
             if isinstance(reply, Exception):
                 raise reply
             return inbox_messages(reply)
@@ -406,8 +420,8 @@ class RedisBroker:
         commands = [("XREAD", "COUNT", 1, "BLOCK", block_ms, "STREAMS", keys.wake, after),
                     ("EVALSHA", self._read.sha, len(keys_), *keys_, *args)]
         with redis_errors(self.url), self._routed(keys.wake):
-            if self._pool is not None:
-                woke, out = raw.run(self._pool, commands)
+            if self._raw is not None:
+                woke, out = raw.run(self._raw, commands)
             else:
                 # On the shard's master directly: a cluster pipeline refuses evalsha() by
                 # name, and would ask COMMAND GETKEYS of its default node for the XREAD.
@@ -417,7 +431,8 @@ class RedisBroker:
                 woke, out = pipe.execute(raise_on_error=False)
             self._moved(keys.wake, woke)
             if isinstance(out, NoScriptError):  # Redis restarted or flushed its scripts
-                out = self._read(keys=keys_, args=args)
+                out = (self._evalsha(self._read, keys_, args) if self._raw is not None
+                       else self._read(keys=keys_, args=args))
             elif isinstance(out, Exception):
                 self._moved(keys.wake, out)
                 raise out
@@ -543,8 +558,8 @@ class RedisBroker:
                              *args))
 
         def send() -> list[Exception]:
-            if self._pool is not None:
-                out = raw.run(self._pool, commands)
+            if self._raw is not None:
+                out = raw.run(self._raw, commands)
             else:
                 pipe = self.redis.pipeline(transaction=False)
                 for i, command in enumerate(commands):
@@ -561,7 +576,7 @@ class RedisBroker:
             if any(isinstance(f, NoScriptError) for f in failures):
                 # Redis restarted or flushed its scripts: load, send again; the replies go
                 # twice and the clients keep the first of each.
-                self.redis.script_load(self._ack.script)
+                self._load(self._ack)
                 failures = send()
             _drop_undeliverable(failures)
 

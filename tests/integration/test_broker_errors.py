@@ -160,8 +160,9 @@ def test_noperm_from_a_real_redis_is_a_command_error(
 def test_unblocked_inbox_read_is_unavailable(redis_url: str, prefix: str,
                                              redis_client: redis.Redis) -> None:
     # Given a blocked inbox read (what a failover's REPLICAOF does to it: UNBLOCKED)
-    broker = RedisBroker(redis_url)
-    broker.redis.client_setname(f"{prefix}-reader")
+    # (every connection of its client named, so the test finds the blocked one)
+    broker = RedisBroker(redis_url, client=redis.Redis.from_url(
+        redis_url, client_name=f"{prefix}-reader"))
     caught: list[BaseException] = []
 
     def read() -> None:

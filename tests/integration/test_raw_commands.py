@@ -14,14 +14,16 @@ from tests.support.helpers import wait_until
 
 
 @pytest.fixture
-def pool(redis_url: str) -> Iterator[redis.ConnectionPool]:
-    pool = redis.ConnectionPool.from_url(redis_url)
-    yield pool
-    pool.disconnect()
+def pool(redis_url: str) -> Iterator[raw.Connections]:
+    redis_pool = redis.ConnectionPool.from_url(redis_url)
+    connections = raw.Connections(redis_pool)
+    yield connections
+    connections.close()
+    redis_pool.disconnect()
 
 
 def test_each_reply_comes_back_in_its_commands_place_errors_too(
-    pool: redis.ConnectionPool, redis_client: redis.Redis, prefix: str
+    pool: raw.Connections, redis_client: redis.Redis, prefix: str
 ) -> None:
     key = f"{prefix}:raw"
     replies = raw.run(pool, [("SET", key, "x"), ("LPUSH", key, "y"), ("GET", key)])
@@ -32,7 +34,7 @@ def test_each_reply_comes_back_in_its_commands_place_errors_too(
 
 
 def test_a_connection_killed_while_idle_is_made_anew(
-    pool: redis.ConnectionPool, redis_client: redis.Redis, prefix: str
+    pool: raw.Connections, redis_client: redis.Redis, prefix: str
 ) -> None:
     # Given a pooled connection that served a command, then was killed while idle in the pool
     key = f"{prefix}:raw"
@@ -46,7 +48,7 @@ def test_a_connection_killed_while_idle_is_made_anew(
 
 
 def test_commands_written_before_the_connection_broke_are_not_sent_again(
-    pool: redis.ConnectionPool, redis_client: redis.Redis, prefix: str
+    pool: raw.Connections, redis_client: redis.Redis, prefix: str
 ) -> None:
     # Given an INCR written and run, with a BLPOP behind it that keeps its connection waiting
     key, empty = f"{prefix}:raw", f"{prefix}:empty"
