@@ -359,12 +359,23 @@ class RedisBroker:
         return Subscription(self.redis, self.url, *channels)
 
     def subscribers(self, channels: Sequence[str]) -> dict[str, int]:
-        """Subscribers of each pub/sub channel (PUBSUB NUMSUB; a cluster's nodes summed)."""
+        """Subscribers of each pub/sub channel (PUBSUB NUMSUB). On a cluster a subscription
+        lives on one node and NUMSUB counts only its own node's, so every node is asked and
+        the counts summed (redis-py's cluster client asks one node: a caller subscribed
+        elsewhere was counted 0, and a step serving took it for gone)."""
         if not channels:
             return {}
         with redis_errors(self.url):
-            pairs = self.redis.pubsub_numsub(*channels)
-        return {text(channel): int(count) for channel, count in pairs}
+            if not is_cluster(self.redis):
+                pairs = self.redis.pubsub_numsub(*channels)
+                return {text(channel): int(count) for channel, count in pairs}
+            cluster: Any = self.redis
+            counts = {channel: 0 for channel in channels}
+            for node in cluster.get_nodes():
+                node_client = cluster.get_redis_connection(node)
+                for channel, count in node_client.pubsub_numsub(*channels):
+                    counts[text(channel)] = counts.get(text(channel), 0) + int(count)
+            return counts
 
     def alive_workers(self, keys: Keys, within: float) -> int:
         with redis_errors(self.url):

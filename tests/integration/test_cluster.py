@@ -11,6 +11,7 @@ import asyncio
 import os
 import signal
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -26,6 +27,7 @@ from queueserve.wire.protocol import GROUP, Keys, key_slot, shard_tags
 from tests.support.helpers import wait_until
 from tests.support.redis_server import RedisServer
 from tests.support.redis_topologies import Cluster, redis_cluster
+from tests.support.step_app import Caller, Count, expected
 
 
 @pytest.fixture(scope="module")
@@ -199,6 +201,33 @@ async def _async_cases(url: str, prefix: str) -> None:
         assert await client.dispatch("squares", 12) == 144
         assert await client.dispatch_many("squares", list(range(50))) == [
             x * x for x in range(50)]
+
+
+def test_a_step_serving_tells_a_listening_caller_from_a_gone_one_across_the_masters(
+    cluster: Cluster, prefix: str
+) -> None:
+    # Given one slot on a cluster, held by a request streamed through a client of its own
+    # (its event channel, and so its subscription, in whatever slot its name hashes to)
+    serving = Count(max_slots=1, caller_gone_after=0.5)
+    worker = qs.Worker([serving], redis_url=cluster.url, prefix=prefix,
+                       handle_signals=False).start()
+    try:
+        with qs.Client(cluster.url, prefix=prefix) as client:
+            leaving = qs.Client(cluster.url, prefix=prefix)
+            caller = Caller(leaving, "count", [{"n": 1, "hold": True}])
+            caller.next_event()
+            waiting = client.submit("count", [{"n": 2, "base": 4}])
+            # While that caller listens, it is not taken for gone, however many graces pass:
+            # its subscribers are counted on every master, not only on the serving's
+            time.sleep(6 * 0.5)
+            assert not caller.finished.is_set() and not waiting.done()
+            # When its client closes, Then its slot is freed for the request that waited
+            leaving.close()
+            assert waiting.result(timeout=30) == [expected({"n": 2, "base": 4})]
+            assert caller.finished.wait(30)
+    finally:
+        serving.gate.set()
+        worker.stop(timeout=10)
 
 
 @pytest.mark.parametrize("failure", ["kill", "takeover"])

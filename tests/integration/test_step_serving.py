@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import random
 import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Generator
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import pytest
 import redis
@@ -27,44 +26,9 @@ import redis
 import queueserve as qs
 from tests.support.fault_app import WorkerProc, serving_consumer
 from tests.support.helpers import REPO, WAIT_S, child_env, wait_until
-from tests.support.step_app import Count, Records, expected
+from tests.support.step_app import Caller, Count, Records, expected
 
 StartWorker = Callable[..., qs.Worker]
-
-
-class Caller:
-    """Iterates ``client.stream(...)`` in a thread of its own; the test reads its events."""
-
-    def __init__(self, client: qs.Client, serving: str, items: list[Any], **options: Any) -> None:
-        self.received: list[qs.Hook | qs.Output] = []
-        self.error: BaseException | None = None
-        self.finished = threading.Event()
-        self.events: queue.Queue[qs.Hook | qs.Output] = queue.Queue()
-        options.setdefault("timeout", 60)
-        self._stream = cast(Generator[qs.Hook | qs.Output, None, None],
-                            client.stream(serving, items, **options))
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            for event in self._stream:
-                self.received.append(event)
-                self.events.put(event)
-        except BaseException as e:  # the test looks at it
-            self.error = e
-        finally:
-            self.finished.set()
-
-    def next_event(self) -> qs.Hook | qs.Output:
-        try:
-            return self.events.get(timeout=WAIT_S)
-        except queue.Empty:
-            raise AssertionError(f"no event in {WAIT_S:g}s; got {self.received}") from None
-
-    def outputs(self) -> list[Any]:
-        """Every step value received, in order (one item per request here)."""
-        return [v for e in self.received if isinstance(e, qs.Output) for v in e.results]
 
 
 def held_going(records: Records) -> Callable[[], bool]:
