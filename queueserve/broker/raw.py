@@ -11,8 +11,8 @@ Errors are what redis-py raises: a command's error reply is returned in its plac
 pipeline's ``raise_on_error=False`` does); a connection that breaks is dropped, and raised for
 the caller's ``redis_errors`` to map. The commands are sent again on a new connection only when
 the first could not even take them: once written, they may have run, and enqueue must not run
-twice. (A connection whose server went away meanwhile is found out and made anew by the pool as
-it hands it over.)
+twice. (A connection whose server closed it meanwhile is found out, and connected anew,
+before it is used: ``Connections.take``.)
 
 Connections wait between uses in a ``Connections`` list of this module's own rather than in
 the redis-py pool, whose checkout costs 12 µs here (locks, a fork check, deprecation and

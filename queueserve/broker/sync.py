@@ -337,15 +337,16 @@ class RedisBroker:
 
     def read_inbox(self, inbox: str, timeout: float) -> list[bytes]:
         """Replies waiting in ``inbox`` (BLMPOP), sent straight to the inbox's master."""
-        with redis_errors(self.url), self._routed(inbox):
-            if self._raw is None:
+        with redis_errors(self.url):
+            if self._raw is not None:
+                (reply,) = raw.run(self._raw, [inbox_command(inbox, timeout)])
+                if isinstance(reply, Exception):
+                    raise reply
+                return inbox_messages(reply)
+            with self._routed(inbox):
                 return inbox_messages(
                     self._node(inbox).execute_command(*inbox_command(inbox, timeout))
                 )
-            (reply,) = raw.run(self._raw, [inbox_command(inbox, timeout)])
-            if isinstance(reply, Exception):
-                raise reply
-            return inbox_messages(reply)
 
     def wake_inbox(self, inbox: str) -> None:
         """Make a blocked ``read_inbox`` return (an empty message, which readers skip)."""
@@ -370,11 +371,10 @@ class RedisBroker:
                 pairs = self.redis.pubsub_numsub(*channels)
                 return {text(channel): int(count) for channel, count in pairs}
             cluster: Any = self.redis
-            counts = {channel: 0 for channel in channels}
+            counts = dict.fromkeys(channels, 0)
             for node in cluster.get_nodes():
-                node_client = cluster.get_redis_connection(node)
-                for channel, count in node_client.pubsub_numsub(*channels):
-                    counts[text(channel)] = counts.get(text(channel), 0) + int(count)
+                for channel, count in cluster.get_redis_connection(node).pubsub_numsub(*channels):
+                    counts[text(channel)] += int(count)
             return counts
 
     def alive_workers(self, keys: Keys, within: float) -> int:
@@ -430,20 +430,20 @@ class RedisBroker:
         keys_, args = self._read_arguments(keys, consumer, budget, per_key, full)
         commands = [("XREAD", "COUNT", 1, "BLOCK", block_ms, "STREAMS", keys.wake, after),
                     ("EVALSHA", self._read.sha, len(keys_), *keys_, *args)]
-        with redis_errors(self.url), self._routed(keys.wake):
+        with redis_errors(self.url):
             if self._raw is not None:
                 woke, out = raw.run(self._raw, commands)
             else:
                 # On the shard's master directly: a cluster pipeline refuses evalsha() by
                 # name, and would ask COMMAND GETKEYS of its default node for the XREAD.
-                pipe = self._node(keys.wake).pipeline(transaction=False)
-                for command in commands:
-                    pipe.execute_command(*command)
-                woke, out = pipe.execute(raise_on_error=False)
-            self._moved(keys.wake, woke)
+                with self._routed(keys.wake):
+                    pipe = self._node(keys.wake).pipeline(transaction=False)
+                    for command in commands:
+                        pipe.execute_command(*command)
+                    woke, out = pipe.execute(raise_on_error=False)
+                self._moved(keys.wake, woke)
             if isinstance(out, NoScriptError):  # Redis restarted or flushed its scripts
-                out = (self._evalsha(self._read, keys_, args) if self._raw is not None
-                       else self._read(keys=keys_, args=args))
+                out = self._evalsha(self._read, keys_, args)
             elif isinstance(out, Exception):
                 self._moved(keys.wake, out)
                 raise out
