@@ -7,7 +7,7 @@ every redis-py error is mapped by the same ``redis_errors`` as there.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import redis
@@ -149,20 +149,13 @@ class AsyncRedisBroker:
         wait = ("WAIT", 1, DURABLE_WAIT_MS)
         for attempt in (0, 1):
             try:
-                reply, replicas = await self._send_two(script_keys[0], evalsha, wait)
+                async with self._routed(script_keys[0]):
+                    reply, replicas = await self._send_two(script_keys[0], evalsha, wait)
             except NoScriptError:
                 if attempt:
                     raise
                 await self.redis.script_load(self._enqueue.script)
                 continue
-            except redis.ResponseError as e:
-                if error_code(e) not in ("MOVED", "ASK"):
-                    raise
-                await self._refresh_slots()
-                raise redis.ConnectionError(f"the slot of {script_keys[0]} moved: {e}") from None
-            except redis.ConnectionError:
-                await self._refresh_slots()
-                raise
             return reply, int(replicas)
         raise AssertionError("unreachable: the second attempt returns or raises")
 
@@ -187,6 +180,22 @@ class AsyncRedisBroker:
         finally:
             node.release(connection)
 
+    @contextlib.asynccontextmanager
+    async def _routed(self, key: str) -> AsyncIterator[None]:
+        """Around commands sent to ``key``'s node by name: a MOVED (as a ConnectionError, so
+        the retry sends it again, to the new master), or a node that cannot be reached,
+        reloads the slot map before the error goes on."""
+        try:
+            yield
+        except redis.ResponseError as e:
+            if error_code(e) not in ("MOVED", "ASK"):
+                raise
+            await self._refresh_slots()
+            raise redis.ConnectionError(f"the slot of {key} moved: {e}") from None
+        except redis.ConnectionError:
+            await self._refresh_slots()
+            raise
+
     async def _refresh_slots(self) -> None:
         if is_cluster(self.redis):
             with contextlib.suppress(redis.RedisError):
@@ -205,17 +214,9 @@ class AsyncRedisBroker:
         with redis_errors(self.url):
             if not is_cluster(self.redis):
                 return inbox_messages(await self.redis.execute_command(*command))
-            try:
+            async with self._routed(inbox):
                 reply = await self.redis.execute_command(
                     *command, target_nodes=self.redis.get_node_from_key(inbox))
-            except redis.ResponseError as e:
-                if error_code(e) not in ("MOVED", "ASK"):
-                    raise
-                await self._refresh_slots()
-                raise redis.ConnectionError(f"the slot of {inbox} moved: {e}") from None
-            except redis.ConnectionError:
-                await self._refresh_slots()
-                raise
             return inbox_messages(reply)
 
     def subscribe(self, channel: str) -> AsyncSubscription:
