@@ -24,10 +24,11 @@ import queueserve as qs
 from queueserve.broker.connect import parse_url
 from queueserve.broker.sync import RedisBroker
 from queueserve.wire.protocol import GROUP, Keys, key_slot, shard_tags
+from tests.support.callers import Caller
 from tests.support.helpers import wait_until
 from tests.support.redis_server import RedisServer
 from tests.support.redis_topologies import Cluster, redis_cluster
-from tests.support.step_app import Caller, Count, expected
+from tests.support.step_app import Count, expected
 
 
 @pytest.fixture(scope="module")

@@ -131,6 +131,13 @@ def record_take_ins(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return threads
 
 
+def read_lent(worker: qs.Worker) -> bool:
+    """Whether an in-process worker's executor holds its blocking read (it would read the next
+    request itself)."""
+    host = worker._host
+    return host is not None and host.runners[0]._borrowed
+
+
 def slow_reader_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
     """A reader that lent its read out looks again by itself only after 30 s (RECLAIM_EVERY_S
     otherwise): what it does sooner, it does because it was woken for it."""
@@ -148,12 +155,12 @@ def test_an_idle_workers_executor_reads_the_work_it_runs(
         ran_on.append(threading.current_thread().name)
         return tag_items(items)
 
-    start_worker(Recording(tag_and_note, name="lend", batch_size=4, batch_timeout=0))
-    # When requests come one at a time, each after the last one's answer
+    worker = start_worker(Recording(tag_and_note, name="lend", batch_size=4, batch_timeout=0))
+    # When requests come one at a time, each after the last one's answer, once idle again
     answers = []
     for i in range(20):
         answers.append(client.dispatch("lend", i, timeout=RESULT_WAIT_S))
-        time.sleep(0.003)
+        wait_until(lambda: read_lent(worker), "the idle executor to take the blocking read")
     # Then each is answered, and (after the first, which the reader read) the thread that ran
     # each batch had read it itself: no hand-off between threads on an idle worker's answer
     assert answers == [f"r:{i}" for i in range(20)]
@@ -175,7 +182,7 @@ def test_work_arriving_during_a_long_batch_is_read_while_it_runs(
         serving.gate.set()
         assert ticket.result(RESULT_WAIT_S) == [f"r:w{i}"]
         serving.gate.clear()
-    time.sleep(0.3)  # idle: the executor holds the blocking read (see test above)
+    wait_until(lambda: read_lent(worker), "the idle executor to take the blocking read")
     # When a request arrives while the executor runs another one's batch
     first = client.submit("long", ["a"])
     wait_until(lambda: len(serving.batches) == 6, "the first batch runs")
@@ -195,8 +202,8 @@ def test_a_batch_waiting_for_its_timeout_takes_in_what_arrives_meanwhile(
     # Given an idle worker whose batches wait up to 20 s to fill
     slow_reader_fallback(monkeypatch)
     serving = Recording(tag_items, name="fill", batch_size=4, batch_timeout=20.0)
-    start_worker(serving)
-    time.sleep(0.3)  # idle: the executor holds the blocking read
+    worker = start_worker(serving)
+    wait_until(lambda: read_lent(worker), "the idle executor to take the blocking read")
     # When four requests come one after another (the executor reads the first itself)
     tickets = []
     for i in range(4):

@@ -24,9 +24,10 @@ import pytest
 import redis
 
 import queueserve as qs
+from tests.support.callers import Caller
 from tests.support.fault_app import WorkerProc, serving_consumer
 from tests.support.helpers import REPO, WAIT_S, child_env, wait_until
-from tests.support.step_app import Caller, Count, Records, expected
+from tests.support.step_app import Count, Records, expected
 
 StartWorker = Callable[..., qs.Worker]
 

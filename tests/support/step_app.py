@@ -1,8 +1,6 @@
 """Step servings for the continuous-batching tests (issue 14), importable by worker processes
 as ``tests.support.step_app:NAME``.
 
-``Caller`` streams a request in a thread of its own, for a test to read its events.
-
 ``Count`` is deterministic: an item ``{"n": N, "base": B}`` yields ``B, B+1, ..., B+N-1`` (its
 expected outputs are ``expected(item)``), so any interleaving with other requests must give
 the same answer. Flags make one item misbehave: ``hold`` keeps it going until the serving's
@@ -14,18 +12,15 @@ computed one token at a time, resumable from the prefix cache, and mixed into th
 from __future__ import annotations
 
 import os
-import queue
 import threading
 import time
-from collections.abc import Generator
-from typing import Any, cast
+from typing import Any
 
 import redis
 
 import queueserve as qs
 from queueserve.worker.middleware import Middleware
 from queueserve.worker.pipeline.stepping import StepRecord
-from tests.support.helpers import WAIT_S
 
 HOLD_STEP_S = 0.002  # a held sequence's step: keeps a gated test from flooding Redis
 MOD = 1_000_003
@@ -132,38 +127,3 @@ class Paced(Count):
 
 
 paced = Paced()
-
-
-class Caller:
-    """Iterates ``client.stream(...)`` in a thread of its own; the test reads its events."""
-
-    def __init__(self, client: qs.Client, serving: str, items: list[Any], **options: Any) -> None:
-        self.received: list[qs.Hook | qs.Output] = []
-        self.error: BaseException | None = None
-        self.finished = threading.Event()
-        self.events: queue.Queue[qs.Hook | qs.Output] = queue.Queue()
-        options.setdefault("timeout", 60)
-        self._stream = cast(Generator[qs.Hook | qs.Output, None, None],
-                            client.stream(serving, items, **options))
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            for event in self._stream:
-                self.received.append(event)
-                self.events.put(event)
-        except BaseException as e:  # the test looks at it
-            self.error = e
-        finally:
-            self.finished.set()
-
-    def next_event(self) -> qs.Hook | qs.Output:
-        try:
-            return self.events.get(timeout=WAIT_S)
-        except queue.Empty:
-            raise AssertionError(f"no event in {WAIT_S:g}s; got {self.received}") from None
-
-    def outputs(self) -> list[Any]:
-        """Every step value received, in order (one item per request here)."""
-        return [v for e in self.received if isinstance(e, qs.Output) for v in e.results]
