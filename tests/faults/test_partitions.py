@@ -256,3 +256,16 @@ def _is_zombie(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0] == "Z"
     except OSError:
         return True
+
+
+def test_a_partition_freezes_what_setup_left_so_full_collections_skip_it(
+    start_worker: Callable[..., WorkerProcess], client: qs.Client,
+) -> None:
+    # Given a worker process whose serving made an object in setup()
+    start_worker("Heap")
+    # When a request runs in its partition process
+    answer = client.dispatch("heap", 0, timeout=60)
+    # Then the heap as setup() left it is frozen: the garbage collector's full passes (150
+    # ms with a model's library loaded) never walk it again
+    assert answer["frozen"] > 1000
+    assert answer["setup_walked"] is False

@@ -137,3 +137,22 @@ class Device(qs.Serving):
 
         t = torch.ones(1, device=self.device)
         return [f"{t.device}|{self.current}" for _ in batch]
+
+
+
+class Heap(qs.Serving):
+    """Answers how its partition process's garbage collector sees the heap: how many objects
+    are frozen, and whether the one its setup() made is still walked by collections."""
+
+    name = "heap"
+    batch_size = 1
+    batch_timeout = 0.0
+
+    def setup(self, partition: qs.Partition) -> None:
+        self.made_in_setup = {"weights": list(range(10))}
+
+    def handle_batch(self, batch: qs.Batch) -> list[Any]:
+        import gc
+
+        walked = any(o is self.made_in_setup for o in gc.get_objects())
+        return [{"frozen": gc.get_freeze_count(), "setup_walked": walked} for _ in batch]
