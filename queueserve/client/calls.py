@@ -170,13 +170,30 @@ class CallTable:
                 call.finish()
 
     def deliver_event(self, message: bytes) -> None:
-        """Route one streamed event to its call (pub/sub; events of finished calls drop)."""
+        """Route streamed events to their calls (pub/sub; events of finished calls drop): one
+        event, or the list of one step's events for this client. Events reach the callers'
+        own threads, so each is checked here first (anyone who can publish on this client's
+        channel can send one); a bad one is dropped, and raised after the others are routed."""
         if message[0] not in self._accepted:
             raise ValueError(f"event uses codec tag {message[0]!r}, which this client never sent")
-        rid, seq, *body = codec_for_tag(message[0]).loads(memoryview(message)[1:])
-        call = self.streamed.get(rid)
-        if call is not None and call.on_event is not None:
-            call.on_event(seq, body)
+        decoded = codec_for_tag(message[0]).loads(memoryview(message)[1:])
+        if type(decoded) is not list or not decoded:
+            raise ValueError(f"an event must be a non-empty list, got {decoded!r:.200}")
+        problem = None
+        for event in decoded if type(decoded[0]) is list else [decoded]:
+            if type(event) is not list or not event or type(event[0]) is not int:
+                problem = f"an event must start with a request id, got {event!r:.200}"
+                continue
+            call = self.streamed.get(event[0])
+            if call is None or call.on_event is None:
+                continue
+            wrong = _event_problem(event, call.n)
+            if wrong is None:
+                call.on_event(event[1], event[2:])
+            else:
+                problem = wrong
+        if problem is not None:
+            raise ValueError(problem)
 
     def fail_all(self, error: QueueServeError) -> None:
         calls, self.calls = self.calls, {}
@@ -185,6 +202,21 @@ class CallTable:
 
     def forget(self, call: Call) -> None:
         self.calls.pop(call.rid, None)
+
+
+def _event_problem(event: list[Any], n: int) -> str | None:
+    """What is wrong with ``[rid, seq, *body]`` for a request of ``n`` items, if anything:
+    ``["h", name, payload, start, size]`` or ``["o", kind, values, first, count]``."""
+    ok = len(event) == 7 and type(event[1]) is int and event[1] >= 0
+    if ok and event[2] == "h":
+        ok = type(event[3]) is str and type(event[5]) is int and type(event[6]) is int
+    elif ok and event[2] == "o":
+        values, first, count = event[4:]
+        ok = (type(values) is list and type(first) is int and type(count) is int
+              and len(values) == count and first >= 0 and first + count <= n)
+    else:
+        ok = False
+    return None if ok else f"malformed event for request {event[0]}: {event!r:.200}"
 
 
 def deadline_after(timeout: float | None) -> float | None:

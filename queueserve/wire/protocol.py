@@ -51,6 +51,10 @@ for streamed requests, how many events were published before this reply), where 
 Event (published on ``P:events:C``): codec tag + encoding of ``[request_id, seq, *body]`` where
 body is ``["h", hook, payload, start, size]`` (start/size: the caller's items in the batch) or
 ``["o", RESULTS, values, offset, count]`` (a generator step for items offset:offset+count).
+The events one step or batch makes for one client go in one message: codec tag + encoding of
+the list of them, ``[[request_id, seq, *body], ...]`` (clients tell the two forms apart by
+the first element: an int, or a list). Clients older than that form drop such messages (the
+answers still carry every result): upgrade clients before workers.
 """
 
 from __future__ import annotations

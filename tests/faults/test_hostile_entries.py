@@ -215,6 +215,28 @@ def test_an_unencodable_result_fails_its_item_alone() -> None:
     assert "cannot be encoded with codec 'msgpack'" in by_offset[1][1]
 
 
+def test_events_go_one_message_per_client_and_alone_when_together_they_would_not_fit() -> None:
+    def event(rid: int, channel: str, value: Any) -> Any:
+        request = Request(b"1-0", "s", rid, "qs:inbox:c", 0.0, 1, channel, True)
+        return (request, 0, 0, P.EVENT, ["o", P.RESULTS, [value], 0, 1])
+
+    # One client's events of a step: one message, a list of them, in order; another client's
+    # single event: alone, in the form of a single event
+    out = compose([event(1, "qs:events:a", "x"), event(2, "qs:events:b", "y"),
+                   event(3, "qs:events:a", "z")], CODEC, 1 << 20)
+    assert [(channel, CODEC.loads(data[1:])) for channel, data in out.events] == [
+        ("qs:events:a", [[1, 0, "o", P.RESULTS, ["x"], 0, 1], [3, 0, "o", P.RESULTS, ["z"], 0, 1]]),
+        ("qs:events:b", [2, 0, "o", P.RESULTS, ["y"], 0, 1]),
+    ]
+    # Events that would pass max_reply_bytes together go one by one; one too large alone, or
+    # that the codec cannot carry, is dropped, and the others still go
+    big = "v" * 600
+    out = compose([event(1, "qs:events:a", big), event(2, "qs:events:a", big),
+                   event(3, "qs:events:a", "w" * 2000), event(4, "qs:events:a", object())],
+                  CODEC, 1024)
+    assert [CODEC.loads(data[1:])[0] for _, data in out.events] == [1, 2]
+
+
 def test_unencodable_results_reach_their_callers_as_errors_and_the_worker_serves_on(
     start_worker: StartWorker, client: qs.Client
 ) -> None:

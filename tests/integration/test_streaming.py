@@ -45,13 +45,18 @@ class EventTap:
             assert message is not None, "no subscribe confirmation"
             confirmed += message["type"] == "subscribe"
         self.seen: list[tuple[str, int, int, list[Any]]] = []  # (channel, rid, seq, body)
+        self.events_per_message: list[int] = []
 
     def _pull(self) -> None:
         message = self.pubsub.get_message(timeout=0.05)
         if message is not None and message["type"] == "message":
             data = message["data"]
-            rid, seq, *body = codec_for_tag(data[0]).loads(data[1:])
-            self.seen.append((message["channel"].decode(), rid, seq, body))
+            decoded = codec_for_tag(data[0]).loads(data[1:])
+            # one event, or the list of one step's events for this client
+            events = decoded if isinstance(decoded[0], list) else [decoded]
+            self.events_per_message.append(len(events))
+            for rid, seq, *body in events:
+                self.seen.append((message["channel"].decode(), rid, seq, body))
 
     def wait_for(self, what: str, condition: Callable[[], bool]) -> None:
         def check() -> bool:
@@ -262,6 +267,69 @@ def test_each_caller_of_a_shared_batch_gets_its_own_slice(
     assert sorted(i for start, size in slices for i in range(start, start + size)) == list(
         range(6)
     )
+
+
+def test_the_events_one_batch_makes_for_one_client_travel_as_one_message(
+    start_worker: StartWorker, client: qs.Client, redis_client: redis.Redis, prefix: str,
+    pending: Pending,
+) -> None:
+    # Given three one-item streams of one client, held to run in one batch of a hook serving
+    serving = Hooks(name="hooked", batch_size=6, batch_timeout=0, gated=True)
+    worker = start_worker(serving)
+    channel = P.events_channel(prefix, client.client_id)
+    tap = EventTap(redis_client, [channel])
+    try:
+        blocker = client.submit(serving, ["blocker"], timeout=30)
+        wait_until(lambda: len(serving.record.batches) == 1, what="the first batch to start")
+        own = ["p", "q", "s"]
+        callers = [Caller(client, serving, [x]) for x in own]
+        wait_until(lambda: pending("hooked") == 4 and items_waiting(worker) == 3,
+                   what="the worker to hold the three streams' items")
+        serving.gate.set()
+
+        # Then every caller gets its own hooks and its own result
+        assert blocker.result() == ["r:blocker"]
+        for x, caller in zip(own, callers, strict=True):
+            events = caller.join()
+            assert [e.name for e in events if isinstance(e, qs.Hook)] == ["start", "done"]
+            assert events[-1] == qs.Output([f"r:{x}"], 0, 1)
+        # and the batch's hooks reached the client in messages holding all three streams'
+        # events (both hooks in one, when the replier sends them together), not one each
+        tap.wait_for("both hooks of the three streams", lambda: len(tap.seen) == 6)
+        assert min(tap.events_per_message) >= 3
+    finally:
+        tap.close()
+
+
+def test_forged_events_on_a_clients_channel_are_dropped_and_its_stream_goes_on(
+    start_worker: StartWorker, client: qs.Client, redis_client: redis.Redis, prefix: str,
+) -> None:
+    # Given a caller streaming from a hook serving whose batch waits at its gate
+    serving = Hooks(name="hooked", batch_size=4, batch_timeout=0, gated=True)
+    start_worker(serving)
+    caller = Caller(client, serving, ["a"])
+    assert caller.next_event() == qs.Hook("start", ["a"], 0, 1)
+    (rid,) = client.table.streamed
+
+    # When someone publishes malformed events for its request on the client's channel: alone,
+    # in a list of events, and next to a list's events for nobody
+    channel = P.events_channel(prefix, client.client_id)
+    forged = [
+        [rid, "1", "h", "done", 1, 0, 1],  # a sequence number that is not one
+        [rid, 1, "o", P.RESULTS, "not a list", 0, 1],
+        [rid, 1, "o", P.RESULTS, ["x"], 5, 1],  # an item the request does not have
+        [rid, 1, "h"],
+        [[rid, -1, "h", "done", 1, 0, 1], [], 7, [None, 1]],
+        [],
+        "not an event",
+    ]
+    for message in forged:
+        redis_client.publish(channel, bytes((MsgpackCodec.tag,)) + msgpack.packb(message))
+    serving.gate.set()
+
+    # Then the stream goes on as if they had not been sent
+    assert caller.join() == [qs.Hook("start", ["a"], 0, 1), qs.Hook("done", 1, 0, 1),
+                             qs.Output(["r:a"], 0, 1)]
 
 
 # --- no split in hook mode ----------------------------------------------------------------------

@@ -130,18 +130,38 @@ def compose(rows: list[Row], codec: Codec, max_bytes: int) -> Outgoing:
 def _encode_events(
     codec: Codec, events: list[tuple[str, list[Any]]], max_bytes: int
 ) -> Iterator[tuple[str, bytes]]:
-    """Encoded events; one that cannot be sent is dropped with a warning (events are not
+    """Encoded events, one message per channel: a caller's requests of one step or batch
+    (a client streaming for many users has most of a step's sequences) go in one PUBLISH and
+    one decode, a list of events, in the order they were made; a single event goes alone, as
+    it always did. An event that cannot be sent is dropped with a warning (events are not
     durable: the request's answer still carries its results)."""
+    by_channel: dict[str, list[list[Any]]] = {}
     for channel, event in events:
-        try:
-            data = codec.dumps(event)
-        except Exception as e:
-            log.warning("dropped a streamed event that codec %r cannot encode: %s", codec.name, e)
-            continue
-        if len(data) >= max_bytes:
-            log.warning("dropped a streamed event of %d bytes, over max_reply_bytes", len(data))
-            continue
-        yield channel, data
+        if channel in by_channel:
+            by_channel[channel].append(event)
+        else:
+            by_channel[channel] = [event]
+    for channel, batch in by_channel.items():
+        if len(batch) > 1:
+            try:
+                data = codec.dumps(batch)
+            except Exception:
+                data = None
+            if data is not None and len(data) < max_bytes:
+                yield channel, data
+                continue
+        for event in batch:  # alone, or the batch failed: each event on its own
+            try:
+                data = codec.dumps(event)
+            except Exception as e:
+                log.warning("dropped a streamed event that codec %r cannot encode: %s",
+                            codec.name, e)
+                continue
+            if len(data) >= max_bytes:
+                log.warning("dropped a streamed event of %d bytes, over max_reply_bytes",
+                            len(data))
+                continue
+            yield channel, data
 
 
 class _Encoder:
