@@ -239,6 +239,25 @@ def test_a_failing_step_answers_only_its_culprit_and_the_serving_goes_on(
     assert client.dispatch("count", {"n": 2}, timeout=30) == [0, 1]
 
 
+@pytest.mark.parametrize(("item", "message"), [
+    ({"n": 2, "fail_tokens": True},
+     "Count.tokens(item) failed for this item: KeyError: 'no tokenizer entry for this item'"),
+    ({"n": 2, "budget": -1}, "Count.tokens(item) returned (0, -1); return (prompt tokens, most "
+                            "generated tokens) as ints >= 0"),
+    ({"n": 2, "budget": 2.5}, "Count.tokens(item) returned (0, 2.5)"),
+])
+def test_an_item_whose_tokens_cannot_be_measured_gets_bad_request_and_others_run(
+    start_worker: StartWorker, client: qs.Client, item: dict[str, Any], message: str,
+) -> None:
+    start_worker(Count())
+    bad = client.submit("count", [item], timeout=30)
+    good = client.submit("count", [{"n": 3}], timeout=30)
+    with pytest.raises(qs.BadRequest) as raised:
+        bad.result(WAIT_S)
+    assert message in str(raised.value)
+    assert good.result(WAIT_S) == [expected({"n": 3})]
+
+
 def test_with_on_error_fail_a_failing_step_answers_its_whole_call(
     start_worker: StartWorker, client: qs.Client,
 ) -> None:

@@ -5,7 +5,8 @@ as ``tests.support.step_app:NAME``.
 expected outputs are ``expected(item)``), so any interleaving with other requests must give
 the same answer. Flags make one item misbehave: ``hold`` keeps it going until the serving's
 ``gate`` opens, ``fail_decode`` raises in the decode step that reaches output number K,
-``fail_prefill`` raises in prefill. ``prompt`` adds a prompt whose state (a rolling hash) is
+``fail_prefill`` raises in prefill, ``fail_tokens`` in tokens(), and ``budget`` is what tokens()
+says it may generate. ``prompt`` adds a prompt whose state (a rolling hash) is
 computed one token at a time, resumable from the prefix cache, and mixed into the outputs.
 """
 
@@ -54,6 +55,8 @@ class Count(qs.StepServing):
         self._lock = threading.Lock()
 
     def tokens(self, item: dict[str, Any]) -> tuple[int, int]:
+        if item.get("fail_tokens"):
+            raise KeyError("no tokenizer entry for this item")
         return len(item.get("prompt", "")), item.get("budget", item["n"])
 
     def prompt_tokens(self, item: dict[str, Any]) -> list[str] | None:

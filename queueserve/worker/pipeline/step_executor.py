@@ -260,7 +260,13 @@ class StepExecutor:
             try:
                 budget = prompt = 0
                 for item in w.piece.items:
-                    p, g = self.serving.tokens(item)
+                    try:
+                        p, g = self.serving.tokens(item)
+                    except Exception as e:  # the caller learns which of its calls failed
+                        raise ValueError(
+                            f"{type(self.serving).__name__}.tokens(item) failed for this item: "
+                            f"{type(e).__name__}: {e}"
+                        ) from None
                     if not (isinstance(p, int) and isinstance(g, int)) or p < 0 or g < 0:
                         raise ValueError(
                             f"{type(self.serving).__name__}.tokens(item) returned {(p, g)!r}; "
