@@ -28,6 +28,7 @@ from queueserve.client.base import (
     admitted,
     collect,
     enqueue_groups,
+    kept_parts,
     send_window,
 )
 from queueserve.client.calls import Call, deadline_after
@@ -49,7 +50,7 @@ class AsyncTicket:
     ) -> None:
         self._client = client
         self._target = target
-        self._parts = parts
+        self._parts = kept_parts(parts)
         self._calls = calls
         self._futures = futures
         self._timeout = timeout

@@ -185,6 +185,9 @@ class ClientBase:
         self.table = CallTable()
         self.events_channel = P.events_channel(self.prefix, self.client_id)
         self._targets: dict[str, Target] = {}
+        # Key names per serving name: a serving object's call makes a new Target, whose keys
+        # would otherwise be built again (some twenty strings) and kept by the call in flight.
+        self._keys: dict[str, P.Keys] = {}
         self._spreads: dict[str, ShardSpread] = {}
 
     def timeout_for(self, timeout: float | None) -> float | None:
@@ -208,7 +211,13 @@ class ClientBase:
     def meta_keys(self, serving: ServingRef) -> P.Keys | None:
         """Keys whose meta hash to read before ``remember``: None when a serving object (or
         a cached name) says all there is to know."""
-        return P.Keys(self.prefix, serving) if isinstance(serving, str) else None
+        return self.keys_of(serving) if isinstance(serving, str) else None
+
+    def keys_of(self, name: str) -> P.Keys:
+        keys = self._keys.get(name)
+        if keys is None:
+            keys = self._keys[name] = P.Keys(self.prefix, name)
+        return keys
 
     def request(
         self, target: Target, part: Part, deadline: float | None, priority: int = 0,
@@ -334,7 +343,7 @@ class ClientBase:
     def _target_for(self, serving: ServingRef, meta_codec: str | None) -> Target:
         if isinstance(serving, Serving):
             return Target(
-                P.Keys(self.prefix, serving.name),
+                self.keys_of(serving.name),
                 get_codec(serving.codec),
                 serving,
                 serving.max_queue,
@@ -351,7 +360,7 @@ class ClientBase:
                 f"object to dispatch, or create the client with codec={codec!r} if you trust "
                 "every writer of this Redis"
             )
-        return Target(P.Keys(self.prefix, serving), get_codec(codec), None, 0, None)
+        return Target(self.keys_of(serving), get_codec(codec), None, 0, None)
 
     @staticmethod
     def priority(value: object) -> int:
@@ -575,11 +584,18 @@ class StreamPacer:
 
 
 
+def kept_parts(parts: list[Part]) -> list[Part] | None:
+    """What a ticket keeps of its parts: None when one request holds all the items in order,
+    its results as they come (a ticket in flight keeps fewer objects for the collector)."""
+    return None if len(parts) == 1 and parts[0].positions is None else parts
+
+
 def collect(
-    target: Target, parts: list[Part], calls: list[Call], return_exceptions: bool
+    target: Target, parts: list[Part] | None, calls: list[Call], return_exceptions: bool
 ) -> list[Any]:
-    """Results of finished calls, back in the caller's item order, through map_results."""
-    if len(calls) == 1 and parts[0].positions is None:  # one request: results as they came
+    """Results of finished calls, back in the caller's item order, through map_results;
+    ``parts`` as ``kept_parts`` gives them."""
+    if parts is None:  # one request: results as they came
         results = outcome(calls[0], return_exceptions)
     else:
         results = [None] * sum(len(p.items) for p in parts)

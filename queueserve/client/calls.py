@@ -53,7 +53,10 @@ class Call:
         self.keys = keys
         self.batch_key = batch_key
         self.priority = priority
-        self.results: list[Any] = [None] * n
+        # Filled by the answer; a list of n only once a partial answer needs one (most
+        # answers come whole, and an empty list per call in flight is one more object the
+        # garbage collector walks).
+        self.results: list[Any] = _NO_RESULTS
         self.filled = bytearray(n)
         self.remaining = n
         self.error: QueueServeError | None = None  # fails the whole request (not per item)
@@ -75,7 +78,10 @@ class Call:
             self.results = values
             self.filled[:] = b"\x01" * count
             self.remaining = 0
-        elif self.filled.count(0, offset, end) == count:
+            return
+        if self.results is _NO_RESULTS:
+            self.results = [None] * self.n
+        if self.filled.count(0, offset, end) == count:
             self.results[offset:end] = values
             self.filled[offset:end] = b"\x01" * count
             self.remaining -= count
@@ -123,6 +129,7 @@ class Call:
 
 
 _WAITERS = threading.Lock()
+_NO_RESULTS: list[Any] = []  # shared, never filled: see Call.results
 
 
 class CallTable:

@@ -31,6 +31,7 @@ from queueserve.client.base import (
     admitted,
     collect,
     enqueue_groups,
+    kept_parts,
     send_window,
 )
 from queueserve.client.calls import Call, deadline_after
@@ -58,7 +59,7 @@ class Ticket:
         self._client = client
         self._inbox = inbox  # the caller's own inbox, which it reads while it waits
         self._target = target
-        self._parts = parts
+        self._parts = kept_parts(parts)
         self._calls = calls
         self._timeout = timeout
         self._deadline = None if timeout is None else time.monotonic() + timeout

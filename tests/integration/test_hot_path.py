@@ -5,6 +5,7 @@ that drained everything blocks for new work and reads it in the same round trip.
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 from collections.abc import Callable
@@ -243,3 +244,31 @@ def test_acks_in_runs_release_each_entrys_items_once(redis_url: str, prefix: str
     assert redis_client.xlen(stream) == 0
     assert not redis_client.hget(keys.depth, "default")
     broker.close()
+
+
+@pytest.mark.parametrize("by", ["name", "serving object"])
+def test_a_request_in_flight_keeps_few_objects_for_the_garbage_collector(
+    client: qs.Client, redis_client: redis.Redis, prefix: str, by: str
+) -> None:
+    # Every object a call in flight keeps reaches the collector's oldest generation (a window
+    # of submits lives longer than its young collections) and is walked by each full pass:
+    # in the submit-window benchmark those passes were 40% of the client's CPU.
+    serving = qs.Serving(lambda xs: xs, name="nobody-serves")
+    target: qs.Serving | str = serving if by == "serving object" else serving.name
+    # The serving's options are declared, as a worker declares them (a name is then cached)
+    client.submit(serving, [0])
+    redis_client.hset(f"{prefix}:{{nobody-serves}}:meta", "codec", "msgpack")
+    client.submit(target, [0])
+    time.sleep(0.2)  # the sender has sent them
+    gc.collect()
+    gc.disable()
+    try:
+        before = {id(o) for o in gc.get_objects()}
+        tickets = [client.submit(target, [x]) for x in range(500)]
+        time.sleep(0.2)
+        kept = [o for o in gc.get_objects() if id(o) not in before]
+    finally:
+        gc.enable()
+    # Then each keeps its call, its ticket, the ticket's list of calls and (for a serving
+    # object, whose options may change between calls) its target, and nothing else
+    assert len(tickets) == 500 and len(kept) <= 4 * 500 + 50
