@@ -20,7 +20,8 @@ the batching differs). All share a private redis-server.
    characters of stdlib docstrings, outputs of 4..400 characters (log-uniform: most short, a
    few long), greedy. Each request is its own ``client.stream`` caller. Reported: generated
    characters per second over the run, time to first character p50/p99, time per output
-   character (mean over requests of (last - first) / (n - 1)). The offered load is printed
+   character (mean over requests of (last - first) / (n - 1)), and the CPU each process
+   (callers, worker, Redis) spent per generated character. The offered load is printed
    too: a serving that keeps up generates what arrives, so at a rate both keep up with their
    chars/s are the offered load's, not their capacity.
 2. The same mix (other prompts: seed + 1), saturating: ``--saturating-requests`` arriving at
@@ -41,6 +42,7 @@ cache saves >= 80% of prefill time.
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import re
 import subprocess
@@ -52,7 +54,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import queueserve as qs
-from bench._harness import RedisServer, free_port, percentile, spawn_module, stop_process
+from bench._harness import (
+    CpuMeter,
+    RedisServer,
+    free_port,
+    percentile,
+    spawn_module,
+    stop_process,
+)
 from tasks.charlm import CharLM
 
 charlm_cold = CharLM(name="charlm_cold", prefix_cache_bytes=0)
@@ -184,17 +193,27 @@ def offered(load: list[tuple[float, dict[str, object]]]) -> str:
             f"{chars / load[-1][0]:.0f} chars/s)")
 
 
-def compare(client: qs.Client, load: list[tuple[float, dict[str, object]]], repeat: int
-            ) -> list[tuple[dict[str, float], dict[str, float]]]:
+def compare(client: qs.Client, cpu: CpuMeter, load: list[tuple[float, dict[str, object]]],
+            repeat: int) -> list[tuple[dict[str, float], dict[str, float]]]:
     """``repeat`` interleaved (static, continuous) pairs: the machine's other work moves both
-    of a pair alike, and the median pair's ratio is the figure."""
+    of a pair alike, and the median pair's ratio is the figure. Each run also prints the CPU
+    its processes spent per generated character (``cpu``: the callers, the worker with its
+    partition, Redis): where the time goes, since two cores serve all three."""
     pairs = []
     for _ in range(repeat):
-        static = summarize("static", *run_load(client, "charlm_static", load))
-        # Without the prefix cache: only the batching differs (and a load repeated, or
-        # sharing prompts with an earlier one, would find them cached).
-        cont = summarize("continuous", *run_load(client, "charlm_cold", load))
-        pairs.append((static, cont))
+        runs = []
+        # Continuous without the prefix cache: only the batching differs (and a load
+        # repeated, or sharing prompts with an earlier one, would find them cached).
+        for name, serving in (("static", "charlm_static"), ("continuous", "charlm_cold")):
+            cpu.start()
+            sent, seconds = run_load(client, serving, load)
+            spent = cpu.stop()
+            runs.append(summarize(name, sent, seconds))
+            chars = sum(s.n for s in sent)
+            print(f"{'':11} CPU µs per char: callers {1e6 * spent['callers'] / chars:.0f}, "
+                  f"worker {1e6 * spent['worker'] / chars:.0f}, Redis "
+                  f"{1e6 * spent['redis'] / chars:.0f}")
+        pairs.append((runs[0], runs[1]))
     return pairs
 
 
@@ -273,16 +292,19 @@ def main() -> None:
     port = free_port()
     specs = ["tasks.charlm:charlm", "tasks.charlm:charlm_static", "bench.generate:charlm_cold"]
     with charlm_worker(specs, ["charlm", "charlm_static", "charlm_cold"],
-                       "--metrics-port", str(port)) as (client, _, _):
+                       "--metrics-port", str(port)) as (client, worker, redis_server):
+        assert redis_server.proc is not None
+        cpu = CpuMeter({"callers": os.getpid(), "worker": worker.pid,
+                        "redis": redis_server.proc.pid}, trees=frozenset({"worker"}))
         print(f"mixed load: {offered(load)}; {SLOTS} slots / batch size, prompts 10..200 "
               f"chars, outputs 4..400 chars (log-uniform); {args.repeat} pairs")
-        pairs = compare(client, load, args.repeat)
+        pairs = compare(client, cpu, load, args.repeat)
         ttft = median_ratio(pairs, "ttft_p99")
         print(f"continuous / static: chars/s {ratios(pairs, 'tokens_s')}; TTFT p99 "
               f"{ratios(pairs, 'ttft_p99')} of static's: median {ttft:.2f}x (budget <= 0.33x: "
               f"{'met' if ttft <= 1 / 3 else 'NOT met'})")
         print(f"saturating: {offered(saturating)}; {args.repeat} pairs")
-        pairs = compare(client, saturating, args.repeat)
+        pairs = compare(client, cpu, saturating, args.repeat)
         speedup = median_ratio(pairs, "tokens_s")
         print(f"continuous / static: chars/s {ratios(pairs, 'tokens_s')}: median "
               f"{speedup:.2f}x (budget >= 2x: {'met' if speedup >= 2 else 'NOT met'}); TTFT "
