@@ -6,6 +6,7 @@ Nothing here imports queueserve, so the hand-written baseline can use it too.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import shutil
 import signal
@@ -185,6 +186,29 @@ class CpuMeter:
             out[name] = user + system
             out[f"{name}_sys"] = system
         return out
+
+
+class GcClock:
+    """Seconds this process spent in garbage collections between ``start()`` and ``stop()``
+    (every thread waits meanwhile): what the objects a client keeps per call cost it."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._began = 0.0
+
+    def _tick(self, phase: str, _info: dict[str, int]) -> None:
+        if phase == "start":
+            self._began = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._began
+
+    def start(self) -> None:
+        self.seconds = 0.0
+        gc.callbacks.append(self._tick)
+
+    def stop(self) -> float:
+        gc.callbacks.remove(self._tick)
+        return self.seconds
 
 
 def wait_until(predicate: object, timeout: float, what: str) -> None:

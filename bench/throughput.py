@@ -50,6 +50,7 @@ import queueserve as qs
 from ._harness import (
     REPO_ROOT,
     CpuMeter,
+    GcClock,
     Rate,
     RedisServer,
     percentile,
@@ -288,9 +289,11 @@ class Bench:
             raise RuntimeError(f"{consumer.args!r} exited with code {consumer.returncode}")
         meter = self.meter(consumer)
         self.redis.config_resetstat()
+        collections = GcClock()
         meter.start()
+        collections.start()
         seconds = run()
-        cpu = meter.stop()
+        cpu = {**meter.stop(), "bench_gc": collections.stop()}
         calls = redis_calls(self.redis)
         entry = self.results.setdefault(
             name, {"runs": [], "cpu_us_per_item": [], "redis_per_item": []}
@@ -433,7 +436,7 @@ def checks(out: dict[str, Any], max_in_flight: tuple[int, ...]) -> dict[str, boo
 
 def _cpu(out: dict[str, Any], name: str) -> str:
     c = out[name]["cpu_us_per_item"]
-    return f"{c['bench']:6.1f} {c['consumer']:6.1f} {c['redis']:5.1f}"
+    return f"{c['bench']:6.1f} ({c['bench_gc']:4.1f}) {c['consumer']:6.1f} {c['redis']:5.1f}"
 
 
 def _rate(out: dict[str, Any], name: str) -> str:
@@ -442,7 +445,8 @@ def _rate(out: dict[str, Any], name: str) -> str:
 
 
 def _throughput_lines(out: dict[str, Any], max_in_flight: tuple[int, ...]) -> list[str]:
-    lines = ["throughput (items/s, median [min .. max])      CPU µs/item: client worker redis"]
+    lines = ["throughput (items/s, median [min .. max])      CPU µs/item: client (its GC) "
+             "worker redis"]
     if "baseline" in out:
         lines.append(f"  {'baseline (hand-written, 8 thr x 512)':<37}  {_rate(out, 'baseline')}"
                      f"   {_cpu(out, 'baseline')}")
