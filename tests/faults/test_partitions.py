@@ -16,6 +16,7 @@ import redis
 
 import queueserve as qs
 from queueserve.wire.protocol import Keys
+from queueserve.worker.partition import YOUNG_COLLECTION_AFTER
 from queueserve.worker.supervisor import EXIT_CRASH_LOOP, resolve_partitions
 from tests.support.helpers import REPO, child_env, wait_until
 
@@ -269,3 +270,5 @@ def test_a_partition_freezes_what_setup_left_so_full_collections_skip_it(
     # ms with a model's library loaded) never walk it again
     assert answer["frozen"] > 1000
     assert answer["setup_walked"] is False
+    # and the young generation is walked only once many objects outlive their allocation
+    assert answer["young_threshold"] == YOUNG_COLLECTION_AFTER

@@ -142,7 +142,8 @@ class Device(qs.Serving):
 
 class Heap(qs.Serving):
     """Answers how its partition process's garbage collector sees the heap: how many objects
-    are frozen, and whether the one its setup() made is still walked by collections."""
+    are frozen, whether the one its setup() made is still walked by collections, and after how
+    many objects the young generation is collected."""
 
     name = "heap"
     batch_size = 1
@@ -155,4 +156,5 @@ class Heap(qs.Serving):
         import gc
 
         walked = any(o is self.made_in_setup for o in gc.get_objects())
-        return [{"frozen": gc.get_freeze_count(), "setup_walked": walked} for _ in batch]
+        return [{"frozen": gc.get_freeze_count(), "setup_walked": walked,
+                 "young_threshold": gc.get_threshold()[0]} for _ in batch]
