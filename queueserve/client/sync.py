@@ -60,23 +60,31 @@ class Ticket:
         self._inbox = inbox  # the caller's own inbox, which it reads while it waits
         self._target = target
         self._parts = kept_parts(parts)
-        self._calls = calls
+        # One call (the common case) kept as itself: a list per ticket in flight is one more
+        # object for the garbage collector to walk.
+        self._calls: Call | list[Call] = calls[0] if len(calls) == 1 else calls
         self._timeout = timeout
         self._deadline = None if timeout is None else time.monotonic() + timeout
 
     @property
+    def _each(self) -> list[Call]:
+        calls = self._calls
+        return [calls] if isinstance(calls, Call) else calls
+
+    @property
     def id(self) -> str:
         """Request id, unique across clients (``client_id-request``; one per batch key)."""
-        return ",".join(f"{self._client.client_id}-{c.rid}" for c in self._calls)
+        return ",".join(f"{self._client.client_id}-{c.rid}" for c in self._each)
 
     def done(self) -> bool:
-        return all(c.state != "pending" for c in self._calls)
+        return all(c.state != "pending" for c in self._each)
 
     def result(self, timeout: float | None = None, *, return_exceptions: bool = False) -> list[Any]:
         """Results in item order; raises the first item's error unless return_exceptions."""
-        for call in self._calls:
+        calls = self._each
+        for call in calls:
             self._wait(call, timeout)
-        return collect(self._target, self._parts, self._calls, return_exceptions)
+        return collect(self._target, self._parts, calls, return_exceptions)
 
     def _wait(self, call: Call, timeout: float | None) -> None:
         if call.state != "pending":  # answered already: the common case in a window
@@ -97,7 +105,7 @@ class Ticket:
     def cancel(self) -> bool:
         """Withdraw the request. True when it will never run; False when a worker already
         holds it (its result is then dropped) or it had finished."""
-        return all([self._client.withdraw(call) for call in self._calls])
+        return all([self._client.withdraw(call) for call in self._each])
 
 
 class Client:

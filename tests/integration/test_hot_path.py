@@ -269,6 +269,7 @@ def test_a_request_in_flight_keeps_few_objects_for_the_garbage_collector(
         kept = [o for o in gc.get_objects() if id(o) not in before]
     finally:
         gc.enable()
-    # Then each keeps its call, its ticket, the ticket's list of calls and (for a serving
-    # object, whose options may change between calls) its target, and nothing else
-    assert len(tickets) == 500 and len(kept) <= 4 * 500 + 50
+    # Then each keeps its call, its ticket and (for a serving object, whose options may
+    # change between calls) its target, and nothing else
+    most = 3 if by == "serving object" else 2
+    assert len(tickets) == 500 and len(kept) <= most * 500 + 50
