@@ -89,7 +89,7 @@ def test_requests_accepted_before_a_redis_crash_are_answered_after_it(
         short = client.submit("held", ["short"], timeout=1.5)
         wait_until(lambda: r.xlen(stream_key(prefix, "held")) == 22, "all to be accepted")
         # (and the client to have read that: Redis may write XLEN's reply before the script's)
-        wait_until(lambda: all(c.entry_id for t in [*queued, short] for c in t._calls),
+        wait_until(lambda: all(c.entry_id for t in [*queued, short] for c in t._each),
                    "the client to hear they were accepted")
 
         # When Redis crashes (SIGKILL), and the worker notices and says so
