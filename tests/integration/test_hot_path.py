@@ -246,6 +246,11 @@ def test_acks_in_runs_release_each_entrys_items_once(redis_url: str, prefix: str
     broker.close()
 
 
+def accepted(tickets: list[qs.Ticket]) -> bool:
+    """Whether the client has read the entry id of every request of ``tickets``."""
+    return all(call.entry_id for t in tickets for call in t._each)
+
+
 @pytest.mark.parametrize("by", ["name", "serving object"])
 def test_a_request_in_flight_keeps_few_objects_for_the_garbage_collector(
     client: qs.Client, redis_client: redis.Redis, prefix: str, by: str
@@ -256,16 +261,16 @@ def test_a_request_in_flight_keeps_few_objects_for_the_garbage_collector(
     serving = qs.Serving(lambda xs: xs, name="nobody-serves")
     target: qs.Serving | str = serving if by == "serving object" else serving.name
     # The serving's options are declared, as a worker declares them (a name is then cached)
-    client.submit(serving, [0])
+    first = [client.submit(serving, [0])]
     redis_client.hset(f"{prefix}:{{nobody-serves}}:meta", "codec", "msgpack")
-    client.submit(target, [0])
-    time.sleep(0.2)  # the sender has sent them
+    first.append(client.submit(target, [0]))
+    wait_until(lambda: accepted(first), "the client to hear its first requests accepted")
     gc.collect()
     gc.disable()
     try:
         before = {id(o) for o in gc.get_objects()}
         tickets = [client.submit(target, [x]) for x in range(500)]
-        time.sleep(0.2)
+        wait_until(lambda: accepted(tickets), "the client to hear all 500 accepted")
         kept = [o for o in gc.get_objects() if id(o) not in before]
     finally:
         gc.enable()
