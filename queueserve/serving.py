@@ -418,6 +418,9 @@ class Serving:
             "shards": self.shards,
             "durable": self.durable,
             "prepare_concurrency": self.prepare_concurrency,
+            # Workers of this version read packs (several requests in one entry); clients
+            # pack up to this many items (enqueue.lua).
+            "pack_items": self.batch_size,
         }
 
     def __repr__(self) -> str:

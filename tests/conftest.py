@@ -28,7 +28,7 @@ import redis
 
 import queueserve as qs
 from tests.support.fault_app import Workers
-from tests.support.helpers import stream_key
+from tests.support.helpers import pending_requests, stream_key
 from tests.support.redis_server import (
     REDIS_URL_ENV,
     RedisServer,
@@ -91,16 +91,11 @@ def redis_tmp_server(tmp_path: Path) -> Iterator[RedisServer]:
 # --- workers and clients (integration and fault tests) -------------------------------------
 @pytest.fixture
 def pending(redis_client: redis.Redis, prefix: str) -> Callable[..., int]:
-    """``pending(serving, batch_key="default")``: entries workers have read and not acked yet."""
+    """``pending(serving, batch_key="default")``: requests workers have read and not acked
+    yet (a pack, one entry, counts each of its requests)."""
 
     def count(serving: str, batch_key: str = "default") -> int:
-        try:
-            info = redis_client.xpending(stream_key(prefix, serving, batch_key), "qs")
-        except redis.ResponseError as e:  # no stream or no group yet: nothing was read
-            if "NOGROUP" in str(e):
-                return 0
-            raise
-        return int(info["pending"])
+        return pending_requests(redis_client, stream_key(prefix, serving, batch_key))
 
     return count
 

@@ -200,6 +200,7 @@ class RedisBroker:
         self._read: Script = self.redis.register_script(load_script("read.lua"))
         self._sweep: Script = self.redis.register_script(load_script("sweep.lua"))
         self._replay: Script = self.redis.register_script(load_script("replay.lua"))
+        self._split: Script = self.redis.register_script(load_script("split.lua"))
         self._loaded_on: set[int] = set()  # connections enqueue.lua was loaded on (durable)
         # The hot path's round trips go straight onto a pooled connection (broker/raw.py),
         # except on a cluster, whose client routes each command to its slot's master.
@@ -678,6 +679,20 @@ class RedisBroker:
             for entry in found
             if entry
         ]
+
+    def split_pack(self, keys: Keys, stream: str, entry_id: bytes) -> int:
+        """Replace a pack this consumer holds by one new entry per request (split.lua).
+
+        Returns how many entries it wrote: 0 when the entry is gone or is not a pack, -1 when
+        its packed requests are malformed (the caller dead-letters the entry)."""
+        shard = keys.shard_of(stream)
+        batch_key, priority = shard.parse_stream(stream)
+        score = int(time.time() * 1000) - priority * PRIORITY_AGE_MS
+        with redis_errors(self.url):
+            return int(self._split(
+                keys=[stream, shard.ready, shard.wake],
+                args=[GROUP, entry_id, f"{priority}{batch_key}", score],
+            ))
 
     def count_delivery(self, stream: str, consumer: str, entry_id: bytes) -> None:
         """Count one more delivery of an entry this consumer is about to run."""

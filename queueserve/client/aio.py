@@ -81,7 +81,8 @@ class AsyncTicket:
         return collect(self._target, self._parts, self._calls, return_exceptions)
 
     async def cancel(self) -> bool:
-        """Withdraw the request; True when it will never run."""
+        """Withdraw the request; True when it will never run (False: it may run, as
+        ``Ticket.cancel`` says, and its result is dropped)."""
         return all([await self._client.withdraw(call) for call in self._calls])
 
 

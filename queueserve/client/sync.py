@@ -104,7 +104,8 @@ class Ticket:
 
     def cancel(self) -> bool:
         """Withdraw the request. True when it will never run; False when a worker already
-        holds it (its result is then dropped) or it had finished."""
+        holds it or it shares an entry with other requests (a pack: it runs with them; either
+        way its result is dropped), or it had finished."""
         return all([self._client.withdraw(call) for call in self._each])
 
 

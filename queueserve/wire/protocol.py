@@ -39,6 +39,14 @@ Request stream entry:
        readable by workers that predate it. It is also in the stream's name, which a
        redelivery keeps.
     p  the items, a list encoded with the serving's codec
+    a  the items admission counted (enqueue.lua), released by the entry's ack
+
+Pack entry (several requests in one entry; enqueue.lua writes them once workers declared
+``pack_items`` in the meta hash):
+    a  the items of all its requests
+    k  msgpack ``[[h, p, a], ...]``: each request's header, payload and admitted items (byte
+       strings) as an entry of its own would carry them. A worker that reclaims a pack splits
+       it into such entries (split.lua) instead of running it.
 
 Reply (one list element for one client and one batch): a codec tag byte followed by the codec's
 encoding of ``[[request_id, offset, count, kind, body(, events_total)], ...]`` (events_total:

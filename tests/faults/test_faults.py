@@ -32,7 +32,7 @@ import queueserve as qs
 from queueserve.wire.codec import codec_for_tag
 from queueserve.wire.timing import DEAD_AFTER_S, RECLAIM_EVERY_S
 from tests.support.fault_app import WorkerProc, Workers, consumer_of
-from tests.support.helpers import wait_until
+from tests.support.helpers import entry_headers, wait_until
 
 SERVING = "busy"
 TOTAL = 20_000
@@ -183,9 +183,10 @@ class Killer:
         held = []
         for p in pending:
             for _, fields in self.r.xrange(self.stream, p["message_id"], p["message_id"]):
-                header = msgpack.unpackb(fields[b"h"])
-                client_id = header[3].rsplit(":", 1)[1]
-                held.append(f"{client_id}-{header[1]}")
+                for raw in entry_headers(fields):
+                    header = msgpack.unpackb(raw)
+                    client_id = header[3].rsplit(":", 1)[1]
+                    held.append(f"{client_id}-{header[1]}")
         return held
 
     def allow(self, more: int) -> None:

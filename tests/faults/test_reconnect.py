@@ -18,7 +18,7 @@ import redis
 
 import queueserve as qs
 from tests.support.fault_app import WorkerProc, Workers, consumer_of, serving_consumer, start_gate
-from tests.support.helpers import stream_key, wait_until
+from tests.support.helpers import pending_requests, requests_in, stream_key, wait_until
 from tests.support.redis_server import RedisServer, start_redis_server
 
 RESULT_WAIT_S = 60.0
@@ -87,7 +87,7 @@ def test_requests_accepted_before_a_redis_crash_are_answered_after_it(
         wait_until(lambda: b"wait" in r.lrange(f"{prefix}:fault:exec", 0, -1), "the batch")
         queued = [client.submit("held", [f"q{i}"]) for i in range(20)]
         short = client.submit("held", ["short"], timeout=1.5)
-        wait_until(lambda: r.xlen(stream_key(prefix, "held")) == 22, "all to be accepted")
+        wait_until(lambda: requests_in(r, stream_key(prefix, "held")) == 22, "all to be accepted")
         # (and the client to have read that: Redis may write XLEN's reply before the script's)
         wait_until(lambda: all(c.entry_id for t in [*queued, short] for c in t._each),
                    "the client to hear they were accepted")
@@ -204,7 +204,7 @@ def test_a_busy_worker_logs_the_recovery_too(
         wait_until(lambda: b"wait" in r.lrange(f"{prefix}:fault:exec", 0, -1), "the batch")
         queued = [client.submit("held", [f"q{i}"]) for i in range(8)]
         wait_until(
-            lambda: r.xpending(stream_key(prefix, "held"), "qs")["pending"] == 9, "prefetch"
+            lambda: pending_requests(r, stream_key(prefix, "held")) == 9, "prefetch"
         )
 
         # When Redis restarts under it

@@ -214,7 +214,7 @@ def test_on_error_fail_fails_the_whole_batch_on_a_prepare_error(
 
 
 def test_cancelled_and_expired_requests_are_dropped_between_prepare_and_device(
-    start_worker: StartWorker, client: qs.Client
+    start_worker: StartWorker, client: qs.Client, pending: Callable[..., int]
 ) -> None:
     # Given a device busy with a gated batch, and a batch of three requests prepared behind it
     # (batches run when full: the three requests share one)
@@ -223,8 +223,11 @@ def test_cancelled_and_expired_requests_are_dropped_between_prepare_and_device(
     runner = worker._host.runners[0]  # type: ignore[union-attr]
     blocker = client.submit(serving, ["blocker", "b", "c"])
     wait_until(lambda: serving.stage("handle"), "the blocker on the device")
+    # (each in an entry of its own: a cancel never drops a request that shares one, a pack)
     cancelled = client.submit(serving, ["gone"])
+    wait_until(lambda: pending("recheck") == 2, "the worker to read it")
     expiring = client.submit(serving, ["late"], timeout=1.0)
+    wait_until(lambda: pending("recheck") == 3, "the worker to read it")
     kept = client.submit(serving, ["kept"])
     wait_until(
         lambda: ["gone", "late", "kept"] in serving.stage("prepared"),

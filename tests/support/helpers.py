@@ -14,6 +14,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol, TypeVar
 
+import msgpack
+import redis
+
 import queueserve as qs
 
 T = TypeVar("T")
@@ -84,3 +87,31 @@ def child_env(**extra: str) -> dict[str, str]:
 def stream_key(prefix: str, serving: str, batch_key: str = "default") -> str:
     """The request stream of one (serving, batch key) under ``prefix``."""
     return f"{prefix}:{{{serving}}}:in:{batch_key}"
+
+
+def entry_headers(fields: dict[bytes, bytes]) -> list[bytes]:
+    """The request headers of one stream entry: one, or a pack's (several requests in one
+    entry, enqueue.lua)."""
+    if b"k" in fields:
+        return [member[0] for member in msgpack.unpackb(fields[b"k"], raw=True)]
+    return [fields[b"h"]]
+
+
+def requests_in(r: redis.Redis, stream: str, ids: list[bytes] | None = None) -> int:
+    """Requests held by the entries of ``stream`` (those of ``ids`` only, when given): a pack
+    counts each of its requests."""
+    entries = r.xrange(stream) if ids is None else [
+        e for i in ids for e in r.xrange(stream, i, i)
+    ]
+    return sum(len(entry_headers(fields)) for _, fields in entries)
+
+
+def pending_requests(r: redis.Redis, stream: str) -> int:
+    """Requests in entries workers read and have not acked yet."""
+    try:
+        pending = r.xpending_range(stream, "qs", "-", "+", 100_000)
+    except redis.ResponseError as e:  # no stream or no group yet: nothing was read
+        if "NOGROUP" in str(e):
+            return 0
+        raise
+    return requests_in(r, stream, [p["message_id"] for p in pending])

@@ -9,6 +9,16 @@
 -- Returns 1 when the entry was removed before any delivery (it will never run), 0 when a worker
 -- holds it already (it is dropped unless its batch is running) or it is gone.
 -- No consumer group yet (NOGROUP) means no worker has read anything from this stream.
+-- A pack (an entry holding several requests, enqueue.lua) is neither removed nor dropped:
+-- its other requests must run, so the cancelled one runs too and its answer is dropped by
+-- the client; 0.
+local entry = redis.call('XRANGE', KEYS[1], ARGV[2], ARGV[2])
+if entry[1] then
+  local fields = entry[1][2]
+  for j = 1, #fields, 2 do
+    if fields[j] == 'k' then return 0 end
+  end
+end
 local pending = redis.pcall('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1)
 if type(pending) == 'table' and pending.err == nil and #pending > 0 then
   redis.call('PUBLISH', KEYS[3], KEYS[1] .. '\n' .. ARGV[2])  -- ids are unique per stream only

@@ -17,7 +17,12 @@
 --           payload
 -- Returns {limit, queued, r1, r2, ...}: ri is the stream entry id, or 0 when request i was
 -- rejected because admitting it would pass max_queue items.
+-- When the workers declared pack_items (KEYS[3]), the admitted requests of one stream go in
+-- packs: one entry holding several requests (fields a = their items, k = msgpack of
+-- [[header, payload, items], ...]), up to pack_items items each, so Redis and the workers
+-- handle one entry for them all. Requests of one pack share its entry id.
 local limit = tonumber(redis.call('HGET', KEYS[3], 'max_queue') or ARGV[1])
+local pack_items = tonumber(redis.call('HGET', KEYS[3], 'pack_items') or '0') or 0
 local queued = tonumber(redis.call('GET', KEYS[1]) or '0')
 local step = tonumber(ARGV[3])
 local time = redis.call('TIME')
@@ -27,6 +32,21 @@ local per_key = {}
 local registered = {}
 local out = {limit, 0}
 local streams = tonumber(ARGV[4])
+local filling = {}  -- stream number -> its pack being filled: {items, members, at}
+
+local function write(s)
+  local pack = filling[s]
+  if not pack then return end
+  filling[s] = nil
+  local id
+  if #pack.members == 1 then
+    local m = pack.members[1]
+    id = redis.call('XADD', KEYS[6 + s], '*', 'h', m[1], 'p', m[2], 'a', m[3])
+  else
+    id = redis.call('XADD', KEYS[6 + s], '*', 'a', pack.items, 'k', cmsgpack.pack(pack.members))
+  end
+  for _, at in ipairs(pack.at) do out[at] = id end  -- its requests share the id
+end
 for i = 5 + 2 * streams, #ARGV, 4 do
   local n = tonumber(ARGV[i + 1])
   if limit > 0 and queued + admitted + n > limit then
@@ -46,11 +66,26 @@ for i = 5 + 2 * streams, #ARGV, 4 do
       end
     end
     -- 'a' records the items admitted, which only the ack of this entry may release
-    out[#out + 1] = redis.call('XADD', stream, '*', 'h', ARGV[i + 2], 'p', ARGV[i + 3], 'a', n)
+    if pack_items > 1 and n < pack_items then
+      if filling[s] and filling[s].items + n > pack_items then write(s) end
+      local pack = filling[s]
+      if not pack then
+        pack = {items = 0, members = {}, at = {}}
+        filling[s] = pack
+      end
+      pack.items = pack.items + n
+      pack.members[#pack.members + 1] = {ARGV[i + 2], ARGV[i + 3], ARGV[i + 1]}
+      out[#out + 1] = 0
+      pack.at[#pack.at + 1] = #out
+    else
+      write(s)  -- what came before it, first
+      out[#out + 1] = redis.call('XADD', stream, '*', 'h', ARGV[i + 2], 'p', ARGV[i + 3], 'a', n)
+    end
     admitted = admitted + n
     per_key[key] = (per_key[key] or 0) + n
   end
 end
+for s = 1, streams do write(s) end
 if admitted > 0 then
   redis.call('INCRBY', KEYS[1], admitted)
   for key, n in pairs(per_key) do

@@ -25,6 +25,14 @@ from typing import Any
 
 
 @dataclass(eq=False, slots=True)
+class Pack:
+    """A stream entry holding several requests (enqueue.lua): acked when the last is done."""
+
+    left: int  # its requests not finished yet
+    admitted: int  # items its admission counted, released by its ack
+
+
+@dataclass(eq=False, slots=True)
 class Request:
     """One stream entry a worker is serving."""
 
@@ -41,6 +49,7 @@ class Request:
     alone: bool = False  # redelivered more than once: runs in a batch of its own
     counted: bool = False  # this run's delivery is counted (once, however many batches)
     priority: int = 0  # 0..9, larger first
+    pack: Pack | None = None  # set when the entry holds other requests too
     remaining: int = field(init=False)  # items not answered yet; the entry is acked at 0
     events_sent: int = field(init=False, default=0)
 

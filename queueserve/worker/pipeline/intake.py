@@ -26,8 +26,14 @@ from queueserve.wire.codec import Codec
 from queueserve.wire.messages import error_to_wire
 from queueserve.wire.timing import CLAIM_IDLE_S, DEAD_AFTER_S
 from queueserve.worker.middleware import Middleware
-from queueserve.worker.pipeline.batching import Slice
-from queueserve.worker.pipeline.decode import Accepted, Rejected, decode_entry, decode_plain
+from queueserve.worker.pipeline.batching import Pack, Request, Slice
+from queueserve.worker.pipeline.decode import (
+    Accepted,
+    Rejected,
+    decode_entry,
+    decode_plain,
+    pack_members,
+)
 from queueserve.worker.pipeline.execute import Row
 
 log = logging.getLogger(__name__)
@@ -63,6 +69,9 @@ class Intake:
         key_of: dict[str, str] = {}  # entries come in runs of one stream
         plain = serving.cost is None and serving.input_model is None and serving.hooks is None
         for entry in entries:
+            if b"k" in entry.fields:
+                self._ingest_pack(entry, slices, rows, now, plain)
+                continue
             if plain and not entry.reclaimed:
                 fast = decode_plain(codec, serving.max_payload_bytes, entry.stream,
                                     entry.entry_id, entry.fields, now, self.inboxes)
@@ -98,6 +107,70 @@ class Intake:
                     for offset, reason in decoded.rejected_items
                 ]
         return slices, rows
+
+    def _ingest_pack(
+        self, entry: Entry, slices: list[tuple[str, Slice]], rows: list[Row], now: float,
+        plain: bool,
+    ) -> None:
+        """Each request of a pack as if it came alone; they share the entry, acked when the
+        last is answered. A reclaimed pack is split instead (split.lua), so that whatever
+        killed its worker is blamed on one request, not on its pack."""
+        if entry.reclaimed:
+            self._split(entry)
+            return
+        try:
+            members = pack_members(entry.fields)
+        except ValueError as e:
+            rejected = Rejected(entry.entry_id, entry.stream, f"malformed pack: {e}",
+                                P.ERR_BAD_REQUEST, None)
+            self._reject(entry, rejected, rows)
+            return
+        serving, codec = self.serving, self.codec
+        key = self.keys.batch_key_of(entry.stream)
+        pack = Pack(0, 0)
+        orphans: list[tuple[dict[bytes, bytes], str]] = []  # requests nobody can be told of
+        for fields in members:
+            fast = decode_plain(codec, serving.max_payload_bytes, entry.stream, entry.entry_id,
+                                fields, now, self.inboxes) if plain else None
+            if fast is not None:
+                _join(fast[0], pack)
+                slices.append((key, fast[1]))
+                continue
+            decoded = decode_entry(serving, codec, self.keys.prefix, entry.stream,
+                                   entry.entry_id, fields, now, self.inboxes)
+            if decoded.request is None:
+                orphans.append((fields, decoded.reason))
+                continue
+            _join(decoded.request, pack)
+            if isinstance(decoded, Rejected):
+                self._reject(entry, decoded, rows)
+            else:
+                slices += [(key, piece) for piece in decoded.slices]
+                rows += [
+                    (decoded.request, offset, 1, P.ERROR,
+                     error_to_wire(ValueError(reason), P.ERR_BAD_REQUEST))
+                    for offset, reason in decoded.rejected_items
+                ]
+        for i, (fields, reason) in enumerate(orphans):
+            log.warning("serving %s: a request of pack %s of %s rejected: %s",
+                        serving.name, entry.entry_id.decode(), entry.stream, reason)
+            self.broker.dead_letter(
+                self.keys, entry.stream, entry.entry_id,
+                {"reason": reason, "deliveries": entry.deliveries,
+                 **{f"field:{k.decode()}": v for k, v in fields.items()}},
+                ack_now=pack.left == 0 and i == len(orphans) - 1,  # nobody else to answer
+            )
+
+    def _split(self, entry: Entry) -> None:
+        written = self.broker.split_pack(self.keys, entry.stream, entry.entry_id)
+        if written >= 0:
+            log.warning("serving %s: reclaimed pack %s of %s split into %d entries",
+                        self.serving.name, entry.entry_id.decode(), entry.stream, written)
+            return
+        rejected = Rejected(entry.entry_id, entry.stream,
+                            "malformed pack: split.lua could not read its 'k' field",
+                            P.ERR_BAD_REQUEST, None)
+        self._reject(entry, rejected, [])
 
     def _reject(self, entry: Entry, rejected: Rejected, rows: list[Row]) -> None:
         log.warning(
@@ -195,6 +268,12 @@ class Intake:
             for name, pending, idle_ms in self.broker.consumers(stream):
                 if name not in alive and pending == 0 and idle_ms > DEAD_AFTER_S * 1000:
                     self.broker.forget_consumer(stream, name)
+
+
+def _join(request: Request, pack: Pack) -> None:
+    request.pack = pack
+    pack.left += 1
+    pack.admitted += request.admitted
 
 
 def runs_alone(deliveries: int, max_deliveries: int) -> bool:

@@ -113,11 +113,17 @@ def compose(rows: list[Row], codec: Codec, max_bytes: int) -> Outgoing:
             messages[request.reply_to].append(row)
         request.remaining -= count
         if request.remaining <= 0:
+            admitted = request.admitted
+            if request.pack is not None:  # the entry is done when its last request is
+                request.pack.left -= 1
+                if request.pack.left > 0:
+                    continue
+                admitted = request.pack.admitted
             runs = acks[request.stream]
-            if request.admitted in runs:
-                runs[request.admitted].append(request.entry_id)
+            if admitted in runs:
+                runs[admitted].append(request.entry_id)
             else:
-                runs[request.admitted] = [request.entry_id]
+                runs[admitted] = [request.entry_id]
             out.finished.append(request.ref)
     tag = bytes((codec.tag,))
     out.events = [(channel, tag + e) for channel, e in _encode_events(codec, events, max_bytes)]

@@ -112,6 +112,9 @@ class ServingRunner:
         self.outbox = ReplyQueue()
         self.held: set[Ref] = set()  # entries read and not yet acked
         self.cancelled: set[Ref] = set()  # held entries whose callers cancelled them
+        # Held packs (entries of several requests): a cancel never drops one, its other
+        # requests must run (cancel.lua does not announce their cancels; forged ones land here)
+        self.packs: set[Ref] = set()
         self.recent_cancels: dict[Ref, float] = {}  # cancels of entries not (yet) held
         self._declared_keys = tuple(dict.fromkeys(("default", *batch_keys)))
         self._reading = True
@@ -237,6 +240,8 @@ class ServingRunner:
         stream, _, entry_id = message.partition(b"\n")
         ref = (stream.decode(), entry_id)
         with self.cond:
+            if ref in self.packs:
+                return
             if ref in self.held:
                 self.cancelled.add(ref)
             else:  # maybe read but not yet recorded as held: _take_in looks here
@@ -492,8 +497,12 @@ class ServingRunner:
             # Every request taken in, also those answered only with errors: held until acked.
             self.held.update(piece.request.ref for _, piece in slices)
             self.held.update(row[0].ref for row in rows)
+            packs = {p.request.ref for _, p in slices if p.request.pack is not None}
+            if packs or any(row[0].pack is not None for row in rows):
+                packs.update(row[0].ref for row in rows if row[0].pack is not None)
+                self.packs.update(packs)
             if self.recent_cancels:
-                self.cancelled.update(self.held.intersection(self.recent_cancels))
+                self.cancelled.update(self.held.intersection(self.recent_cancels) - self.packs)
             for key, piece in slices:
                 self.assembler.add(key, piece, now)
             self.cond.notify_all()
@@ -590,5 +599,7 @@ class ServingRunner:
         self.middleware.replied(self.serving, out.answered, len(out.finished), out.errors)
         with self.cond:
             self.held.difference_update(out.finished)
+            if self.packs:
+                self.packs.difference_update(out.finished)
             if self.cancelled:
                 self.cancelled.difference_update(out.finished)

@@ -1,0 +1,174 @@
+"""Packs: the requests of one enqueue to one stream travel as one entry (enqueue.lua), once the
+workers have declared that they read them. Each request is still answered, failed, cancelled
+and dead-lettered on its own (docs/guarantees.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import msgpack
+import redis
+
+import queueserve as qs
+from queueserve.broker.sync import RedisBroker
+from queueserve.wire.protocol import ERROR, Keys
+from tests.support.fault_app import RawInbox, Workers, header, serving_consumer
+from tests.support.helpers import stream_key, wait_until
+
+StartWorker = Callable[..., qs.Worker]
+
+
+def requests(inbox: RawInbox, items: list[str], first_rid: int = 1) -> list[tuple]:
+    """One single-item request per item, answered to ``inbox``: enqueue.lua's arguments."""
+    return [
+        ("default", 1, header(first_rid + i, 1, inbox.key), msgpack.packb([item]), 0)
+        for i, item in enumerate(items)
+    ]
+
+
+def results(inbox: RawInbox, rids: range) -> list[object]:
+    """Each request's result, or its error kind. The first answer of each: a worker sends a
+    reply again when Redis lacked its ack script (clients keep the first)."""
+    wait_until(lambda: inbox.answered(rids), "every request answered")
+    first = [inbox.slices[rid][0] for rid in rids]
+    return [body if kind != ERROR else body[3] for _, _, kind, body in first]
+
+
+def test_the_requests_of_one_enqueue_share_an_entry_and_each_gets_its_own_answer(
+    start_worker: StartWorker, redis_client: redis.Redis, redis_url: str, prefix: str,
+) -> None:
+    # Given a worker, which declares that it reads packs
+    serving = qs.Serving(lambda xs: [f"r:{x}" for x in xs], name="packed", batch_size=8,
+                         batch_timeout=0)
+    start_worker(serving)
+    keys = Keys(prefix, "packed")
+    assert redis_client.hget(keys.meta, "pack_items") == b"8"
+    broker = RedisBroker(redis_url)
+    inbox = RawInbox(redis_client, prefix)
+
+    # When 10 one-item requests are enqueued at once
+    _, _, ids = broker.enqueue(keys, requests(inbox, [f"x{i}" for i in range(10)]), 0)
+
+    # Then they travel as packs of at most 8 items: 2 entries
+    assert len(set(ids)) == 2 and ids[:8] == [ids[0]] * 8, ids
+    # and each request gets its own result, and the admitted items are all released
+    assert results(inbox, range(1, 11)) == [[f"r:x{i}"] for i in range(10)]
+    wait_until(lambda: redis_client.get(keys.queued) == b"0", "admitted items released")
+    wait_until(lambda: redis_client.xlen(stream_key(prefix, "packed")) == 0, "packs acked")
+
+    # When the workers' declaration says they do not read packs, each request is an entry
+    redis_client.hset(keys.meta, "pack_items", 0)
+    _, _, ids = broker.enqueue(keys, requests(inbox, ["y0", "y1"], 11), 0)
+    assert len(set(ids)) == 2
+    assert results(inbox, range(11, 13)) == [["r:y0"], ["r:y1"]]
+    broker.close()
+
+
+def test_admission_takes_the_part_of_a_pack_that_fits(
+    redis_client: redis.Redis, redis_url: str, prefix: str,
+) -> None:
+    # Given a serving whose workers declared packs and max_queue=3 (none running)
+    keys = Keys(prefix, "tight")
+    redis_client.hset(keys.meta, mapping={"pack_items": 8, "max_queue": 3})
+    broker = RedisBroker(redis_url)
+    inbox = RawInbox(redis_client, prefix)
+
+    # When 5 one-item requests are enqueued at once
+    limit, queued, ids = broker.enqueue(keys, requests(inbox, list("abcde")), 0)
+
+    # Then the first 3 are admitted, in one pack, and the other 2 refused
+    assert (limit, queued) == (3, 3)
+    assert ids[3:] == [0, 0] and ids[0] and ids[:3] == [ids[0]] * 3
+    ((_, fields),) = redis_client.xrange(stream_key(prefix, "tight"))
+    assert fields[b"a"] == b"3"
+    assert [m[2] for m in msgpack.unpackb(fields[b"k"], raw=True)] == [b"1"] * 3
+    broker.close()
+
+
+def test_a_cancel_never_drops_a_pack_whose_other_requests_must_run(
+    start_worker: StartWorker, redis_client: redis.Redis, redis_url: str, prefix: str,
+) -> None:
+    # Given a pack of three requests no worker has read yet
+    keys = Keys(prefix, "cancels")
+    redis_client.hset(keys.meta, "pack_items", 8)
+    broker = RedisBroker(redis_url)
+    inbox = RawInbox(redis_client, prefix)
+    _, _, ids = broker.enqueue(keys, requests(inbox, ["a", "b", "c"]), 0)
+    stream = stream_key(prefix, "cancels")
+
+    # When one of its callers cancels
+    cancelled = broker.cancel(keys, stream, ids[1], 1)
+
+    # Then the cancel says it may still run (the client drops its answer), and the pack stays
+    assert cancelled is False
+    assert redis_client.xlen(stream) == 1
+    # and once a worker comes (a forged cancel on the channel, naming the pack, changes
+    # nothing), every request of the pack runs and is answered
+    serving = qs.Serving(lambda xs: [f"r:{x}" for x in xs], name="cancels", batch_size=8,
+                         batch_timeout=0)
+    start_worker(serving)
+    redis_client.publish(keys.cancel, f"{stream}\n{ids[0].decode()}")
+    assert results(inbox, range(1, 4)) == [["r:a"], ["r:b"], ["r:c"]]
+    broker.close()
+
+
+def test_bad_requests_in_a_pack_fail_alone_and_a_malformed_pack_is_dead_lettered_whole(
+    start_worker: StartWorker, redis_client: redis.Redis, prefix: str,
+) -> None:
+    # Given a worker
+    serving = qs.Serving(lambda xs: [f"r:{x}" for x in xs], name="mixed", batch_size=8,
+                         batch_timeout=0)
+    start_worker(serving)
+    inbox = RawInbox(redis_client, prefix)
+    stream = stream_key(prefix, "mixed")
+    dead = f"{prefix}:{{mixed}}:dead"
+
+    # When a pack holds a good request, one whose payload is not msgpack, and one whose reply
+    # address is forged
+    good = [header(1, 1, inbox.key), msgpack.packb(["fine"]), b"1"]
+    bad_payload = [header(2, 1, inbox.key), b"\xc1", b"1"]
+    forged = [header(3, 1, "elsewhere"), msgpack.packb(["x"]), b"1"]
+    redis_client.xadd(stream, {"a": 3, "k": msgpack.packb([good, bad_payload, forged])})
+
+    # Then the good one gets its result, the bad one a BadRequest, the forged one a dead letter
+    assert results(inbox, range(1, 3)) == [["r:fine"], "bad_request"]
+    wait_until(lambda: redis_client.xlen(dead) == 1, "a dead letter")
+    ((_, record),) = redis_client.xrange(dead)
+    assert b"reply address 'elsewhere'" in record[b"reason"]
+    assert record[b"field:h"] == forged[0] and record[b"field:p"] == forged[1]
+    wait_until(lambda: redis_client.xlen(stream) == 0, "the pack acked once all were done")
+
+    # When a pack's 'k' field is not a pack
+    redis_client.xadd(stream, {"a": 2, "k": b"\x93junk"})
+
+    # Then the whole entry is dead-lettered, its fields kept, and nothing else is answered
+    wait_until(lambda: redis_client.xlen(dead) == 2, "the malformed pack dead-lettered")
+    record = redis_client.xrange(dead)[-1][1]
+    assert b"malformed pack" in record[b"reason"] and record[b"field:k"] == b"\x93junk"
+    wait_until(lambda: redis_client.xlen(stream) == 0, "the malformed pack acked")
+    assert set(inbox.slices) == {1, 2}
+
+
+def test_a_pack_reclaimed_from_a_killed_worker_is_split_so_its_crasher_dies_alone(
+    workers: Workers, redis_client: redis.Redis, redis_url: str, prefix: str,
+) -> None:
+    # Given a worker whose partition dies on "boom" (max_deliveries=2, batches of 4)
+    worker = workers.start("crasher_batched", "--max-restarts", "50")
+    serving_consumer(redis_client, prefix, "crasher-batched", worker)
+    keys = Keys(prefix, "crasher-batched")
+    wait_until(lambda: redis_client.hget(keys.meta, "pack_items"), "the declaration")
+    broker = RedisBroker(redis_url)
+    inbox = RawInbox(redis_client, prefix)
+
+    # When "boom" arrives in one pack with three healthy requests
+    _, _, ids = broker.enqueue(keys, requests(inbox, ["fine1", "boom", "fine2", "fine3"]), 0)
+    assert len(set(ids)) == 1
+
+    # Then the pack is split after the first death; the healthy requests are answered, and
+    # only the crasher is dead-lettered, after killing workers on its own
+    assert results(inbox, range(1, 5)) == [
+        ["ok:fine1"], "dead_letter", ["ok:fine2"], ["ok:fine3"]
+    ]
+    assert "split into 4 entries" in worker.output()
+    wait_until(lambda: redis_client.get(keys.queued) == b"0", "admitted items released")
+    broker.close()
