@@ -14,7 +14,7 @@ import redis
 
 import queueserve as qs
 from queueserve.worker.runtime_config import parse_assignments
-from tests.support.helpers import REPO, child_env
+from tests.support.helpers import REPO, child_env, wait_until
 
 
 class Sizes(qs.Serving):
@@ -68,6 +68,9 @@ def test_config_set_changes_batch_size_of_a_running_worker(
                 break
             assert time.monotonic() < deadline, f"batch_size never changed: {serving.sizes}"
         serving.gate.set()
+        # and clients now pack up to the new batch size (docs/guarantees.md, Packs)
+        meta = f"{prefix}:{{sizes}}:meta"
+        wait_until(lambda: redis_client.hget(meta, "pack_items") == b"16", "pack_items = 16")
     # and the caller's Serving object was not modified
     assert serving.batch_size == 4
 

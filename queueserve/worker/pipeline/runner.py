@@ -327,6 +327,8 @@ class ServingRunner:
             self.assembler.capacity = self.serving.batch_size
             self.assembler.timeout = self.serving.batch_timeout
             self.cond.notify_all()
+        if "batch_size" in changed:  # clients pack up to one batch (enqueue.lua)
+            self.broker.declare(self.keys, {"pack_items": self.serving.batch_size})
         for name, (old, new) in changed.items():
             log.warning("serving %s: %s changed from %s to %s", self.serving.name, name, old, new)
 
