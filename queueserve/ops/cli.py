@@ -221,7 +221,7 @@ def dead_letter_command(args: argparse.Namespace) -> int:
         ids = [r.id for r in letters.records(10**9)] if args.all else args.ids
         for dead_id in ids:
             if args.action == "replay":
-                print(f"{dead_id} replayed as {letters.replay(dead_id)}")
+                print(f"{dead_id} replayed as {', '.join(letters.replay(dead_id))}")
             elif letters.drop(dead_id):
                 print(f"{dead_id} dropped")
             else:

@@ -1,7 +1,8 @@
 """The dead-letter stream of a serving: list, replay and drop what could not be served.
 
 A record holds the reason, the delivery count, the stream and entry it came from, and the
-entry's own fields (``field:h``, ``field:p``), so it can be replayed as it was sent.
+entry's own fields (``field:h``, ``field:p``; a pack dead-lettered whole keeps ``field:k``),
+so it can be replayed as it was sent.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import msgpack
 from queueserve.broker.common import text
 from queueserve.broker.sync import RedisBroker
 from queueserve.wire import protocol as P
+from queueserve.wire.messages import pack_members
 
 
 @dataclass(frozen=True)
@@ -25,6 +27,7 @@ class DeadLetter:
     at_ms: int
     header: bytes | None
     payload: bytes | None
+    pack: bytes | None  # the 'k' field of a pack dead-lettered whole
 
 
 class DeadLetters:
@@ -67,17 +70,13 @@ class DeadLetters:
             for entry_id, fields in self.broker.dead_letters(keys, start, end, limit)
         ]
 
-    def replay(self, dead_id: str) -> str:
-        """Send the dead letter's request again (deadline cleared); returns the new entry id."""
+    def replay(self, dead_id: str) -> list[str]:
+        """Send the dead letter's request again (deadline cleared), or each request of a pack
+        as an entry of its own; returns the new entry ids."""
         keys, entry_id = self._locate(dead_id)
         record = self.get(dead_id)
         if record is None:
             raise KeyError(f"no dead letter {dead_id} in {keys.dead}")
-        if record.header is None or record.payload is None:
-            raise ValueError(
-                f"dead letter {dead_id} is not a well-formed request ({record.reason}); it can "
-                "only be dropped"
-            )
         try:  # the record is input from whoever can write to Redis: only this shard's streams
             stream_ok = keys.shard_of(record.stream) is keys
         except ValueError:
@@ -87,19 +86,44 @@ class DeadLetters:
                 f"dead letter {dead_id} names stream {record.stream!r}, not a request stream "
                 f"of {keys.dead}'s shard; it can only be dropped"
             )
-        header = msgpack.unpackb(record.header)
-        header[P.H_DEADLINE] = 0
-        new_id = self.broker.replay_dead_letter(
-            keys, entry_id, record.stream, msgpack.packb(header), record.payload,
-            header[P.H_COUNT],
-        )
-        if new_id is None:
+        try:
+            requests = [_replayable(h, p) for h, p in _requests_of(record)]
+        except ValueError as e:
+            raise ValueError(
+                f"dead letter {dead_id} is not a well-formed request ({record.reason}; {e}); "
+                "it can only be dropped"
+            ) from None
+        new_ids = self.broker.replay_dead_letter(keys, entry_id, record.stream, requests)
+        if new_ids is None:
             raise KeyError(f"dead letter {dead_id} was replayed or dropped meanwhile")
-        return new_id
+        return new_ids
 
     def drop(self, dead_id: str) -> bool:
         keys, entry_id = self._locate(dead_id)
         return self.broker.drop_dead_letter(keys, entry_id)
+
+
+def _requests_of(record: DeadLetter) -> list[tuple[bytes, bytes]]:
+    """(header, payload) of each request the record holds: its own, or its pack's."""
+    if record.header is not None and record.payload is not None:
+        return [(record.header, record.payload)]
+    if record.pack is not None:
+        return [(m[b"h"], m[b"p"]) for m in pack_members({b"k": record.pack})]
+    raise ValueError("it has no request header and payload")
+
+
+def _replayable(raw_header: bytes, payload: bytes) -> tuple[bytes, bytes, int]:
+    """(header with its deadline cleared, payload, item count); ValueError if the header is
+    not one a worker would read."""
+    try:
+        header = msgpack.unpackb(raw_header)
+    except Exception as e:
+        raise ValueError(f"its header is not msgpack: {e}") from None
+    count = header[P.H_COUNT] if type(header) is list and len(header) > P.H_DEADLINE else None
+    if type(count) is not int or count < 1:
+        raise ValueError(f"its header is not a request header: {header!r:.200}")
+    header[P.H_DEADLINE] = 0
+    return msgpack.packb(header), payload, count
 
 
 def _entry_order(dead_id: str) -> tuple[int, int]:
@@ -120,4 +144,5 @@ def _record(entry_id: bytes, fields: dict[bytes, bytes], suffix: str = "") -> De
         at_ms=int(field("at_ms") or 0),
         header=fields.get(b"field:h"),
         payload=fields.get(b"field:p"),
+        pack=fields.get(b"field:k"),
     )

@@ -7,10 +7,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import msgpack
+import pytest
 import redis
 
 import queueserve as qs
 from queueserve.broker.sync import RedisBroker
+from queueserve.ops.deadletter import DeadLetters
 from queueserve.wire.protocol import ERROR, Keys
 from tests.support.fault_app import RawInbox, Workers, header, serving_consumer
 from tests.support.helpers import stream_key, wait_until
@@ -24,6 +26,20 @@ def requests(inbox: RawInbox, items: list[str], first_rid: int = 1) -> list[tupl
         ("default", 1, header(first_rid + i, 1, inbox.key), msgpack.packb([item]), 0)
         for i, item in enumerate(items)
     ]
+
+
+def unread_pack(
+    r: redis.Redis, redis_url: str, prefix: str, serving: str
+) -> tuple[Keys, RedisBroker, RawInbox, list[bytes | int]]:
+    """A pack of three requests ("a", "b", "c"; ids 1-3) for ``serving``, which no worker runs
+    yet (its declaration made by hand): keys, the broker that sent it, the inbox its answers
+    go to, and the entry id of each request."""
+    keys = Keys(prefix, serving)
+    r.hset(keys.meta, "pack_items", 8)
+    broker = RedisBroker(redis_url)
+    inbox = RawInbox(r, prefix)
+    _, _, ids = broker.enqueue(keys, requests(inbox, ["a", "b", "c"]), 0)
+    return keys, broker, inbox, ids
 
 
 def results(inbox: RawInbox, rids: range) -> list[object]:
@@ -89,11 +105,7 @@ def test_a_cancel_never_drops_a_pack_whose_other_requests_must_run(
     start_worker: StartWorker, redis_client: redis.Redis, redis_url: str, prefix: str,
 ) -> None:
     # Given a pack of three requests no worker has read yet
-    keys = Keys(prefix, "cancels")
-    redis_client.hset(keys.meta, "pack_items", 8)
-    broker = RedisBroker(redis_url)
-    inbox = RawInbox(redis_client, prefix)
-    _, _, ids = broker.enqueue(keys, requests(inbox, ["a", "b", "c"]), 0)
+    keys, broker, inbox, ids = unread_pack(redis_client, redis_url, prefix, "cancels")
     stream = stream_key(prefix, "cancels")
 
     # When one of its callers cancels
@@ -171,4 +183,41 @@ def test_a_pack_reclaimed_from_a_killed_worker_is_split_so_its_crasher_dies_alon
     ]
     assert "split into 4 entries" in worker.output()
     wait_until(lambda: redis_client.get(keys.queued) == b"0", "admitted items released")
+    broker.close()
+
+
+def test_a_pack_dead_lettered_whole_is_replayed_request_by_request(
+    start_worker: StartWorker, redis_client: redis.Redis, redis_url: str, prefix: str,
+) -> None:
+    # Given a pack of three requests that a worker older than packs dead-lettered whole (to it,
+    # an entry with no 'h' field), as running both versions during an upgrade leaves it
+    keys, broker, inbox, _ = unread_pack(redis_client, redis_url, prefix, "upgraded")
+    stream = stream_key(prefix, "upgraded")
+    ((entry_id, fields),) = redis_client.xrange(stream)
+    redis_client.xdel(stream, entry_id)
+    redis_client.decrby(keys.queued, 3)
+    record = {"stream": stream, "entry_id": entry_id, "deliveries": 1, "at_ms": 0}
+    dead_id = redis_client.xadd(keys.dead, {
+        **record, "reason": "malformed entry: no 'h' field",
+        **{f"field:{name.decode()}": value for name, value in fields.items()},
+    }).decode()
+    # and one whose pack is not a pack
+    junk_id = redis_client.xadd(keys.dead, {
+        **record, "reason": "malformed pack", "field:k": b"\x93junk", "field:a": 2,
+    }).decode()
+
+    # When a worker of this version runs and the first is replayed
+    start_worker(qs.Serving(lambda xs: [f"r:{x}" for x in xs], name="upgraded", batch_size=8,
+                            batch_timeout=0))
+    letters = DeadLetters(broker, prefix, "upgraded")
+    new_ids = letters.replay(dead_id)
+
+    # Then each of its requests goes back as an entry of its own, and each is answered
+    assert len(set(new_ids)) == 3
+    assert results(inbox, range(1, 4)) == [["r:a"], ["r:b"], ["r:c"]]
+    wait_until(lambda: redis_client.get(keys.queued) == b"0", "admitted items released")
+    # and the junk one is refused, saying why, and kept to be dropped
+    with pytest.raises(ValueError, match=r"not msgpack.*can only be dropped"):
+        letters.replay(junk_id)
+    assert [i.decode() for i, _ in redis_client.xrange(keys.dead)] == [junk_id]
     broker.close()

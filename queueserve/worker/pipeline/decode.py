@@ -105,28 +105,6 @@ def decode_plain(
     return request, Slice(request, 0, items)
 
 
-def pack_members(fields: dict[bytes, bytes]) -> list[dict[bytes, bytes]]:
-    """The requests of a pack (an entry of several, enqueue.lua), each as the fields of an
-    entry of one request; ValueError saying what is wrong when its 'k' field is not a pack."""
-    try:
-        members = msgpack.unpackb(fields[b"k"], raw=True)
-    except Exception as e:
-        raise ValueError(f"its 'k' field is not msgpack: {e}") from None
-    if type(members) is not list or not members:
-        raise ValueError(f"its 'k' field must be a list of requests, got {members!r:.200}")
-    out = []
-    for member in members:
-        if type(member) is not list or len(member) != 3 or not all(
-            type(value) is bytes for value in member
-        ):
-            raise ValueError(
-                f"each request of a pack must be [header, payload, items] (3 byte strings), "
-                f"got {member!r:.200}"
-            )
-        out.append({b"h": member[0], b"p": member[1], b"a": member[2]})
-    return out
-
-
 def _refusal(
     serving: Serving, codec: Codec, request: Request, codec_name: str, now: float
 ) -> tuple[str, str] | None:

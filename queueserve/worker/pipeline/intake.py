@@ -23,7 +23,7 @@ from queueserve.broker.sync import RedisBroker
 from queueserve.serving import Serving
 from queueserve.wire import protocol as P
 from queueserve.wire.codec import Codec
-from queueserve.wire.messages import error_to_wire
+from queueserve.wire.messages import error_to_wire, pack_members
 from queueserve.wire.timing import CLAIM_IDLE_S, DEAD_AFTER_S
 from queueserve.worker.middleware import Middleware
 from queueserve.worker.pipeline.batching import Pack, Request, Slice
@@ -32,7 +32,6 @@ from queueserve.worker.pipeline.decode import (
     Rejected,
     decode_entry,
     decode_plain,
-    pack_members,
 )
 from queueserve.worker.pipeline.execute import Row
 
@@ -101,11 +100,7 @@ class Intake:
                     slices.append((key, decoded.slices[0]))
                 else:
                     slices += [(key, piece) for piece in decoded.slices]
-                rows += [
-                    (decoded.request, offset, 1, P.ERROR,
-                     error_to_wire(ValueError(reason), P.ERR_BAD_REQUEST))
-                    for offset, reason in decoded.rejected_items
-                ]
+                rows += _item_errors(decoded)
         return slices, rows
 
     def _ingest_pack(
@@ -146,11 +141,7 @@ class Intake:
                 self._reject(entry, decoded, rows)
             else:
                 slices += [(key, piece) for piece in decoded.slices]
-                rows += [
-                    (decoded.request, offset, 1, P.ERROR,
-                     error_to_wire(ValueError(reason), P.ERR_BAD_REQUEST))
-                    for offset, reason in decoded.rejected_items
-                ]
+                rows += _item_errors(decoded)
         for i, (fields, reason) in enumerate(orphans):
             log.warning("serving %s: a request of pack %s of %s rejected: %s",
                         serving.name, entry.entry_id.decode(), entry.stream, reason)
@@ -268,6 +259,15 @@ class Intake:
             for name, pending, idle_ms in self.broker.consumers(stream):
                 if name not in alive and pending == 0 and idle_ms > DEAD_AFTER_S * 1000:
                     self.broker.forget_consumer(stream, name)
+
+
+def _item_errors(decoded: Accepted) -> list[Row]:
+    """A BadRequest row for each item of an accepted request that its checks refused."""
+    return [
+        (decoded.request, offset, 1, P.ERROR,
+         error_to_wire(ValueError(reason), P.ERR_BAD_REQUEST))
+        for offset, reason in decoded.rejected_items
+    ]
 
 
 def _join(request: Request, pack: Pack) -> None:
