@@ -11,8 +11,8 @@ so the ratios of docs/design.md §8 compare like with like on a shared, noisy ma
 2. ``single-item``: the no-op serving ``bench.servings:noop`` (batch_size 256, batch_timeout 0)
    in a ``queueserve worker`` process; in this process one ``qs.Client`` and
    ``submit-window``: 8 threads, each submitting 512 one-item tickets, then collecting them;
-   ``dispatch-64``: 64 threads, each calling ``dispatch`` one item at a time. For context, the
-   hand-written loop in the dispatch-64 shape (64 threads, one XADD and a wait per item).
+   ``dispatch-64``: 64 threads, each calling ``dispatch`` one item at a time, held to the
+   hand-written loop in the same shape (64 threads, one XADD and a wait per item).
 3. ``packed``: ``client.map(noop, range(N), chunk_size=256)``, for several ``max_in_flight``.
 4. ``round trip``: one ``dispatch`` at a time against an idle worker, next to one XADD + BLPOP
    of the hand-written loop, alternating blocks of 250 calls; p50/p99 after a warm-up.
@@ -413,11 +413,14 @@ def checks(out: dict[str, Any], max_in_flight: tuple[int, ...]) -> dict[str, boo
     """docs/design.md §8 budgets, for the sections that ran."""
     ok: dict[str, bool] = {}
     if "baseline" in out:
-        for name in ("qs_submit_window", "qs_dispatch_64"):
-            ratio = out[name]["ratio_to_baseline"]
-            ok[f"single item {name} >= {BUDGET_SINGLE_RATIO}x baseline"] = (
-                ratio >= BUDGET_SINGLE_RATIO
-            )
+        ok[f"single item qs_submit_window >= {BUDGET_SINGLE_RATIO}x baseline"] = (
+            out["qs_submit_window"]["ratio_to_baseline"] >= BUDGET_SINGLE_RATIO
+        )
+        # 64 blocking callers keep 64 requests in flight, the windowed loop 4,096: the
+        # dispatch shape is held to the loop in that same shape.
+        ok[f"single item qs_dispatch_64 >= {BUDGET_SINGLE_RATIO}x baseline_dispatch_64"] = (
+            out["qs_dispatch_64"]["ratio_to_baseline_dispatch_64"] >= BUDGET_SINGLE_RATIO
+        )
     if "qs_map_256_mif16" in out:
         best = max(out[f"qs_map_256_mif{m}"]["median"] for m in max_in_flight)
         ok["packed (default max_in_flight) >= 500k/s"] = (
