@@ -14,6 +14,10 @@ the first could not even take them: once written, they may have run, and enqueue
 twice. (A connection whose server closed it meanwhile is found out, and connected anew,
 before it is used: ``Connections.take``.)
 
+``send`` writes and leaves the replies to be read in parts (``Sent``): a worker sends its next
+blocking read behind a reply, reads the reply's results, settles them, and only then waits for
+the read; a part left unread is abandoned with its connection.
+
 Connections wait between uses in a ``Connections`` list of this module's own rather than in
 the redis-py pool, whose checkout costs 12 µs here (locks, a fork check, deprecation and
 observability wrappers; four checkouts per dispatch). Each is checked out of the pool once,
@@ -78,23 +82,60 @@ class Connections:
 
 def run(connections: Connections, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
     """Send ``commands`` in one write and read their replies (an exception for each error)."""
-    packed = [hiredis.pack_command(command) for command in commands]
+    return send(connections, commands).read(len(commands))
+
+
+def send(connections: Connections, commands: Sequence[tuple[Any, ...]]) -> Sent:
+    """Write ``commands`` in one send; their replies are read from what this returns."""
+    # One buffer, one send: redis-py sends a list item by item, a segment each, and Redis
+    # may run the first commands and serve the clients they unblock before the rest arrive.
+    packed = [b"".join([hiredis.pack_command(command) for command in commands])]
     for attempt in (1, 2):
         connection = connections.take()  # (a server that cannot be reached raises here)
         try:
-            try:
-                connection.send_packed_command(packed)
-            except (redis.ConnectionError, redis.TimeoutError):
-                if attempt == 2:
-                    raise
-                continue  # it dropped the connection: the finally hands it back for a new one
-            return _replies(connection, len(packed))
+            connection.send_packed_command(packed)
+        except (redis.ConnectionError, redis.TimeoutError):
+            connections.give_back(connection)  # dropped by redis-py: connected anew when taken
+            if attempt == 2:
+                raise
+            continue
         except BaseException:
-            connection.disconnect()  # replies may be left unread on it
-            raise
-        finally:
+            connection.disconnect()
             connections.give_back(connection)
+            raise
+        return Sent(connections, connection, len(commands))
     raise AssertionError("unreachable")
+
+
+class Sent:
+    """Commands written on a connection, whose replies are read in order, in parts: the
+    connection goes back to the list once every reply was read, or disconnected when the
+    rest are abandoned (they may still come, and must not be read as another's)."""
+
+    __slots__ = ("_connection", "_connections", "_left")
+
+    def __init__(self, connections: Connections, connection: Any, replies: int) -> None:
+        self._connections = connections
+        self._connection = connection
+        self._left = replies
+
+    def read(self, count: int) -> list[Any]:
+        """The next ``count`` replies (an exception for each error reply)."""
+        try:
+            replies = _replies(self._connection, count)
+        except BaseException:
+            self.abandon()
+            raise
+        self._left -= count
+        if self._left == 0:
+            self._connections.give_back(self._connection)
+        return replies
+
+    def abandon(self) -> None:
+        if self._left:
+            self._left = 0
+            self._connection.disconnect()
+            self._connections.give_back(self._connection)
 
 
 def _replies(connection: Any, count: int) -> list[Any]:

@@ -75,6 +75,41 @@ class ReadOutcome:
         return not (self.skipped or self.more or self.left)
 
 
+@dataclass(frozen=True)
+class WakeRead:
+    """A blocking read of the ready streams (``wait_then_read``'s arguments), to be sent
+    right behind a reply: ``reply_and_ack(then_read=...)``."""
+
+    after: bytes
+    block_ms: int
+    consumer: str
+    budget: int
+    per_key: int
+    full: Sequence[str]
+
+
+
+class PendingRead:
+    """A wake read sent behind a reply (``reply_and_ack(then_read=...)``): ``result`` blocks
+    until it comes back; ``abandon`` drops its connection when it will never be read."""
+
+    __slots__ = ("_broker", "_keys", "_read", "_sent")
+
+    def __init__(self, broker: RedisBroker, keys: Keys, read: WakeRead, sent: raw.Sent) -> None:
+        self._broker = broker
+        self._keys = keys
+        self._read = read
+        self._sent = sent
+
+    def result(self) -> ReadOutcome:
+        with redis_errors(self._broker.url):
+            _, out = self._sent.read(2)
+            return self._broker._wake_read_outcome(self._keys, self._read, out)
+
+    def abandon(self) -> None:
+        self._sent.abandon()
+
+
 def _no_group(error: redis.ResponseError) -> bool:
     return error_code(error) == "NOGROUP"
 
@@ -419,18 +454,13 @@ class RedisBroker:
             out = self._evalsha(self._read, keys_, args)
         return _read_outcome(out)
 
-    def wait_then_read(
-        self, keys: Keys, after: bytes, block_ms: int, consumer: str, budget: int,
-        per_key: int, full: Sequence[str],
-    ) -> ReadOutcome:
-        """Block until a stream of the serving becomes ready after wake id ``after`` (or
-        ``block_ms`` passed), then ``read_ready``: one round trip. Redis runs a connection's
-        next command only once its blocking command returned, so the read starts the moment
-        work arrives, and an idle worker's answer costs one wake-up instead of a wake-up and
-        another round trip."""
-        keys_, args = self._read_arguments(keys, consumer, budget, per_key, full)
-        commands = [("XREAD", "COUNT", 1, "BLOCK", block_ms, "STREAMS", keys.wake, after),
-                    ("EVALSHA", self._read.sha, len(keys_), *keys_, *args)]
+    def wait_then_read(self, keys: Keys, read: WakeRead) -> ReadOutcome:
+        """Block until a stream of the serving becomes ready after wake id ``read.after`` (or
+        ``read.block_ms`` passed), then ``read_ready``: one round trip. Redis runs a
+        connection's next command only once its blocking command returned, so the read starts
+        the moment work arrives, and an idle worker's answer costs one wake-up instead of a
+        wake-up and another round trip."""
+        commands = self._wake_read_commands(keys, read)
         with redis_errors(self.url):
             if self._raw is not None:
                 woke, out = raw.run(self._raw, commands)
@@ -443,11 +473,25 @@ class RedisBroker:
                         pipe.execute_command(*command)
                     woke, out = pipe.execute(raise_on_error=False)
                 self._moved(keys.wake, woke)
-            if isinstance(out, NoScriptError):  # Redis restarted or flushed its scripts
-                out = self._evalsha(self._read, keys_, args)
-            elif isinstance(out, Exception):
-                self._moved(keys.wake, out)
-                raise out
+            return self._wake_read_outcome(keys, read, out)
+
+    def _wake_read_commands(self, keys: Keys, read: WakeRead) -> list[tuple[Any, ...]]:
+        keys_, args = self._read_arguments(
+            keys, read.consumer, read.budget, read.per_key, read.full
+        )
+        return [("XREAD", "COUNT", 1, "BLOCK", read.block_ms, "STREAMS", keys.wake, read.after),
+                ("EVALSHA", self._read.sha, len(keys_), *keys_, *args)]
+
+    def _wake_read_outcome(self, keys: Keys, read: WakeRead, out: Any) -> ReadOutcome:
+        """read.lua's reply to a wake read (the caller maps redis-py's errors)."""
+        if isinstance(out, NoScriptError):  # Redis restarted or flushed its scripts
+            keys_, args = self._read_arguments(
+                keys, read.consumer, read.budget, read.per_key, read.full
+            )
+            out = self._evalsha(self._read, keys_, args)
+        elif isinstance(out, Exception):
+            self._moved(keys.wake, out)
+            raise out
         return _read_outcome(out)
 
     @staticmethod
@@ -532,9 +576,15 @@ class RedisBroker:
         events: Sequence[tuple[str, bytes]] = (),
         *,
         durable: bool = False,
-    ) -> None:
+        then_read: WakeRead | None = None,
+    ) -> PendingRead | None:
         """Publish streamed events, push replies to client inboxes, then ack finished entries:
         one round trip, in that order (a batch's events precede its replies).
+
+        ``then_read``: a worker that will block on the wake stream next sends that read in
+        the same write, and gets it back as a ``PendingRead`` (None where it cannot: a
+        cluster, or replies pushed apart for ``durable``). Redis then starts the read the
+        moment the next request arrives, while the worker is still busy after this reply.
 
         Replies go before acks: a worker dying between the two re-runs the request, and the
         client drops the duplicate answer. On one server (Sentinel too) that order is also
@@ -555,12 +605,50 @@ class RedisBroker:
         commands: list[tuple[Any, ...]] = [("PUBLISH", channel, message)
                                            for channel, message in events]
         commands += _pushes(replies, inbox_ttl_ms)
+        scripted = len(commands)
+        commands += self._ack_commands(keys, acks)
+        fused = then_read is not None and self._raw is not None and not durable_replies
+        sent: raw.Sent | None = None
+
+        def send() -> list[Exception]:
+            nonlocal sent
+            if fused and sent is None:
+                assert self._raw is not None and then_read is not None
+                sent = raw.send(self._raw, commands + self._wake_read_commands(keys, then_read))
+                out = sent.read(len(commands))
+            else:
+                out = self._send_commands(commands, scripted)
+            failures = [r for r in out if isinstance(r, Exception)]
+            for failure in failures:
+                self._moved(next(iter(acks), ""), failure)
+            return failures
+
+        try:
+            with redis_errors(self.url):
+                failures = send()
+                if any(isinstance(f, NoScriptError) for f in failures):
+                    # Redis restarted or flushed its scripts: load, send again; the replies
+                    # go twice and the clients keep the first of each.
+                    self._load(self._ack)
+                    failures = send()
+                _drop_undeliverable(failures)
+        except BaseException:
+            if sent is not None:
+                sent.abandon()
+            raise
+        if sent is None or then_read is None:
+            return None
+        return PendingRead(self, keys, then_read, sent)
+
+    def _ack_commands(
+        self, keys: Keys, acks: Mapping[str, Mapping[int, list[bytes]]]
+    ) -> list[tuple[Any, ...]]:
         # EVALSHA directly: redis-py's Script in a pipeline asks SCRIPT EXISTS on every
         # execute, one more round trip per batch. As a plain command: a cluster pipeline
         # refuses evalsha() by name; and with its node named, or the cluster pipeline would
         # ask its default node COMMAND GETKEYS for each one (one more round trip, and that
         # one master's CPU).
-        scripted = len(commands)
+        commands: list[tuple[Any, ...]] = []
         for stream, runs in acks.items():
             shard = keys.shard_of(stream)
             args: list[Any] = [GROUP, shard.batch_key_of(stream)]
@@ -568,29 +656,18 @@ class RedisBroker:
                 args += (admitted, len(ids), *ids)
             commands.append(("EVALSHA", self._ack.sha, 3, stream, shard.queued, shard.depth,
                              *args))
+        return commands
 
-        def send() -> list[Exception]:
-            if self._raw is not None:
-                out = raw.run(self._raw, commands)
-            else:
-                pipe = self.redis.pipeline(transaction=False)
-                for i, command in enumerate(commands):
-                    target = self._target(command[3]) if i >= scripted else {}
-                    pipe.execute_command(*command, **target)
-                out = pipe.execute(raise_on_error=False)
-            failures = [r for r in out if isinstance(r, Exception)]
-            for failure in failures:
-                self._moved(next(iter(acks), ""), failure)
-            return failures
-
-        with redis_errors(self.url):
-            failures = send()
-            if any(isinstance(f, NoScriptError) for f in failures):
-                # Redis restarted or flushed its scripts: load, send again; the replies go
-                # twice and the clients keep the first of each.
-                self._load(self._ack)
-                failures = send()
-            _drop_undeliverable(failures)
+    def _send_commands(self, commands: list[tuple[Any, ...]], scripted: int) -> list[Any]:
+        """Replies and acks in one round trip; commands from ``scripted`` on are ack scripts,
+        sent to the node of their stream on a cluster."""
+        if self._raw is not None:
+            return raw.run(self._raw, commands)
+        pipe = self.redis.pipeline(transaction=False)
+        for i, command in enumerate(commands):
+            target = self._target(command[3]) if i >= scripted else {}
+            pipe.execute_command(*command, **target)
+        return cast(list[Any], pipe.execute(raise_on_error=False))
 
     def _push_replicated(self, replies: Mapping[str, list[bytes]], inbox_ttl_ms: int) -> None:
         """Push ``replies`` on each inbox's master, each push followed by ``WAIT 1`` on the
@@ -859,15 +936,17 @@ class RedisBroker:
         return cast(list[tuple[bytes, dict[bytes, bytes]]], raw or [])
 
     def replay_dead_letter(
-        self, keys: Keys, dead_id: str, stream: str, header: bytes, payload: bytes, n: int
-    ) -> str | None:
-        """Queue a dead letter's request again and drop the record, atomically; returns the
-        new entry id, or None when the record is gone (replayed or dropped meanwhile)."""
+        self, keys: Keys, dead_id: str, stream: str, requests: Sequence[tuple[bytes, bytes, int]]
+    ) -> list[str] | None:
+        """Queue a dead letter's requests (header, payload, items) again, one entry each, and
+        drop the record, atomically; returns the new entry ids, or None when the record is gone
+        (replayed or dropped meanwhile)."""
+        args: list[Any] = [dead_id]
+        for header, payload, n in requests:
+            args += [header, payload, n]
         with redis_errors(self.url):
-            new_id = self._replay(
-                keys=[keys.dead, stream, keys.queued], args=[dead_id, header, payload, n]
-            )
-        return text(new_id) if new_id else None
+            new_ids = self._replay(keys=[keys.dead, stream, keys.queued], args=args)
+        return [text(i) for i in new_ids] if new_ids else None
 
     def drop_dead_letter(self, keys: Keys, dead_id: str) -> bool:
         with redis_errors(self.url):

@@ -15,7 +15,8 @@ import pytest
 import redis
 
 import queueserve as qs
-from queueserve.broker.sync import RedisBroker
+from queueserve.broker.sync import PendingRead, ReadOutcome, RedisBroker
+from queueserve.errors import RedisUnavailable
 from queueserve.wire.codec import get_codec
 from queueserve.wire.messages import encode_request
 from queueserve.wire.protocol import GROUP, Keys, inbox_key
@@ -139,6 +140,16 @@ def read_lent(worker: qs.Worker) -> bool:
     return host is not None and host.runners[0]._borrowed
 
 
+def dispatch_when_idle(client: qs.Client, worker: qs.Worker, serving: str, n: int) -> list[Any]:
+    """Dispatch 0..n-1 one at a time, each once the worker's executor holds its blocking read
+    again (idle); returns the answers."""
+    answers = []
+    for i in range(n):
+        answers.append(client.dispatch(serving, i, timeout=RESULT_WAIT_S))
+        wait_until(lambda: read_lent(worker), "the idle executor to take the blocking read")
+    return answers
+
+
 def slow_reader_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
     """A reader that lent its read out looks again by itself only after 30 s (RECLAIM_EVERY_S
     otherwise): what it does sooner, it does because it was woken for it."""
@@ -158,15 +169,70 @@ def test_an_idle_workers_executor_reads_the_work_it_runs(
 
     worker = start_worker(Recording(tag_and_note, name="lend", batch_size=4, batch_timeout=0))
     # When requests come one at a time, each after the last one's answer, once idle again
-    answers = []
-    for i in range(20):
-        answers.append(client.dispatch("lend", i, timeout=RESULT_WAIT_S))
-        wait_until(lambda: read_lent(worker), "the idle executor to take the blocking read")
+    answers = dispatch_when_idle(client, worker, "lend", 20)
     # Then each is answered, and (after the first, which the reader read) the thread that ran
     # each batch had read it itself: no hand-off between threads on an idle worker's answer
     assert answers == [f"r:{i}" for i in range(20)]
     later = list(zip(read_by, ran_on, strict=True))[2:]
     assert sum(reader == runner for reader, runner in later) >= len(later) - 2, later
+
+
+def test_an_idle_worker_sends_its_next_read_behind_each_reply(
+    start_worker: StartWorker, client: qs.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given an idle worker, whose replies are recorded with whether a read went with them
+    fused: list[bool] = []
+    reply_and_ack = RedisBroker.reply_and_ack
+
+    def recording(self: RedisBroker, *args: Any, **kwargs: Any) -> PendingRead | None:
+        pending = reply_and_ack(self, *args, **kwargs)
+        fused.append(pending is not None)
+        return pending
+
+    monkeypatch.setattr(RedisBroker, "reply_and_ack", recording)
+    worker = start_worker(Recording(tag_items, name="fused", batch_size=4, batch_timeout=0))
+    # When requests come one at a time, each after the last one's answer, once idle again
+    answers = dispatch_when_idle(client, worker, "fused", 20)
+    # Then each is answered, and (after the first few) each reply carried the executor's next
+    # blocking read in the same write: Redis started it when the next request came
+    assert answers == [f"r:{i}" for i in range(20)]
+    later = fused[2:]
+    assert sum(later) >= len(later) - 2, fused
+
+
+def test_what_a_read_sent_behind_a_reply_brought_is_served_when_its_reply_is_lost(
+    start_worker: StartWorker, client: qs.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given an idle worker whose next read (sent behind its last reply; on a busy machine
+    # perhaps the reader's) will deliver a request and then lose its connection before the
+    # worker sees what it read. The reads are wrapped before the worker starts, since a thread
+    # already blocked in one holds the method it bound, and armed once the worker is warm.
+    armed = threading.Event()
+    lost: list[ReadOutcome] = []
+    results = {"pending": PendingRead.result, "wait": RedisBroker.wait_then_read,
+               "ready": RedisBroker.read_ready}
+
+    def losing(outcome: ReadOutcome) -> ReadOutcome:
+        if armed.is_set() and not lost and outcome.entries:
+            lost.append(outcome)
+            raise RedisUnavailable("the connection broke after the read (test)")
+        return outcome
+
+    monkeypatch.setattr(PendingRead, "result", lambda self: losing(results["pending"](self)))
+    monkeypatch.setattr(RedisBroker, "wait_then_read",
+                        lambda self, *a: losing(results["wait"](self, *a)))
+    monkeypatch.setattr(RedisBroker, "read_ready",
+                        lambda self, *a: losing(results["ready"](self, *a)))
+    worker = start_worker(Recording(tag_items, name="lost", batch_size=4, batch_timeout=0))
+    assert client.dispatch("lost", "warm", timeout=RESULT_WAIT_S) == "r:warm"
+    armed.set()
+    wait_until(lambda: read_lent(worker), "the idle executor to take the blocking read")
+
+    # When a request comes, and the read that delivered it never reaches the worker
+    answer = client.dispatch("lost", "x", timeout=RESULT_WAIT_S)
+
+    # Then the worker finds the entry pending for it without its knowing, and serves it
+    assert lost and answer == "r:x"
 
 
 def test_work_arriving_during_a_long_batch_is_read_while_it_runs(

@@ -7,7 +7,7 @@ from typing import Any
 
 import queueserve as qs
 from queueserve.broker.retry import Outage
-from queueserve.broker.sync import ReadOutcome
+from queueserve.broker.sync import ReadOutcome, WakeRead
 from queueserve.serving import Partition
 from queueserve.worker.pipeline.runner import ServingRunner
 
@@ -29,11 +29,10 @@ class ShardsBroker:
                    full: Any) -> ReadOutcome:
         return ReadOutcome(b"0-0", 0, False, 0, [])
 
-    def wait_then_read(self, keys: Any, after: bytes, block_ms: int, consumer: str,
-                       budget: int, per_key: int, full: Any) -> ReadOutcome:
+    def wait_then_read(self, keys: Any, read: WakeRead) -> ReadOutcome:
         assert self.runner is not None
         with self.runner.cond:
-            self.blocked_with.append((budget, self.runner._budget()))
+            self.blocked_with.append((read.budget, self.runner._budget()))
         return ReadOutcome(b"0-0", 0, False, 0, [])
 
 

@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable
 
 from queueserve.broker.retry import RedisFailure, Retry
-from queueserve.broker.sync import ReadOutcome, RedisBroker, Subscription
+from queueserve.broker.sync import PendingRead, ReadOutcome, RedisBroker, Subscription, WakeRead
 from queueserve.serving import Partition, Serving
 from queueserve.steps import StepServing
 from queueserve.wire import protocol as P
@@ -45,8 +45,9 @@ from queueserve.worker.middleware import Middleware
 from queueserve.worker.pipeline.batching import Assembler, Slice, TakenBatch
 from queueserve.worker.pipeline.execute import Row
 from queueserve.worker.pipeline.intake import Entry, Intake
+from queueserve.worker.pipeline.replies import Outgoing as Composed
 from queueserve.worker.pipeline.replies import ReplyQueue, compose
-from queueserve.worker.pipeline.stages import Outgoing, Stages
+from queueserve.worker.pipeline.stages import Outgoing, Reply, Stages
 from queueserve.worker.pipeline.step_executor import StepExecutor
 from queueserve.worker.pipeline.stepping import StepQueue
 from queueserve.worker.runtime_config import apply_overrides, parse_overrides
@@ -399,7 +400,7 @@ class ServingRunner:
                 return read
             wake_id = read.wake_id
         return self.broker.wait_then_read(
-            keys, wake_id, READ_BLOCK_MS, self.consumer, budget, per_key, full
+            keys, WakeRead(wake_id, READ_BLOCK_MS, self.consumer, budget, per_key, full)
         )
 
     def _wait_while_full(self, keys: set[str]) -> None:
@@ -450,23 +451,35 @@ class ServingRunner:
         self._borrowed = wake_id is not None
         return wake_id
 
-    def _read_lent(self, wake_id: bytes) -> None:
-        """Block on the wake stream and read, as the reader would, from the thread that will
-        run what comes; give the read back to the reader drained, or wake it to read on."""
-        keys = self.keys
+    def _wake_read(self, wake_id: bytes) -> WakeRead:
+        """A lent blocking read after ``wake_id`` (caller holds self.cond)."""
+        # Not reserved against the reader's reclaims: this read may block for READ_BLOCK_MS
+        # at a time, again and again on an idle worker, and reclaims would find no room for
+        # ever. A reclaim meanwhile (dead consumers' work, rare) may bring one look-ahead more.
+        return WakeRead(wake_id, READ_BLOCK_MS, self.consumer, self._budget(), self._per_key(),
+                        self.assembler.full_keys())
+
+    def _return_read(self, wake_id: bytes) -> None:
+        """Give back a borrowed read that was never sent, as it was."""
         with self.cond:
-            # Not reserved against the reader's reclaims: this read may block for
-            # READ_BLOCK_MS at a time, again and again on an idle worker, and reclaims would
-            # find no room for ever. A reclaim meanwhile (dead consumers' work, rare) may bring
-            # one look-ahead more.
-            budget = self._budget()
-            full = self.assembler.full_keys()
-            per_key = self._per_key()
+            self._borrowed = False
+            if self._reading:
+                self._drained_at[0] = wake_id
+            self.cond.notify_all()
+
+    def _read_lent(self, lent: bytes | PendingRead) -> None:
+        """Block on the wake stream and read, as the reader would, from the thread that will
+        run what comes (or finish such a read sent behind a reply); give the read back to the
+        reader drained, or wake it to read on."""
+        if isinstance(lent, PendingRead):
+            read_now = lent.result
+        else:
+            with self.cond:
+                wake_read = self._wake_read(lent)
+            read_now = functools.partial(self.broker.wait_then_read, self.keys, wake_read)
         drained_at = None
         try:
-            read = self.broker.wait_then_read(
-                keys, wake_id, READ_BLOCK_MS, self.consumer, budget, per_key, full
-            )
+            read = read_now()
             self._take_in_read(read, yield_gil=False)
             if read.drained or not (read.entries or read.skipped):
                 drained_at = read.wake_id
@@ -567,10 +580,16 @@ class ServingRunner:
         serving with a finish stage always finishes on the replier, off the device's thread."""
         if (item is not None and self._caught_up and not self.serving.has_finish
                 and self.assembler.buffered == 0 and self.outbox.claim()):
+            # A batch's answer, on the thread that takes the next batch itself (no preparers):
+            # its next step is the lent read, so that goes in the same write (see _send).
+            read_next = isinstance(item, Reply) and not self.stages.preparers
+            pending = None
             try:
-                self._send(item if isinstance(item, list) else item.rows())
+                pending = self._send(item if isinstance(item, list) else item.rows(), read_next)
             finally:
                 self.outbox.done()
+            if pending is not None:
+                self._read_lent(pending)
         else:
             self.outbox.put(item)
 
@@ -591,13 +610,39 @@ class ServingRunner:
             finally:
                 self.outbox.done()
 
-    def _send(self, rows: list[Row]) -> None:
+    def _send(self, rows: list[Row], read_next: bool = False) -> PendingRead | None:
+        """Reply and ack. ``read_next``: when the reader's blocking read is free, borrow it and
+        send it behind the reply, so Redis starts it as soon as the next request comes, while
+        this thread still settles this reply; returned for ``_read_lent`` to finish."""
         out = compose(rows, self.codec, self.serving.max_reply_bytes)
-        # Unacked work stays ours (our heartbeat holds it): retry until Redis takes it.
-        self._reply_retry.run(lambda: self.broker.reply_and_ack(
-            self.keys, out.messages, out.acks, INBOX_TTL_MS, out.events,
-            durable=self.serving.durable,
-        ))
+        with self.cond:
+            wake_id = self._borrow_read() if read_next else None
+            then_read = None if wake_id is None else self._wake_read(wake_id)
+        pending: PendingRead | None = None
+
+        def attempt() -> None:
+            nonlocal then_read, pending
+            fused, then_read = then_read, None  # a retry sends the reply alone
+            pending = self.broker.reply_and_ack(
+                self.keys, out.messages, out.acks, INBOX_TTL_MS, out.events,
+                durable=self.serving.durable, then_read=fused,
+            )
+
+        try:
+            # Unacked work stays ours (our heartbeat holds it): retry until Redis takes it.
+            self._reply_retry.run(attempt)
+            self._settle(out)
+        except BaseException:
+            if pending is not None:
+                pending.abandon()  # what it read is taken back as forgotten (intake)
+                pending = None
+            raise
+        finally:
+            if wake_id is not None and pending is None:
+                self._return_read(wake_id)
+        return pending
+
+    def _settle(self, out: Composed) -> None:
         self.middleware.replied(self.serving, out.answered, len(out.finished), out.errors)
         with self.cond:
             self.held.difference_update(out.finished)
