@@ -190,6 +190,30 @@ def test_a_worker_serves_again_after_redis_lost_its_data(
 
 
 @pytest.mark.timeout(120)
+def test_an_idle_worker_serves_on_after_redis_flushed_its_scripts(
+    redis_tmp_server: RedisServer, prefix: str, connect: Connect,
+) -> None:
+    url = redis_tmp_server.url
+    workers, client = connect(url)
+    # Given an idle worker, whose next read went out behind its last reply
+    worker = started_worker(workers, url, prefix, "sturdy")
+    assert [client.dispatch("sturdy", f"a{i}", timeout=RESULT_WAIT_S) for i in range(5)] == [
+        f"r:a{i}" for i in range(5)
+    ]
+
+    # When Redis forgets every script meanwhile (the read's, the ack's, the enqueue's)
+    r = redis.Redis.from_url(url)
+    r.script_flush()
+    r.close()
+
+    # Then each request is still answered with its own result
+    assert [client.dispatch("sturdy", f"b{i}", timeout=RESULT_WAIT_S) for i in range(5)] == [
+        f"r:b{i}" for i in range(5)
+    ]
+    assert worker.alive
+
+
+@pytest.mark.timeout(120)
 def test_a_busy_worker_logs_the_recovery_too(
     aof_server: RedisServer, prefix: str, connect: Connect,
 ) -> None:
