@@ -8,7 +8,9 @@ Producer side (:class:`BaselineClient`, in the benchmark process):
   sends a window of items as one pipeline (one round trip per window), then waits for each
   (:meth:`BaselineClient.submit_window`: the reference of docs/design.md §8); :meth:`BaselineClient.
   dispatch` is the unpipelined form, one XADD per item from a blocked caller thread, for
-  comparing like with like against 64 threads calling ``dispatch``;
+  comparing like with like against 64 threads calling ``dispatch``; :class:`AsyncBaselineClient`
+  is that form for asyncio (``redis.asyncio``: one XADD per item from a waiting coroutine, one
+  reader task on the inbox), for comparing against coroutines awaiting ``AsyncClient.dispatch``;
 - one reader thread per client: ``BLPOP`` the client's inbox list, then ``LPOP inbox 512`` until
   it is empty, and completes each item's waiter (a pre-acquired ``threading.Lock``, the cheapest
   waiter in the standard library; queueserve uses the same primitive).
@@ -27,6 +29,7 @@ call`) are one ``XADD`` and a ``BLPOP`` on a private inbox, with no reader threa
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import signal
 import sys
@@ -38,6 +41,7 @@ from typing import Any
 
 import msgpack
 import redis
+import redis.asyncio
 
 GROUP = "g"
 READ_COUNT = 256
@@ -130,6 +134,53 @@ class BaselineClient:
         self._reader.join(timeout=5)
         self.redis.delete(self.inbox, self.rt_inbox)
         self.redis.close()
+
+
+class AsyncBaselineClient:
+    """``BaselineClient.dispatch`` for asyncio; make it and use it in one event loop."""
+
+    def __init__(self, url: str, stream: str) -> None:
+        self.redis: Any = redis.asyncio.Redis.from_url(url)
+        self.reader: Any = redis.asyncio.Redis.from_url(url)  # its BLPOP holds a connection
+        self.stream = stream
+        self.inbox = f"bl:ainbox:{uuid.uuid4().hex[:12]}"
+        self.futures: dict[int, asyncio.Future[Any]] = {}
+        self._ids = itertools.count(1)
+        self._closed = False
+        self._task = asyncio.get_running_loop().create_task(self._read())
+
+    async def dispatch(self, item: Any) -> Any:
+        rid = next(self._ids)
+        future = self.futures[rid] = asyncio.get_running_loop().create_future()
+        await self.redis.xadd(self.stream, {"m": msgpack.packb([rid, self.inbox, item])})
+        return await asyncio.wait_for(future, WAIT_S)
+
+    def _deliver(self, message: bytes) -> None:
+        futures = self.futures
+        for rid, result in msgpack.unpackb(message):
+            future = futures.pop(rid, None)
+            if future is not None and not future.done():
+                future.set_result(result)
+
+    async def _read(self) -> None:
+        r = self.reader
+        while not self._closed:
+            popped = await r.blpop([self.inbox], timeout=1)
+            if popped is None or not popped[1]:
+                continue
+            self._deliver(popped[1])
+            while more := await r.lpop(self.inbox, DRAIN_COUNT):
+                for message in more:
+                    if message:
+                        self._deliver(message)
+
+    async def close(self) -> None:
+        self._closed = True
+        await self.redis.rpush(self.inbox, b"")
+        await asyncio.wait_for(self._task, 5)
+        await self.redis.delete(self.inbox)
+        await self.redis.aclose()
+        await self.reader.aclose()
 
 
 def consume(url: str, stream: str) -> None:

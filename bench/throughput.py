@@ -12,7 +12,9 @@ so the ratios of docs/design.md §8 compare like with like on a shared, noisy ma
    in a ``queueserve worker`` process; in this process one ``qs.Client`` and
    ``submit-window``: 8 threads, each submitting 512 one-item tickets, then collecting them;
    ``dispatch-64``: 64 threads, each calling ``dispatch`` one item at a time, held to the
-   hand-written loop in the same shape (64 threads, one XADD and a wait per item).
+   hand-written loop in the same shape (64 threads, one XADD and a wait per item);
+   ``dispatch-async-64``: 64 coroutines of one event loop, each awaiting ``AsyncClient.dispatch``
+   one item at a time, held to the hand-written ``redis.asyncio`` loop in the same shape.
 3. ``packed``: ``client.map(noop, range(N), chunk_size=256)``, for several ``max_in_flight``.
 4. ``round trip``: one ``dispatch`` at a time against an idle worker, next to one XADD + BLPOP
    of the hand-written loop, alternating blocks of 250 calls; p50/p99 after a warm-up.
@@ -28,7 +30,9 @@ DIR/*.txt`` summarises them.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import datetime
+import functools
 import json
 import os
 import platform
@@ -38,9 +42,9 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import msgpack
 import redis
@@ -58,7 +62,7 @@ from ._harness import (
     stop_process,
     wait_until,
 )
-from .baseline import BaselineClient
+from .baseline import AsyncBaselineClient, BaselineClient
 
 PREFIX = "qsbench"
 SERVING = "noop"
@@ -70,6 +74,7 @@ BUDGET_RT_P50_MS = 0.4  # issue 16 (docs/design.md §9); §8 had 0.5 / 1.5
 BUDGET_RT_P99_MS = 1.0
 PROFILE_RATE = 250
 SECTIONS = ("single", "packed", "rt")
+T = TypeVar("T")
 WAIT_S = 60.0  # a result that takes longer means the benchmark is broken: fail, never hang
 # Commands queueserve only ever calls from its Lua scripts (counted inside EVALSHA's time).
 SCRIPT_INNER = frozenset({"xadd", "xack", "xdel", "sadd", "incrby", "decrby", "get", "hget",
@@ -158,6 +163,20 @@ def qs_dispatch(client: qs.Client, n: int, threads: int) -> float:
         check([client.dispatch(SERVING, x, timeout=WAIT_S) for x in part], part)
 
     return run_threads(threads, body)
+
+
+async def dispatch_from_tasks(
+    dispatch: Callable[[int], Awaitable[Any]], n: int, tasks: int
+) -> float:
+    """``tasks`` coroutines, each awaiting ``dispatch`` one item at a time; wall seconds."""
+    parts = shares(n, tasks)
+
+    async def body(part: range) -> None:
+        check([await dispatch(x) for x in part], part)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(body(part) for part in parts))
+    return time.perf_counter() - t0
 
 
 def qs_map(client: qs.Client, n: int, chunk_size: int, max_in_flight: int) -> float:
@@ -259,8 +278,34 @@ class Bench:
         wait_until(lambda: self._has_group(BASELINE_STREAM), 30, "the baseline consumer")
         self.client = qs.Client(self.url, prefix=PREFIX)
         self.baseline = BaselineClient(self.url, BASELINE_STREAM)
+        # An event loop that runs for the whole benchmark, as an asyncio service's does: the
+        # clients' reader tasks keep reading between runs.
+        self.loop = asyncio.new_event_loop()
+        self.loop_thread = threading.Thread(target=self.loop.run_forever, name="bench-asyncio",
+                                            daemon=True)
+        self.loop_thread.start()
+        self.aclient, self.abaseline = self.in_loop(self._async_clients())
         assert self.server.proc is not None
         self.pids = {"bench": os.getpid(), "redis": self.server.proc.pid}
+
+    async def _async_clients(self) -> tuple[qs.AsyncClient, AsyncBaselineClient]:
+        return (qs.AsyncClient(self.url, prefix=PREFIX),
+                AsyncBaselineClient(self.url, BASELINE_STREAM))
+
+    def in_loop(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
+
+    def async_dispatch(self, n: int) -> float:
+        dispatch = functools.partial(self.aclient.dispatch, SERVING, timeout=WAIT_S)
+        return self.in_loop(dispatch_from_tasks(dispatch, n, 64))
+
+    def async_baseline_dispatch(self, n: int) -> float:
+        return self.in_loop(dispatch_from_tasks(self.abaseline.dispatch, n, 64))
+
+    def _stop_loop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.loop_thread.join(timeout=5)
+        self.loop.close()
 
     def _has_group(self, stream: str) -> bool:
         try:
@@ -269,7 +314,9 @@ class Bench:
             return False
 
     def close(self) -> None:
-        for closer in (self.client.close, self.baseline.close, self.redis.close):
+        for closer in (self.client.close, self.baseline.close, self.redis.close,
+                       lambda: self.in_loop(self.aclient.aclose()),
+                       lambda: self.in_loop(self.abaseline.close()), self._stop_loop):
             try:
                 closer()
             except Exception as e:  # keep stopping the processes
@@ -309,6 +356,8 @@ class Bench:
         baseline_dispatch(self.baseline, n, 64)
         qs_windows(self.client, n, 8, 512)
         qs_dispatch(self.client, n, 64)
+        self.async_baseline_dispatch(n)
+        self.async_dispatch(n)
         qs_map(self.client, n * 4, 256, 16)
 
     def single_item(self) -> None:
@@ -321,6 +370,9 @@ class Bench:
             self.timed("qs_dispatch_64", w, n, lambda: qs_dispatch(self.client, n, 64))
             self.timed("baseline_dispatch_64", bl, k,
                        lambda: baseline_dispatch(self.baseline, k, 64))
+            self.timed("baseline_dispatch_async_64", bl, k,
+                       lambda: self.async_baseline_dispatch(k))
+            self.timed("qs_dispatch_async_64", w, k, lambda: self.async_dispatch(k))
 
     def packed(self) -> None:
         n = self.n_packed
@@ -403,9 +455,10 @@ def summarise(bench: Bench) -> dict[str, Any]:
         base = out["baseline"]["median"]
         for name in ("qs_submit_window", "qs_dispatch_64"):
             out[name]["ratio_to_baseline"] = round(out[name]["median"] / base, 3)
-        out["qs_dispatch_64"]["ratio_to_baseline_dispatch_64"] = round(
-            out["qs_dispatch_64"]["median"] / out["baseline_dispatch_64"]["median"], 3
-        )
+        for shape in ("dispatch_64", "dispatch_async_64"):
+            out[f"qs_{shape}"][f"ratio_to_baseline_{shape}"] = round(
+                out[f"qs_{shape}"]["median"] / out[f"baseline_{shape}"]["median"], 3
+            )
     return out
 
 
@@ -418,9 +471,10 @@ def checks(out: dict[str, Any], max_in_flight: tuple[int, ...]) -> dict[str, boo
         )
         # 64 blocking callers keep 64 requests in flight, the windowed loop 4,096: the
         # dispatch shape is held to the loop in that same shape.
-        ok[f"single item qs_dispatch_64 >= {BUDGET_SINGLE_RATIO}x baseline_dispatch_64"] = (
-            out["qs_dispatch_64"]["ratio_to_baseline_dispatch_64"] >= BUDGET_SINGLE_RATIO
-        )
+        for shape in ("dispatch_64", "dispatch_async_64"):
+            ok[f"single item qs_{shape} >= {BUDGET_SINGLE_RATIO}x baseline_{shape}"] = (
+                out[f"qs_{shape}"][f"ratio_to_baseline_{shape}"] >= BUDGET_SINGLE_RATIO
+            )
     if "qs_map_256_mif16" in out:
         best = max(out[f"qs_map_256_mif{m}"]["median"] for m in max_in_flight)
         ok["packed (default max_in_flight) >= 500k/s"] = (
@@ -462,6 +516,13 @@ def _throughput_lines(out: dict[str, Any], max_in_flight: tuple[int, ...]) -> li
         lines.append(f"  {'baseline, 64 thr x 1 XADD (context)':<37}  "
                      f"{_rate(out, 'baseline_dispatch_64')}   "
                      f"{_cpu(out, 'baseline_dispatch_64')}   (dispatch-64 = {ratio:.2f}x this)")
+        ratio = out["qs_dispatch_async_64"]["ratio_to_baseline_dispatch_async_64"]
+        lines.append(f"  {'baseline, 64 coroutines x 1 XADD':<37}  "
+                     f"{_rate(out, 'baseline_dispatch_async_64')}   "
+                     f"{_cpu(out, 'baseline_dispatch_async_64')}")
+        lines.append(f"  {'dispatch, 64 coroutines (asyncio)':<37}  "
+                     f"{_rate(out, 'qs_dispatch_async_64')}   "
+                     f"{_cpu(out, 'qs_dispatch_async_64')}   {ratio:.2f}x the line above")
     for m in max_in_flight:
         name = f"qs_map_256_mif{m}"
         if name in out:
@@ -470,7 +531,7 @@ def _throughput_lines(out: dict[str, Any], max_in_flight: tuple[int, ...]) -> li
     lines.append("round trips carried (items per ...)   enqueue call    read   reply"
                  "   Redis exec µs/item")
     for name in ("baseline", "qs_submit_window", "qs_dispatch_64", "baseline_dispatch_64",
-                 "qs_map_256_mif16"):
+                 "qs_dispatch_async_64", "baseline_dispatch_async_64", "qs_map_256_mif16"):
         if name not in out:
             continue
         r = out[name]["redis_per_item"]
