@@ -39,6 +39,32 @@ from queueserve.hooks import Event
 from queueserve.wire.timing import ALIVE_WITHIN_S, RECONNECT_WITHIN_S
 
 
+async def wait_uncancelled(waiting: asyncio.Future[Any], limit: float | None) -> None:
+    """Await ``waiting`` up to ``limit`` seconds (TimeoutError after), never cancelling it: a
+    caller cancelled or timed out here may await the same ticket again. The per-call cost of
+    ``asyncio.wait_for(asyncio.shield(...))`` (a shield future, a wait_for future and its
+    callbacks) was a fifth of an awaited dispatch's CPU (docs/benchmarks.md)."""
+    if not waiting.done():
+        loop = asyncio.get_running_loop()
+        woken = loop.create_future()
+
+        def wake(_: object = None) -> None:
+            if not woken.done():
+                woken.set_result(None)
+
+        waiting.add_done_callback(wake)
+        timer = None if limit is None else loop.call_later(limit, wake)
+        try:
+            await woken
+        finally:
+            waiting.remove_done_callback(wake)
+            if timer is not None:
+                timer.cancel()
+        if not waiting.done():
+            raise TimeoutError
+    waiting.result()
+
+
 class AsyncTicket:
     """A submitted request: ``await .result(timeout)``, ``await .cancel()``, ``.done()``."""
 
@@ -69,7 +95,9 @@ class AsyncTicket:
             timeout if self._timeout is None else min(timeout, self._timeout)
         )
         try:
-            await self._client.wait_watched(self._target, asyncio.gather(*self._futures), limit)
+            futures = self._futures
+            waiting = futures[0] if len(futures) == 1 else asyncio.gather(*futures)
+            await self._client.wait_watched(self._target, waiting, limit)
         except TimeoutError:
             text = await self._client.timeout_text(self._target, limit)
             if limit == self._timeout:  # the request's own deadline: it is over
@@ -313,12 +341,12 @@ class AsyncClient:
         first = self._base.unserved.first_wait(target.keys.name, limit)
         if first is not None:
             try:
-                await asyncio.wait_for(asyncio.shield(waiting), first)
+                await wait_uncancelled(waiting, first)
                 return
             except TimeoutError:
                 self._base.unserved.check(target, await self._alive(target))
                 limit = None if limit is None else limit - first
-        await asyncio.wait_for(asyncio.shield(waiting), limit)
+        await wait_uncancelled(waiting, limit)
 
     async def withdraw(self, call: Call) -> bool:
         """Cancel ``call``: True when it will never run (see ``Client.withdraw``)."""

@@ -126,6 +126,31 @@ def test_timeouts_say_whether_a_worker_is_alive(redis_url: str, prefix: str) -> 
     run(use, redis_url, prefix)
 
 
+def test_a_cancelled_wait_leaves_the_ticket_to_be_awaited_again(
+    start_worker: StartWorker, redis_url: str, prefix: str
+) -> None:
+    # Given a request whose batch is held back, and a caller task awaiting its result
+    serving = Recording(tag_items, name="held", batch_size=1, batch_timeout=0, gated=True)
+    start_worker(serving)
+
+    async def use(client: qs.AsyncClient) -> list[Any]:
+        ticket = await client.submit(serving, ["x"], timeout=30)
+        await asyncio.to_thread(wait_until, lambda: serving.batches, "the batch to start")
+        waiter = asyncio.create_task(ticket.result())
+        await asyncio.sleep(0.05)
+        # When that task is cancelled, and another wait times out, before the answer comes
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(ticket.result(), 0.05)
+        serving.release()
+        # Then the ticket still gives its answer to whoever awaits it next
+        return await ticket.result()
+
+    assert run(use, redis_url, prefix) == ["r:x"]
+
+
 def test_an_unblocked_inbox_read_does_not_end_the_reader(
     start_worker: StartWorker, redis_url: str, redis_client: redis.Redis, prefix: str,
 ) -> None:
