@@ -165,12 +165,16 @@ class PartitionHost:
             ", ".join(s.name for s in self.servings), self.consumer,
         )
 
+    def stop_reading(self) -> None:
+        """Take no more work in; what is held still runs and is answered (``stop``)."""
+        for runner in self.runners:
+            runner.stop_reading()
+
     def stop(self, timeout: float | None) -> bool:
         """Stop reading, finish and answer what is held; True when all of it was answered."""
         deadline = None if timeout is None else time.monotonic() + timeout
         at_stop = self.tally.snapshot()
-        for runner in self.runners:
-            runner.stop_reading()
+        self.stop_reading()
         log.info("partition %d draining: stopped reading, finishing what it holds%s",
                  self.partition.index, "" if timeout is None else f" (up to {timeout:g}s)")
         finished = all(

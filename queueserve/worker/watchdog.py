@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,8 +51,8 @@ def shared_clock(context: Any) -> Any:
 
 class BatchClock(Middleware):
     """Partition side: publishes when the oldest running batch started, and counts batches;
-    sets ``wake`` once ``max_batches`` have finished, so the partition stops taking work then
-    rather than at its next periodic check."""
+    once ``max_batches`` have finished, stops the partition taking work (``on_limit``) on the
+    thread that finished the last one, and sets ``wake`` for the main thread to drain it."""
 
     def __init__(
         self, shared: Any, wake: threading.Event, max_batches: int | None = None
@@ -59,6 +60,10 @@ class BatchClock(Middleware):
         self._shared = shared
         self._wake = wake
         self._max_batches = max_batches
+        # Set by the partition once its runners exist. Called before the batch's reply is
+        # sent, so that reply cannot carry the executor's next read (runner._send): on a busy
+        # machine the main thread, woken by ``wake``, may drain only several batches later.
+        self.on_limit: Callable[[], None] = lambda: None
         self._running: dict[int, float] = {}  # executor thread -> its batch's start
         self._lock = threading.Lock()
 
@@ -80,8 +85,10 @@ class BatchClock(Middleware):
             self._running.pop(threading.get_ident(), None)
             self._shared[_SINCE] = min(self._running.values(), default=0.0)
             self._shared[_DONE] += 1
-            if self._max_batches is not None and self._shared[_DONE] >= self._max_batches:
-                self._wake.set()
+            reached = self._max_batches is not None and self._shared[_DONE] >= self._max_batches
+        if reached:
+            self.on_limit()
+            self._wake.set()
 
 
 def recycle_reason(limits: Limits, clock: BatchClock) -> str | None:

@@ -392,6 +392,7 @@ def _start_partition(
         extra.append(PrometheusMiddleware())
     # A runner thread dying of a bug ends the process; the supervisor restarts it.
     host = _host_for(servings, config, partition, extra, on_fatal=lambda: os._exit(EXIT_ERROR))
+    clock.on_limit = host.stop_reading
     host.start(freeze_heap=True)
     return host
 

@@ -1,17 +1,25 @@
 """Limits on batches and partitions (queueserve.worker.watchdog): deaths during a batch are
 charged to its requests, not to the worker; a batch past max_batch_seconds is abandoned; a
-partition is recycled after max_batches_per_partition batches or past max_partition_memory.
-Real worker processes, real signals.
+partition is recycled after max_batches_per_partition batches (taking no more work from the
+last one on) or past max_partition_memory. Real worker processes, real signals.
 """
 
 from __future__ import annotations
+
+import multiprocessing
+import threading
+import time
 
 import pytest
 import redis
 
 import queueserve as qs
+from queueserve.serving import Partition
+from queueserve.worker.partition import PartitionHost
+from queueserve.worker.watchdog import BatchClock
 from tests.support.fault_app import Workers, serving_consumer
 from tests.support.helpers import WAIT_S, wait_until
+from tests.support.servings import Recording, tag_items
 
 
 @pytest.mark.timeout(180)
@@ -101,3 +109,36 @@ def test_a_partition_past_max_partition_memory_is_recycled(
     # Then the leaking partition was recycled (drained and replaced), not crashed
     assert "max_partition_memory=400 MiB" in worker.output()
     assert "restarting" not in worker.output() and worker.alive
+
+
+def test_a_partition_at_max_batches_takes_no_more_work_before_it_is_drained(
+    redis_url: str, prefix: str, client: qs.Client,
+) -> None:
+    # Given a partition allowed 3 batches, whose main thread (which drains it once woken)
+    # never comes: a busy machine may run it several batches late
+    serving = Recording(tag_items, name="counted", batch_size=1, batch_timeout=0)
+    wake = threading.Event()
+    clock = BatchClock(multiprocessing.get_context("spawn").RawArray("d", 2), wake, 3)
+    host = PartitionHost([serving], redis_url, prefix, Partition(), middleware=[clock])
+    clock.on_limit = host.stop_reading
+    host.start()
+    try:
+        # When 3 requests are answered one after another, and 3 more are sent
+        assert [client.dispatch("counted", i, timeout=WAIT_S) for i in range(3)] == [
+            "r:0", "r:1", "r:2"
+        ]
+        later = [client.submit("counted", [i]) for i in range(3, 6)]
+        time.sleep(1.0)
+
+        # Then the partition was woken to recycle and took at most the one request a read
+        # already under way may have brought; the others wait in Redis for a fresh partition
+        assert wake.is_set()
+        assert len(serving.items_run) <= 4, serving.items_run
+    finally:
+        host.stop(timeout=10)
+    fresh = PartitionHost([serving], redis_url, prefix, Partition())
+    fresh.start()
+    try:
+        assert [t.result(WAIT_S) for t in later] == [["r:3"], ["r:4"], ["r:5"]]
+    finally:
+        fresh.stop(timeout=10)
