@@ -362,7 +362,7 @@ class Bench:
 
     def single_item(self) -> None:
         n = self.n_single
-        k = n // 4  # baseline_dispatch_64 is context only, and slow: a quarter of the items
+        k = n // 4  # one call per item in flight: the dispatch shapes are slow, a quarter
         bl, w = self.consumer, self.worker
         for _ in range(self.repeats):
             self.timed("baseline", bl, n, lambda: baseline_windows(self.baseline, n, 8, 512))
@@ -513,7 +513,7 @@ def _throughput_lines(out: dict[str, Any], max_in_flight: tuple[int, ...]) -> li
             lines.append(f"  {label:<37}  {_rate(out, name)}   {_cpu(out, name)}"
                          f"   {ratio:.2f}x baseline")
         ratio = out["qs_dispatch_64"]["ratio_to_baseline_dispatch_64"]
-        lines.append(f"  {'baseline, 64 thr x 1 XADD (context)':<37}  "
+        lines.append(f"  {'baseline, 64 thr x 1 XADD':<37}  "
                      f"{_rate(out, 'baseline_dispatch_64')}   "
                      f"{_cpu(out, 'baseline_dispatch_64')}   (dispatch-64 = {ratio:.2f}x this)")
         ratio = out["qs_dispatch_async_64"]["ratio_to_baseline_dispatch_async_64"]

@@ -88,7 +88,6 @@ class WakeRead:
     full: Sequence[str]
 
 
-
 class PendingRead:
     """A wake read sent behind a reply (``reply_and_ack(then_read=...)``): ``result`` blocks
     until it comes back; ``abandon`` drops its connection when it will never be read."""

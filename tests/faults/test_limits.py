@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import multiprocessing
 import threading
-import time
 
 import pytest
 import redis
@@ -128,10 +127,11 @@ def test_a_partition_at_max_batches_takes_no_more_work_before_it_is_drained(
             "r:0", "r:1", "r:2"
         ]
         later = [client.submit("counted", [i]) for i in range(3, 6)]
-        time.sleep(1.0)
 
-        # Then the partition was woken to recycle and took at most the one request a read
-        # already under way may have brought; the others wait in Redis for a fresh partition
+        # Then the partition stops reading by itself, woken to recycle, having taken at most
+        # the one request a read already under way may have brought; the others wait in Redis
+        # for a fresh partition
+        wait_until(lambda: not host.runners[0].reading, "the partition to stop reading")
         assert wake.is_set()
         assert len(serving.items_run) <= 4, serving.items_run
     finally:
