@@ -75,6 +75,20 @@ from typing import Final
 WIRE_VERSION: Final = 1
 GROUP: Final = "qs"
 
+# The key layout above, machine-readable: (kind, Redis type) for each row of the docstring's
+# table, the kind being the name's first part after the prefix and hash tag (``pN`` for the
+# priority streams). tests/faults/fuzz/surfaces.py must attack each one: a new key or channel
+# goes here, in the table, and in the fuzzer (tests/unit/test_fuzz_registry.py checks all three).
+LAYOUT: Final = (
+    ("in", "stream"), ("pN", "stream"), ("seen", "zset"), ("ready", "zset"),
+    ("active", "zset"), ("wake", "stream"), ("depth", "hash"), ("keys", "set"),
+    ("queued", "string"), ("meta", "hash"), ("config", "hash"), ("workers", "zset"),
+    ("dead", "stream"), ("cancel", "channel"), ("inbox", "list"), ("events", "channel"),
+    ("worker", "hash"),
+)
+# The fields of a request stream entry: one request (h, p, a) or a pack of them (a, k).
+ENTRY_FIELDS: Final = ("h", "p", "a", "k")
+
 # Reply slice kinds.
 RESULTS: Final = 0
 BATCHED: Final = 1
