@@ -18,8 +18,9 @@ time); on CUDA ``handle_batch`` returns once the work is queued, so ``served / m
 the GPU's own busy fraction, printed beside it. Without CUDA the GPU run is skipped (exit 0);
 ``--device cpu`` runs the same comparison on the CPU (served vs direct >= 1.0x there).
 
-    python -m bench.gpu [--quick] [--json out.json] [--sizes 32,128,512,2048] [--bucket t128]
-                        [--dtype float16] [--device cuda|cpu] [--threads N]
+    python -m bench.gpu [--quick] [--json out.json] [--markdown out.md]
+                        [--sizes 32,128,512,2048] [--bucket t128] [--dtype float16]
+                        [--device cuda|cpu] [--threads N]
 """
 
 from __future__ import annotations
@@ -130,6 +131,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer, shorter runs (smoke test)")
     parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--markdown", help="write the results here as a Markdown table")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--sizes", default=None,
                         help="batch sizes, comma-separated (default 32,128,512,2048 on cuda, "
@@ -173,6 +175,30 @@ def main() -> None:
         with open(args.json, "w") as f:
             json.dump({"device": name, "dtype": dtype, "results": results,
                        "loadavg": os.getloadavg(), "cores": os.cpu_count()}, f, indent=2)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(markdown_table(name, dtype, args.bucket, reps, results))
+
+
+def markdown_table(device: str, dtype: str, bucket: str, reps: int,
+                   results: list[dict[str, Any]]) -> str:
+    """The results as docs/benchmarks.md shows them: items/s medians, then the ratios."""
+    lines = [
+        f"MiniLM on {device}, {dtype}, {bucket} texts, median of {reps} runs "
+        "(`python -m bench.gpu`):",
+        "",
+        "| batch | model alone /s | direct /s | served /s | served, caller tokenizes /s "
+        "| served / alone | served / direct | device thread busy |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        lines.append(
+            f"| {r['batch_size']} | {r['model_alone']['median']:,.0f} | "
+            f"{r['direct']['median']:,.0f} | {r['served']['median']:,.0f} | "
+            f"{r['served_caller_tokenized']['median']:,.0f} | {r['served_vs_alone']:.3f} | "
+            f"{r['served_vs_direct']:.3f} | {r['device_thread_busy']:.2f} |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":
