@@ -169,15 +169,21 @@ def main() -> None:
                   f"{r['served_vs_direct']:.3f}  device thread busy "
                   f"{r['device_thread_busy']:.2f}  served, caller tokenizes "
                   f"{r['served_caller_tokenized']['median']:9.1f}/s", flush=True)
+            # Written after every size: a run cut short by its time limit keeps what it measured.
+            write_results(args, name, dtype, reps, results)
     finally:
         server.stop()
+
+
+def write_results(args: argparse.Namespace, device: str, dtype: str, reps: int,
+                  results: list[dict[str, Any]]) -> None:
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": name, "dtype": dtype, "results": results,
+            json.dump({"device": device, "dtype": dtype, "results": results,
                        "loadavg": os.getloadavg(), "cores": os.cpu_count()}, f, indent=2)
     if args.markdown:
         with open(args.markdown, "w") as f:
-            f.write(markdown_table(name, dtype, args.bucket, reps, results))
+            f.write(markdown_table(device, dtype, args.bucket, reps, results))
 
 
 def markdown_table(device: str, dtype: str, bucket: str, reps: int,
