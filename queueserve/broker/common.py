@@ -50,8 +50,8 @@ class HiredisPacker:
         return pack_fast(args) or self._general.pack(*args)
 
 
-def text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
+def text(value: bytes | str, errors: str = "strict") -> str:
+    return value.decode(errors=errors) if isinstance(value, bytes) else value
 
 
 def load_script(name: str) -> str:
@@ -108,8 +108,10 @@ def inbox_messages(reply: Any) -> list[bytes]:
     return [] if reply is None else list(reply[1])
 
 
-def texts(raw: Mapping[Any, Any]) -> dict[str, str]:
-    return {text(k): text(v) for k, v in raw.items()}
+def texts(raw: Mapping[Any, Any], errors: str = "strict") -> dict[str, str]:
+    """A hash as text; ``errors="replace"`` for hashes anyone may write, whose fields are
+    validated after (a field that is not UTF-8 then fails its check instead of the read)."""
+    return {text(k, errors): text(v, errors) for k, v in raw.items()}
 
 
 def since_ms(within: float) -> int:
