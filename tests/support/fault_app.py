@@ -399,7 +399,12 @@ class RawInbox:
         return all(rid in self.slices for rid in rids)
 
     def error_kind(self, rid: int) -> str | None:
-        """The queueserve error kind of the request's only reply slice (None: a result)."""
+        """The queueserve error kind of the request's only reply slice (None: a result).
+        The same slice may come twice: a worker whose ack script Redis does not hold yet
+        (the first ack after Redis started or flushed its scripts) sends its replies again
+        with the loaded script, and clients keep the first (docs/guarantees.md, "Exactly one
+        answer"). Any other second slice fails."""
         (_, _, kind, body), *more = self.slices[rid]
-        assert not more, f"request {rid} got {1 + len(more)} reply slices: {self.slices[rid]}"
+        assert all(s == self.slices[rid][0] for s in more), (
+            f"request {rid} got {1 + len(more)} different reply slices: {self.slices[rid]}")
         return str(body[3]) if kind == ERROR else None
