@@ -934,17 +934,29 @@ class RedisBroker:
             raw = self.redis.xrange(keys.dead, start, end, count=limit)
         return cast(list[tuple[bytes, dict[bytes, bytes]]], raw or [])
 
+    def newest_dead_letter(self, keys: Keys) -> str | None:
+        """The id of the serving shard's newest dead letter, None when it has none."""
+        with redis_errors(self.url):
+            raw = self.redis.xrevrange(keys.dead, "+", "-", count=1)
+        return text(raw[0][0]) if raw else None
+
     def replay_dead_letter(
         self, keys: Keys, dead_id: str, stream: str, requests: Sequence[tuple[bytes, bytes, int]]
     ) -> list[str] | None:
         """Queue a dead letter's requests (header, payload, items) again, one entry each, and
-        drop the record, atomically; returns the new entry ids, or None when the record is gone
-        (replayed or dropped meanwhile)."""
-        args: list[Any] = [dead_id]
+        drop the record, atomically (replay.lua); returns the new entry ids, or None when the
+        record is gone (replayed or dropped meanwhile) or names another stream by now.
+
+        ``stream`` must be a request stream of ``keys``' shard, and each item count an int
+        from 1 to its payload's length: the caller checked both (ops/deadletter.py)."""
+        batch_key, priority = keys.parse_stream(stream)
+        args: list[Any] = [dead_id, GROUP, batch_key, priority, PRIORITY_AGE_MS]
         for header, payload, n in requests:
             args += [header, payload, n]
+        script_keys = [keys.dead, stream, keys.queued, keys.seen, keys.ready, keys.wake,
+                       keys.depth]
         with redis_errors(self.url):
-            new_ids = self._replay(keys=[keys.dead, stream, keys.queued], args=args)
+            new_ids = self._replay(keys=script_keys, args=args)
         return [text(i) for i in new_ids] if new_ids else None
 
     def drop_dead_letter(self, keys: Keys, dead_id: str) -> bool:

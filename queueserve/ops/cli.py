@@ -218,11 +218,11 @@ def dead_letter_command(args: argparse.Namespace) -> int:
         if bool(args.ids) == args.all:
             print(f"queueserve: {args.action} takes dead-letter ids or --all", file=sys.stderr)
             return EXIT_USAGE
-        ids = [r.id for r in letters.records(10**9)] if args.all else args.ids
+        if args.action == "replay":
+            return _replay_dead_letters(letters, args.ids, args.all)
+        ids = [r.id for r in letters.each()] if args.all else args.ids
         for dead_id in ids:
-            if args.action == "replay":
-                print(f"{dead_id} replayed as {', '.join(letters.replay(dead_id))}")
-            elif letters.drop(dead_id):
+            if letters.drop(dead_id):
                 print(f"{dead_id} dropped")
             else:
                 print(f"{dead_id}: no such dead letter", file=sys.stderr)
@@ -233,6 +233,19 @@ def dead_letter_command(args: argparse.Namespace) -> int:
         return EXIT_ERROR
     finally:
         broker.close()
+
+
+def _replay_dead_letters(letters: DeadLetters, ids: list[str], every: bool) -> int:
+    """Replay each record; one that cannot be replayed is said on stderr and kept, and the
+    rest go on (a forged record stops nothing). EXIT_ERROR when any was refused."""
+    refused = 0
+    for dead_id, outcome in letters.replay_each((r.id for r in letters.each()) if every else ids):
+        if isinstance(outcome, Exception):
+            refused += 1
+            print(f"queueserve: {outcome.args[0] if outcome.args else outcome}", file=sys.stderr)
+        else:
+            print(f"{dead_id} replayed as {', '.join(outcome)}")
+    return EXIT_ERROR if refused else EXIT_OK
 
 
 def _list_dead_letters(broker: RedisBroker, prefix: str, serving: str | None, limit: int) -> int:

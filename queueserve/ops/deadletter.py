@@ -7,14 +7,16 @@ so it can be replayed as it was sent.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import msgpack
 
-from queueserve.broker.common import text
 from queueserve.broker.sync import RedisBroker
 from queueserve.wire import protocol as P
+from queueserve.wire.codec import MsgpackCodec
 from queueserve.wire.messages import pack_members
+from queueserve.worker.pipeline.decode import parse_header
 
 
 @dataclass(frozen=True)
@@ -70,60 +72,132 @@ class DeadLetters:
             for entry_id, fields in self.broker.dead_letters(keys, start, end, limit)
         ]
 
+    def each(self, page: int = 100) -> Iterator[DeadLetter]:
+        """Every record there when the pass reaches its shard, shard by shard, oldest first,
+        read ``page`` at a time (a million records are never held at once). Records written
+        meanwhile are left out: a replayed request that is dead-lettered again is not
+        replayed again by the same pass."""
+        for keys in self.shards:
+            start, end = "-", self.broker.newest_dead_letter(keys)
+            while end is not None and (found := self._range(keys, start, end, page)):
+                yield from found
+                start = "(" + found[-1].id.partition("@")[0]
+
     def replay(self, dead_id: str) -> list[str]:
         """Send the dead letter's request again (deadline cleared), or each request of a pack
-        as an entry of its own; returns the new entry ids."""
+        as an entry of its own; returns the new entry ids.
+
+        The record is input from whoever can write to Redis, so every field is checked before
+        anything is written: ValueError saying what is wrong (the record is kept, to be
+        dropped), KeyError when there is no such record."""
         keys, entry_id = self._locate(dead_id)
         record = self.get(dead_id)
         if record is None:
             raise KeyError(f"no dead letter {dead_id} in {keys.dead}")
-        try:  # the record is input from whoever can write to Redis: only this shard's streams
-            stream_ok = keys.shard_of(record.stream) is keys
-        except ValueError:
-            stream_ok = False
-        if not stream_ok:
-            raise ValueError(
-                f"dead letter {dead_id} names stream {record.stream!r}, not a request stream "
-                f"of {keys.dead}'s shard; it can only be dropped"
-            )
         try:
-            requests = [_replayable(h, p) for h, p in _requests_of(record)]
+            requests = _checked(keys, record)
         except ValueError as e:
             raise ValueError(
-                f"dead letter {dead_id} is not a well-formed request ({record.reason}; {e}); "
-                "it can only be dropped"
+                f"dead letter {dead_id} cannot be replayed ({record.reason:.200}): {e}; "
+                f"it is kept, and can only be dropped (`queueserve dead-letter drop {keys.name} "
+                f"{dead_id}`)"
             ) from None
         new_ids = self.broker.replay_dead_letter(keys, entry_id, record.stream, requests)
         if new_ids is None:
             raise KeyError(f"dead letter {dead_id} was replayed or dropped meanwhile")
         return new_ids
 
+    def replay_each(self, ids: Iterable[str]) -> Iterator[tuple[str, list[str] | Exception]]:
+        """(dead-letter id, new entry ids) for each record replayed, or (id, the KeyError or
+        ValueError) for each refused: a junk record is reported and kept, and the rest are
+        replayed."""
+        for dead_id in ids:
+            try:
+                yield dead_id, self.replay(dead_id)
+            except (KeyError, ValueError) as e:
+                yield dead_id, e
+
     def drop(self, dead_id: str) -> bool:
         keys, entry_id = self._locate(dead_id)
         return self.broker.drop_dead_letter(keys, entry_id)
 
 
-def _requests_of(record: DeadLetter) -> list[tuple[bytes, bytes]]:
-    """(header, payload) of each request the record holds: its own, or its pack's."""
-    if record.header is not None and record.payload is not None:
-        return [(record.header, record.payload)]
-    if record.pack is not None:
-        return [(m[b"h"], m[b"p"]) for m in pack_members({b"k": record.pack})]
-    raise ValueError("it has no request header and payload")
+def _checked(keys: P.Keys, record: DeadLetter) -> list[tuple[bytes, bytes, int]]:
+    """(header with its deadline cleared, payload, item count) of each request the record
+    holds, once each is a request this shard's workers would run and answer; else ValueError.
 
-
-def _replayable(raw_header: bytes, payload: bytes) -> tuple[bytes, bytes, int]:
-    """(header with its deadline cleared, payload, item count); ValueError if the header is
-    not one a worker would read."""
+    What replay writes, the workers must release: the admission counter rises by each
+    request's count, and only the ack of an answerable request (a valid header, an inbox of
+    this prefix) gives it back; a request nobody can be told of is dead-lettered again
+    without release. So every field is checked here, not left to the worker."""
     try:
-        header = msgpack.unpackb(raw_header)
-    except Exception as e:
-        raise ValueError(f"its header is not msgpack: {e}") from None
-    count = header[P.H_COUNT] if type(header) is list and len(header) > P.H_DEADLINE else None
-    if type(count) is not int or count < 1:
-        raise ValueError(f"its header is not a request header: {header!r:.200}")
+        valid = keys.shard_of(record.stream) is keys
+        _, priority = keys.parse_stream(record.stream)
+    except ValueError:
+        valid = False
+    if not valid:
+        raise ValueError(
+            f"it names {record.stream!r:.200}, which is not a request stream of {keys.dead}'s "
+            f"shard ({keys.stream('<batch key>')} or {keys.stream('<batch key>', 1)}...)"
+        )
+    return [_replayable(keys, priority, h, p) for h, p in _requests_of(record)]
+
+
+def _requests_of(record: DeadLetter) -> list[tuple[bytes, bytes | None]]:
+    """(header, payload) of each request the record holds: its own, or its pack's."""
+    if record.header is not None:
+        return [(record.header, record.payload)]
+    if record.pack is None:
+        raise ValueError("it has no request header ('field:h') and no pack ('field:k')")
+    members = pack_members({b"k": record.pack})
+    if len(members) > P.MAX_PACK_REQUESTS:
+        raise ValueError(
+            f"its pack holds {len(members)} requests, more than any pack enqueue.lua writes "
+            f"({P.MAX_PACK_REQUESTS})"
+        )
+    return [(m[b"h"], m[b"p"]) for m in members]
+
+
+def _replayable(
+    keys: P.Keys, priority: int, raw_header: bytes, payload: bytes | None
+) -> tuple[bytes, bytes, int]:
+    """One request as replay.lua takes it; ValueError saying which field a worker would
+    refuse, or which disagrees with the rest of the record."""
+    header = parse_header(raw_header)
+    count, reply_to, codec = header[P.H_COUNT], header[P.H_REPLY_TO], header[P.H_CODEC]
+    events = header[P.H_EVENTS] if len(header) > P.H_EVENTS else ""
+    if not P.is_inbox(keys.prefix, reply_to):
+        raise ValueError(f"its reply address {reply_to!r:.100} is not an inbox of prefix "
+                         f"{keys.prefix!r} ({keys.prefix}:inbox:<client id>)")
+    if events and not P.is_events_channel(keys.prefix, events):
+        raise ValueError(f"its events channel {events!r:.100} is not a client channel of "
+                         f"prefix {keys.prefix!r} ({keys.prefix}:events:<client id>)")
+    own = header[P.H_PRIORITY] if len(header) > P.H_PRIORITY else 0
+    if own != priority:
+        raise ValueError(f"its header says priority {own}, its stream priority {priority}")
+    if type(codec) is not str:
+        raise ValueError(f"its codec name must be a string, got {codec!r:.100}")
+    if payload is None:
+        raise ValueError("it has no payload ('field:p')")
+    if count > len(payload):
+        raise ValueError(f"its header claims {count} items, more than its payload of "
+                         f"{len(payload)} bytes can hold")
+    if codec == MsgpackCodec.name:
+        _check_items(payload, count)
     header[P.H_DEADLINE] = 0
     return msgpack.packb(header), payload, count
+
+
+def _check_items(payload: bytes, count: int) -> None:
+    """ValueError unless a msgpack payload is a list of ``count`` items (any other codec's
+    is not decoded here: pickle would run code)."""
+    try:
+        items = msgpack.unpackb(payload, raw=True, strict_map_key=False)
+    except Exception as e:
+        raise ValueError(f"its payload is not msgpack: {e}") from None
+    if type(items) is not list or len(items) != count:
+        got = f"{len(items)} items" if type(items) is list else type(items).__name__
+        raise ValueError(f"its header claims {count} items, its payload holds {got}")
 
 
 def _entry_order(dead_id: str) -> tuple[int, int]:
@@ -132,16 +206,22 @@ def _entry_order(dead_id: str) -> tuple[int, int]:
 
 
 def _record(entry_id: bytes, fields: dict[bytes, bytes], suffix: str = "") -> DeadLetter:
+    """A record as written, whatever it holds: fields are shown, never trusted (replay checks
+    them), so a forged one is listed and can be dropped."""
     def field(name: str) -> str:
-        return text(fields.get(name.encode(), b""))
+        return fields.get(name.encode(), b"").decode(errors="replace")
+
+    def number(name: str) -> int:
+        value = field(name)
+        return int(value) if value.isascii() and value.isdigit() and len(value) <= 18 else 0
 
     return DeadLetter(
-        id=text(entry_id) + suffix,
+        id=entry_id.decode() + suffix,
         stream=field("stream"),
         entry_id=field("entry_id"),
         reason=field("reason"),
-        deliveries=int(field("deliveries") or 0),
-        at_ms=int(field("at_ms") or 0),
+        deliveries=number("deliveries"),
+        at_ms=number("at_ms"),
         header=fields.get(b"field:h"),
         payload=fields.get(b"field:p"),
         pack=fields.get(b"field:k"),

@@ -124,6 +124,11 @@ def check_priority(priority: object) -> int:
     return priority
 
 
+# Requests one pack entry may hold: enqueue.lua closes a pack at this many (its
+# MAX_PACK_REQUESTS), and a worker dead-letters whole a pack that holds more, unread, so that
+# no entry costs a worker more than this many requests' work (dead letters included).
+MAX_PACK_REQUESTS: Final = 1024
+
 MAX_SHARDS: Final = 1024
 CLUSTER_SLOTS: Final = 16384
 _TAG_SEARCH_LIMIT: Final = 20 * CLUSTER_SLOTS

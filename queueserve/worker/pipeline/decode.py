@@ -42,7 +42,16 @@ def _header(fields: dict[bytes, bytes]) -> list[Any]:
     raw = fields.get(b"h")
     if raw is None:
         raise ValueError("entry has no 'h' (header) field")
-    header = msgpack.unpackb(raw, raw=False)
+    return parse_header(raw)
+
+
+def parse_header(raw: bytes) -> list[Any]:
+    """A request header as a worker reads it; ValueError saying what is wrong with it (its
+    addresses are checked by the caller: ``P.is_inbox``, ``P.is_events_channel``)."""
+    try:
+        header = msgpack.unpackb(raw, raw=False)
+    except Exception as e:
+        raise ValueError(f"header is not msgpack: {e}") from None
     if not isinstance(header, list) or len(header) not in (6, 7, 8):
         raise ValueError(f"header must be a list of 6 to 8 fields, got {header!r:.200}")
     if header[P.H_VERSION] != P.WIRE_VERSION:
