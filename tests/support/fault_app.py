@@ -132,11 +132,16 @@ class Crasher(_Recorded):
 
 
 class CrasherBatched(Crasher):
-    """Like Crasher, but batches of up to 4 requests: a crasher shares its batch."""
+    """Like Crasher, but batches of up to 4 requests: a crasher shares its batch. Records each
+    batch's items, sorted and joined by ``,`` (``batches``), before it runs (or dies)."""
 
     name = "crasher-batched"
     batch_size = 4
     batch_timeout = 0.2
+
+    def handle_batch(self, batch: qs.Batch) -> list[Any]:
+        self.r.rpush(f"{self.rec}:batches", ",".join(sorted(batch)))
+        return super().handle_batch(batch)
 
 
 class CrasherBatchedThree(CrasherBatched):
