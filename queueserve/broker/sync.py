@@ -40,6 +40,7 @@ from queueserve.broker.urls import redact_url
 from queueserve.errors import NotReplicated, RedisUnavailable
 from queueserve.wire.protocol import (
     GROUP,
+    MAX_PACK_REQUESTS,
     MAX_PRIORITY,
     PRIORITY_AGE_MS,
     Keys,
@@ -760,14 +761,15 @@ class RedisBroker:
         """Replace a pack this consumer holds by one new entry per request (split.lua).
 
         Returns how many entries it wrote: 0 when the entry is gone or is not a pack, -1 when
-        its packed requests are malformed (the caller dead-letters the entry)."""
+        its packed requests are malformed or more than MAX_PACK_REQUESTS (the caller
+        dead-letters the entry)."""
         shard = keys.shard_of(stream)
         batch_key, priority = shard.parse_stream(stream)
         score = int(time.time() * 1000) - priority * PRIORITY_AGE_MS
         with redis_errors(self.url):
             return int(self._split(
                 keys=[stream, shard.ready, shard.wake],
-                args=[GROUP, entry_id, f"{priority}{batch_key}", score],
+                args=[GROUP, entry_id, f"{priority}{batch_key}", score, MAX_PACK_REQUESTS],
             ))
 
     def count_delivery(self, stream: str, consumer: str, entry_id: bytes) -> None:
@@ -907,20 +909,24 @@ class RedisBroker:
             return False
 
     def dead_letter(
-        self, keys: Keys, stream: str, entry_id: bytes, record: Mapping[str, Any],
-        *, ack_now: bool,
+        self, keys: Keys, stream: str, entry_id: bytes, *records: Mapping[str, Any],
+        ack_now: bool,
     ) -> None:
-        """Copy an entry to the dead-letter stream of its shard with why (``record``).
+        """Copy an entry to the dead-letter stream of its shard with why (each of ``records``:
+        one for an entry, one per request of a pack that fails), in one round trip however
+        many records there are.
 
         ``ack_now`` acks and deletes the entry here, for entries nobody can be answered for;
         otherwise the replier acks it after telling the caller.
         """
-        fields: dict[Any, Any] = {
-            "stream": stream, "entry_id": entry_id, "at_ms": int(time.time() * 1000), **record
-        }
+        dead = keys.shard_of(stream).dead  # the stream's shard: one slot
+        at_ms = int(time.time() * 1000)
         with redis_errors(self.url):
             pipe = self.redis.pipeline(transaction=False)
-            pipe.xadd(keys.shard_of(stream).dead, fields)  # the stream's shard: one slot
+            for record in records:
+                fields: dict[Any, Any] = {"stream": stream, "entry_id": entry_id,
+                                          "at_ms": at_ms, **record}
+                pipe.xadd(dead, fields)
             if ack_now:
                 pipe.xack(stream, GROUP, entry_id)
                 pipe.xdel(stream, entry_id)
@@ -937,7 +943,7 @@ class RedisBroker:
     def newest_dead_letter(self, keys: Keys) -> str | None:
         """The id of the serving shard's newest dead letter, None when it has none."""
         with redis_errors(self.url):
-            raw = self.redis.xrevrange(keys.dead, "+", "-", count=1)
+            raw = cast(StreamEntries, self.redis.xrevrange(keys.dead, "+", "-", count=1))
         return text(raw[0][0]) if raw else None
 
     def replay_dead_letter(

@@ -20,9 +20,11 @@
 -- When the workers declared pack_items (KEYS[3]), the admitted requests of one stream go in
 -- packs: one entry holding several requests (fields a = their items, k = msgpack of
 -- [[header, payload, items], ...]), up to pack_items items each, so Redis and the workers
--- handle one entry for them all. Requests of one pack share its entry id.
+-- handle one entry for them all. Requests of one pack share its entry id. A pack holds at
+-- most MAX_PACK_REQUESTS requests (protocol.py; workers dead-letter a bigger one unread).
 local limit = tonumber(redis.call('HGET', KEYS[3], 'max_queue') or ARGV[1])
 local pack_items = tonumber(redis.call('HGET', KEYS[3], 'pack_items') or '0') or 0
+local MAX_PACK_REQUESTS = 1024  -- protocol.MAX_PACK_REQUESTS (tests/faults/test_pack_limits.py)
 local queued = tonumber(redis.call('GET', KEYS[1]) or '0')
 local step = tonumber(ARGV[3])
 local time = redis.call('TIME')
@@ -67,7 +69,10 @@ for i = 5 + 2 * streams, #ARGV, 4 do
     end
     -- 'a' records the items admitted, which only the ack of this entry may release
     if pack_items > 1 and n < pack_items then
-      if filling[s] and filling[s].items + n > pack_items then write(s) end
+      if filling[s] and (filling[s].items + n > pack_items
+                         or #filling[s].members >= MAX_PACK_REQUESTS) then
+        write(s)
+      end
       local pack = filling[s]
       if not pack then
         pack = {items = 0, members = {}, at = {}}

@@ -8,10 +8,12 @@
 -- ARGV[1]  consumer group
 -- ARGV[2]  the pack's entry id
 -- ARGV[3]  the stream's ready member ("<priority><batch key>"), ARGV[4] its ready score
+-- ARGV[5]  the most requests a pack may hold (protocol.MAX_PACK_REQUESTS)
 -- The new entries carry each request's own admitted items ('a'), so the admission counters,
 -- which count the pack's items, stay right; the pack is acked and deleted without releasing.
 -- Returns the number of entries written; 0 when the entry is gone or is not a pack; -1 when
--- its 'k' field is not a pack as enqueue.lua writes one (the caller dead-letters it).
+-- its 'k' field is not a pack as enqueue.lua writes one, or holds more requests than ARGV[5]
+-- (the caller dead-letters it whole).
 local entry = redis.call('XRANGE', KEYS[1], ARGV[2], ARGV[2])[1]
 if not entry then return 0 end
 local packed
@@ -21,7 +23,9 @@ for j = 1, #fields, 2 do
 end
 if not packed then return 0 end
 local ok, members = pcall(cmsgpack.unpack, packed)
-if not ok or type(members) ~= 'table' or #members == 0 then return -1 end
+if not ok or type(members) ~= 'table' or #members == 0 or #members > tonumber(ARGV[5]) then
+  return -1
+end
 for _, m in ipairs(members) do
   if type(m) ~= 'table' or #m ~= 3 or type(m[1]) ~= 'string' or type(m[2]) ~= 'string'
       or type(m[3]) ~= 'string' then

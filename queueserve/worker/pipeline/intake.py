@@ -116,9 +116,11 @@ class Intake:
         try:
             members = pack_members(entry.fields)
         except ValueError as e:
-            rejected = Rejected(entry.entry_id, entry.stream, f"malformed pack: {e}",
-                                P.ERR_BAD_REQUEST, None)
-            self._reject(entry, rejected, rows)
+            self._reject_pack(entry, str(e))
+            return
+        if len(members) > P.MAX_PACK_REQUESTS:  # enqueue.lua never writes one: forged
+            self._reject_pack(entry, f"it holds {len(members)} requests, more than the "
+                              f"{P.MAX_PACK_REQUESTS} of any pack a client sends")
             return
         serving, codec = self.serving, self.codec
         key = self.keys.batch_key_of(entry.stream)
@@ -142,15 +144,31 @@ class Intake:
             else:
                 slices += [(key, piece) for piece in decoded.slices]
                 rows += _item_errors(decoded)
-        for i, (fields, reason) in enumerate(orphans):
-            log.warning("serving %s: a request of pack %s of %s rejected: %s",
-                        serving.name, entry.entry_id.decode(), entry.stream, reason)
-            self.broker.dead_letter(
-                self.keys, entry.stream, entry.entry_id,
-                {"reason": reason, "deliveries": entry.deliveries,
-                 **{f"field:{k.decode()}": v for k, v in fields.items()}},
-                ack_now=pack.left == 0 and i == len(orphans) - 1,  # nobody else to answer
-            )
+        if orphans:
+            self._dead_letter_orphans(entry, orphans, ack_now=pack.left == 0)
+
+    def _dead_letter_orphans(
+        self, entry: Entry, orphans: list[tuple[dict[bytes, bytes], str]], ack_now: bool
+    ) -> None:
+        """Dead-letter the requests of a pack that nobody can be told of, in one round trip
+        (a pack of a thousand forged requests costs the reader one, not a thousand); the pack
+        is acked with them when none of its requests is left to answer (``ack_now``)."""
+        log.warning("serving %s: %d requests of pack %s of %s rejected, the first: %s",
+                    self.serving.name, len(orphans), entry.entry_id.decode(), entry.stream,
+                    orphans[0][1])
+        self.broker.dead_letter(
+            self.keys, entry.stream, entry.entry_id,
+            *({"reason": reason, "deliveries": entry.deliveries,
+               **{f"field:{k.decode()}": v for k, v in fields.items()}}
+              for fields, reason in orphans),
+            ack_now=ack_now,
+        )
+
+    def _reject_pack(self, entry: Entry, why: str) -> None:
+        """Dead-letter a pack whole, unread: it is not a pack as enqueue.lua writes one."""
+        rejected = Rejected(entry.entry_id, entry.stream, f"malformed pack: {why}",
+                            P.ERR_BAD_REQUEST, None)
+        self._reject(entry, rejected, [])
 
     def _split(self, entry: Entry) -> None:
         written = self.broker.split_pack(self.keys, entry.stream, entry.entry_id)
@@ -158,10 +176,8 @@ class Intake:
             log.warning("serving %s: reclaimed pack %s of %s split into %d entries",
                         self.serving.name, entry.entry_id.decode(), entry.stream, written)
             return
-        rejected = Rejected(entry.entry_id, entry.stream,
-                            "malformed pack: split.lua could not read its 'k' field",
-                            P.ERR_BAD_REQUEST, None)
-        self._reject(entry, rejected, [])
+        self._reject_pack(entry, "split.lua could not read its 'k' field as a list of at "
+                          f"most {P.MAX_PACK_REQUESTS} requests")
 
     def _reject(self, entry: Entry, rejected: Rejected, rows: list[Row]) -> None:
         log.warning(
