@@ -107,9 +107,18 @@ def test_charlm_outputs_equal_each_prompt_run_alone(
     alone = CharLM()
     alone.setup(qs.Partition())
     expected_texts = [alone.inline(item) for item in items]
-    start_worker(CharLM(max_slots=4))
+    # (sent before the worker starts, so its first read finds them all waiting)
     tickets = [client.submit("charlm", [item], timeout=60) for item in items]
+    records = Records()
+    start_worker(CharLM(max_slots=4), middleware=[records])
     assert [t.result(60)[0] for t in tickets] == expected_texts
+    # and they were batched: the first step decoded four prompts, and each of the other two
+    # joined a running set (every prompt shared the step it started in with another)
+    steps = records.snapshot()
+    assert (steps[0].slots, steps[0].joined) == (4, 4), steps[0]
+    joined_later = [r for r in steps[1:] if r.joined]
+    assert sum(r.joined for r in joined_later) == 2, joined_later
+    assert all(r.slots > r.joined for r in joined_later), joined_later
 
 
 def test_budgets_are_never_exceeded_in_any_step(
