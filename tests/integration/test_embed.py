@@ -185,7 +185,11 @@ def test_on_cuda_the_stages_give_the_cpu_vectors(inline_embed: Embed) -> None:
     # When the device stage returns before the copy back is waited for
     pending_out = gpu.handle_batch(batch)
     assert not isinstance(pending_out, np.ndarray)
-    # Then finishing gives the vectors the CPU gives
+    # Then finishing gives, row for row, the vectors the CPU gives (to float32 noise across
+    # devices: CUDA's attention and reduction kernels differ from the CPU's by up to 3e-4 on an
+    # H100, a cosine of 1 - 1e-6; a row out of place or a lost copy scores far below 0.9999)
     got = gpu.finish_batch(batch, pending_out)
-    np.testing.assert_allclose(got, inline_embed.embed_texts(TEXTS), atol=1e-4)
+    cpu = inline_embed.embed_texts(TEXTS)
+    cosines = (got * cpu).sum(axis=1) / np.linalg.norm(got, axis=1) / np.linalg.norm(cpu, axis=1)
+    assert cosines.min() > 0.9999, cosines
     np.testing.assert_allclose(gpu.embed_texts(TEXTS), got, atol=1e-6)
