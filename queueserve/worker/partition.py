@@ -19,6 +19,7 @@ from queueserve.wire import protocol as P
 from queueserve.wire.timing import HEARTBEAT_EVERY_S, HEARTBEAT_TTL_MS
 from queueserve.worker.middleware import Middleware, Middlewares
 from queueserve.worker.pipeline.runner import ServingRunner
+from queueserve.worker.watchdog import run_guarded
 
 log = logging.getLogger(__name__)
 
@@ -100,16 +101,16 @@ class PartitionHost:
         self.partition = partition
         self.tally = Tally()
         self.middleware = Middlewares([self.tally, *middleware])
-        self.broker = RedisBroker(url)
         self.consumer = consumer_name(partition)
         # Every loop of this partition shares the broker, so an outage is logged once here.
         self.broker = RedisBroker(url, owner=f"partition {partition.index} ({self.consumer})")
         self.servings = list(servings)
+        self._on_fatal = on_fatal
         self.runners = [
             ServingRunner(
                 s, self.broker, prefix, self.consumer, partition,
                 batch_keys=batch_keys, max_concurrent_batches=max_concurrent_batches,
-                middleware=self.middleware, on_fatal=on_fatal,
+                middleware=self.middleware, on_fatal=self._thread_died,
             )
             for s in self.servings
         ]
@@ -155,7 +156,9 @@ class PartitionHost:
         for runner in self.runners:
             self._ride_out(runner.start)
         self._heart = threading.Thread(
-            target=self._heartbeat_loop, name="queueserve-heartbeat", daemon=True
+            target=run_guarded, name="queueserve-heartbeat", daemon=True,
+            args=(f"partition {self.partition.index}: heartbeat", self._heartbeat_loop,
+                  self._thread_died, self._stopped.is_set),
         )
         self._heart.start()
         self.middleware.partition_started([r.serving for r in self.runners], self.partition)
@@ -203,6 +206,16 @@ class PartitionHost:
 
     def alive(self) -> bool:
         return all(t.is_alive() for r in self.runners for t in r.threads)
+
+    def _thread_died(self) -> None:
+        """A long-lived thread died of a bug (logged by watchdog.run_guarded): ``on_fatal``
+        ends a partition process at once (worker.py exits with EXIT_THREAD_DIED, and the
+        supervisor restarts it). Where it returns (a worker started in-process), the
+        partition takes no more work and stops heartbeating, so that other workers reclaim
+        what it holds once its heartbeat lapses, instead of it serving on half-dead."""
+        self._on_fatal()
+        self.stop_reading()
+        self._stopped.set()
 
     def _keys(self) -> list[P.Keys]:
         return [r.keys for r in self.runners]

@@ -6,7 +6,8 @@ locks and, with CUDA, a context it cannot use. The supervisor itself never touch
 Each partition reports over a pipe: ``("started",)`` once it serves, ``("failed", line)`` when it
 could not start (a serving's setup() raised), ``("stopped", drained, totals)`` after draining. A
 partition that fails before it ever started is a startup failure: the worker stops with
-EXIT_ERROR at once instead of restarting it into a crash loop.
+EXIT_ERROR at once instead of restarting it into a crash loop. A partition one of whose threads
+died of a bug exits with EXIT_THREAD_DIED (watchdog.py): restarted, and always counted as a crash.
 
 Signals: the first SIGTERM/SIGINT is forwarded to every partition as SIGTERM, each drains (stops
 reading, finishes and answers what it holds, acks) and exits; the supervisor waits up to the
@@ -33,7 +34,7 @@ from typing import Any
 
 from queueserve.serving import Partition
 from queueserve.worker.partition import drained_line
-from queueserve.worker.watchdog import EXIT_RECYCLE, running_for, shared_clock
+from queueserve.worker.watchdog import EXIT_RECYCLE, EXIT_THREAD_DIED, running_for, shared_clock
 
 log = logging.getLogger(__name__)
 
@@ -241,7 +242,8 @@ class Supervisor:
                     )
                     slot.process = None
                     return EXIT_ERROR
-                if self._restart_without_charge(slot, process, now):
+                if process.exitcode != EXIT_THREAD_DIED and self._restart_without_charge(
+                        slot, process, now):
                     continue
                 if self._record_crash(slot, process, now):
                     self._why_stop = "a partition kept crashing"
@@ -308,6 +310,8 @@ class Supervisor:
         assert code is not None
         self._tell_exit(process)
         why = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+        if code == EXIT_THREAD_DIED:  # a bug, even when a batch ran meanwhile: it counts
+            why += " (a thread of it died of a bug: its CRITICAL line above has the traceback)"
         slot.process = None
         slot.crashes.append(now)
         while slot.crashes and slot.crashes[0] < now - self.restart_window:

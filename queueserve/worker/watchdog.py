@@ -19,6 +19,7 @@ counts), not to the worker's crash-loop count: a poison request cannot stop a wo
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -30,6 +31,11 @@ from queueserve.serving import Partition, Serving
 from queueserve.worker.middleware import Middleware
 
 EXIT_RECYCLE = 75  # a partition's exit code for "recycled on purpose": restart, not a crash
+# A partition's exit code when one of its long-lived threads died of a bug (BSD's EX_SOFTWARE):
+# restarted, and counted as a crash (a bug that kills every restart stops the worker).
+EXIT_THREAD_DIED = 70
+
+log = logging.getLogger(__name__)
 
 _SINCE, _DONE = 0, 1  # fields of the shared array
 
@@ -89,6 +95,27 @@ class BatchClock(Middleware):
         if reached:
             self.on_limit()
             self._wake.set()
+
+
+def run_guarded(
+    what: str, loop: Callable[[], None], on_death: Callable[[], None],
+    may_end: Callable[[], bool],
+) -> None:
+    """Run the loop of one of a partition's long-lived threads (``what`` names it in the log).
+
+    A partition that lives on with a thread dead is a zombie: it heartbeats, so nobody
+    reclaims what it holds, while that thread's work (reading, replying, sweeping,
+    reclaiming...) never happens. So a loop that raises, or returns while ``may_end()`` is
+    False, is logged CRITICAL (with the traceback) and ``on_death`` ends the partition."""
+    try:
+        loop()
+    except BaseException:
+        log.critical("%s thread died; ending the partition", what, exc_info=True)
+    else:
+        if may_end():
+            return
+        log.critical("%s thread ended while its partition serves; ending the partition", what)
+    on_death()
 
 
 def recycle_reason(limits: Limits, clock: BatchClock) -> str | None:

@@ -43,6 +43,7 @@ from queueserve.worker.supervisor import (
 )
 from queueserve.worker.watchdog import (
     EXIT_RECYCLE,
+    EXIT_THREAD_DIED,
     BatchClock,
     Limits,
     parse_bytes,
@@ -390,8 +391,10 @@ def _start_partition(
         from queueserve.worker.metrics import PrometheusMiddleware
 
         extra.append(PrometheusMiddleware())
-    # A runner thread dying of a bug ends the process; the supervisor restarts it.
-    host = _host_for(servings, config, partition, extra, on_fatal=lambda: os._exit(EXIT_ERROR))
+    # A long-lived thread dying of a bug ends the process at once (a drain could wait on
+    # that thread for ever); the supervisor restarts it, and what it held is reclaimed.
+    host = _host_for(servings, config, partition, extra,
+                     on_fatal=lambda: os._exit(EXIT_THREAD_DIED))
     clock.on_limit = host.stop_reading
     host.start(freeze_heap=True)
     return host

@@ -51,6 +51,7 @@ from queueserve.worker.pipeline.stages import Outgoing, Reply, Stages
 from queueserve.worker.pipeline.step_executor import StepExecutor
 from queueserve.worker.pipeline.stepping import StepQueue
 from queueserve.worker.runtime_config import apply_overrides, parse_overrides
+from queueserve.worker.watchdog import run_guarded
 
 log = logging.getLogger(__name__)
 
@@ -178,17 +179,13 @@ class ServingRunner:
             self.threads.append(t)
 
     def _guarded(self, name: str, loop: Callable[[], None]) -> None:
-        """Run a thread's loop; if it dies of a bug, the partition must not live on half-dead
-        (heartbeating while it serves nothing): ``on_fatal`` ends it, and its work is
-        reclaimed by others or by its restart."""
-        try:
-            loop()
-        except BaseException:
-            log.critical(
-                "serving %s partition %d: %s thread died", self.serving.name,
-                self.partition.index, name, exc_info=True,
-            )
-            self.on_fatal()
+        """Run a thread's loop; if it dies of a bug (or ends before a stop), the partition must
+        not live on half-dead: ``on_fatal`` ends it, and its work is reclaimed by others or by
+        its restart (watchdog.run_guarded)."""
+        run_guarded(
+            f"serving {self.serving.name} partition {self.partition.index}: {name}", loop,
+            self.on_fatal, lambda: not self._reading,
+        )
 
     @property
     def reading(self) -> bool:
@@ -259,23 +256,24 @@ class ServingRunner:
         due = {"sweep": 0.0, "reclaim": 0.0, "forget": now + FORGET_EVERY_S}
         if keys.shard == 0:  # run-time config is the serving's, kept on shard 0
             due["config"] = now
-        try:
-            while self._reading:
-                try:
-                    self._housekeeping(due, keys)
-                    self._read_once(keys)
-                except RedisFailure as e:
-                    time.sleep(retry.failed(e))
-                    continue
-                retry.succeeded()
-        finally:
-            with self.cond:
-                while self._borrowed:  # a read lent out may still bring entries
-                    self.cond.wait()
-                self._drained_at.pop(keys.shard, None)  # nobody may start a read now
-                self._readers_left -= 1
-                self._read_ended = self._readers_left == 0
-                self.cond.notify_all()
+        while self._reading:
+            try:
+                self._housekeeping(due, keys)
+                self._read_once(keys)
+            except RedisFailure as e:
+                time.sleep(retry.failed(e))
+                continue
+            retry.succeeded()
+        # Only after a stop, never on the way out of an exception (no finally): an idle
+        # executor takes the lent read again as soon as it gives it back, so waiting for it
+        # ends only once reading stopped; a reader that died of a bug must reach _guarded.
+        with self.cond:
+            while self._borrowed:  # a read lent out may still bring entries
+                self.cond.wait()
+            self._drained_at.pop(keys.shard, None)  # nobody may start a read now
+            self._readers_left -= 1
+            self._read_ended = self._readers_left == 0
+            self.cond.notify_all()
 
     def _housekeeping(self, due: dict[str, float], keys: P.Keys) -> None:
         now = time.monotonic()
