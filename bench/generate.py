@@ -227,10 +227,22 @@ def ratios(pairs: list[tuple[dict[str, float], dict[str, float]]], key: str) -> 
     return ", ".join(f"{cont[key] / static[key]:.2f}x" for static, cont in pairs)
 
 
-def metric(port: int, name: str, serving: str) -> float:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    pattern = rf'^{name}\{{[^}}]*serving="{serving}"[^}}]*\}} (\S+)$'
-    return sum(float(v) for v in re.findall(pattern, text, re.M))
+def scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        return str(r.read().decode())
+
+
+def metric(text: str, name: str, serving: str) -> float:
+    """The sum of ``name``'s samples for ``serving`` in a /metrics ``text``. None at all is an
+    error, never 0: a metric renamed or not exported yet would print as a cost of nothing (a
+    100% saving)."""
+    pattern = rf'^{re.escape(name)}\{{[^}}]*serving="{re.escape(serving)}"[^}}]*\}} (\S+)$'
+    values = re.findall(pattern, text, re.M)
+    if not values:
+        raise RuntimeError(f"the worker's /metrics has no sample of {name} for serving "
+                           f"{serving!r}: renamed, or not exported yet? Nothing is measured "
+                           "without it")
+    return sum(float(v) for v in values)
 
 
 def cache_run(client: qs.Client, port: int, seed: int, count: int = 60) -> None:
@@ -250,7 +262,8 @@ def cache_run(client: qs.Client, port: int, seed: int, count: int = 60) -> None:
             client.dispatch(serving, {"prompt": rng.choice(others)[:length], "max_new": 8},
                             timeout=60)
     time.sleep(1.5)  # the worker's metrics files are read by the supervisor per scrape
-    before = {s: metric(port, "queueserve_prefill_seconds_total", s) for s in servings}
+    text = scrape(port)
+    before = {s: metric(text, "queueserve_prefill_seconds_total", s) for s in servings}
     ttft: dict[str, list[float]] = {s: [] for s in servings}
     for q in questions:  # interleaved: a change in the machine's load moves both alike
         for serving in servings:
@@ -261,10 +274,11 @@ def cache_run(client: qs.Client, port: int, seed: int, count: int = 60) -> None:
                     first = time.perf_counter()
             ttft[serving].append(first - sent)
     time.sleep(1.5)
-    seconds = {s: metric(port, "queueserve_prefill_seconds_total", s) - before[s]
+    text = scrape(port)
+    seconds = {s: metric(text, "queueserve_prefill_seconds_total", s) - before[s]
                for s in servings}
-    hits = metric(port, "queueserve_prefix_cache_lookups_total", "charlm")
-    saved = metric(port, "queueserve_prefix_cache_saved_tokens_total", "charlm")
+    hits = metric(text, "queueserve_prefix_cache_lookups_total", "charlm")
+    saved = metric(text, "queueserve_prefix_cache_saved_tokens_total", "charlm")
     cold, warm = seconds["charlm_cold"], seconds["charlm"]
     print(f"prefix cache: {count} requests sharing a 200-character prefix, one after another")
     print(f"  prefill without cache {1000 * cold / count:6.2f} ms/request, with cache "
