@@ -39,13 +39,17 @@ def _busy_seconds(port: int, serving: str) -> tuple[float, float]:
     """(seconds in the batch function, batches) so far, from the worker's /metrics."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
         text = r.read().decode()
-    busy = batches = 0.0
+    busy: list[float] = []
+    batches: list[float] = []
     for line in text.splitlines():
         if line.startswith("queueserve_partition_busy_seconds_total{") and serving in line:
-            busy += float(line.rsplit(" ", 1)[1])
+            busy.append(float(line.rsplit(" ", 1)[1]))
         elif line.startswith("queueserve_batch_execution_seconds_count{") and serving in line:
-            batches += float(line.rsplit(" ", 1)[1])
-    return busy, batches
+            batches.append(float(line.rsplit(" ", 1)[1]))
+    if not busy or not batches:  # never 0: a renamed metric would read as an idle device
+        raise RuntimeError(f"the worker's /metrics lacks queueserve_partition_busy_seconds_total"
+                           f" or queueserve_batch_execution_seconds_count for {serving!r}")
+    return sum(busy), sum(batches)
 
 
 def _measure(
