@@ -23,6 +23,7 @@ from queueserve.worker.pipeline.replies import compose
 from tests.support.fault_app import RawInbox, header
 from tests.support.helpers import stream_key, wait_until
 from tests.support.redis_server import RedisServer
+from tests.support.stream_app import Hooks
 
 StartWorker = Callable[..., qs.Worker]
 WAIT_S = 60.0
@@ -77,15 +78,39 @@ def test_a_forged_reply_address_is_dead_lettered_and_its_key_is_never_touched(
 def test_a_forged_events_channel_gets_bad_request_and_nothing_is_published(
     start_worker: StartWorker, client: qs.Client, redis_client: redis.Redis, prefix: str,
 ) -> None:
-    start_worker(echo("chan"))
+    # Given a worker of a serving that streams hooks, and a subscriber of the application's
+    # channel
+    start_worker(Hooks(name="chan", batch_size=8, batch_timeout=0))
     inbox = RawInbox(redis_client, prefix)
-    fields = [1, 3, 1, inbox.key, 0, "msgpack", "some-app-channel"]
-    redis_client.xadd(stream_key(prefix, "chan"), {"h": pack(fields), "p": pack(["x"])})
+    channel = f"{prefix}-app-channel"
+    tap = redis_client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+    tap.subscribe(channel)
+    wait_until(lambda: redis_client.pubsub_numsub(channel)[0][1] == 1, "the subscription")
+    try:
+        # When an entry names that channel as its events channel
+        fields = [1, 3, 1, inbox.key, 0, "msgpack", channel]
+        redis_client.xadd(stream_key(prefix, "chan"), {"h": pack(fields), "p": pack(["x"])})
 
-    wait_until(lambda: inbox.answered([3]), "the answer")
-    assert inbox.error_kind(3) == "bad_request"
-    assert "is not a client channel of prefix" in inbox.slices[3][0][3][1]
-    assert client.dispatch("chan", "ok", timeout=WAIT_S) == "ok"
+        # Then its inbox gets BadRequest
+        wait_until(lambda: inbox.answered([3]), "the answer")
+        assert inbox.error_kind(3) == "bad_request"
+        assert "is not a client channel of prefix" in inbox.slices[3][0][3][1]
+        # and nothing was published on the channel before the answer (a worker publishes a
+        # request's events before its reply, in one pipeline), which a marker of ours ends
+        redis_client.publish(channel, "marker")
+        received: list[bytes] = []
+
+        def marker_came() -> bool:
+            message = tap.get_message(timeout=0.1)
+            if message is not None:
+                received.append(message["data"])
+            return b"marker" in received
+
+        wait_until(marker_came, "our marker")
+        assert received == [b"marker"]
+    finally:
+        tap.close()
+    assert client.dispatch("chan", "ok", timeout=WAIT_S) == "r:ok"
 
 
 def test_an_inbox_of_the_wrong_type_drops_that_reply_and_the_rest_are_answered(
