@@ -10,8 +10,11 @@ from the front of one key's queue:
 - a slice larger than the room left is split, and the rest starts the next batch — except a
   request that must run whole (streamed, or for a serving with hooks): it starts the next batch;
 - a request redelivered a second time runs in a batch of its own (it may be what crashed);
-- within a key, slices wait in priority order (higher first, then arrival), so a batch may mix
-  priorities of one key but takes the most urgent first;
+- within a key, slices wait in one run per priority (arrival order within each), and a batch
+  takes from the run ranked first, as read.lua ranks streams: the time the run last gave a
+  batch items, or when its head was enqueued if later, minus ``age_per_priority`` seconds per
+  level. So a batch may mix priorities of one key, most urgent first, and work that waited
+  its levels' worth goes before a higher priority served all along (never starved by it);
 - between keys with a batch ready to run, the one waiting longest goes first, each priority
   level counting as ``age_per_priority`` seconds of waiting: keys take turns by batch, so a
   quiet key waits for about one batch per busy key, never for a backlog to drain.
@@ -19,6 +22,8 @@ from the front of one key's queue:
 
 from __future__ import annotations
 
+import math
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,6 +55,9 @@ class Request:
     counted: bool = False  # this run's delivery is counted (once, however many batches)
     priority: int = 0  # 0..9, larger first
     pack: Pack | None = None  # set when the entry holds other requests too
+    # A streamed replay's token, sent with its events and its answer (client/events.py); 0 in
+    # a first run, whose events and answer carry none
+    run: int = 0
     remaining: int = field(init=False)  # items not answered yet; the entry is acked at 0
     events_sent: int = field(init=False, default=0)
 
@@ -60,6 +68,11 @@ class Request:
     def ref(self) -> tuple[str, bytes]:
         """(stream, entry id): entry ids are unique only within one stream."""
         return self.stream, self.entry_id
+
+    def stream_tail(self) -> list[int]:
+        """What a streamed request's answer carries after its body: how many events preceded
+        it, and a replay's run (the caller's stream follows the run that answered)."""
+        return [self.events_sent, self.run] if self.run else [self.events_sent]
 
 
 @dataclass(eq=False, slots=True)
@@ -95,15 +108,20 @@ class Slice:
 
 
 class KeyQueue:
-    """Waiting slices of one batch key."""
+    """Waiting slices of one batch key: one run per priority level, in arrival order."""
 
-    __slots__ = ("key", "slices", "started", "weight")
+    __slots__ = ("key", "levels", "served", "started", "weight")
 
     def __init__(self, key: str) -> None:
         self.key = key
-        self.slices: deque[Slice] = deque()
+        self.levels: dict[int, deque[Slice]] = {}  # priority -> its slices; none empty
+        self.served: dict[int, float] = {}  # priority -> when it last gave a batch items (unix)
         self.weight = 0.0
         self.started = 0.0  # when the batch clock started; meaningful while non-empty
+
+    def urgent(self) -> int:
+        """The most urgent priority waiting."""
+        return max(self.levels) if len(self.levels) > 1 else next(iter(self.levels))
 
 
 @dataclass(slots=True)
@@ -127,10 +145,16 @@ class TakenBatch:
 class Assembler:
     """Per-key queues of waiting slices and the rules that turn them into batches."""
 
-    def __init__(self, capacity: float, timeout: float, age_per_priority: float = 1.0) -> None:
+    def __init__(
+        self, capacity: float, timeout: float, age_per_priority: float = 1.0,
+        unix_offset: float | None = None,
+    ) -> None:
         self.capacity = capacity
         self.timeout = timeout
         self.age_per_priority = age_per_priority
+        # The clock passed in is monotonic; entry ids (when a request was enqueued) are unix
+        # ms of the Redis server: unix time = now + unix_offset.
+        self.unix_offset = time.time() - time.monotonic() if unix_offset is None else unix_offset
         # Only keys with something waiting: an idle key costs nothing here.
         self.queues: dict[str, KeyQueue] = {}
         self.buffered = 0  # items waiting, all keys
@@ -149,17 +173,14 @@ class Assembler:
         queue = self.queues.get(key)
         if queue is None:
             queue = self.queues[key] = KeyQueue(key)
-        slices = queue.slices
-        if not slices:
+        levels = queue.levels
+        if not levels:
             queue.started = now
         priority = piece.request.priority
-        if not slices or slices[-1].request.priority >= priority:
-            slices.append(piece)
-        else:  # before the first less urgent slice, after those as urgent (arrival order)
-            at = len(slices)
-            while at > 0 and slices[at - 1].request.priority < priority:
-                at -= 1
-            slices.insert(at, piece)
+        slices = levels.get(priority)
+        if slices is None:
+            slices = levels[priority] = deque()
+        slices.append(piece)
         queue.weight += piece.weight
         self.weight += piece.weight
         self.buffered += len(piece.items)
@@ -177,7 +198,7 @@ class Assembler:
         next_due: float | None = None
         for queue in self.queues.values():
             if flush or queue.weight >= self.capacity or queue.started + self.timeout <= now:
-                rank = queue.started - queue.slices[0].request.priority * self.age_per_priority
+                rank = queue.started - queue.urgent() * self.age_per_priority
                 if chosen is None or rank < best:
                     chosen, best = queue, rank
             else:
@@ -191,16 +212,23 @@ class Assembler:
         """Remove one batch from the front of ``queue``, splitting a slice that does not fit."""
         room = self.capacity
         taken: list[Slice] = []
-        slices = queue.slices
-        while slices and room > 0:
+        levels = queue.levels
+        unix_now = now + self.unix_offset
+        while levels and room > 0:
+            priority = self._next_level(queue, unix_now) if len(levels) > 1 else next(
+                iter(levels))
+            slices = levels[priority]
             head = slices[0]
             if head.request.alone and taken:
                 break  # it runs in the next batch, by itself
             weight = head.weight
             if weight <= room:
                 slices.popleft()
+                if not slices:
+                    del levels[priority]
                 taken.append(head)
                 room -= weight
+                queue.served[priority] = unix_now
                 if head.request.alone:
                     break
                 continue
@@ -212,15 +240,37 @@ class Assembler:
             slices[0] = rest
             taken.append(first)
             room -= first.weight
+            queue.served[priority] = unix_now
             break
         opened = queue.started
         taken_weight = self.capacity - room
         queue.weight = max(0.0, queue.weight - taken_weight)
         self.weight = max(0.0, self.weight - taken_weight)
-        if slices:
+        if levels:
             queue.started = now
         else:
             self.weight = max(0.0, self.weight - queue.weight)
             del self.queues[queue.key]
         self.buffered -= sum(len(s.items) for s in taken)
         return TakenBatch(queue.key, taken, opened)
+
+    def _next_level(self, queue: KeyQueue, unix_now: float) -> int:
+        """The priority whose head a batch takes next: the lowest ``since - priority * age``,
+        ``since`` being when the level last gave a batch items, or when its head was enqueued
+        if later (read.lua ranks a key's streams so in Redis). A level served all along ranks
+        as if it waited from now; one that waited its levels' worth goes first."""
+        best, best_rank = 0, math.inf
+        for priority, slices in queue.levels.items():
+            since = max(_enqueued(slices[0].request, unix_now),
+                        queue.served.get(priority, -math.inf))
+            rank = since - priority * self.age_per_priority
+            if rank < best_rank or (rank == best_rank and priority > best):
+                best, best_rank = priority, rank
+        return best
+
+
+def _enqueued(request: Request, default: float) -> float:
+    """When the request's entry was written (its id is the Redis server's unix ms), in unix
+    seconds; ``default`` for an id that is not one (entries are written by strangers)."""
+    ms, _, _ = request.entry_id.partition(b"-")
+    return int(ms) / 1000 if ms.isdigit() and len(ms) <= 15 else default

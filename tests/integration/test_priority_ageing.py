@@ -1,0 +1,70 @@
+"""Priority ageing bounds how long a low priority waits under a flood of high priority work on
+the same batch key (docs/usage.md, "Batch keys, fairness and priorities"): each level is worth
+PRIORITY_AGE_MS of waiting, so priority 0 runs about 9 levels' worth after it was sent, however
+long the flood. Measured in the order of service, not in time: a batch function that takes at
+least BATCH_S per batch runs at most (9 levels of ageing) / BATCH_S batches while the
+priority-0 request ages, whatever the speed of the machine."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import redis
+
+import queueserve as qs
+from queueserve.broker import common, sync
+from queueserve.wire import protocol as P
+from tests.support.helpers import WAIT_S, wait_until
+from tests.support.servings import Recording
+
+StartWorker = Callable[..., qs.Worker]
+
+AGE_MS = 100  # each level's worth, for this test (1 s in production): 9 levels are 0.9 s
+BATCH_S = 0.05  # the least time one batch takes
+FLOOD = 600  # priority-9 requests, one item each: 150 batches, several times the bound
+
+
+@pytest.fixture
+def quick_ageing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """PRIORITY_AGE_MS of AGE_MS wherever the worker and the client read it."""
+    for module in (P, common, sync):
+        monkeypatch.setattr(module, "PRIORITY_AGE_MS", AGE_MS)
+
+
+def slow_echo(items: list[Any]) -> list[Any]:
+    time.sleep(BATCH_S)
+    return items
+
+
+@pytest.mark.timeout(120)
+def test_a_priority_zero_request_waits_no_more_batches_than_its_ageing_allows(
+    quick_ageing: None, start_worker: StartWorker, redis_client: redis.Redis, redis_url: str,
+    prefix: str,
+) -> None:
+    # Given a worker, and a flood of priority-9 requests on the batch key
+    serving = Recording(slow_echo, name="aged", batch_size=4, batch_timeout=0)
+    start_worker(serving)
+    client = qs.Client(redis_url, prefix=prefix)
+    flood = [client.submit("aged", [f"h{i}"], priority=9) for i in range(FLOOD)]
+    wait_until(lambda: len(serving.item_batches) >= 5, "the flood running")
+
+    # When a priority-0 request is sent on the same key
+    before = len(serving.item_batches)
+    low = client.submit("aged", ["low"])
+
+    # Then it runs after at most the batches its ageing allows: 9 levels of AGE_MS, in which
+    # batches of BATCH_S or more start at most 9 * AGE_MS / BATCH_S + 1 times, then the batch
+    # taken as the ready set hands it over, and one or two more taken as the worker's ranking
+    # (from when each level was last served) catches up with Redis's; not after the flood
+    assert low.result(WAIT_S) == ["low"]
+    ran = serving.item_batches
+    at = next(i for i, items in enumerate(ran) if "low" in items)
+    bound = int(9 * AGE_MS / 1000 / BATCH_S) + 4
+    assert at - before <= bound, (at - before, bound)
+    assert sum(len(b) for b in ran[: at + 1]) < FLOOD
+    for ticket in flood:
+        ticket.cancel()
+    client.close()

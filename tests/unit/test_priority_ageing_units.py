@@ -1,0 +1,55 @@
+"""Priority ageing inside one batch key's queue (batching.py), on a clock the test passes in:
+a level ranks from when it last gave a batch items, or when its head was enqueued if later,
+minus one second per level, as read.lua ranks a key's streams in Redis."""
+
+from __future__ import annotations
+
+from queueserve.worker.pipeline.batching import Assembler, Request, Slice
+
+_ids = iter(range(1, 10**9))
+
+
+def enqueued(at: float, priority: int, item: str) -> Slice:
+    """One item whose entry was written at unix time ``at``."""
+    rid = next(_ids)
+    request = Request(f"{int(at * 1000)}-{rid}".encode(), "qs:{s}:in:k", rid, "qs:inbox:c",
+                      0.0, 1)
+    request.priority = priority
+    return Slice(request, 0, [item])
+
+
+def test_a_low_priority_runs_once_it_waited_its_levels_worth_however_long_the_flood() -> None:
+    # Given batches of one item, and a priority-0 request enqueued at 100 s that the ready
+    # set hands over 9 s later, behind a backlog of priority-9 work (each enqueued 5 s before
+    # it is read)
+    a = Assembler(capacity=1, timeout=0.0, age_per_priority=1.0, unix_offset=0.0)
+    a.add("k", enqueued(100.0, 0, "low"), now=109.0)
+    order = []
+    for step in range(6):
+        now = 109.0 + step * 0.1
+        a.add("k", enqueued(now - 5.0, 9, f"h{step}"), now=now)
+        queue, _ = a.pick(now)
+        assert queue is not None
+        order += a.take(queue, now).items()
+
+    # Then the backlog goes first until its level, served since 109 s, ranks after the low
+    # one's 100 s (109.1 - 9 > 100): the low one runs in the third batch, not after the
+    # backlog
+    assert order[:3] == ["h0", "h1", "low"]
+
+
+def test_a_level_never_served_ranks_from_its_head_entry() -> None:
+    # Given a key holding priority 0 enqueued at 100 s and priority 9 enqueued at 108.5 s
+    a = Assembler(capacity=1, timeout=0.0, age_per_priority=1.0, unix_offset=0.0)
+    a.add("k", enqueued(100.0, 0, "low"), now=109.0)
+    a.add("k", enqueued(108.5, 9, "high"), now=109.0)
+    a.add("k", enqueued(109.5, 9, "later"), now=109.0)
+
+    # Then the one enqueued less than 9 s after the low one goes first, and once priority 9
+    # was served at 109 s the low one follows
+    taken = []
+    for now in (109.0, 109.1, 109.2):
+        queue, _ = a.pick(now)
+        assert queue is not None
+        taken += a.take(queue, now).items()
+    assert taken == ["high", "low", "later"]
