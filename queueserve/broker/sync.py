@@ -51,6 +51,13 @@ from queueserve.wire.timing import DURABLE_WAIT_MS
 
 log = logging.getLogger(__name__)
 
+# Known batch keys one sweep call looks at: a sweep's cost per call is bounded whatever the
+# number of keys, and a pass over n keys takes n / SWEEP_KEYS calls (one a second per reader).
+SWEEP_KEYS = 200
+# Streams of the active set one sweep call looks at: ack.lua takes out most streams left with
+# nothing pending; the sweep takes out the rest (cancels, dead letters, a Redis restart).
+SWEEP_STREAMS = 1000
+
 StreamEntries = list[tuple[bytes, dict[bytes, bytes]]]
 
 
@@ -505,25 +512,26 @@ class RedisBroker:
         ]
 
     def sweep(
-        self, keys: Keys, idle_ttl_ms: int, declared: Sequence[str], chunk: int = 200
-    ) -> tuple[int, int]:
-        """Mark streams with unread entries ready, forget keys idle past ``idle_ttl_ms`` that
-        hold nothing (sweep.lua), over every known key, ``chunk`` keys per script call.
-        Returns (keys forgotten, streams marked ready)."""
+        self, keys: Keys, idle_ttl_ms: int, declared: Sequence[str], start: int = 0,
+        chunk: int = SWEEP_KEYS,
+    ) -> tuple[int, int, int]:
+        """One step of the pass over the known batch keys (sweep.lua): the ``chunk`` keys from
+        rank ``start`` and the ``declared`` ones have streams with unread entries marked ready,
+        and those idle past ``idle_ttl_ms`` holding nothing are forgotten; of up to
+        SWEEP_STREAMS streams of the active set, those holding no pending entry leave it. One
+        call costs the same with 10 known keys or 100,000: a pass over n keys takes n / chunk
+        calls.
+        Returns (keys forgotten, streams marked ready, where the next call starts: 0 once the
+        pass is complete)."""
         stream_prefix, priority_prefix = keys.stream_prefixes
-        start = forgotten = marked = 0
-        while True:
-            with redis_errors(self.url):
-                looked, gone, new = self._sweep(
-                    keys=[keys.seen, keys.ready, keys.active, keys.depth, keys.wake],
-                    args=[GROUP, PRIORITY_AGE_MS, idle_ttl_ms, stream_prefix, priority_prefix,
-                          start, chunk, *(declared if start == 0 else ())],
-                )
-            forgotten += int(gone)
-            marked += int(new)
-            if int(looked) < chunk:
-                return forgotten, marked
-            start += int(looked) - int(gone)
+        with redis_errors(self.url):
+            looked, gone, marked = self._sweep(
+                keys=[keys.seen, keys.ready, keys.active, keys.depth, keys.wake],
+                args=[GROUP, PRIORITY_AGE_MS, idle_ttl_ms, stream_prefix, priority_prefix,
+                      start, chunk, SWEEP_STREAMS, *declared],
+            )
+        after = 0 if int(looked) < chunk else start + int(looked) - int(gone)
+        return int(gone), int(marked), after
 
     def active_streams(self, keys: Keys) -> list[str]:
         """Streams read from lately: the only ones that may hold pending entries."""
@@ -654,8 +662,8 @@ class RedisBroker:
             args: list[Any] = [GROUP, shard.batch_key_of(stream)]
             for admitted, ids in runs.items():  # entries admitted with the same count
                 args += (admitted, len(ids), *ids)
-            commands.append(("EVALSHA", self._ack.sha, 3, stream, shard.queued, shard.depth,
-                             *args))
+            commands.append(("EVALSHA", self._ack.sha, 4, stream, shard.queued, shard.depth,
+                             shard.active, *args))
         return commands
 
     def _send_commands(self, commands: list[tuple[Any, ...]], scripted: int) -> list[Any]:

@@ -2,6 +2,8 @@
 -- KEYS[1]  P:{S}:in:K     request stream
 -- KEYS[2]  P:{S}:queued   admission counter
 -- KEYS[3]  P:{S}:depth    per batch key admission counter
+-- KEYS[4]  P:{S}:active   streams that may hold pending entries: KEYS[1] leaves it once
+--          nothing is pending there, so reclaim looks only at streams with work
 -- ARGV[1]  consumer group
 -- ARGV[2]  batch key of the stream
 -- ARGV[3..] runs of entries admitted with the same item count (their 'a' field; 0 for entries
@@ -35,6 +37,10 @@ if acked < #ids then
   end
 end
 redis.call('XDEL', KEYS[1], unpack(ids))
+local summary = redis.pcall('XPENDING', KEYS[1], ARGV[1])
+if type(summary) == 'table' and not summary.err and summary[1] == 0 then
+  redis.call('ZREM', KEYS[4], KEYS[1])
+end
 if released > 0 then
   if redis.call('DECRBY', KEYS[2], released) < 0 then redis.call('SET', KEYS[2], 0) end
   if redis.call('HINCRBY', KEYS[3], ARGV[2], -released) <= 0 then

@@ -1,7 +1,8 @@
--- Housekeeping of batch keys, a slice of the known keys per call.
+-- Housekeeping of batch keys: a bounded slice of the known keys per call, so that what a call
+-- costs never grows with the number of keys (an idle key costs a look once per pass).
 -- KEYS[1]  P:{S}:seen     zset batch key -> last enqueue (unix ms)
 -- KEYS[2]  P:{S}:ready    zset "<priority><batch key>" of streams with unread entries
--- KEYS[3]  P:{S}:active   zset streams read from lately
+-- KEYS[3]  P:{S}:active   zset streams that may hold pending entries (reclaim watches them)
 -- KEYS[4]  P:{S}:depth    hash batch key -> items admitted and not acked
 -- KEYS[5]  P:{S}:wake     stream that wakes idle workers
 -- ARGV[1]  consumer group
@@ -9,20 +10,26 @@
 -- ARGV[3]  forget a key idle (no enqueue) for this many ms and holding nothing; 0 = never
 -- ARGV[4]  name prefix of priority-0 streams, P:{S}:in:
 -- ARGV[5]  name prefix of priority-N streams, P:{S}:p
--- ARGV[6]  index into KEYS[1] (by last enqueue) of the first key to look at
+-- ARGV[6]  rank in KEYS[1] (by last enqueue) of the first key to look at (the caller's cursor)
 -- ARGV[7]  how many keys of KEYS[1] to look at
--- ARGV[8..] more batch keys to look at (the worker's declared keys; never forgotten here)
+-- ARGV[8]  how many streams of KEYS[3] to look at
+-- ARGV[9..] more batch keys to look at (the worker's declared keys; never forgotten here)
 -- Per key looked at:
 --  * a stream with entries no consumer read is marked ready: entries written by anyone
 --    (XADD, an older client) or whose ready mark a Redis restart lost are still served;
+--  * a stream with pending entries joins KEYS[3], so reclaim watches it however they came;
 --  * a key idle past ARGV[3] whose streams are all empty (nothing queued, nothing pending)
 --    is forgotten: its streams (and their groups), ready marks and depth go; its next
 --    request brings it back through enqueue.lua.
--- Then streams in KEYS[3] with nothing pending leave it (reclaim has nothing to watch there).
--- Returns {keys looked at in KEYS[1], keys forgotten, streams marked ready}.
+-- Then up to ARGV[8] streams of KEYS[3], least recently looked at first: one with nothing
+-- pending leaves it (ack.lua removes most as they empty; these are the rest: cancels, dead
+-- letters, a Redis restart), one still holding entries goes to the back of the line.
+-- Returns {keys looked at in KEYS[1], keys forgotten, streams marked ready}; fewer keys looked
+-- at than ARGV[7] means the pass over KEYS[1] is complete (start the next one at rank 0).
 local group = ARGV[1]
 local step = tonumber(ARGV[2])
 local ttl = tonumber(ARGV[3])
+local chunk = tonumber(ARGV[7])
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 
@@ -54,6 +61,10 @@ local function look(key)
     if redis.call('XLEN', stream) > 0 then
       holds = true
       local after = '(' .. last_delivered(stream)
+      local summary = redis.pcall('XPENDING', stream, group)
+      if type(summary) == 'table' and not summary.err and summary[1] > 0 then
+        redis.call('ZADD', KEYS[3], 'NX', now, stream)
+      end
       if #redis.call('XRANGE', stream, after, '+', 'COUNT', 1) > 0 then
         local member = priority .. key
         if redis.call('ZADD', KEYS[2], 'NX', now - priority * step, member) == 1 then
@@ -67,7 +78,7 @@ local function look(key)
 end
 
 local start = tonumber(ARGV[6])
-local seen = redis.call('ZRANGE', KEYS[1], start, start + tonumber(ARGV[7]) - 1, 'WITHSCORES')
+local seen = redis.call('ZRANGE', KEYS[1], start, start + chunk - 1, 'WITHSCORES')
 local forgotten = {}
 for i = 1, #seen, 2 do
   local key, last = seen[i], tonumber(seen[i + 1])
@@ -75,7 +86,7 @@ for i = 1, #seen, 2 do
     forgotten[#forgotten + 1] = key
   end
 end
-for i = 8, #ARGV do look(ARGV[i]) end
+for i = 9, #ARGV do look(ARGV[i]) end
 for _, key in ipairs(forgotten) do
   redis.call('ZREM', KEYS[1], key)
   redis.call('HDEL', KEYS[4], key)
@@ -86,12 +97,12 @@ for _, key in ipairs(forgotten) do
     redis.call('ZREM', KEYS[3], stream)
   end
 end
-if start == 0 then
-  for _, stream in ipairs(redis.call('ZRANGE', KEYS[3], 0, -1)) do
-    local summary = redis.pcall('XPENDING', stream, group)
-    if type(summary) ~= 'table' or summary.err or summary[1] == 0 then
-      redis.call('ZREM', KEYS[3], stream)
-    end
+for _, stream in ipairs(redis.call('ZRANGE', KEYS[3], 0, tonumber(ARGV[8]) - 1)) do
+  local summary = redis.pcall('XPENDING', stream, group)
+  if type(summary) ~= 'table' or summary.err or summary[1] == 0 then
+    redis.call('ZREM', KEYS[3], stream)
+  else
+    redis.call('ZADD', KEYS[3], 'XX', now, stream)
   end
 end
 return {#seen / 2, #forgotten, marked}

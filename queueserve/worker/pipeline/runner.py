@@ -58,7 +58,9 @@ log = logging.getLogger(__name__)
 Ref = tuple[str, bytes]  # (stream, entry id): entry ids are unique only within one stream
 
 INBOX_TTL_MS = 600_000  # an inbox outlives a client that died by ten minutes at most
-SWEEP_EVERY_S = 1.0  # how often entries written without enqueue.lua and idle keys are looked for
+# How often a bounded slice of the known keys (SWEEP_KEYS) is looked at for entries written
+# without enqueue.lua and for idle keys to forget: a pass over n keys takes n / SWEEP_KEYS s.
+SWEEP_EVERY_S = 1.0
 CONFIG_EVERY_S = 1.0  # how often run-time option changes are looked for
 READ_BLOCK_MS = 100  # longest wait on the wake stream when nothing is ready
 # How long a drained reader keeps its blocking read for a busy executor to come back idle and
@@ -123,6 +125,7 @@ class ServingRunner:
         self._read_ended = False  # set by the reader as it ends: nothing more comes in
         self._readers_left = len(self.shards)  # the read ends when every shard's reader has
         self._drained_at: dict[int, bytes] = {}  # per shard: wake id of a read that left nothing
+        self._sweep_from: dict[int, int] = {}  # per shard: rank of the next known key to sweep
         self._caught_up = False  # the last read left nothing unread (see _hand_over)
         self._flushing = False  # stopping: run what is buffered without waiting for timeouts
         self.threads: list[threading.Thread] = []
@@ -278,8 +281,9 @@ class ServingRunner:
     def _housekeeping(self, due: dict[str, float], keys: P.Keys) -> None:
         now = time.monotonic()
         if now >= due["sweep"]:
-            forgotten, _ = self.broker.sweep(
-                keys, int(self.serving.key_idle_ttl * 1000), self._declared_keys
+            forgotten, _, self._sweep_from[keys.shard] = self.broker.sweep(
+                keys, int(self.serving.key_idle_ttl * 1000), self._declared_keys,
+                self._sweep_from.get(keys.shard, 0),
             )
             if forgotten:
                 log.info("serving %s: forgot %d batch keys idle for %gs", self.serving.name,
