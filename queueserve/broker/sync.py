@@ -207,6 +207,25 @@ def _drop_undeliverable(failures: list[Exception]) -> None:
         log.warning("a reply could not be delivered and was dropped: %s", failure)
 
 
+def _streams_with_work(
+    keys: Keys, ready: Sequence[bytes], active: Sequence[bytes]
+) -> list[tuple[str, str]]:
+    """(batch key, stream) of the streams named by a shard's ready members (``<N><K>``) and
+    active set, in name order; members anyone could have written that name no request
+    stream of this shard are left out."""
+    names = {keys.stream(m[1:], int(m[0])) for m in (text(r, "replace") for r in ready)
+             if m[:1].isdigit()}
+    names.update(text(a, "replace") for a in active)
+    found = []
+    for name in sorted(names):
+        try:
+            if keys.shard_of(name) is keys:
+                found.append((keys.batch_key_of(name), name))
+        except ValueError:
+            continue
+    return found
+
+
 def _read_outcome(out: list[Any]) -> ReadOutcome:
     entries = [
         (text(out[i]), [(e[0], _fields(e[1])) for e in out[i + 1]])
@@ -805,30 +824,34 @@ class RedisBroker:
             self.redis.xgroup_delconsumer(stream, GROUP, consumer)
 
     def queue_depths(self, keys_list: Sequence[Keys]) -> list[tuple[Keys, str, int, int]]:
-        """(serving keys, batch key, stream length, pending) for every stream of the servings.
+        """(serving keys, batch key, stream length, pending) for every batch key whose streams
+        hold entries: those in the ready set (unread entries) or the active set (pending ones).
+        What it reads grows with the streams that hold work, never with the keys ever seen.
 
         Acked entries are deleted, so length - pending is what waits to be read."""
-        levels = MAX_PRIORITY + 1
         with redis_errors(self.url):
-            known = [
-                (keys, text(k))
-                for keys in keys_list
-                for k in sorted(cast(list[bytes], self.redis.zrange(keys.seen, 0, -1)))
+            pipe = self.redis.pipeline(transaction=False)
+            for keys in keys_list:
+                pipe.zrange(keys.ready, 0, -1)
+                pipe.zrange(keys.active, 0, -1)
+            marks = pipe.execute()
+            streams = [
+                (keys, key, stream)
+                for i, keys in enumerate(keys_list)
+                for key, stream in _streams_with_work(keys, marks[2 * i], marks[2 * i + 1])
             ]
             pipe = self.redis.pipeline(transaction=False)
-            for keys, key in known:
-                for stream in keys.streams(key):
-                    pipe.xlen(stream)
-                    pipe.xpending(stream, GROUP)
+            for _, _, stream in streams:
+                pipe.xlen(stream)
+                pipe.xpending(stream, GROUP)
             out = pipe.execute(raise_on_error=False)
-        result = []
-        for i, (keys, key) in enumerate(known):
-            length = held = 0
-            for j in range(2 * levels * i, 2 * levels * (i + 1), 2):
-                length += out[j] if isinstance(out[j], int) else 0
-                held += out[j + 1]["pending"] if isinstance(out[j + 1], dict) else 0
-            result.append((keys, key, int(length), int(held)))
-        return result
+        rows: dict[tuple[Keys, str], list[int]] = {}
+        for i, (keys, key, _) in enumerate(streams):
+            length, summary = out[2 * i], out[2 * i + 1]
+            row = rows.setdefault((keys, key), [0, 0])
+            row[0] += length if isinstance(length, int) else 0
+            row[1] += int(summary["pending"]) if isinstance(summary, dict) else 0
+        return [(keys, key, length, held) for (keys, key), (length, held) in rows.items()]
 
     def servings(self, prefix: str) -> list[str]:
         """Names of the servings any worker ever declared under ``prefix``."""

@@ -24,6 +24,8 @@ from queueserve.settings import Settings, check_redis_url
 from queueserve.wire.protocol import Keys
 from queueserve.wire.timing import ALIVE_WITHIN_S
 from queueserve.worker.loading import ServingNotFound, load_servings
+from queueserve.worker.metrics import DEFAULT_HOST as DEFAULT_METRICS_HOST
+from queueserve.worker.metrics import KEY_LABELS as METRICS_KEY_LABELS
 from queueserve.worker.runtime_config import OPTIONS, parse_assignments
 from queueserve.worker.worker import EXIT_ERROR, EXIT_OK, EXIT_USAGE, Worker
 
@@ -79,6 +81,12 @@ def _positive_int(value: str) -> int:
     return int(value)
 
 
+def _non_negative_int(value: str) -> int:
+    if not value.isdigit():
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {value!r}")
+    return int(value)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="queueserve", description=DESCRIPTION, epilog=EPILOG,
@@ -112,6 +120,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="recycle a partition whose resident memory passes this, e.g. 4GiB")
     w.add_argument("--metrics-port", type=int, default=None,
                    help="serve Prometheus /metrics, /healthz and /readyz on this port")
+    w.add_argument("--metrics-host", default=DEFAULT_METRICS_HOST,
+                   help="address the metrics port listens on (default 127.0.0.1; 0.0.0.0 to "
+                        "be scraped from other hosts or containers)")
+    w.add_argument("--metrics-keys", type=_non_negative_int, default=METRICS_KEY_LABELS,
+                   help="batch keys labelled by name in metrics besides declared ones, the "
+                        "deepest first; the rest are summed under key=\"other\" (default "
+                        f"{METRICS_KEY_LABELS})")
     w.add_argument("--check", action="store_true",
                    help="exit 0 when a live worker serves every named serving, else 1")
     w.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
@@ -292,6 +307,7 @@ def worker_command(args: argparse.Namespace) -> int:
         max_concurrent_batches=args.max_concurrent_batches,
         shutdown_timeout=args.shutdown_timeout, max_restarts=args.max_restarts,
         restart_window=args.restart_window, metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host, metrics_keys=args.metrics_keys,
         max_batch_seconds=args.max_batch_seconds,
         max_batches_per_partition=args.max_batches_per_partition,
         max_partition_memory=args.max_partition_memory,

@@ -5,13 +5,23 @@ merged on one port, together with queue depth and pending counts read from Redis
 time, ``/healthz`` (every partition process alive) and ``/readyz`` (Redis answers and every
 partition has sent a heartbeat). Busy ratio per partition is
 ``rate(queueserve_partition_busy_seconds_total[1m])``.
+
+What a scrape costs is bounded whatever the number of batch keys: a ``key`` label names the
+worker's declared keys and at most ``metrics_keys`` others (the keys holding the most entries
+for the queue gauges; the first keys a partition ran for the batch-size histogram), and the
+rest are summed under ``key="other"``; queue gauges read only the streams that hold entries
+(the ready and active sets), never every key ever seen. The port listens on 127.0.0.1 unless
+told otherwise (a batch key may hold what its producer considers private), serves at most
+``MAX_CONNECTIONS`` connections at once and drops one silent for ``IDLE_TIMEOUT_S``.
 """
 
 from __future__ import annotations
 
 import logging
+import socket
 import threading
-from collections.abc import Callable, Iterator, Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -28,6 +38,45 @@ _SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 _RATIO_BUCKETS = (0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
 _TIME_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
+DEFAULT_HOST = "127.0.0.1"  # --metrics-host: 0.0.0.0 to be scraped from other hosts
+KEY_LABELS = 20  # --metrics-keys: batch keys with a label of their own, besides declared ones
+OTHER_KEY = "other"  # the label of every other batch key, summed
+MAX_CONNECTIONS = 8  # connections served at once; more are closed at once
+IDLE_TIMEOUT_S = 5.0  # a connection silent this long (no request, no reading) is dropped
+RENDER_REUSE_S = 1.0  # scrapes this close together share one collection
+
+
+class KeyLabels:
+    """The ``key`` label of a batch key in one partition's histograms: declared keys and the
+    first ``limit`` others keep their name, later ones share ``other``, so what a partition
+    writes stays bounded however many keys it serves."""
+
+    def __init__(self, declared: Iterable[str], limit: int) -> None:
+        self._declared = frozenset(declared) - {OTHER_KEY}
+        self._others: set[str] = set()
+        self._limit = limit
+        self._lock = threading.Lock()
+
+    def __call__(self, key: str) -> str:
+        if key in self._declared or key in self._others:
+            return key
+        with self._lock:
+            if key == OTHER_KEY or len(self._others) >= self._limit:
+                return OTHER_KEY
+            self._others.add(key)
+        return key
+
+
+def labelled_keys(
+    totals: dict[str, int], declared: Iterable[str], limit: int
+) -> tuple[list[str], list[str]]:
+    """(keys with a label of their own, keys summed under ``other``): the declared keys (shown
+    even when idle) and the ``limit`` others with the largest ``totals``."""
+    own = [k for k in dict.fromkeys(declared) if k != OTHER_KEY]
+    ranked = sorted((k for k in totals if k not in own), key=lambda k: (-totals[k], k))
+    named = [k for k in ranked if k != OTHER_KEY][:limit]
+    return own + named, [k for k in ranked if k not in named]
+
 
 def _prometheus() -> Any:
     try:
@@ -42,9 +91,13 @@ def _prometheus() -> Any:
 class PrometheusMiddleware(Middleware):
     """Records batching metrics of the partition it runs in."""
 
-    def __init__(self, registry: Any = None) -> None:
+    def __init__(
+        self, registry: Any = None, *, declared: Iterable[str] = ("default",),
+        key_labels: int = KEY_LABELS,
+    ) -> None:
         pc = _prometheus()
         kw = {} if registry is None else {"registry": registry}
+        self.key_label = KeyLabels(declared, key_labels)
         self.batch_size = pc.Histogram(
             "queueserve_batch_size", "Items per executed batch", ["serving", "key"],
             buckets=_SIZE_BUCKETS, **kw)
@@ -92,7 +145,7 @@ class PrometheusMiddleware(Middleware):
     def batch_started(
         self, serving: Serving, key: str, partition: Partition, size: int, waited: float
     ) -> None:
-        self.batch_size.labels(serving.name, key).observe(size)
+        self.batch_size.labels(serving.name, self.key_label(key)).observe(size)
         self.utilization.labels(serving.name).observe(min(1.0, size / serving.batch_size))
         self.wait.labels(serving.name).observe(waited)
 
@@ -131,11 +184,18 @@ class PrometheusMiddleware(Middleware):
 
 
 class QueueCollector:
-    """Queue depth, pending and dead letters per serving and key, read from Redis per scrape."""
+    """Queue depth, pending and dead letters per serving and key, read from Redis per scrape:
+    for the declared keys and the ``key_labels`` keys holding the most entries, the rest summed
+    under ``key="other"``. Only streams holding entries are read."""
 
-    def __init__(self, broker: RedisBroker, prefix: str, servings: Sequence[str]) -> None:
+    def __init__(
+        self, broker: RedisBroker, prefix: str, servings: Sequence[str], *,
+        declared: Iterable[str] = ("default",), key_labels: int = KEY_LABELS,
+    ) -> None:
         self.broker = broker
         self.keys = [P.Keys(prefix, s) for s in servings]
+        self.declared = tuple(declared)
+        self.key_labels = key_labels
 
     def collect(self) -> Iterator[Any]:
         _prometheus()
@@ -148,12 +208,12 @@ class QueueCollector:
         dead = GaugeMetricFamily(
             "queueserve_dead_letter_depth", "Entries in the dead-letter stream",
             labels=["serving"])
-        waiting: dict[tuple[str, str], list[int]] = {}
+        waiting: dict[str, dict[str, list[int]]] = {k.name: {} for k in self.keys}
         dead_letters: dict[str, int] = {}
         try:
             shards = [s for keys in self.keys for s in self.broker.shards(keys)]
             for keys, key, length, held in self.broker.queue_depths(shards):
-                row = waiting.setdefault((keys.name, key), [0, 0])  # shards summed
+                row = waiting[keys.name].setdefault(key, [0, 0])  # shards summed
                 row[0] += max(0, length - held)
                 row[1] += held
             for keys, length in self.broker.dead_letter_depths(shards):
@@ -161,28 +221,89 @@ class QueueCollector:
         except RedisUnavailable as e:
             log.warning("metrics: %s", e)
             return
-        for (name, key), (ready, held) in waiting.items():
-            depth.add_metric([name, key], ready)
-            pending.add_metric([name, key], held)
+        for name, rows in waiting.items():
+            for key, (ready, held) in self._bounded(rows).items():
+                depth.add_metric([name, key], ready)
+                pending.add_metric([name, key], held)
         for name, length in dead_letters.items():
             dead.add_metric([name], length)
         yield from (depth, pending, dead)
 
+    def _bounded(self, rows: dict[str, list[int]]) -> dict[str, list[int]]:
+        named, rest = labelled_keys(
+            {k: sum(v) for k, v in rows.items()}, self.declared, self.key_labels
+        )
+        out = {k: rows.get(k, [0, 0]) for k in named}
+        if rest:
+            out[OTHER_KEY] = [sum(rows[k][0] for k in rest), sum(rows[k][1] for k in rest)]
+        return out
+
+
+class _BoundedHTTPServer(ThreadingHTTPServer):
+    """A thread per connection, at most MAX_CONNECTIONS at once: one more is closed at once
+    (a scraper retries at its next interval), so connections cannot pile up threads."""
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
+        if ":" in address[0]:  # an IPv6 host such as ::1
+            self.address_family = socket.AF_INET6
+        super().__init__(address, handler)
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            log.warning("metrics http: %d connections open already; closed one from %s",
+                        MAX_CONNECTIONS, client_address)
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
+class _Rendered:
+    """The registry's text, collected by one scrape at a time; scrapes within RENDER_REUSE_S
+    of a collection share it, so concurrent scrapers cost Redis and memory once."""
+
+    def __init__(self, render: Callable[[], bytes]) -> None:
+        self._render = render
+        self._lock = threading.Lock()
+        self._body = b""
+        self._at = float("-inf")
+
+    def __call__(self) -> bytes:
+        with self._lock:
+            if time.monotonic() - self._at >= RENDER_REUSE_S:
+                self._body = self._render()
+                self._at = time.monotonic()
+            return self._body
+
 
 class MetricsServer:
-    """Serves /metrics, /healthz and /readyz on ``port`` from a background thread."""
+    """Serves /metrics, /healthz and /readyz on ``host``:``port`` from a background thread."""
 
     def __init__(
         self, port: int, registry: Any, healthy: Callable[[], bool], ready: Callable[[], bool],
-        host: str = "0.0.0.0",
+        host: str = DEFAULT_HOST,
     ) -> None:
         pc = _prometheus()
-        render = pc.generate_latest
+        metrics = _Rendered(lambda: bytes(pc.generate_latest(registry)))
 
         class Handler(BaseHTTPRequestHandler):
+            timeout = IDLE_TIMEOUT_S  # a silent connection must not keep its thread
+
             def do_GET(self) -> None:
                 if self.path == "/metrics":
-                    self._send(200, render(registry), pc.CONTENT_TYPE_LATEST)
+                    self._send(200, metrics(), pc.CONTENT_TYPE_LATEST)
                 elif self.path in ("/healthz", "/readyz"):
                     ok = (healthy if self.path == "/healthz" else ready)()
                     self._send(200 if ok else 503, b"ok\n" if ok else b"not ok\n", "text/plain")
@@ -199,7 +320,8 @@ class MetricsServer:
             def log_message(self, format: str, *args: Any) -> None:
                 log.debug("metrics http: " + format, *args)
 
-        self.server = ThreadingHTTPServer((host, port), Handler)
+        self.server = _BoundedHTTPServer((host, port), Handler)
+        self.host = host
         self.port = self.server.server_address[1]
         self._thread = threading.Thread(
             target=self.server.serve_forever, name="queueserve-metrics", daemon=True

@@ -10,7 +10,13 @@ from typing import TYPE_CHECKING, Protocol
 
 from queueserve.broker.sync import RedisBroker
 from queueserve.serving import Serving
-from queueserve.worker.metrics import MetricsServer, PrometheusMiddleware, QueueCollector
+from queueserve.worker.metrics import (
+    DEFAULT_HOST,
+    KEY_LABELS,
+    MetricsServer,
+    PrometheusMiddleware,
+    QueueCollector,
+)
 
 if TYPE_CHECKING:
     from queueserve.worker.partition import PartitionHost
@@ -30,9 +36,31 @@ class Worker(Protocol):
     @property
     def servings(self) -> Sequence[Serving]: ...
 
-    metrics_port: int | None
+    @property
+    def declared_keys(self) -> tuple[str, ...]: ...
 
-__all__ = ["MetricsServer", "in_process_metrics", "supervisor_metrics"]
+    metrics_port: int | None
+    metrics_host: str
+
+    @property
+    def config(self) -> _MetricsConfig: ...
+
+
+class _MetricsConfig(Protocol):
+    @property
+    def metrics_keys(self) -> int: ...
+
+
+__all__ = [
+    "DEFAULT_HOST", "KEY_LABELS", "MetricsServer", "in_process_metrics", "supervisor_metrics",
+]
+
+
+def _collector(worker: Worker, broker: RedisBroker) -> QueueCollector:
+    return QueueCollector(
+        broker, worker.prefix, [s.name for s in worker.servings],
+        declared=worker.declared_keys, key_labels=worker.config.metrics_keys,
+    )
 
 
 @contextlib.contextmanager
@@ -56,11 +84,12 @@ def supervisor_metrics(worker: Worker, supervisor: Supervisor) -> Iterator[Metri
         multiprocess.MultiProcessCollector(registry, path=path)  # type: ignore[no-untyped-call]
         broker = RedisBroker(worker.redis_url)
         stack.callback(broker.close)
-        registry.register(QueueCollector(broker, worker.prefix, [s.name for s in worker.servings]))
+        registry.register(_collector(worker, broker))
         assert worker.metrics_port is not None
         server = MetricsServer(
             worker.metrics_port, registry, healthy=supervisor.all_alive,
             ready=lambda: broker.ping() and supervisor.all_registered(broker, worker),
+            host=worker.metrics_host,
         )
         stack.callback(server.stop)
         yield server.start()
@@ -74,7 +103,7 @@ def in_process_metrics(
 
     registry = CollectorRegistry()
     broker = RedisBroker(worker.redis_url)
-    registry.register(QueueCollector(broker, worker.prefix, [s.name for s in worker.servings]))
+    registry.register(_collector(worker, broker))
 
     def healthy() -> bool:
         running = host()
@@ -82,8 +111,11 @@ def in_process_metrics(
 
     assert worker.metrics_port is not None
     server = MetricsServer(
-        worker.metrics_port, registry, healthy=healthy, ready=lambda: healthy() and broker.ping()
+        worker.metrics_port, registry, healthy=healthy, ready=lambda: healthy() and broker.ping(),
+        host=worker.metrics_host,
     )
-    return server, PrometheusMiddleware(registry)
+    return server, PrometheusMiddleware(
+        registry, declared=worker.declared_keys, key_labels=worker.config.metrics_keys
+    )
 
 

@@ -28,7 +28,13 @@ from queueserve.settings import Settings, check_redis_url
 from queueserve.wire.protocol import Keys
 from queueserve.wire.timing import HEARTBEAT_TTL_MS
 from queueserve.worker.loading import load_servings
-from queueserve.worker.metrics_server import MetricsServer, in_process_metrics, supervisor_metrics
+from queueserve.worker.metrics_server import (
+    DEFAULT_HOST,
+    KEY_LABELS,
+    MetricsServer,
+    in_process_metrics,
+    supervisor_metrics,
+)
 from queueserve.worker.middleware import Middleware
 from queueserve.worker.partition import PartitionHost, StartupFailed, consumer_prefix
 from queueserve.worker.supervisor import (
@@ -76,6 +82,7 @@ class WorkerConfig:
     threads_per_partition: int
     log_level: int
     metrics: bool = False
+    metrics_keys: int = KEY_LABELS
     middleware: tuple[Middleware, ...] = ()
     limits: Limits = field(default_factory=Limits)
 
@@ -97,6 +104,10 @@ class Worker:
 
     Servings may be given as objects or as ``"module:attr"`` strings; partition processes
     import strings themselves, so their functions need not be picklable.
+
+    ``metrics_port`` serves Prometheus metrics on ``metrics_host`` (127.0.0.1 unless told:
+    ``"0.0.0.0"`` to be scraped from other hosts), labelling the declared batch keys and at
+    most ``metrics_keys`` others by name; the rest are summed under ``key="other"``.
     """
 
     def __init__(
@@ -117,6 +128,8 @@ class Worker:
         max_batches_per_partition: int | None = None,
         max_partition_memory: int | str | None = None,
         metrics_port: int | None = None,
+        metrics_host: str = DEFAULT_HOST,
+        metrics_keys: int = KEY_LABELS,
         middleware: Sequence[Middleware] = (),
         handle_signals: bool = True,
     ) -> None:
@@ -148,10 +161,12 @@ class Worker:
             threads_per_partition=os.cpu_count() or 1,  # divided among partitions in run()
             log_level=logging.getLogger("queueserve").getEffectiveLevel(),
             metrics=metrics_port is not None,
+            metrics_keys=_check_metrics_keys(metrics_keys),
             middleware=tuple(middleware),
             limits=_limits(max_batch_seconds, max_batches_per_partition, max_partition_memory),
         )
         self.metrics_port = metrics_port
+        self.metrics_host = metrics_host
         self.sources = sources
         self.servings = self.config.servings(sources)  # fails here, early, on bad servings
         names = [s.name for s in self.servings]
@@ -174,6 +189,11 @@ class Worker:
     @property
     def prefix(self) -> str:
         return self.config.prefix
+
+    @property
+    def declared_keys(self) -> tuple[str, ...]:
+        """The batch keys read from the start: ``default`` and every ``batch_keys`` one."""
+        return tuple(dict.fromkeys(("default", *self.config.batch_keys)))
 
     def run(self) -> int:
         """Serve with one supervised process per partition until stopped; returns the exit
@@ -390,7 +410,9 @@ def _start_partition(
     if config.metrics:  # the supervisor set PROMETHEUS_MULTIPROC_DIR for us
         from queueserve.worker.metrics import PrometheusMiddleware
 
-        extra.append(PrometheusMiddleware())
+        extra.append(PrometheusMiddleware(
+            declared=("default", *config.batch_keys), key_labels=config.metrics_keys
+        ))
     # A long-lived thread dying of a bug ends the process at once (a drain could wait on
     # that thread for ever); the supervisor restarts it, and what it held is reclaimed.
     host = _host_for(servings, config, partition, extra,
@@ -420,6 +442,15 @@ def _host_for(
         batch_keys=config.batch_keys, max_concurrent_batches=config.max_concurrent_batches,
         middleware=[*config.middleware, *extra], on_fatal=on_fatal,
     )
+
+
+def _check_metrics_keys(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(
+            f"metrics_keys must be an int >= 0 (batch keys with a metrics label of their own; "
+            f"the rest are summed under key=\"other\"), got {value!r}"
+        )
+    return value
 
 
 def _limits(
