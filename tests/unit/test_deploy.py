@@ -140,6 +140,9 @@ def parse_worker(argv: list[str]) -> argparse.Namespace:
 
 def metrics_port(ns: argparse.Namespace) -> int:
     assert ns.metrics_port is not None, "the worker command sets no --metrics-port"
+    assert ns.metrics_host not in ("127.0.0.1", "localhost", "::1"), (
+        f"the worker's metrics port listens on {ns.metrics_host}: probes and Prometheus from "
+        "outside the container cannot reach it (--metrics-host 0.0.0.0)")
     return int(ns.metrics_port)
 
 
