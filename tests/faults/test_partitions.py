@@ -154,16 +154,26 @@ def test_sigterm_mid_batch_answers_the_running_batch_and_leaves_the_queue_to_the
 
     # When it gets SIGTERM, and only then may the batch finish
     worker.proc.send_signal(signal.SIGTERM)
-    wait_until(lambda: "draining partitions" in worker.output(), "the supervisor to drain")
+    # (the partition hears of it from its supervisor: wait until it stopped reading, or it
+    # could serve the whole queue before it knows)
+    wait_until(lambda: "stopped reading" in worker.output(), "the partition to drain")
     redis_client.rpush(f"{prefix}:rec:go", 1)
 
     # Then the running batch's callers get their results and the worker exits 0
     assert running.result(timeout=60) == [2, 4, 6]
     assert worker.proc.wait(60) == 0
     # and every request still queued is served by the next worker started
-    start_worker("Gated", "--partitions", "1")
+    after = start_worker("Gated", "--partitions", "1")
     for i, ticket in enumerate(queued):
         assert ticket.result(timeout=60) == [2 * (10 + i)]
+    # each once: the first worker ran at most what it held (its running batch and one batch
+    # waiting, batch_size 8), never reading more after the signal; the next worker the rest
+    ran = [x.decode().split(":") for x in redis_client.lrange(f"{prefix}:rec:ran", 0, -1)]
+    by = {int(item): int(pid) for pid, item in ran}
+    assert len(ran) == len(by) == 23, ran
+    first = {x for x, pid in by.items() if pid == worker.proc.pid}
+    assert {1, 2, 3} <= first and len(first - {1, 2, 3}) <= 8, ran
+    assert {x for x, pid in by.items() if pid == after.proc.pid} == set(range(10, 30)) - first
 
 
 @pytest.mark.gpu

@@ -106,7 +106,8 @@ class Unstable(qs.Serving):
 
 
 class Gated(qs.Serving):
-    """Marks that its batch started, then waits for the test to say go."""
+    """Marks that its batch started, and which worker (the partition's parent process) runs
+    each item (``ran``: ``<worker pid>:<item>``), then waits for the test to say go."""
 
     name = "gated"
     batch_size = 8
@@ -114,6 +115,7 @@ class Gated(qs.Serving):
 
     def handle_batch(self, batch: qs.Batch) -> list[Any]:
         r, prefix = _redis()
+        r.rpush(f"{prefix}:rec:ran", *[f"{os.getppid()}:{x}" for x in batch])
         r.rpush(f"{prefix}:rec:started", len(batch))
         _wait_for(r, f"{prefix}:rec:go", 1)
         return [x * 2 for x in batch]
