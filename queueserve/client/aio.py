@@ -133,6 +133,11 @@ class AsyncClient:
         self._send_retry = Retry(self.broker.outage, "sender")
         self._outbox: list[Outgoing] = []
         self._flushing = False
+        # Requests of durable servings wait for a replica (up to DURABLE_WAIT_MS) in a task
+        # of their own, so that wait never holds up the sends of other servings.
+        self._durable_box: list[Outgoing] = []
+        self._durable_task: asyncio.Task[None] | None = None
+        self._durable_retry = Retry(self.broker.outage, "durable sender")
         self._reader: asyncio.Task[None] | None = None
         self._events: asyncio.Task[None] | None = None
         self._closed = False
@@ -307,6 +312,10 @@ class AsyncClient:
             self._events.cancel()
             with contextlib.suppress(asyncio.CancelledError, TimeoutError):
                 await asyncio.wait_for(self._events, 2.0)
+        if self._durable_task is not None:
+            self._durable_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+                await asyncio.wait_for(self._durable_task, 2.0)
         self.table.fail_all(Cancelled("the client was closed before the answer came"))
         await self.broker.aclose()
 
@@ -352,10 +361,11 @@ class AsyncClient:
         """Cancel ``call``: True when it will never run (see ``Client.withdraw``)."""
         if not self._base.cancel_call(call):
             return False
-        for i, outgoing in enumerate(self._outbox):
-            if outgoing[2] is call:
-                del self._outbox[i]
-                return True
+        for box in (self._outbox, self._durable_box):
+            for i, outgoing in enumerate(box):
+                if outgoing[2] is call:
+                    del box[i]
+                    return True
         return call.entry_id is not None and await self.broker.cancel(
             call.keys, call.keys.stream(call.batch_key, call.priority), call.entry_id, call.n
         )
@@ -365,18 +375,40 @@ class AsyncClient:
         try:
             while self._outbox:
                 batch, self._outbox = self._outbox, []
-                try:
-                    await self._send_retry.arun(
-                        functools.partial(self._enqueue, batch),
-                        keep_going=lambda: not self._closed,
-                        give_up_at=time.monotonic() + send_window(batch),
-                    )
-                except QueueServeError as e:
-                    self._base.fail_batch(batch, e)
-                except Exception as e:
-                    self._base.fail_send(batch, e)
+                batch = self._set_aside_durable(batch)
+                if batch:
+                    await self._send_batch(batch, self._send_retry)
         finally:
             self._flushing = False
+
+    def _set_aside_durable(self, batch: list[Outgoing]) -> list[Outgoing]:
+        """``batch`` less the requests of durable servings, handed to the durable task."""
+        durable = [o for o in batch if o[0].durable]
+        if not durable:
+            return batch
+        self._durable_box += durable
+        if self._durable_task is None or self._durable_task.done():
+            self._durable_task = asyncio.get_running_loop().create_task(
+                self._send_durable(), name=f"queueserve-send-durable-{self.client_id}"
+            )
+        return [o for o in batch if not o[0].durable]
+
+    async def _send_durable(self) -> None:
+        while self._durable_box:
+            batch, self._durable_box = self._durable_box, []
+            await self._send_batch(batch, self._durable_retry)
+
+    async def _send_batch(self, batch: list[Outgoing], retry: Retry) -> None:
+        """Enqueue ``batch``, retrying transient failures; its callers get any error."""
+        try:
+            await retry.arun(
+                functools.partial(self._enqueue, batch), keep_going=lambda: not self._closed,
+                give_up_at=time.monotonic() + send_window(batch),
+            )
+        except QueueServeError as e:
+            self._base.fail_batch(batch, e)
+        except Exception as e:
+            self._base.fail_send(batch, e)
 
     async def _enqueue(self, batch: list[Outgoing]) -> None:
         for group, keys, requests, max_queue, durable in enqueue_groups(batch):

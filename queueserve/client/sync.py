@@ -131,6 +131,12 @@ class Client:
         self._reader: threading.Thread | None = None
         self._sender: threading.Thread | None = None
         self._wake_sender = threading.Event()
+        # Requests of durable servings wait for a replica (up to DURABLE_WAIT_MS) on a thread
+        # of their own, so that wait never holds up the sends of other servings.
+        self._durable_box: list[Outgoing] = []
+        self._durable_sender: threading.Thread | None = None
+        self._wake_durable = threading.Event()
+        self._durable_retry = Retry(self.broker.outage, "durable sender")
         self._events: threading.Thread | None = None
         self._closed = False
         self._start_lock = threading.Lock()
@@ -331,6 +337,13 @@ class Client:
         if self._sender is not None:
             self._wake_sender.set()
             self._sender.join(timeout=5)
+        if self._durable_sender is not None:
+            self._wake_durable.set()
+            self._durable_sender.join(timeout=5)
+            with self._out_lock:
+                left, self._durable_box = self._durable_box, []
+            if left:  # set aside by the flush above, after the durable sender's last look
+                self._send_batch(left, self._durable_retry)
         self.table.fail_all(Cancelled("the client was closed before the answer came"))
         self.broker.close()
 
@@ -408,10 +421,11 @@ class Client:
         if not self._base.cancel_call(call):
             return False
         with self._out_lock:
-            for i, outgoing in enumerate(self._outbox):
-                if outgoing[2] is call:
-                    del self._outbox[i]
-                    return True
+            for box in (self._outbox, self._durable_box):
+                for i, outgoing in enumerate(box):
+                    if outgoing[2] is call:
+                        del box[i]
+                        return True
         return call.entry_id is not None and self.broker.cancel(
             call.keys, call.keys.stream(call.batch_key, call.priority), call.entry_id, call.n
         )
@@ -434,21 +448,50 @@ class Client:
                     self._flushing = False
                     return
             try:
-                self._enqueue_retrying(batch)
-            except QueueServeError as e:
-                self._base.fail_batch(batch, e)
-            except Exception as e:
-                self._base.fail_send(batch, e)
+                batch = self._set_aside_durable(batch)
+                if batch:
+                    self._send_batch(batch, self._send_retry)
             except BaseException:
                 with self._out_lock:
                     self._flushing = False
                 raise
 
-    def _enqueue_retrying(self, batch: list[Outgoing]) -> None:
-        self._send_retry.run(
-            lambda: self._enqueue(batch), keep_going=lambda: not self._closed,
-            give_up_at=time.monotonic() + send_window(batch),
-        )
+    def _set_aside_durable(self, batch: list[Outgoing]) -> list[Outgoing]:
+        """``batch`` less the requests of durable servings, handed to the durable sender."""
+        durable = [o for o in batch if o[0].durable]
+        if not durable:
+            return batch
+        with self._out_lock:
+            self._durable_box += durable
+            if self._durable_sender is None:
+                self._durable_sender = threading.Thread(
+                    target=self._durable_loop, name=f"queueserve-send-durable-{self.client_id}",
+                    daemon=True,
+                )
+                self._durable_sender.start()
+        self._wake_durable.set()
+        return [o for o in batch if not o[0].durable]
+
+    def _durable_loop(self) -> None:
+        while not self._closed:
+            self._wake_durable.wait(1.0)
+            self._wake_durable.clear()
+            with self._out_lock:
+                batch, self._durable_box = self._durable_box, []
+            if batch:
+                self._send_batch(batch, self._durable_retry)
+
+    def _send_batch(self, batch: list[Outgoing], retry: Retry) -> None:
+        """Enqueue ``batch``, retrying transient failures; its callers get any error."""
+        try:
+            retry.run(
+                lambda: self._enqueue(batch), keep_going=lambda: not self._closed,
+                give_up_at=time.monotonic() + send_window(batch),
+            )
+        except QueueServeError as e:
+            self._base.fail_batch(batch, e)
+        except Exception as e:
+            self._base.fail_send(batch, e)
 
     def _enqueue(self, batch: list[Outgoing]) -> None:
         for group, keys, requests, max_queue, durable in enqueue_groups(batch):
