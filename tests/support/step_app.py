@@ -5,9 +5,10 @@ as ``tests.support.step_app:NAME``.
 expected outputs are ``expected(item)``), so any interleaving with other requests must give
 the same answer. Flags make one item misbehave: ``hold`` keeps it going until the serving's
 ``gate`` opens, ``fail_decode`` raises in the decode step that reaches output number K,
-``fail_prefill`` raises in prefill, ``fail_tokens`` in tokens(), and ``budget`` is what tokens()
-says it may generate. ``prompt`` adds a prompt whose state (a rolling hash) is
-computed one token at a time, resumable from the prefix cache, and mixed into the outputs.
+``fail_prefill`` raises in prefill, ``fail_tokens`` in tokens(), ``list_tokens`` makes
+prompt_tokens() return unhashable tokens, and ``budget`` is what tokens() says it may
+generate. ``prompt`` adds a prompt whose state (a rolling hash) is computed one token at a
+time, resumable from the prefix cache, and mixed into the outputs.
 """
 
 from __future__ import annotations
@@ -59,7 +60,9 @@ class Count(qs.StepServing):
             raise KeyError("no tokenizer entry for this item")
         return len(item.get("prompt", "")), item.get("budget", item["n"])
 
-    def prompt_tokens(self, item: dict[str, Any]) -> list[str] | None:
+    def prompt_tokens(self, item: dict[str, Any]) -> list[Any] | None:
+        if item.get("list_tokens"):  # a serving's bug: lists cannot key the prefix cache
+            return [[ch] for ch in item["prompt"]]
         return list(item["prompt"]) if item.get("prompt") else None
 
     def prefill(self, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -130,3 +133,4 @@ class Paced(Count):
 
 
 paced = Paced()
+

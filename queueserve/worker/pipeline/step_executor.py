@@ -156,7 +156,7 @@ class StepExecutor:
             departed = self.queue.departed
         gone = self._gone(watched)
         with runner.cond:
-            self.scheduler.limits = Limits.of(self.serving)  # run-time config changes
+            self._follow_config()
             rows, left = self._withdraw(gone)
             unmeasured = [w for w in self.queue.waiting if not w.measured]
         rows += self._measure(unmeasured)
@@ -181,6 +181,20 @@ class StepExecutor:
         if rows:
             runner.outbox.put(rows)
         return True
+
+    def _follow_config(self) -> None:
+        """Take up limits changed at run time (`queueserve config set NAME batch_size=N`
+        resizes the slots; caller holds cond). What waits was measured against the old ones:
+        a request larger than the new slots would never join, and everything behind it would
+        wait for ever. So what the reader would now split is split, and everything waiting is
+        measured again: what can never fit now gets BadRequest (``_measure``)."""
+        limits = Limits.of(self.serving)
+        if limits == self.scheduler.limits:
+            return
+        self.scheduler.limits = limits
+        self.queue.refit()
+        for w in self.queue.waiting:
+            w.budget = -1
 
     # -- leaving -------------------------------------------------------------------------------
     def _watched(self) -> set[str] | None:
@@ -251,54 +265,69 @@ class StepExecutor:
 
     # -- measuring and joining -----------------------------------------------------------------
     def _measure(self, waiting: list[Waiting]) -> list[Row]:
-        """Set each slice's budget and prompt size (outside the lock: serving code); a slice
-        whose items cannot be measured, or that can never fit, is answered and removed."""
+        """Set each slice's budget, prompt size and prompt tokens (outside the lock: serving
+        code); a slice whose items cannot be measured, or that can never fit, is answered
+        with BadRequest and removed."""
         rows: list[Row] = []
         bad: list[Waiting] = []
         limits = self.scheduler.limits
         for w in waiting:
             try:
-                budget = prompt = 0
-                for item in w.piece.items:
-                    try:
-                        p, g = self.serving.tokens(item)
-                    except Exception as e:  # the caller learns which of its calls failed
-                        raise ValueError(
-                            f"{type(self.serving).__name__}.tokens(item) failed for this item: "
-                            f"{type(e).__name__}: {e}"
-                        ) from None
-                    if not (isinstance(p, int) and isinstance(g, int)) or p < 0 or g < 0:
-                        raise ValueError(
-                            f"{type(self.serving).__name__}.tokens(item) returned {(p, g)!r}; "
-                            "return (prompt tokens, most generated tokens) as ints >= 0"
-                        )
-                    budget, prompt = budget + p + g, prompt + p
-            except Exception as e:
+                self._measure_one(w)
+                reason = too_large(w, limits)
+                if reason is not None:
+                    raise ValueError(reason)
+            except Exception as e:  # serving code, or what it returned: this request's error
                 rows.append((w.piece.request, w.piece.offset, w.slots, P.ERROR,
                              error_to_wire(e, P.ERR_BAD_REQUEST)))
-                bad.append(w)
-                continue
-            if self.cache is not None:
-                try:
-                    w.prompts = [self._prompt(item) for item in w.piece.items]
-                except Exception:
-                    log.warning("serving %s: prompt_tokens failed; prefilling without the "
-                                "cache", self.serving.name, exc_info=True)
-                    w.prompts = [() for _ in w.piece.items]
-            w.budget, w.prompt = budget, prompt
-            reason = too_large(w, limits)
-            if reason is not None:
-                rows.append((w.piece.request, w.piece.offset, w.slots, P.ERROR,
-                             error_to_wire(ValueError(reason), P.ERR_BAD_REQUEST)))
                 bad.append(w)
         if bad:
             with self.runner.cond:
                 self.queue.remove(bad)
         return rows
 
+    def _measure_one(self, w: Waiting) -> None:
+        """``tokens`` (and, with a prefix cache, ``prompt_tokens``) of each item of ``w``;
+        ValueError naming the method and the item's problem (the caller learns which of its
+        calls failed, and nothing the serving returned reaches the cache unchecked)."""
+        budget = prompt = 0
+        for item in w.piece.items:
+            got = self._serving_call("tokens", item)
+            if (not isinstance(got, tuple | list) or len(got) != 2
+                    or not all(isinstance(n, int) and n >= 0 for n in got)):
+                raise ValueError(
+                    f"{type(self.serving).__name__}.tokens(item) returned {_short(got)}; "
+                    "return (prompt tokens, most generated tokens) as ints >= 0"
+                )
+            budget, prompt = budget + got[0] + got[1], prompt + got[0]
+        if self.cache is not None:
+            w.prompts = [self._prompt(item) for item in w.piece.items]
+        w.budget, w.prompt = budget, prompt
+
+    def _serving_call(self, method: str, item: Any) -> Any:
+        try:
+            return getattr(self.serving, method)(item)
+        except Exception as e:
+            raise ValueError(
+                f"{type(self.serving).__name__}.{method}(item) failed for this item: "
+                f"{type(e).__name__}: {e}"
+            ) from None
+
     def _prompt(self, item: Any) -> tuple[Hashable, ...]:
-        tokens = self.serving.prompt_tokens(item)
-        return () if tokens is None else tuple(tokens)
+        """The item's prompt tokens as the cache's trie keys them: hashable, or ValueError."""
+        tokens = self._serving_call("prompt_tokens", item)
+        if tokens is None:
+            return ()
+        try:
+            key = tuple(tokens)
+            hash(key)  # every token, once: the trie's lookups and puts hash each of them
+        except Exception as e:
+            raise ValueError(
+                f"{type(self.serving).__name__}.prompt_tokens(item) returned "
+                f"{_short(tokens)}, which cannot key the prefix cache ({type(e).__name__}: "
+                f"{e}); return a sequence of hashable tokens (ints, strs, tuples), or None"
+            ) from None
+        return key
 
     def _cached_tokens(self, w: Waiting) -> int:
         assert self.cache is not None and w.prompts is not None
@@ -548,6 +577,11 @@ class _Tally:
             self.generated, self.prefill_seconds, self.decode_seconds, self.cache_hits,
             self.cache_misses, self.cache_saved_tokens, self.reading,
         )
+
+
+def _short(value: Any, most: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= most else text[:most] + "..."
 
 
 def _event(request: Request, body: list[Any]) -> Row:

@@ -132,6 +132,19 @@ class StepQueue:
             self._append(Waiting(key, head, now))
         self._append(Waiting(key, piece, now))
 
+    def refit(self) -> None:
+        """Split what ``add`` would split at the current capacity (it shrank at run time):
+        waiting raw requests larger than the slots run in parts, in their place in line."""
+        if not any(w.slots > self.capacity and not w.piece.request.no_split
+                   for w in self.waiting):
+            return
+        old, self.waiting, self.buffered = self.waiting, deque(), 0
+        for w in old:
+            if w.slots > self.capacity and not w.piece.request.no_split:
+                self.add(w.key, w.piece, w.arrived)
+            else:
+                self._append(w)
+
     def _append(self, waiting: Waiting) -> None:
         self.waiting.append(waiting)
         self.buffered += waiting.slots
@@ -157,7 +170,8 @@ def too_large(w: Waiting, limits: Limits) -> str | None:
     """Why ``w`` can never join (even an empty running set), or None."""
     if w.slots > limits.max_slots:
         return (f"the request has {w.slots} items, more than max_slots={limits.max_slots} of "
-                "this step serving; send at most max_slots items per request")
+                "this step serving (its batch_size, which `queueserve config set` changes at "
+                "run time); send at most max_slots items per request")
     if w.budget > limits.max_batch_tokens:
         return (f"the request needs {w.budget} tokens (prompt + most generated), more than "
                 f"max_batch_tokens={limits.max_batch_tokens}; shorten it or raise "
