@@ -49,18 +49,43 @@ class Batch(list[Any]):
         self.prepared = prepared
 
 
+# Upper bounds of the options, so that a value written by anyone (run-time config in Redis,
+# docs/operations.md) can never overflow what is computed from it: read counts sent to Redis
+# (exact integers in Lua up to 2**53), Condition.wait timeouts, TTLs in ms. Each is far
+# beyond any useful setting: batch_size counts cost units too (tokens, pixels).
+MAX_BATCH_SIZE = 10**9
+MAX_QUEUE = 10**12
+MAX_DELIVERIES = 1000
+# Redis refuses a bulk string over 512 MiB (proto-max-bulk-len); a payload cannot be larger.
+MAX_PAYLOAD_BYTES = 512 * 1024 * 1024
+MAX_BATCH_TIMEOUT_S = 3600.0
+MAX_KEY_IDLE_TTL_S = 366 * 86400.0
+
+
 def _check_batch_size(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"batch_size must be an int >= 1, got {value!r} ({type(value).__name__})")
-    if value < 1:
-        raise ValueError(f"batch_size must be an int >= 1, got {value}")
+    if not 1 <= value <= MAX_BATCH_SIZE:
+        raise ValueError(f"batch_size must be an int from 1 to {MAX_BATCH_SIZE}, got {value}")
     return value
 
 
-def _check_positive(name: str, value: object) -> int:
+def _check_positive(name: str, value: object, ceiling: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    if ceiling is not None and value > ceiling:
+        raise ValueError(f"{name} must be an int from 1 to {ceiling}, got {value!r}")
     return value
+
+
+def _check_duration(what: str, value: str | float | int, ceiling: float) -> float:
+    """``parse_duration`` of ``value``, finite and at most ``ceiling`` seconds."""
+    seconds = parse_duration(value, what=what)
+    if not seconds <= ceiling:  # also inf: 400 digits parse as float('inf')
+        raise ValueError(
+            f"{what} must be a duration from 0 to {ceiling:.0f}s, got {value!r:.60}"
+        )
+    return seconds
 
 
 # Redis refuses a bulk string over 512 MiB (proto-max-bulk-len); stay well under it.
@@ -78,8 +103,10 @@ def _check_reply_bytes(value: object) -> int:
 
 
 def _check_max_queue(value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"max_queue must be an int >= 0 (0 = unlimited), got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_QUEUE:
+        raise ValueError(
+            f"max_queue must be an int from 0 (unlimited) to {MAX_QUEUE}, got {value!r}"
+        )
     return value
 
 
@@ -178,8 +205,9 @@ class Serving:
         Keys("qs", resolved)  # validates the name
         self.name = resolved
         self.batch_size = _check_batch_size(cls.batch_size if batch_size is None else batch_size)
-        self.batch_timeout = parse_duration(
-            cls.batch_timeout if batch_timeout is None else batch_timeout, what="batch_timeout"
+        self.batch_timeout = _check_duration(
+            "batch_timeout", cls.batch_timeout if batch_timeout is None else batch_timeout,
+            MAX_BATCH_TIMEOUT_S,
         )
         # Given as arguments they shadow the class's; a subclass's own cost()/batch_key()
         # methods are found through the class, so nothing bound is stored on the instance.
@@ -200,18 +228,21 @@ class Serving:
         if self.on_error not in ("isolate", "fail"):
             raise ValueError(f"on_error must be 'isolate' or 'fail', got {self.on_error!r}")
         self.max_deliveries = _check_positive(
-            "max_deliveries", cls.max_deliveries if max_deliveries is None else max_deliveries
+            "max_deliveries", cls.max_deliveries if max_deliveries is None else max_deliveries,
+            MAX_DELIVERIES,
         )
         self.max_payload_bytes = _check_positive(
             "max_payload_bytes",
             cls.max_payload_bytes if max_payload_bytes is None else max_payload_bytes,
+            MAX_PAYLOAD_BYTES,
         )
         self.max_reply_bytes = _check_reply_bytes(
             cls.max_reply_bytes if max_reply_bytes is None else max_reply_bytes
         )
         # 0 = never forget; a forgotten key comes back with its next request
-        self.key_idle_ttl = parse_duration(
-            cls.key_idle_ttl if key_idle_ttl is None else key_idle_ttl, what="key_idle_ttl"
+        self.key_idle_ttl = _check_duration(
+            "key_idle_ttl", cls.key_idle_ttl if key_idle_ttl is None else key_idle_ttl,
+            MAX_KEY_IDLE_TTL_S,
         )
         self.shards = check_shards(cls.shards if shards is None else shards)
         self.durable = cls.durable if durable is None else durable

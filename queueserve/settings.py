@@ -7,13 +7,15 @@ silently dropped: ``Settings(**options)`` rejects names it does not know.
 from __future__ import annotations
 
 import math
+import re
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from queueserve._durations import parse_duration
-from queueserve.broker.urls import redact_url
+from queueserve.broker.urls import has_unencoded_userinfo, redact_url
 
+_PREFIX = re.compile(r"[A-Za-z0-9_.\-]+")
 REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster", "redis+sentinel",
                  "rediss+sentinel")
 
@@ -29,7 +31,6 @@ class Settings(BaseSettings):
     )
     prefix: str = Field(
         default="qs",
-        pattern=r"^[A-Za-z0-9_.\-]+$",
         description="Namespace of every key queueserve writes; env QUEUESERVE_PREFIX.",
     )
     default_timeout: float | None = Field(
@@ -42,6 +43,11 @@ class Settings(BaseSettings):
     @classmethod
     def _redis_url(cls, value: str) -> str:
         return check_redis_url(value)
+
+    @field_validator("prefix")
+    @classmethod
+    def _prefix(cls, value: str) -> str:
+        return check_prefix(value)
 
     @field_validator("default_timeout", mode="before")
     @classmethod
@@ -74,6 +80,19 @@ def check_timeout(timeout: object, *, what: str = "timeout") -> float | None:
     return float(timeout)
 
 
+def check_prefix(prefix: object) -> str:
+    """``prefix`` when it is a key namespace (letters, digits, '_', '.', '-'); else a
+    ValueError. The same check for QUEUESERVE_PREFIX, ``--prefix``, ``Client(prefix=)`` and
+    ``Worker(prefix=)``: a ':' or a brace would let keys of one prefix name another's, or
+    break the hash tags that keep a serving's keys in one cluster slot."""
+    if not isinstance(prefix, str) or _PREFIX.fullmatch(prefix) is None:
+        raise ValueError(
+            f"prefix {prefix!r:.80} is not a key namespace: use only letters, digits, '_', '.' "
+            "or '-' (for example 'qs' or 'shop-prod')"
+        )
+    return prefix
+
+
 def check_redis_url(url: str) -> str:
     """``url`` when redis-py can use it; else a ValueError saying what a Redis URL looks like."""
     scheme = url.partition("://")[0].lower() if "://" in url else ""
@@ -82,5 +101,12 @@ def check_redis_url(url: str) -> str:
             f"{redact_url(url)!r} is not a Redis URL: it must start with redis://, rediss://, "
             "unix://, redis+cluster:// or redis+sentinel:// (for example "
             "redis://localhost:6379/0); pass --redis-url or set QUEUESERVE_REDIS_URL"
+        )
+    if has_unencoded_userinfo(url):
+        raise ValueError(
+            f"the Redis URL {redact_url(url)!r} has a password or user name holding '/', '?' "
+            "or '#' as it is, which ends the address early (the rest would be read as a path "
+            "or a query, and shown in logs): percent-encode the password, '/' as %2F, '?' as "
+            "%3F, '#' as %23 (urllib.parse.quote(password, safe=''))"
         )
     return url

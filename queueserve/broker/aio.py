@@ -228,4 +228,4 @@ class AsyncRedisBroker:
 
     async def meta(self, keys: Keys) -> dict[str, str]:
         with redis_errors(self.url):
-            return texts(await self.redis.hgetall(keys.meta))
+            return texts(await self.redis.hgetall(keys.meta), "replace")

@@ -27,7 +27,6 @@ from queueserve.broker.common import (
     inbox_command,
     inbox_messages,
     load_script,
-    names,
     not_replicated_message,
     pubsub_data,
     since_ms,
@@ -446,7 +445,7 @@ class RedisBroker:
 
     def meta(self, keys: Keys) -> dict[str, str]:
         with redis_errors(self.url):
-            return texts(self.redis.hgetall(keys.meta))
+            return texts(self.redis.hgetall(keys.meta), "replace")
 
     # -- consumers --------------------------------------------------------------------------
     def ensure_group(self, stream: str) -> None:
@@ -556,7 +555,7 @@ class RedisBroker:
     def active_streams(self, keys: Keys) -> list[str]:
         """Streams read from lately: the only ones that may hold pending entries."""
         with redis_errors(self.url):
-            return names(cast(list[bytes], self.redis.zrange(keys.active, 0, -1)))
+            return [text(s) for s in cast(list[bytes], self.redis.zrange(keys.active, 0, -1))]
 
     def pending_by_stream(self, streams: Sequence[str]) -> dict[str, list[tuple[str, int]]]:
         """Per stream, the consumers holding unacked entries and how many: one round trip."""
@@ -726,7 +725,7 @@ class RedisBroker:
     def alive_consumers(self, keys: Keys, within: float) -> set[str]:
         with redis_errors(self.url):
             raw = self.redis.zrangebyscore(keys.workers, since_ms(within), "+inf")
-        return set(names(cast(list[bytes], raw)))
+        return {text(c) for c in cast(list[bytes], raw)}
 
     def pending_consumers(self, stream: str) -> list[tuple[str, int]]:
         """Consumers of ``stream`` holding unacked entries, with how many. A group lost with
@@ -859,9 +858,10 @@ class RedisBroker:
         names = set()
         with redis_errors(self.url):
             for key in self.redis.scan_iter(match=f"{prefix}:{{*}}:meta", count=500):
-                name = text(key)
+                name = text(key, "replace")
                 names.add(name[name.index("{") + 1 : name.rindex("}")])
-        return sorted(names)
+        # S#i: the meta hash of a shard (names never hold '#'), where workers confirm `shards`
+        return sorted(name for name in names if "#" not in name)
 
     def key_stats(self, keys: Keys) -> list[KeyStats]:
         """Per known batch key: items queued, entries waiting and pending, the oldest entry's
@@ -901,15 +901,22 @@ class RedisBroker:
 
     def shards(self, keys: Keys) -> list[Keys]:
         """Every shard of a serving, shard 0 first, as its workers declared (``shards`` in its
-        meta hash; shard 0 alone when none did, or when the field is not a valid count)."""
+        meta hash, confirmed by the last shard's; shard 0 alone when none did, or when the
+        field is not a valid count)."""
         with redis_errors(self.url):
             raw = self.redis.hget(keys.meta, "shards")
         try:
             count = check_shards(int(text(raw))) if raw else 1
         except ValueError:
-            log.warning("serving %s: ignored shards=%r in its meta hash", keys.name, raw)
-            count = 1
-        return keys.sharded(count)
+            count = 0
+        if count > 1:
+            with redis_errors(self.url):
+                confirmed = self.redis.hget(keys.last_shard(count).meta, "shards") == raw
+            count = count if confirmed else 0
+        if count == 0:
+            log.warning("serving %s: ignored shards=%r in its meta hash (not a count its "
+                        "workers declared)", keys.name, raw)
+        return keys.sharded(max(1, count))
 
     def summed_key_stats(self, shards: Sequence[Keys]) -> list[KeyStats]:
         """``key_stats`` of every shard, summed per batch key (ages: the oldest, last seen:
@@ -1003,7 +1010,7 @@ class RedisBroker:
 
     def config(self, keys: Keys) -> dict[str, str]:
         with redis_errors(self.url):
-            return texts(self.redis.hgetall(keys.config))
+            return texts(self.redis.hgetall(keys.config), "replace")
 
     def set_config(self, keys: Keys, options: Mapping[str, Any]) -> None:
         """Store run-time overrides, and show them in the declared options at once."""

@@ -331,7 +331,9 @@ class AsyncClient:
         if target is not None:
             return target
         keys = self._base.meta_keys(serving)
-        return self._base.remember(serving, await self.broker.meta(keys) if keys else {})
+        meta = await self.broker.meta(keys) if keys else {}
+        last = self._base.last_shard(keys, meta)  # confirms a count of shards over 1
+        return self._base.remember(serving, meta, await self.broker.meta(last) if last else None)
 
     async def timeout_text(self, target: Target, timeout: float | None) -> str:
         return ClientBase.timeout_message(target, timeout, await self._alive(target))

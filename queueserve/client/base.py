@@ -25,10 +25,11 @@ from queueserve.client.progress import Progress, ProgressCallback, total_of
 from queueserve.errors import BadRequest, Cancelled, QueueFull, QueueServeError, RedisUnavailable
 from queueserve.hooks import Event
 from queueserve.serving import Serving
-from queueserve.settings import Settings, check_redis_url, check_timeout
+from queueserve.settings import Settings, check_prefix, check_redis_url, check_timeout
 from queueserve.wire import protocol as P
 from queueserve.wire.codec import Codec, get_codec
 from queueserve.wire.messages import encode_request
+from queueserve.wire.options import parse_declared
 from queueserve.wire.timing import ALIVE_WITHIN_S, RECONNECT_WITHIN_S
 
 log = logging.getLogger("queueserve.client")
@@ -177,7 +178,7 @@ class ClientBase:
         # to Redis, and decoding pickle runs code.
         self.trusted_codec = None if codec is None else get_codec(codec).name
         self.url = check_redis_url(url or settings.redis_url)
-        self.prefix = prefix or settings.prefix
+        self.prefix = check_prefix(prefix) if prefix else settings.prefix
         self.default_timeout = settings.default_timeout
         self.unserved = UnservedWatch(self.url, self.prefix)
         self.client_id = uuid.uuid4().hex[:16]
@@ -314,8 +315,18 @@ class ClientBase:
     def cached(self, serving: ServingRef) -> Target | None:
         return self._targets.get(serving) if isinstance(serving, str) else None
 
-    def remember(self, serving: ServingRef, meta: dict[str, str]) -> Target:
-        """The target for ``serving``, given the options its workers declared (maybe none)."""
+    def last_shard(self, keys: P.Keys | None, meta: dict[str, str]) -> P.Keys | None:
+        """When ``meta`` claims more than one shard, the keys of the last one: workers declare
+        the count there too, and ``remember`` needs that hash (``confirmation``) to trust it."""
+        count = _claimed_shards(meta)
+        return None if keys is None or count <= 1 else keys.last_shard(count)
+
+    def remember(
+        self, serving: ServingRef, meta: dict[str, str],
+        confirmation: dict[str, str] | None = None,
+    ) -> Target:
+        """The target for ``serving``, given the options its workers declared (maybe none)
+        and, for a count of shards over 1, the last shard's meta hash (``last_shard``)."""
         target = self._target_for(serving, meta.get("codec"))
         if target.serving is not None:
             target.batch_size = target.serving.batch_size
@@ -323,11 +334,13 @@ class ClientBase:
             target.durable = target.serving.durable
             target.spread = self._spread(target.keys, target.serving.shards)
         elif meta:
-            target.max_payload_bytes = int(meta.get("max_payload_bytes") or 0) or None
-            target.batch_size = int(meta.get("batch_size") or 0) or None
-            target.hooks = meta.get("streaming") == "True"
-            target.durable = meta.get("durable") == "True"
-            target.spread = self._spread(target.keys, _shards_of(meta))
+            declared = parse_declared(meta, target.keys)
+            target.max_payload_bytes = declared.get("max_payload_bytes")
+            target.batch_size = declared.get("batch_size")
+            target.hooks = declared.get("streaming", False)
+            target.durable = declared.get("durable", False)
+            target.spread = self._spread(target.keys, _confirmed_shards(
+                target.keys, declared.get("shards", 1), confirmation or {}))
         if isinstance(serving, str) and "codec" in meta:
             self._targets[serving] = target
         self.table.accept(target.codec)
@@ -439,14 +452,33 @@ class ClientBase:
         )
 
 
-def _shards_of(meta: dict[str, str]) -> int:
-    """The shard count workers declared; 1 when absent (workers that predate shards) or not
-    a valid count (the meta hash is input from whoever can write to Redis)."""
+def _claimed_shards(meta: dict[str, str]) -> int:
+    """The shard count ``meta`` claims, unchecked but for being one (``remember`` logs a bad
+    one); 1 when it claims none."""
     try:
         return P.check_shards(int(meta.get("shards") or 1))
     except ValueError:
-        log.warning("ignored a serving meta hash with shards=%r", meta.get("shards"))
         return 1
+
+
+def _confirmed_shards(keys: P.Keys, count: int, confirmation: dict[str, str]) -> int:
+    """``count`` when the last shard's meta hash says the same; else 1, with a warning.
+
+    A count that no worker declared would send requests to shards no worker reads, where
+    they wait for ever; one write to shard 0's meta hash (a stray HSET, a script, a test
+    against the wrong Redis) would be enough. Workers declare the count on their last shard
+    too (ServingRunner.start), and a client sends to the shards only when both agree: shard 0
+    alone is always safe, as every worker reads it.
+    """
+    if count <= 1 or confirmation.get("shards") == str(count):
+        return count
+    log.warning(
+        "serving %s: its meta hash %s says shards=%d, but the last shard's (%s) says %r, so "
+        "no worker declared it; sending to shard 0 only (restart a worker of the serving to "
+        "declare its shards again)", keys.name, keys.meta, count, keys.last_shard(count).meta,
+        confirmation.get("shards"),
+    )
+    return 1
 
 
 Outgoing = tuple[Target, str, Call, bytes, bytes]  # target, batch key, call, header, payload

@@ -359,7 +359,9 @@ class Client:
         if target is not None:
             return target
         keys = self._base.meta_keys(serving)
-        return self._base.remember(serving, self.broker.meta(keys) if keys else {})
+        meta = self.broker.meta(keys) if keys else {}
+        last = self._base.last_shard(keys, meta)  # confirms a count of shards over 1
+        return self._base.remember(serving, meta, self.broker.meta(last) if last else None)
 
     def timeout_text(self, target: Target, timeout: float | None) -> str:
         return ClientBase.timeout_message(target, timeout, self._alive(target))

@@ -20,13 +20,13 @@ from queueserve.errors import QueueServeError
 from queueserve.ops.deadletter import DeadLetters
 from queueserve.ops.stats import stats_command
 from queueserve.serving import Serving
-from queueserve.settings import Settings, check_redis_url
+from queueserve.settings import Settings, check_prefix, check_redis_url
+from queueserve.wire.options import OPTIONS, parse_assignments
 from queueserve.wire.protocol import Keys
 from queueserve.wire.timing import ALIVE_WITHIN_S
 from queueserve.worker.loading import ServingNotFound, load_servings
 from queueserve.worker.metrics import DEFAULT_HOST as DEFAULT_METRICS_HOST
 from queueserve.worker.metrics import KEY_LABELS as METRICS_KEY_LABELS
-from queueserve.worker.runtime_config import OPTIONS, parse_assignments
 from queueserve.worker.worker import EXIT_ERROR, EXIT_OK, EXIT_USAGE, Worker
 
 log = logging.getLogger("queueserve.cli")
@@ -345,6 +345,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.redis_url is not None:
             check_redis_url(args.redis_url)
+        if getattr(args, "prefix", None):
+            check_prefix(args.prefix)
         Settings()  # a bad QUEUESERVE_* variable is a usage error, said before anything starts
     except ValidationError as e:
         print(f"queueserve: {_settings_problem(e)}", file=sys.stderr)

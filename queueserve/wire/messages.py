@@ -1,12 +1,19 @@
-"""Messages on the wire that both sides build or read: request headers and errors.
+"""Messages on the wire that both sides build or read: request headers, errors and cancels.
 
 A request entry's header is a msgpack list (``protocol.WIRE_VERSION``, request id, item count,
 reply inbox, deadline in unix ms, codec name[, events channel]); its payload is the items,
 encoded by the request's codec. An error travels as [remote type, message, traceback, kind].
+
+A cancel (``cancel.lua`` publishes it on ``P:{S}:cancel``) is ``stream + "\\n" + entry id``.
+The stream's name holds a batch key, which may hold anything, newlines too; the entry id is
+digits and one '-'. So the message is split at its *last* newline: that is unambiguous
+whatever the key holds, and the format stays the one every version of the worker and the
+client writes.
 """
 
 from __future__ import annotations
 
+import re
 import traceback
 from typing import Any
 
@@ -66,3 +73,18 @@ def pack_members(fields: dict[bytes, bytes]) -> list[dict[bytes, bytes]]:
             )
         out.append({b"h": member[0], b"p": member[1], b"a": member[2]})
     return out
+
+
+_ENTRY_ID = re.compile(rb"[0-9]{1,20}-[0-9]{1,20}")
+
+
+def parse_cancel(message: bytes) -> tuple[str, bytes] | None:
+    """(stream, entry id) of a cancel message; None when it is not one (anyone may publish
+    on the channel: junk is ignored, never raised)."""
+    stream, sep, entry_id = message.rpartition(b"\n")
+    if not sep or _ENTRY_ID.fullmatch(entry_id) is None:
+        return None
+    try:
+        return stream.decode(), entry_id
+    except UnicodeDecodeError:
+        return None

@@ -5,7 +5,8 @@ key). Every key of one serving shard shares one hash tag, so a shard lives in on
 slot and the Lua scripts below may touch all of its keys atomically. A serving with ``shards=N``
 has N tags: ``{S}`` for shard 0 (the layout of an unsharded serving) and ``{S#i}`` or
 ``{S#i.k}`` for shard i (``shard_tags``: chosen to spread the shards evenly over the slots),
-each with the keys below; ``meta``, ``config`` and ``workers`` are read from shard 0 only::
+each with the keys below; ``meta``, ``config`` and ``workers`` are read from shard 0 only
+(the last shard's ``meta`` holds ``shards`` alone: clients trust a count both declare)::
 
     P:{S}:in:K        stream   requests of priority 0 (fields h, p, a); consumer group "qs"
     P:{S}:pN:K        stream   requests of priority N (1..9), same fields and group
@@ -160,20 +161,25 @@ def shard_tags(serving: str, shards: int) -> tuple[str, ...]:
     serving's name. (Plain ``S#i`` tags land on random slots: 3 shards would share a master
     most of the time.) A pure function of the name and count: every client and worker agrees.
     """
-    base = key_slot(serving)
-    tags = [serving]
-    for i in range(1, shards):
-        target = (base + round(i * CLUSTER_SLOTS / shards)) % CLUSTER_SLOTS
-        best, best_gap = f"{serving}#{i}", CLUSTER_SLOTS
-        for k in range(_TAG_SEARCH_LIMIT):  # about 16384 tries (a few ms), found every time
-            tag = f"{serving}#{i}" if k == 0 else f"{serving}#{i}.{k}"
-            gap = abs(key_slot(tag) - target)
-            if gap < best_gap:
-                best, best_gap = tag, gap
-                if gap == 0:
-                    break
-        tags.append(best)
-    return tuple(tags)
+    return (serving, *(shard_tag(serving, shards, i) for i in range(1, shards)))
+
+
+@functools.lru_cache(maxsize=1024)
+def shard_tag(serving: str, shards: int, i: int) -> str:
+    """Shard i's tag alone (``shard_tags``): a client checking a declared shard count needs
+    only the last one, a few ms, not all of them (seconds for MAX_SHARDS)."""
+    if i == 0:
+        return serving
+    target = (key_slot(serving) + round(i * CLUSTER_SLOTS / shards)) % CLUSTER_SLOTS
+    best, best_gap = f"{serving}#{i}", CLUSTER_SLOTS
+    for k in range(_TAG_SEARCH_LIMIT):  # about 16384 tries (a few ms), found every time
+        tag = f"{serving}#{i}" if k == 0 else f"{serving}#{i}.{k}"
+        gap = abs(key_slot(tag) - target)
+        if gap < best_gap:
+            best, best_gap = tag, gap
+            if gap == 0:
+                break
+    return best
 
 
 class Keys:
@@ -237,6 +243,11 @@ class Keys:
         for keys in found:
             self._shards.setdefault(keys._tag, keys)
         return [self._shards[k._tag] for k in found]
+
+    def last_shard(self, shards: int) -> Keys:
+        """The keys of the last of ``shards`` shards alone (only its tag is computed), where
+        workers confirm the count they declared."""
+        return Keys(self.prefix, self.name, shards - 1, shard_tag(self.name, shards, shards - 1))
 
     def shard_of(self, stream: str) -> Keys:
         """The keys of the shard ``stream`` belongs to (this one, or one made by ``sharded``);

@@ -23,8 +23,14 @@ from queueserve.broker.retry import RedisFailure, Retry
 from queueserve.broker.sync import RedisBroker
 from queueserve.broker.urls import redact_url
 from queueserve.errors import RedisUnavailable
-from queueserve.serving import Partition, Serving, _check_batch_size
-from queueserve.settings import Settings, check_redis_url
+from queueserve.serving import (
+    MAX_BATCH_TIMEOUT_S,
+    Partition,
+    Serving,
+    _check_batch_size,
+    _check_duration,
+)
+from queueserve.settings import Settings, check_prefix, check_redis_url
 from queueserve.wire.protocol import Keys
 from queueserve.wire.timing import HEARTBEAT_TTL_MS
 from queueserve.worker.loading import load_servings
@@ -151,10 +157,10 @@ class Worker:
             self.redis_source = "the default: pass --redis-url or set QUEUESERVE_REDIS_URL"
         self.config = WorkerConfig(
             redis_url=check_redis_url(redis_url or settings.redis_url),
-            prefix=prefix or settings.prefix,
+            prefix=check_prefix(prefix) if prefix else settings.prefix,
             batch_size=batch_size,
             batch_timeout=None if batch_timeout is None
-            else parse_duration(batch_timeout, what="batch_timeout"),
+            else _check_duration("batch_timeout", batch_timeout, MAX_BATCH_TIMEOUT_S),
             batch_keys=tuple(batch_keys),
             max_concurrent_batches=max_concurrent_batches,
             shutdown_timeout=parse_duration(shutdown_timeout, what="shutdown_timeout"),

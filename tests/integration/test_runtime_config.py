@@ -13,7 +13,7 @@ import pytest
 import redis
 
 import queueserve as qs
-from queueserve.worker.runtime_config import parse_assignments
+from queueserve.wire.options import parse_assignments
 from tests.support.helpers import REPO, child_env, wait_until
 
 
@@ -78,7 +78,8 @@ def test_config_set_changes_batch_size_of_a_running_worker(
 def test_config_set_rejects_unknown_and_invalid_options(redis_url: str, prefix: str) -> None:
     for bad, message in (
         ("colour=blue", "cannot be changed at run time"),
-        ("batch_size=0", "batch_size must be an int >= 1"),
+        ("batch_size=0", "batch_size must be an int from 1 to"),
+        ("batch_timeout=10000000000", "batch_timeout must be a duration from 0 to 3600s"),
         ("batch_size=abc", "batch_size must be an integer"),
         ("batch_timeout=-1", "is not a duration"),
         ("batch_size", "is not option=value"),

@@ -63,7 +63,12 @@ def test_every_call_with_the_serving_object_shares_one_spread() -> None:
     serving = qs.Serving(noop, name="shared", shards=3)
     first, second = base.remember(serving, {}), base.remember(serving, {})
     assert first is not second and first.spread is second.spread
-    # a serving named by a caller and told its shard count by the workers
-    named = base.remember("named", {"codec": "msgpack", "shards": "2"})
+    # a serving named by a caller and told its shard count by the workers (on shard 0 and,
+    # to confirm it, on the last shard)
+    meta = {"codec": "msgpack", "shards": "2"}
+    last = base.last_shard(base.keys_of("named"), meta)
+    assert last is not None and last.shard == 1
+    assert base.remember("unconfirmed", meta, {}).shards[1:] == []
+    named = base.remember("named", meta, {"shards": "2"})
     assert sorted(k.shard for _ in range(2) for k in named.place([1])) == [0, 1]
     assert named.spread is not None and named.spread.sent == [1, 1]

@@ -22,7 +22,10 @@
 -- [[header, payload, items], ...]), up to pack_items items each, so Redis and the workers
 -- handle one entry for them all. Requests of one pack share its entry id. A pack holds at
 -- most MAX_PACK_REQUESTS requests (protocol.py; workers dead-letter a bigger one unread).
-local limit = tonumber(redis.call('HGET', KEYS[3], 'max_queue') or ARGV[1])
+-- Anyone may write the meta hash: a max_queue that is no count (not a number, NaN, negative,
+-- past 10^12, the bound of qs.Serving) counts as not declared.
+local limit = tonumber(redis.call('HGET', KEYS[3], 'max_queue') or '')
+if not (limit and limit >= 0 and limit <= 1e12) then limit = tonumber(ARGV[1]) end
 local pack_items = tonumber(redis.call('HGET', KEYS[3], 'pack_items') or '0') or 0
 local MAX_PACK_REQUESTS = 1024  -- protocol.MAX_PACK_REQUESTS (tests/faults/test_pack_limits.py)
 local queued = tonumber(redis.call('GET', KEYS[1]) or '0')

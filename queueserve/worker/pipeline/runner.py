@@ -40,6 +40,8 @@ from queueserve.serving import Partition, Serving
 from queueserve.steps import StepServing
 from queueserve.wire import protocol as P
 from queueserve.wire.codec import get_codec
+from queueserve.wire.messages import parse_cancel
+from queueserve.wire.options import parse_overrides
 from queueserve.wire.timing import FORGET_EVERY_S, RECLAIM_EVERY_S
 from queueserve.worker.middleware import Middleware
 from queueserve.worker.pipeline.batching import Assembler, Slice, TakenBatch
@@ -50,7 +52,7 @@ from queueserve.worker.pipeline.replies import ReplyQueue, compose
 from queueserve.worker.pipeline.stages import Outgoing, Reply, Stages
 from queueserve.worker.pipeline.step_executor import StepExecutor
 from queueserve.worker.pipeline.stepping import StepQueue
-from queueserve.worker.runtime_config import apply_overrides, parse_overrides
+from queueserve.worker.runtime_config import apply_overrides
 from queueserve.worker.watchdog import run_guarded
 
 log = logging.getLogger(__name__)
@@ -67,6 +69,7 @@ READ_BLOCK_MS = 100  # longest wait on the wake stream when nothing is ready
 # take it (see _lend_or_wait), before blocking itself so that arrivals are read ahead.
 LEND_WAIT_S = 0.002
 FULL_WAIT_S = 0.002  # nothing readable but keys whose batch is full: look again this soon
+RECENT_CANCELS = 10_000  # cancels of entries not held kept at most (junk floods the channel)
 _EXPIRED = ["Timeout", "the request's deadline passed before its batch ran", "", P.ERR_TIMEOUT]
 
 
@@ -120,6 +123,7 @@ class ServingRunner:
         # requests must run (cancel.lua does not announce their cancels; forged ones land here)
         self.packs: set[Ref] = set()
         self.recent_cancels: dict[Ref, float] = {}  # cancels of entries not (yet) held
+        self._junk_cancel_seen = False
         self._declared_keys = tuple(dict.fromkeys(("default", *batch_keys)))
         self._reading = True
         self._read_ended = False  # set by the reader as it ends: nothing more comes in
@@ -152,6 +156,8 @@ class ServingRunner:
     def start(self) -> None:
         self._apply_config()
         self.broker.declare(self.keys, self.serving.options())
+        if len(self.shards) > 1:  # clients trust the count once it is here too (Keys.last_shard)
+            self.broker.declare(self.shards[-1], {"shards": len(self.shards)})
         self.broker.adopt_legacy_keys(self.keys)
         for keys in self.shards:
             for key in self._declared_keys:  # so anyone may XADD to a declared key's stream
@@ -238,18 +244,39 @@ class ServingRunner:
             self._cancels.close()
 
     def _on_cancel(self, message: bytes) -> None:
-        stream, _, entry_id = message.partition(b"\n")
-        ref = (stream.decode(), entry_id)
+        ref = parse_cancel(message)
+        if ref is None or not self._is_own_stream(ref[0]):
+            if not self._junk_cancel_seen:  # anyone may publish here: say so once
+                self._junk_cancel_seen = True
+                log.warning("serving %s: ignored a message on %s that is not a cancel of one "
+                            "of its streams: %r", self.serving.name, self.keys.cancel,
+                            message[:200])
+            return
         with self.cond:
             if ref in self.packs:
                 return
             if ref in self.held:
                 self.cancelled.add(ref)
             else:  # maybe read but not yet recorded as held: _take_in looks here
-                now = time.monotonic()
-                self.recent_cancels[ref] = now
-                for old in [r for r, t in self.recent_cancels.items() if t < now - 60]:
-                    del self.recent_cancels[old]
+                self._remember_cancel(ref)
+
+    def _is_own_stream(self, stream: str) -> bool:
+        try:
+            self.keys.parse_stream(stream)
+        except ValueError:
+            return False
+        return True
+
+    def _remember_cancel(self, ref: Ref) -> None:
+        """Keep a cancel for an entry not (yet) held for a minute, and at most
+        RECENT_CANCELS of them (caller holds self.cond); oldest first, so pruning stops at
+        the first one young enough."""
+        now = time.monotonic()
+        recent = self.recent_cancels
+        recent.pop(ref, None)
+        recent[ref] = now
+        while len(recent) > RECENT_CANCELS or next(iter(recent.values())) < now - 60:
+            del recent[next(iter(recent))]
 
     # -- reader ------------------------------------------------------------------------------
     def _read_loop(self, keys: P.Keys) -> None:
@@ -326,7 +353,7 @@ class ServingRunner:
             return
         self._config_seen = raw
         with self.cond:
-            changed = apply_overrides(self.serving, parse_overrides(raw))
+            changed = apply_overrides(self.serving, parse_overrides(raw, self.keys))
             self.assembler.capacity = self.serving.batch_size
             self.assembler.timeout = self.serving.batch_timeout
             self.cond.notify_all()
