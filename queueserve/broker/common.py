@@ -5,8 +5,9 @@ No I/O here; each broker sends the commands these build and hands the replies ba
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from importlib import resources
 from typing import Any
 
@@ -52,6 +53,16 @@ class HiredisPacker:
 
 def text(value: bytes | str, errors: str = "strict") -> str:
     return value.decode(errors=errors) if isinstance(value, bytes) else value
+
+
+def names(raw: Iterable[bytes]) -> list[str]:
+    """Members of a sorted set anyone may write that can be names queueserve wrote (stream or
+    consumer names, UTF-8): one that is not UTF-8 is nobody's, and is skipped, not fatal."""
+    out = []
+    for value in raw:
+        with contextlib.suppress(UnicodeDecodeError):
+            out.append(value.decode())
+    return out
 
 
 def load_script(name: str) -> str:

@@ -27,6 +27,7 @@ from queueserve.broker.common import (
     inbox_command,
     inbox_messages,
     load_script,
+    names,
     not_replicated_message,
     pubsub_data,
     since_ms,
@@ -555,7 +556,7 @@ class RedisBroker:
     def active_streams(self, keys: Keys) -> list[str]:
         """Streams read from lately: the only ones that may hold pending entries."""
         with redis_errors(self.url):
-            return [text(s) for s in cast(list[bytes], self.redis.zrange(keys.active, 0, -1))]
+            return names(cast(list[bytes], self.redis.zrange(keys.active, 0, -1)))
 
     def pending_by_stream(self, streams: Sequence[str]) -> dict[str, list[tuple[str, int]]]:
         """Per stream, the consumers holding unacked entries and how many: one round trip."""
@@ -725,7 +726,7 @@ class RedisBroker:
     def alive_consumers(self, keys: Keys, within: float) -> set[str]:
         with redis_errors(self.url):
             raw = self.redis.zrangebyscore(keys.workers, since_ms(within), "+inf")
-        return {text(c) for c in cast(list[bytes], raw)}
+        return set(names(cast(list[bytes], raw)))
 
     def pending_consumers(self, stream: str) -> list[tuple[str, int]]:
         """Consumers of ``stream`` holding unacked entries, with how many. A group lost with

@@ -52,7 +52,9 @@ while budget > 0 do
     local priority = tonumber(string.sub(member, 1, 1))
     local key = string.sub(member, 2)
     local want = math.min(per_key - (taken[key] or 0), budget)
-    if full[key] then
+    if not priority then  -- not a mark enqueue.lua or sweep.lua wrote (anyone may ZADD): drop it
+      drained[#drained + 1] = member
+    elseif full[key] then
       out[2] = out[2] + 1
     elseif want > 0 then
       local stream
@@ -61,11 +63,14 @@ while budget > 0 do
       while items < want do
         local got = redis.pcall('XREADGROUP', 'GROUP', group, consumer, 'COUNT', count,
                                 'STREAMS', stream, '>')
-        if type(got) == 'table' and got.err then  -- the group (or stream) is gone: make it again
-          redis.pcall('XGROUP', 'CREATE', stream, group, '0', 'MKSTREAM')
-          got = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', count,
-                           'STREAMS', stream, '>')
+        if type(got) == 'table' and got.err then  -- the group is gone: make it again
+          redis.pcall('XGROUP', 'CREATE', stream, group, '0')
+          got = redis.pcall('XREADGROUP', 'GROUP', group, consumer, 'COUNT', count,
+                            'STREAMS', stream, '>')
         end
+        -- No such stream, or a key of another type under its name: nothing to read there,
+        -- and its mark goes (one bad key must not stop the reads of every other)
+        if type(got) == 'table' and got.err then got = nil end
         local batch = got and got[1] and got[1][2] or {}
         for _, entry in ipairs(batch) do
           entries[#entries + 1] = entry

@@ -1,0 +1,76 @@
+"""Breaks the fuzzer (tests/faults/test_fuzz.py) found, each pinned by a test of its own against
+a real worker and Redis (docs/guarantees.md, "Redis inputs")."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import msgpack
+import redis
+
+import queueserve as qs
+from queueserve.wire import protocol as P
+from tests.support.fault_app import RawInbox, header
+from tests.support.helpers import wait_until
+
+StartWorker = Callable[..., qs.Worker]
+WAIT_S = 60.0
+
+
+def echo(name: str) -> qs.Serving:
+    return qs.Serving(lambda xs: list(xs), name=name, batch_size=8, batch_timeout=0)
+
+
+def test_junk_ready_marks_and_a_stream_of_another_type_do_not_stop_a_servings_reads(
+    start_worker: StartWorker, client: qs.Client, redis_client: redis.Redis, prefix: str,
+) -> None:
+    # Given a serving, and marks in its ready set that enqueue.lua never writes (no priority
+    # digit, no stream, a stream name holding a string), ranked before every real one
+    serving = echo("rdy")
+    start_worker(serving)
+    assert client.dispatch(serving, "before", timeout=WAIT_S) == "before"
+    keys = P.Keys(prefix, "rdy")
+    redis_client.set(keys.stream("wt", 3), "a string where a stream belongs")
+    junk = [b"x", b"", b"0nosuch", b"3wt", b"\xff\xfe"]
+    redis_client.zadd(keys.ready, dict.fromkeys(junk, -1e18))
+
+    # When requests come, then they are read and answered (read.lua failed on the first junk
+    # mark, for ever: the serving stopped), and the junk marks are gone
+    assert [client.dispatch(serving, i, timeout=WAIT_S) for i in range(5)] == list(range(5))
+    wait_until(lambda: not set(redis_client.zrange(keys.ready, 0, -1)) & set(junk),
+               "the junk marks dropped")
+    assert redis_client.get(keys.stream("wt", 3)) == b"a string where a stream belongs"
+
+
+def _held_by_a_dead_consumer(r: redis.Redis, stream: bytes | str, fields: dict[str, Any]) -> None:
+    """An entry that consumer "gone" read and never acked (it died), in a stream the worker
+    watches for such entries (the active set)."""
+    r.xgroup_create(stream, P.GROUP, id="0", mkstream=True)
+    r.xadd(stream, fields)
+    r.xreadgroup(P.GROUP, "gone", {stream: ">"}, count=1)
+
+
+def test_names_that_are_not_utf8_in_the_active_and_workers_sets_are_skipped(
+    start_worker: StartWorker, redis_client: redis.Redis, prefix: str,
+) -> None:
+    # Given a worker, a request held by a consumer that died, and members of the active and
+    # workers sets that are not UTF-8 (names queueserve never writes; anyone may ZADD them)
+    worker = start_worker(echo("utf"))
+    keys = P.Keys(prefix, "utf")
+    inbox = RawInbox(redis_client, prefix)
+    stream = keys.stream("held")
+    _held_by_a_dead_consumer(redis_client, stream, {
+        "h": header(7, 1, inbox.key), "p": bytes(msgpack.packb(["x"]))})
+    junk_stream = keys.stream("held").encode() + b"\xff"
+    _held_by_a_dead_consumer(redis_client, junk_stream, {"h": b"junk"})
+    now_ms = int(time.time() * 1000)
+    redis_client.zadd(keys.workers, {b"\xfe-ghost": now_ms + 10**9})
+    redis_client.zadd(keys.active, {stream: now_ms, junk_stream: now_ms})
+
+    # When reclaim looks at them, then the dead consumer's request is reclaimed and answered
+    # (the reader thread died decoding the names: nothing was reclaimed any more)
+    wait_until(lambda: inbox.answered([7]), "the reclaimed request's answer")
+    assert inbox.error_kind(7) is None
+    assert worker._host is not None and worker._host.alive()
