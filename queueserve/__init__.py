@@ -20,7 +20,7 @@ from queueserve.errors import (
     RemoteError,
     Timeout,
 )
-from queueserve.hooks import END, NO_OUTPUT, Hook, Output, emit
+from queueserve.hooks import END, NO_OUTPUT, Hook, Output, Restart, emit
 from queueserve.serving import Batch, Partition, Serving, serving
 from queueserve.settings import Settings
 from queueserve.steps import Resume, StepServing, step_serving
@@ -41,6 +41,7 @@ __all__ = [  # noqa: RUF022 - grouped by use, as the docs present them
     "NO_OUTPUT",
     "Hook",
     "Output",
+    "Restart",
     "emit",
     # producing
     "AsyncClient",

@@ -7,7 +7,8 @@ place to end that item (``qs.NO_OUTPUT`` there: nothing from that item this step
 installs the running batch's sink (``running``) around the batch function; inline runs install
 none, so ``emit`` there reaches nobody.
 
-A caller receives ``Hook`` and ``Output`` events, in the order the worker produced them.
+A caller receives ``Hook`` and ``Output`` events, in the order the worker produced them, and a
+``Restart`` when a request's run was replaced by a replay.
 """
 
 from __future__ import annotations
@@ -40,7 +41,19 @@ class Output:
     size: int
 
 
-Event = Hook | Output
+@dataclass(frozen=True, slots=True)
+class Restart:
+    """The request of this caller's items ``start:start+size`` runs again from its first step:
+    the worker running it died (or stalled) mid-stream and another took it over. Discard what
+    was streamed for those items; the events that follow are the new run's, and the answer
+    is the one they lead to. A run with sampling need not repeat what the aborted run said,
+    so a stream never splices two runs (docs/streaming.md, Replays)."""
+
+    start: int
+    size: int
+
+
+Event = Hook | Output | Restart
 
 
 class _End:

@@ -42,6 +42,7 @@ class Call:
         "remaining",
         "results",
         "rid",
+        "run",
         "state",
     )
 
@@ -67,6 +68,7 @@ class Call:
         self.on_event: Callable[[int, list[Any]], None] | None = None  # streamed requests
         self.kind = P.RESULTS  # of the last slice applied (STEPS: a generator's answer)
         self.events_total = 0  # events published before the answer (streamed requests)
+        self.run = 0  # the run that answered: 0 its first, else a replay's token (events.py)
         # Made only when a caller waits before the answer came: most calls of a window of
         # submits are answered before their caller looks, and need none.
         self._waiter: threading.Lock | None = None
@@ -171,6 +173,8 @@ class CallTable:
                 call.kind = kind
             if events_total:
                 call.events_total = max(call.events_total, events_total[0])
+                if len(events_total) > 1 and type(events_total[1]) is int:
+                    call.run = events_total[1]
             call.apply(offset, values)
             if call.remaining == 0:
                 del calls[rid]
@@ -212,18 +216,33 @@ class CallTable:
 
 
 def _event_problem(event: list[Any], n: int) -> str | None:
-    """What is wrong with ``[rid, seq, *body]`` for a request of ``n`` items, if anything:
-    ``["h", name, payload, start, size]`` or ``["o", kind, values, first, count]``."""
-    ok = len(event) == 7 and type(event[1]) is int and event[1] >= 0
-    if ok and event[2] == "h":
-        ok = type(event[3]) is str and type(event[5]) is int and type(event[6]) is int
-    elif ok and event[2] == "o":
-        values, first, count = event[4:]
-        ok = (type(values) is list and type(first) is int and type(count) is int
-              and len(values) == count and first >= 0 and first + count <= n)
-    else:
-        ok = False
-    return None if ok else f"malformed event for request {event[0]}: {event!r:.200}"
+    """What is wrong with ``[rid, seq, *body]`` for a request of ``n`` items, if anything."""
+    if len(event) >= 3 and type(event[1]) is int and event[1] >= 0 and _body_ok(event[2:], n):
+        return None
+    return f"malformed event for request {event[0]}: {event!r:.200}"
+
+
+def _body_ok(body: list[Any], n: int) -> bool:
+    """``["h", name, payload, start, size]`` or ``["o", kind, values, first, count]``, each
+    followed by its run when a replay sent it, or a replay's ``["r", run]`` (events.py)."""
+    kind = body[0]
+    if kind == "r":
+        return len(body) == 2 and _is_run(body[1])
+    if len(body) == 6 and _is_run(body[5]):
+        body = body[:5]
+    if len(body) != 5:
+        return False
+    if kind == "h":
+        return type(body[1]) is str and type(body[3]) is int and type(body[4]) is int
+    if kind == "o":
+        values, first, count = body[2:]
+        return (type(values) is list and type(first) is int and type(count) is int
+                and len(values) == count and first >= 0 and first + count <= n)
+    return False
+
+
+def _is_run(value: Any) -> bool:
+    return type(value) is int and value > 0
 
 
 def deadline_after(timeout: float | None) -> float | None:

@@ -50,8 +50,9 @@ Pack entry (several requests in one entry; enqueue.lua writes them once workers 
        it into such entries (split.lua) instead of running it.
 
 Reply (one list element for one client and one batch): a codec tag byte followed by the codec's
-encoding of ``[[request_id, offset, count, kind, body(, events_total)], ...]`` (events_total:
-for streamed requests, how many events were published before this reply), where kind is
+encoding of ``[[request_id, offset, count, kind, body(, events_total(, run))], ...]``
+(events_total: for streamed requests, how many events were published before this reply; run:
+a replay's token, see Event), where kind is
     RESULTS  body is a list of ``count`` results
     BATCHED  body is an array/tensor, or a dict of them, whose first axis has ``count`` rows
     ERROR    body is [remote_type, message, traceback, error_kind] for all ``count`` items
@@ -60,6 +61,9 @@ for streamed requests, how many events were published before this reply), where 
 Event (published on ``P:events:C``): codec tag + encoding of ``[request_id, seq, *body]`` where
 body is ``["h", hook, payload, start, size]`` (start/size: the caller's items in the batch) or
 ``["o", RESULTS, values, offset, count]`` (a generator step for items offset:offset+count).
+A replay (a request run again after its worker died or stalled) starts with ``["r", run]``, run
+an int > 0 of its own, and appends run to each of its bodies; the caller's stream follows one
+run at a time (client/events.py).
 The events one step or batch makes for one client go in one message: codec tag + encoding of
 the list of them, ``[[request_id, seq, *body], ...]`` (clients tell the two forms apart by
 the first element: an int, or a list). Clients older than that form drop such messages (the

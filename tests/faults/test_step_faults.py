@@ -5,14 +5,19 @@ under a waiting request, and a replay of a sampling generation that restarts a c
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
+import redis
 
 import queueserve as qs
 from tests.support.callers import Caller
+from tests.support.fault_app import WorkerProc, serving_consumer
 from tests.support.helpers import REPO, WAIT_S, child_env, wait_until
 from tests.support.step_app import Count, expected
 
@@ -88,3 +93,54 @@ def test_slots_shrunk_under_a_waiting_request_split_or_refuse_it_and_the_line_mo
     assert small.result(WAIT_S) == [expected({"n": 1, "base": 7})]
     held.join()
 
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("fault", ["SIGKILL", "SIGSTOP"])
+@pytest.mark.parametrize("spec", ["sampled", "sampled_result", "sampled_batch"])
+def test_a_replayed_sampling_generation_restarts_the_stream_which_adds_up_to_the_answer(
+    redis_url: str, prefix: str, client: qs.Client, redis_client: redis.Redis, tmp_path: Path,
+    fault: str, spec: str,
+) -> None:
+    # Given two workers serving a sampling step serving (each run of a request says
+    # something else; or a generator batch serving that samples), and a caller streaming a
+    # long generation
+    workers = [
+        WorkerProc([f"tests.support.step_app:{spec}", "--redis-url", redis_url, "--prefix",
+                    prefix, "--partitions", "1"], redis_url, prefix, tmp_path / f"w{i}.log")
+        for i in range(2)
+    ]
+    name = spec.replace("_", "-")
+    try:
+        for w in workers:
+            serving_consumer(redis_client, prefix, name, w)
+        caller = Caller(client, name, [{"n": 60}], timeout=120)
+        for _ in range(5):
+            caller.next_event()
+        # When the partition generating it is SIGKILLed, or SIGSTOPped until another
+        # partition runs the request again and then let go on with its own run
+        pid = int(redis_client.get(f"{prefix}:steps:pid") or 0)
+        victim = next(w for w in workers if pid in w.partition_pids())
+        if fault == "SIGKILL":
+            victim.kill_partition(pid)
+        else:
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                wait_until(lambda: int(redis_client.get(f"{prefix}:steps:pid") or 0) != pid,
+                           "another partition to run the request again")
+            finally:
+                os.kill(pid, signal.SIGCONT)
+        events = caller.join()
+        # Then the caller was told to discard what the aborted run had streamed, and what it
+        # kept is one run's steps, the run whose answer it got
+        assert any(isinstance(e, qs.Restart) for e in events), events
+        kept = caller.outputs()
+        if spec != "sampled_result":  # the answer is the steps
+            seed = kept[0].split(":")[0]
+            assert kept == [f"{seed}:{i}" for i in range(60)], kept
+        else:  # the answer is the final Output
+            *steps, answer = kept
+            assert steps == answer["outputs"][:len(steps)], (steps, answer)
+            assert answer["outputs"] == [f"{answer['seed']}:{i}" for i in range(60)]
+    finally:
+        for w in workers:
+            w.kill_group()

@@ -21,13 +21,14 @@ class Caller:
         self, client: qs.Client, serving: qs.Serving | str, items: list[Any], *,
         stop_after: int | None = None, **options: Any,
     ) -> None:
-        self.received: list[qs.Hook | qs.Output] = []
+        self.received: list[qs.Hook | qs.Output | qs.Restart] = []
         self.error: BaseException | None = None
         self.finished = threading.Event()
-        self._events: queue.Queue[qs.Hook | qs.Output] = queue.Queue()
+        self._events: queue.Queue[qs.Hook | qs.Output | qs.Restart] = queue.Queue()
         options.setdefault("timeout", 60)
         self._stream = cast(
-            Generator[qs.Hook | qs.Output, None, None], client.stream(serving, items, **options)
+            Generator[qs.Hook | qs.Output | qs.Restart, None, None],
+            client.stream(serving, items, **options),
         )
         self._stop_after = stop_after
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -46,7 +47,7 @@ class Caller:
             self._stream.close()  # what a `break` out of a for loop does, done at once
             self.finished.set()
 
-    def next_event(self) -> qs.Hook | qs.Output:
+    def next_event(self) -> qs.Hook | qs.Output | qs.Restart:
         try:
             return self._events.get(timeout=WAIT_S)
         except queue.Empty:
@@ -57,7 +58,7 @@ class Caller:
     def has_pending_event(self) -> bool:
         return not self._events.empty()
 
-    def join(self) -> list[qs.Hook | qs.Output]:
+    def join(self) -> list[qs.Hook | qs.Output | qs.Restart]:
         """All events, once the stream ended; re-raises what the stream raised."""
         assert self.finished.wait(WAIT_S), f"stream never ended; got {self.received}"
         self._thread.join(WAIT_S)
@@ -66,5 +67,12 @@ class Caller:
         return self.received
 
     def outputs(self) -> list[Any]:
-        """Every output value received, in order (one item per request)."""
-        return [v for e in self.received if isinstance(e, qs.Output) for v in e.results]
+        """Every output value received, in order (one item per request), less what a
+        ``qs.Restart`` said to discard, as a caller must."""
+        kept: list[tuple[int, Any]] = []  # (the item's position, value)
+        for e in self.received:
+            if isinstance(e, qs.Restart):
+                kept = [(i, v) for i, v in kept if not e.start <= i < e.start + e.size]
+            elif isinstance(e, qs.Output):
+                kept += [(e.start + k, v) for k, v in enumerate(e.results)]
+        return [v for _, v in kept]

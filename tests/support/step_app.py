@@ -8,14 +8,18 @@ the same answer. Flags make one item misbehave: ``hold`` keeps it going until th
 ``fail_prefill`` raises in prefill, ``fail_tokens`` in tokens(), ``list_tokens`` makes
 prompt_tokens() return unhashable tokens, and ``budget`` is what tokens() says it may
 generate. ``prompt`` adds a prompt whose state (a rolling hash) is computed one token at a
-time, resumable from the prefix cache, and mixed into the outputs.
+time, resumable from the prefix cache, and mixed into the outputs. ``Sampled`` is not
+deterministic: each run of a request says something else (a sampling decoder);
+``SampledBatch`` is the same as a generator batch serving.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import redis
@@ -134,3 +138,59 @@ class Paced(Count):
 
 paced = Paced()
 
+
+class Sampled(Paced):
+    """Paced, and sampling: each run of a request draws a seed of its own (as a decoder that
+    samples with a generator the request does not seed), and every output names the run that
+    made it, ``"<seed>:<step>"``: two runs of one request never agree."""
+
+    name = "sampled"
+
+    def prefill_from(
+        self, items: list[dict[str, Any]], resumes: list[qs.Resume]
+    ) -> list[dict[str, Any]]:
+        states = super().prefill_from(items, resumes)
+        for state in states:
+            state["seed"] = secrets.randbits(32)
+        return states
+
+    def decode(self, states: list[dict[str, Any]]) -> list[Any]:
+        out = super().decode(states)  # each state's "i" is now one past this step's
+        return [o if o is qs.END else f"{s['seed']}:{s['i'] - 1}"
+                for s, o in zip(states, out, strict=True)]
+
+
+class SampledResult(Sampled):
+    """Sampled with an answer of its own (a final Output, not the steps): the run's seed and
+    its outputs."""
+
+    name = "sampled-result"
+
+    def result(self, state: dict[str, Any], outputs: list[Any]) -> Any:
+        return {"seed": state["seed"], "outputs": outputs}
+
+
+class SampledBatch(qs.Serving):
+    """A generator *batch* serving that samples like ``Sampled``: item ``{"n": N}`` yields
+    ``"<seed>:<step>"`` for N paced steps, a seed drawn per run; records its pid as Paced."""
+
+    name = "sampled-batch"
+    batch_size = 4
+    batch_timeout = 0.0
+
+    def handle_batch(self, batch: qs.Batch) -> Iterator[list[Any]]:
+        seeds = [secrets.randbits(32) for _ in batch]
+        r = redis.Redis.from_url(os.environ["QS_TEST_URL"], socket_timeout=5.0)
+        try:
+            for k in range(max(item["n"] for item in batch)):
+                r.set(f"{os.environ['QS_TEST_PREFIX']}:steps:pid", os.getpid())
+                time.sleep(Paced.step_s)
+                yield [f"{seed}:{k}" if k < item["n"] else qs.END
+                       for seed, item in zip(seeds, batch, strict=True)]
+        finally:
+            r.close()
+
+
+sampled = Sampled()
+sampled_result = SampledResult()
+sampled_batch = SampledBatch()

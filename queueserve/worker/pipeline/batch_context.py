@@ -6,7 +6,8 @@ callers' items are in the batch. Events are
 not sent from the executor: they go to the replier in order, which publishes them on each
 caller's pub/sub channel before it writes the durable replies of the same batch. Each event of
 a request carries a sequence number, and its durable reply the count of events sent before it,
-so the caller can order events across partitions and notice lost ones.
+so the caller can order events across partitions and notice lost ones; a replay's events follow
+a restart marker (``event_rows``).
 
 A generator batch function yields steps: one entry per item of the batch (a list, or an
 array/tensor whose first axis is the batch). ``qs.END`` in an item's place ends that item,
@@ -17,6 +18,7 @@ Each item's result is the list of its step values.
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -58,7 +60,7 @@ class BatchContext:
         rows: list[Row] = []
         for start, s in self._positions():
             if s.request.events and id(s.request) not in self.finished:
-                rows.append(_event(s.request, ["h", name, payload, start, len(s.items)]))
+                rows += event_rows(s.request, ["h", name, payload, start, len(s.items)])
         if rows:
             self.sink(rows)
 
@@ -106,7 +108,7 @@ class BatchContext:
                 values[run_start + i].append(v)
             if request.events:
                 first = s.offset + run_start - start
-                rows.append(_event(request, ["o", P.RESULTS, run, first, len(run)]))
+                rows += event_rows(request, ["o", P.RESULTS, run, first, len(run)])
         for i in range(start, end):
             ended[i] = ended[i] or items[i] is END
         if all(ended[start:end]):
@@ -135,7 +137,24 @@ def _active_runs(
         yield run_start, run
 
 
-def _event(request: Request, body: list[Any]) -> Row:
+def event_rows(request: Request, body: list[Any]) -> list[Row]:
+    """The rows that publish event ``body`` of ``request``. The first event of a replay (a
+    request redelivered after its worker died or stalled) goes after a restart marker: another
+    run may have streamed to the caller already, and with sampling this one need not say the
+    same. The marker tells the caller to discard that and to follow this run's events, which
+    carry a token of its own, as its answer does (client/events.py): a caller never sees two
+    runs spliced, and what it keeps adds up to the answer it gets."""
+    rows = []
+    if request.redelivered and not request.run:
+        request.run = secrets.randbits(62) + 1  # not `random`: a serving may seed that
+        rows.append(_numbered(request, ["r", request.run]))
+    if request.run:
+        body.append(request.run)
+    rows.append(_numbered(request, body))
+    return rows
+
+
+def _numbered(request: Request, body: list[Any]) -> Row:
     seq = request.events_sent
     request.events_sent += 1
     return (request, seq, 0, P.EVENT, body)

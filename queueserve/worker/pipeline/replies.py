@@ -109,7 +109,7 @@ def compose(rows: list[Row], codec: Codec, max_bytes: int) -> Outgoing:
                 errors[body[3]] += count
             row = [request.rid, offset, count, kind, body]
             if request.events:
-                row.append(request.events_sent)
+                row += request.stream_tail()
             messages[request.reply_to].append(row)
         request.remaining -= count
         if request.remaining <= 0:

@@ -39,6 +39,7 @@ from queueserve.wire import protocol as P
 from queueserve.wire.messages import error_to_wire
 from queueserve.wire.timing import CALLER_CHECK_EVERY_S
 from queueserve.worker.middleware import Middleware
+from queueserve.worker.pipeline.batch_context import event_rows
 from queueserve.worker.pipeline.batching import Request
 from queueserve.worker.pipeline.execute import Row, _free_device_memory, is_out_of_memory
 from queueserve.worker.pipeline.prefix_cache import PrefixCache
@@ -479,7 +480,7 @@ class StepExecutor:
                 if len(m.states) == 1:  # most requests: one item, one value or none
                     out = outcomes[k]
                     if not isinstance(out, _Failed) and out is not END and out is not NO_OUTPUT:
-                        rows.append(_event(m.request, ["o", P.RESULTS, [out], m.offset, 1]))
+                        rows += event_rows(m.request, ["o", P.RESULTS, [out], m.offset, 1])
                 else:
                     rows += self._member_events(m, seqs[k:end], outcomes[k:end])
             k = end
@@ -493,8 +494,8 @@ class StepExecutor:
         for (_, i), out in zip(seqs, outcomes, strict=True):
             if not isinstance(out, _Failed) and out is not END and out is not NO_OUTPUT:
                 values[i], present[i] = out, True
-        return [_event(m.request, ["o", P.RESULTS, run, m.offset + start, len(run)])
-                for start, run in split_runs(values, present)]
+        return [row for start, run in split_runs(values, present)
+                for row in event_rows(m.request, ["o", P.RESULTS, run, m.offset + start, len(run)])]
 
     def _finish(self, m: Member) -> list[Row]:
         """The answer of a slice whose items all ended: runs of results, and the errors."""
@@ -582,9 +583,3 @@ class _Tally:
 def _short(value: Any, most: int = 80) -> str:
     text = repr(value)
     return text if len(text) <= most else text[:most] + "..."
-
-
-def _event(request: Request, body: list[Any]) -> Row:
-    seq = request.events_sent
-    request.events_sent += 1
-    return (request, seq, 0, P.EVENT, body)
