@@ -227,12 +227,20 @@ def _streams_with_work(
     return found
 
 
-def _read_outcome(out: list[Any]) -> ReadOutcome:
-    entries = [
-        (text(out[i]), [(e[0], _fields(e[1])) for e in out[i + 1]])
-        for i in range(4, len(out), 2)
-    ]
-    return ReadOutcome(out[0], int(out[1]), bool(out[2]), int(out[3]), entries)
+Unnamed = list[tuple[bytes, StreamEntries]]
+
+
+def _read_outcome(out: list[Any]) -> tuple[ReadOutcome, Unnamed]:
+    """read.lua's reply, and apart the entries of streams whose names are not UTF-8."""
+    entries: list[tuple[str, StreamEntries]] = []
+    unnamed: Unnamed = []
+    for i in range(4, len(out), 2):
+        read = [(e[0], _fields(e[1])) for e in out[i + 1]]
+        try:
+            entries.append((text(out[i]), read))
+        except UnicodeDecodeError:
+            unnamed.append((out[i], read))
+    return ReadOutcome(out[0], int(out[1]), bool(out[2]), int(out[3]), entries), unnamed
 
 
 @dataclass(slots=True)
@@ -479,7 +487,7 @@ class RedisBroker:
         keys_, args = self._read_arguments(keys, consumer, budget, per_key, full)
         with redis_errors(self.url):
             out = self._evalsha(self._read, keys_, args)
-        return _read_outcome(out)
+        return self._outcome(keys, out)
 
     def wait_then_read(self, keys: Keys, read: WakeRead) -> ReadOutcome:
         """Block until a stream of the serving becomes ready after wake id ``read.after`` (or
@@ -519,7 +527,31 @@ class RedisBroker:
         elif isinstance(out, Exception):
             self._moved(keys.wake, out)
             raise out
-        return _read_outcome(out)
+        return self._outcome(keys, out)
+
+    def _outcome(self, keys: Keys, out: list[Any]) -> ReadOutcome:
+        """read.lua's reply. Entries of a stream whose name is not UTF-8 go to the dead-letter
+        stream, acked and deleted: no client writes such a batch key (anyone may XADD one),
+        and the worker could not name the stream to answer or ack them."""
+        outcome, unnamed = _read_outcome(out)
+        if not unnamed:
+            return outcome
+        reason = "the name of its stream is not UTF-8: no queueserve client writes such a key"
+        now_ms = int(time.time() * 1000)
+        with redis_errors(self.url):
+            pipe = self.redis.pipeline(transaction=False)
+            for stream, entries in unnamed:
+                for entry_id, fields in entries:
+                    record: dict[Any, Any] = {"stream": stream, "entry_id": entry_id,
+                                              "at_ms": now_ms, "reason": reason}
+                    record.update((b"field:" + name, value) for name, value in fields.items())
+                    pipe.xadd(keys.dead, record)
+                pipe.xack(stream, GROUP, *(e[0] for e in entries))
+                pipe.xdel(stream, *(e[0] for e in entries))
+            pipe.execute()
+        log.warning("serving %s: dead-lettered %d entries: %s", keys.name,
+                    sum(len(e) for _, e in unnamed), reason)
+        return outcome
 
     @staticmethod
     def _read_arguments(

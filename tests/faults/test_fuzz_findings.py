@@ -74,3 +74,25 @@ def test_names_that_are_not_utf8_in_the_active_and_workers_sets_are_skipped(
     wait_until(lambda: inbox.answered([7]), "the reclaimed request's answer")
     assert inbox.error_kind(7) is None
     assert worker._host is not None and worker._host.alive()
+
+
+def test_requests_in_a_stream_whose_name_is_not_utf8_are_dead_lettered_and_the_rest_served(
+    start_worker: StartWorker, client: qs.Client, redis_client: redis.Redis, prefix: str,
+) -> None:
+    # Given a serving, and a request in the stream of a batch key that is not UTF-8 (no
+    # client sends one; anyone may XADD it), marked ready as enqueue.lua would mark it
+    serving = echo("nonutf")
+    worker = start_worker(serving)
+    keys = P.Keys(prefix, "nonutf")
+    inbox = RawInbox(redis_client, prefix)
+    stream = keys.stream("").encode() + b"\xff\xfe"
+    redis_client.xadd(stream, {"h": header(5, 1, inbox.key), "p": bytes(msgpack.packb(["x"]))})
+    redis_client.zadd(keys.ready, {b"0\xff\xfe": -1e18})
+
+    # When requests come, then they are answered (the reader thread died decoding the
+    # stream's name, for ever: every restart read it again), and the entry is dead-lettered
+    assert [client.dispatch(serving, i, timeout=WAIT_S) for i in range(5)] == list(range(5))
+    (_, record), = wait_until(lambda: redis_client.xrange(keys.dead), "the dead letter")
+    assert record[b"stream"] == stream and b"not UTF-8" in record[b"reason"]
+    assert redis_client.xlen(stream) == 0
+    assert worker._host is not None and worker._host.alive()
