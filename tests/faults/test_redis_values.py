@@ -7,6 +7,7 @@ and no URL password breaks what it is joined into.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import subprocess
@@ -292,3 +293,22 @@ def test_a_cancel_listener_thread_of_a_worker_survives_a_flood_of_junk(
     assert len(runner.recent_cancels) == 10_000
     assert answered(client, serving) == REQUESTS
     assert threads_alive(worker)
+
+
+def test_a_forged_shard_count_does_not_stop_async_clients_either(
+    start_worker: StartWorker, redis_client: redis.Redis, redis_url: str, prefix: str,
+) -> None:
+    # Given a worker of one shard and a forged shard count in its meta hash
+    serving = Recording(name="aforged", batch_size=4, batch_timeout=0.005)
+    start_worker(serving)
+    meta = f"{prefix}:{{aforged}}:meta"
+    wait_until(lambda: redis_client.hget(meta, "codec"), "the worker to declare the serving")
+    redis_client.hset(meta, "shards", "64")
+
+    # When an AsyncClient names the serving, then every call is answered
+    async def main() -> list[object]:
+        async with qs.AsyncClient(redis_url, prefix=prefix) as client:
+            return list(await asyncio.gather(*(
+                client.dispatch("aforged", i, timeout=WAIT_S) for i in range(REQUESTS))))
+
+    assert asyncio.run(main()) == list(range(REQUESTS))
