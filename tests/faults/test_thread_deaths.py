@@ -18,6 +18,7 @@ import pytest
 import redis
 
 import queueserve as qs
+from queueserve.wire.protocol import Keys
 from queueserve.worker.watchdog import EXIT_THREAD_DIED
 from tests.support.fault_app import WorkerProc, serving_consumer
 from tests.support.helpers import WAIT_S, wait_until
@@ -32,6 +33,8 @@ from tests.support.step_app import expected
     # sends its own reply): that request is held by the dying partition
     ("plain", "reply", r"(replier|executor0)", 3, [6]),
     ("plain", "heartbeat", r"heartbeat", 3, [6]),
+    # the cancel listener dies on the next message of its channel
+    ("plain", "cancels", r"cancels", 3, [6]),
     # a step serving's executor dies with a request taken in
     ("steps", "stepper", r"stepper", {"n": 3}, [expected({"n": 3})]),
 ])
@@ -52,6 +55,8 @@ def test_a_thread_that_dies_of_a_bug_ends_its_partition_which_is_restarted_and_a
         # When the thread dies of a bug (for the reply and the stepper, on a request's way)
         redis_client.set(f"{prefix}:break", 1)
         held = client.submit(serving, [item], timeout=60)
+        if broken == "cancels":
+            redis_client.publish(Keys(prefix, serving).cancel, b"any message")
         # Then the partition says so, CRITICAL with the traceback, and exits with the
         # documented code; the supervisor starts a new one, which answers what the dead one
         # held, and serves on

@@ -30,6 +30,7 @@ TARGETS: dict[str, tuple[type, str]] = {
     "reader": (ServingRunner, "_housekeeping"),
     "reply": (ServingRunner, "_send"),  # the replier's, or an idle executor's own reply
     "heartbeat": (PartitionHost, "_beat"),
+    "cancels": (ServingRunner, "_on_cancel"),  # on each message of the cancel channel
     "stepper": (StepExecutor, "_cycle"),
 }
 
