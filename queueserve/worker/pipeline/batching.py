@@ -214,34 +214,19 @@ class Assembler:
         taken: list[Slice] = []
         levels = queue.levels
         unix_now = now + self.unix_offset
-        while levels and room > 0:
-            priority = self._next_level(queue, unix_now) if len(levels) > 1 else next(
-                iter(levels))
+        more = True
+        while more and levels and room > 0:
+            # One level (the common case): take what fits. Several: one slice at a time, the
+            # levels ranked again after each.
+            several = len(levels) > 1
+            priority = self._next_level(queue, unix_now) if several else next(iter(levels))
             slices = levels[priority]
-            head = slices[0]
-            if head.request.alone and taken:
-                break  # it runs in the next batch, by itself
-            weight = head.weight
-            if weight <= room:
-                slices.popleft()
-                if not slices:
-                    del levels[priority]
-                taken.append(head)
-                room -= weight
+            count = len(taken)
+            room, more = _take_run(slices, room, taken, several)
+            if len(taken) > count:
                 queue.served[priority] = unix_now
-                if head.request.alone:
-                    break
-                continue
-            if head.request.no_split:
-                break
-            first, rest = head.split(room)
-            if not first.items:
-                break
-            slices[0] = rest
-            taken.append(first)
-            room -= first.weight
-            queue.served[priority] = unix_now
-            break
+            if not slices:
+                del levels[priority]
         opened = queue.started
         taken_weight = self.capacity - room
         queue.weight = max(0.0, queue.weight - taken_weight)
@@ -267,6 +252,38 @@ class Assembler:
             if rank < best_rank or (rank == best_rank and priority > best):
                 best, best_rank = priority, rank
         return best
+
+
+def _take_run(
+    slices: deque[Slice], room: float, taken: list[Slice], one: bool
+) -> tuple[float, bool]:
+    """Move slices from the front of one level's run into ``taken`` while they fit in
+    ``room``, splitting one that does not (``one``: its head only). Returns the room left and
+    whether the batch may take more: not after a request that runs alone, a split, or a
+    request that must run whole and does not fit."""
+    while slices and room > 0:
+        head = slices[0]
+        if head.request.alone and taken:
+            return room, False  # it runs in the next batch, by itself
+        weight = head.weight
+        if weight <= room:
+            slices.popleft()
+            taken.append(head)
+            room -= weight
+            if head.request.alone:
+                return room, False
+            if one:
+                return room, True
+            continue
+        if head.request.no_split:
+            return room, False
+        first, rest = head.split(room)
+        if not first.items:
+            return room, False
+        slices[0] = rest
+        taken.append(first)
+        return room - first.weight, False
+    return room, True
 
 
 def _enqueued(request: Request, default: float) -> float:
