@@ -27,6 +27,8 @@ from queueserve.serving import (
 from queueserve.wire.protocol import Keys, check_shards
 
 log = logging.getLogger(__name__)
+_REPORTED: set[tuple[str, str, str]] = set()  # (hash, field, value) already logged
+_REPORTED_MAX = 1000
 
 Parser = Callable[[str], Any]
 
@@ -114,8 +116,14 @@ def _read(
 
 
 def _refused(serving: str, where: str, name: str, text: str, why: str) -> None:
-    # Workers read the config hash only when it changed, clients a meta hash once: a stored
-    # value is reported about once per reader, not once a second.
+    # Once per process and value: a client re-reads a meta hash no worker declared yet on
+    # every call, and one bad value must not log a line per call.
+    seen = (where, name[:60], text[:80])
+    if seen in _REPORTED:
+        return
+    if len(_REPORTED) >= _REPORTED_MAX:  # many distinct junk values: forget, report again
+        _REPORTED.clear()
+    _REPORTED.add(seen)
     log.warning(
         "serving %s: ignored %s=%r in %s: %s; remove it (HDEL) or set it with `queueserve "
         "config set`", serving, name[:60], text[:80], where, why,

@@ -19,7 +19,8 @@ import pytest
 import redis
 
 import queueserve as qs
-from queueserve.wire.options import parse_assignments
+from queueserve.wire.options import parse_assignments, parse_declared
+from queueserve.wire.protocol import Keys
 from tests.support.helpers import REPO, child_env, stream_key, wait_until
 from tests.support.servings import Recording
 
@@ -312,3 +313,15 @@ def test_a_forged_shard_count_does_not_stop_async_clients_either(
                 client.dispatch("aforged", i, timeout=WAIT_S) for i in range(REQUESTS))))
 
     assert asyncio.run(main()) == list(range(REQUESTS))
+
+
+def test_a_refused_value_is_logged_once_however_often_it_is_read(
+    prefix: str, caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A client reads the meta hash of a serving no worker declared yet on every call
+    keys = Keys(prefix, "often")
+    with caplog.at_level(logging.WARNING, logger="queueserve"):
+        for _ in range(100):
+            assert parse_declared({"max_payload_bytes": "abc", "batch_size": "8"}, keys) == {
+                "batch_size": 8}
+    assert sum("ignored" in r.getMessage() for r in caplog.records) == 1
