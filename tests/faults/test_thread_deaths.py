@@ -12,6 +12,7 @@ heartbeat kept the partition looking alive and its sweeps and reclaims had stopp
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,7 @@ from queueserve.worker.watchdog import EXIT_THREAD_DIED
 from tests.support.fault_app import WorkerProc, serving_consumer
 from tests.support.helpers import WAIT_S, wait_until
 from tests.support.step_app import expected
+from tests.support.thread_app import Plain
 
 
 @pytest.mark.timeout(120)
@@ -71,3 +73,26 @@ def test_a_thread_that_dies_of_a_bug_ends_its_partition_which_is_restarted_and_a
         assert worker.alive
     finally:
         worker.kill_group()
+
+
+def test_an_in_process_worker_whose_thread_died_stops_and_its_work_goes_to_another(
+    start_worker: Callable[..., qs.Worker], client: qs.Client,
+) -> None:
+    # Given a worker started in this process (Worker.start(): it cannot exit for its
+    # partition), whose reply path raises: the thread sending a reply dies, a request held
+    first = start_worker(Plain())
+    host = first._host
+    assert host is not None
+    runner = host.runners[0]
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("injected bug in the reply path")
+
+    runner._send = broken  # type: ignore[method-assign]
+    held = client.submit("plain", [3], timeout=60)
+    wait_until(lambda: not host.alive(), "a thread of the first worker to die")
+    # When another worker serves the serving
+    start_worker(Plain())
+    # Then the first stopped heartbeating, so the other reclaims and answers what it held
+    assert held.result(WAIT_S) == [6]
+    assert client.dispatch_many("plain", [4], timeout=30) == [8]
