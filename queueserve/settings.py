@@ -23,7 +23,10 @@ REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster", "
 class Settings(BaseSettings):
     """Connection and namespace settings shared by clients, workers and the CLI."""
 
-    model_config = SettingsConfigDict(env_prefix="QUEUESERVE_", extra="forbid")
+    # hide_input_in_errors: a ValidationError would otherwise print the raw value, a Redis
+    # URL with its password included
+    model_config = SettingsConfigDict(env_prefix="QUEUESERVE_", extra="forbid",
+                                      hide_input_in_errors=True)
 
     redis_url: str = Field(
         default="redis://127.0.0.1:6379/0",

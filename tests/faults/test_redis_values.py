@@ -242,7 +242,7 @@ def test_a_prefix_is_checked_alike_in_the_environment_the_client_and_the_worker(
 
 @pytest.mark.parametrize("mark", ["/", "?", "#"])
 def test_a_password_with_an_unencoded_separator_is_never_shown_and_the_error_says_to_encode_it(
-    redis_client: redis.Redis, prefix: str, mark: str,
+    redis_client: redis.Redis, prefix: str, mark: str, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Given a password holding '/', '?' or '#', written into a URL as it is (with a user
     # name: without one, such a URL names the default localhost:6379, which a test must
@@ -263,6 +263,11 @@ def test_a_password_with_an_unencoded_separator_is_never_shown_and_the_error_say
     with pytest.raises(ValueError, match="percent-encode") as client_error:
         qs.Client(url)
     assert "tpart" not in str(client_error.value)
+    # and so is a client given it in the environment (pydantic's error showed its input)
+    monkeypatch.setenv("QUEUESERVE_REDIS_URL", url)
+    with pytest.raises(ValueError, match="percent-encode") as env_error:
+        qs.Client()
+    assert "tpart" not in str(env_error.value)
 
 
 def test_a_cancel_listener_thread_of_a_worker_survives_a_flood_of_junk(
