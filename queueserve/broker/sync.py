@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
@@ -58,6 +59,8 @@ SWEEP_KEYS = 200
 # Streams of the active set one sweep call looks at: ack.lua takes out most streams left with
 # nothing pending; the sweep takes out the rest (cancels, dead letters, a Redis restart).
 SWEEP_STREAMS = 1000
+# Idle batch keys `queueserve stats` shows, the last enqueued to; keys with work are all shown.
+STATS_RECENT_KEYS = 20
 
 StreamEntries = list[tuple[bytes, dict[bytes, bytes]]]
 
@@ -252,6 +255,31 @@ class KeyStats:
     pending: int = 0  # entries read and not acked
     oldest_age_ms: int = 0  # of the oldest entry still in its streams; 0 = none
     read: int = 0  # entries the consumer group read so far
+
+
+def _ms(score: float | None) -> int:
+    """A unix-ms score read from a sorted set anyone may write: 0 unless finite."""
+    return int(score) if score is not None and math.isfinite(score) else 0
+
+
+def _count(raw: str) -> int:
+    """An item count read from a hash anyone may write: 0 unless a non-negative int."""
+    return int(raw) if raw.isdigit() else 0
+
+
+def _add_stream(row: KeyStats, length: Any, groups: Any, first: Any, now_ms: int) -> None:
+    """Add one priority stream's XLEN, XINFO GROUPS and first entry to a key's row."""
+    if not isinstance(length, int) or not length:
+        return
+    group = next((g for g in groups if text(g["name"], "replace") == GROUP), None) if (
+        isinstance(groups, list)) else None
+    pending = int(group["pending"]) if group else 0
+    row.pending += pending
+    row.waiting += length - pending
+    row.read += int(group.get("entries-read") or 0) if group else 0
+    if isinstance(first, list) and first:
+        born = int(text(first[0][0]).split("-")[0])
+        row.oldest_age_ms = max(row.oldest_age_ms, now_ms - born)
 
 
 class RedisBroker:
@@ -896,41 +924,48 @@ class RedisBroker:
         # S#i: the meta hash of a shard (names never hold '#'), where workers confirm `shards`
         return sorted(name for name in names if "#" not in name)
 
-    def key_stats(self, keys: Keys) -> list[KeyStats]:
-        """Per known batch key: items queued, entries waiting and pending, the oldest entry's
-        age, when it was last enqueued to, and entries its group has read (all priorities)."""
+    def key_stats(self, keys: Keys, recent: int = STATS_RECENT_KEYS) -> list[KeyStats]:
+        """Per batch key with work (streams in the ready or active set, items admitted) and
+        per key among the ``recent`` last enqueued to: items queued, entries waiting and
+        pending, the oldest entry's age, when it was last enqueued to, and entries its group
+        has read (all priorities). Other known keys are idle and not read (``known_keys``
+        counts them), so what this reads grows with the keys that have work."""
         levels = MAX_PRIORITY + 1
         now_ms = int(time.time() * 1000)
         with redis_errors(self.url):
-            seen = cast(list[tuple[bytes, float]],
-                        self.redis.zrange(keys.seen, 0, -1, withscores=True))
-            depth = {text(k): int(v) for k, v in self.redis.hgetall(keys.depth).items()}
             pipe = self.redis.pipeline(transaction=False)
-            for raw, _ in seen:
-                for stream in keys.streams(text(raw)):
+            pipe.zrange(keys.ready, 0, -1)
+            pipe.zrange(keys.active, 0, -1)
+            pipe.hgetall(keys.depth)
+            pipe.zrange(keys.seen, -max(1, recent), -1, withscores=True)
+            ready, active, depth_raw, latest = pipe.execute()
+            depth = {k: _count(v) for k, v in texts(depth_raw, "replace").items()}
+            seen = {text(k, "replace"): _ms(v) for k, v in latest}
+            working = {key for key, _ in _streams_with_work(keys, ready, active)} | set(depth)
+            others = sorted(working - set(seen))
+            if others:
+                scores = self.redis.zmscore(keys.seen, others)
+                seen.update((k, _ms(v)) for k, v in zip(others, scores, strict=True))
+            names = sorted(seen, key=lambda k: (seen[k], k))
+            pipe = self.redis.pipeline(transaction=False)
+            for name in names:
+                for stream in keys.streams(name):
                     pipe.xlen(stream)
                     pipe.xinfo_groups(stream)
                     pipe.xrange(stream, "-", "+", count=1)
             out = pipe.execute(raise_on_error=False)
         stats = []
-        for i, (raw_key, last_seen) in enumerate(seen):
-            name = text(raw_key)
-            row = KeyStats(name, depth.get(name, 0), last_seen_ms=int(last_seen))
+        for i, name in enumerate(names):
+            row = KeyStats(name, depth.get(name, 0), last_seen_ms=seen[name])
             for j in range(3 * levels * i, 3 * levels * (i + 1), 3):
-                length, groups, first = out[j], out[j + 1], out[j + 2]
-                if not isinstance(length, int) or not length:
-                    continue
-                group = next((g for g in groups if text(g["name"]) == GROUP), None) if (
-                    isinstance(groups, list)) else None
-                pending = int(group["pending"]) if group else 0
-                row.pending += pending
-                row.waiting += length - pending
-                row.read += int(group.get("entries-read") or 0) if group else 0
-                if isinstance(first, list) and first:
-                    born = int(text(first[0][0]).split("-")[0])
-                    row.oldest_age_ms = max(row.oldest_age_ms, now_ms - born)
+                _add_stream(row, out[j], out[j + 1], out[j + 2], now_ms)
             stats.append(row)
         return stats
+
+    def known_keys(self, keys: Keys) -> int:
+        """How many batch keys the serving shard knows (work or idle)."""
+        with redis_errors(self.url):
+            return int(self.redis.zcard(keys.seen))
 
     def shards(self, keys: Keys) -> list[Keys]:
         """Every shard of a serving, shard 0 first, as its workers declared (``shards`` in its

@@ -1,6 +1,8 @@
 """``queueserve stats``: per serving and batch key, what is queued (items, oldest item's age),
 in flight, read per second, and when the key last saw a request; consumers and dead letters.
-A sharded serving's shards are summed."""
+A sharded serving's shards are summed. Keys with work are all shown, idle ones only the last
+enqueued to (``STATS_RECENT_KEYS``), and a line counts the rest: with 100,000 idle keys the
+command reads what the busy ones hold, not every key."""
 
 from __future__ import annotations
 
@@ -58,6 +60,9 @@ def stats_command(args: argparse.Namespace) -> int:
             for row in rows:
                 rate = (row.read - before[keys.name].get(row.key, row.read)) / args.interval
                 print(format_row(keys.name, row, rate, workers, dead, now_ms))
+            hidden = max(broker.known_keys(s) for s in of) - len(rows)
+            if hidden > 0:
+                print(f"{keys.name:<16} ... and {hidden} more known batch keys, idle (not shown)")
         return 0
     finally:
         broker.close()
