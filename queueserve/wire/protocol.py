@@ -15,7 +15,8 @@ each with the keys below; ``meta``, ``config`` and ``workers`` are read from sha
     P:{S}:ready       zset     "<N><K>" for each stream holding entries no worker read yet;
                                score = when it became ready or was last served, unix ms, minus
                                PRIORITY_AGE_MS per priority level (lowest is read first)
-    P:{S}:active      zset     streams read from lately, whose pending entries reclaim watches
+    P:{S}:active      zset     streams that may hold pending entries, which reclaim watches
+                               (read.lua adds; ack.lua and sweep.lua take out emptied ones)
     P:{S}:wake        stream   one entry each time a stream becomes ready (MAXLEN ~ 100): idle
                                workers block on it instead of on every stream
     P:{S}:depth       hash     batch key -> items admitted and not yet acked
