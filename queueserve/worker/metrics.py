@@ -67,7 +67,7 @@ class KeyLabels:
         return key
 
 
-def labelled_keys(
+def _labelled_keys(
     totals: dict[str, int], declared: Iterable[str], limit: int
 ) -> tuple[list[str], list[str]]:
     """(keys with a label of their own, keys summed under ``other``): the declared keys (shown
@@ -75,7 +75,8 @@ def labelled_keys(
     own = [k for k in dict.fromkeys(declared) if k != OTHER_KEY]
     ranked = sorted((k for k in totals if k not in own), key=lambda k: (-totals[k], k))
     named = [k for k in ranked if k != OTHER_KEY][:limit]
-    return own + named, [k for k in ranked if k not in named]
+    labelled = set(named)
+    return own + named, [k for k in ranked if k not in labelled]
 
 
 def _prometheus() -> Any:
@@ -230,7 +231,7 @@ class QueueCollector:
         yield from (depth, pending, dead)
 
     def _bounded(self, rows: dict[str, list[int]]) -> dict[str, list[int]]:
-        named, rest = labelled_keys(
+        named, rest = _labelled_keys(
             {k: sum(v) for k, v in rows.items()}, self.declared, self.key_labels
         )
         out = {k: rows.get(k, [0, 0]) for k in named}
