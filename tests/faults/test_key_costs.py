@@ -110,11 +110,11 @@ def test_a_sweep_over_20000_idle_keys_looks_at_a_bounded_slice_of_them(
         private_redis.zadd(keys.active, {marker: 0})
         wait_until(lambda: private_redis.zscore(keys.active, marker) is None, "a sweep")
 
-    # Then those sweeps looked at a bounded slice of the keys (at most four sweeps ran, each
-    # one XLEN per priority of SWEEP_KEYS keys and the declared one), not at all 20,000 (one
-    # such sweep is 200,000 XLENs)
+    # Then those sweeps looked at a bounded slice of the keys (each one XLEN per priority of
+    # SWEEP_KEYS keys and the declared one; room is left for a few more sweeps on a slow
+    # machine), not at all 20,000 (one such sweep is 200,000 XLENs)
     looks = command_calls(private_redis, "xlen")
-    assert 0 < looks <= 4 * (SWEEP_KEYS + 1) * (P.MAX_PRIORITY + 1), looks
+    assert 0 < looks <= 10 * (SWEEP_KEYS + 1) * (P.MAX_PRIORITY + 1), looks
 
 
 def test_an_entry_written_without_enqueue_to_a_known_idle_key_is_found_by_the_pass(
@@ -288,7 +288,7 @@ def test_silent_metrics_connections_hold_a_bounded_number_of_threads_for_a_while
         assert _handler_threads() - before <= MAX_CONNECTIONS
 
         # and the server drops them once silent long enough, and scrapes work again
-        wait_until(lambda: _handler_threads() == before, "the silent connections dropped")
+        wait_until(lambda: _handler_threads() <= before, "the silent connections dropped")
         assert "queueserve_queue_depth" in _scrape(worker.metrics_port)
     finally:
         for s in silent:
