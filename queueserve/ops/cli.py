@@ -9,7 +9,7 @@ import argparse
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from pydantic import ValidationError
 
@@ -151,10 +151,26 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("servings", nargs="*", help="servings to show (default: all found)")
     s.add_argument("--interval", type=_duration, default=1.0,
                    help="how long to sample throughput (default 1s)")
-    for p in (d, c, s):
+    g = sub.add_parser("gateway", help="serve HTTP (JSON, SSE, OpenAI API) in front of servings "
+                       "(the gateway extra; docs/gateway.md)")
+    g.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default 127.0.0.1; 0.0.0.0 for every interface)")
+    g.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: any free one)")
+    g.add_argument("--token", default=None,
+                   help="require 'Authorization: Bearer TOKEN' (default: "
+                        "$QUEUESERVE_GATEWAY_TOKEN, else no auth)")
+    g.add_argument("--max-body-bytes", type=_positive_int, default=1 << 20,
+                   help="largest request body, in bytes (default 1048576)")
+    g.add_argument("--model", action="append", default=[], dest="models",
+                   metavar="MODEL=SERVING", help="OpenAI model name served by a serving "
+                   "(repeatable; other names are taken as serving names)")
+    g.add_argument("--shutdown-timeout", type=_duration, default=10.0,
+                   help="how long SIGTERM waits for open requests (default 10s)")
+    for p in (d, c, s, g):
         p.add_argument("--redis-url", help=URL_HELP)
         p.add_argument("--prefix", help=PREFIX_HELP)
         p.add_argument("--log-level", default="WARNING")
+    g.set_defaults(log_level="INFO")  # a server says where it listens
     return parser
 
 
@@ -330,9 +346,25 @@ def stats_or_unknown(args: argparse.Namespace) -> int:
     return stats_command(args)
 
 
+def gateway_command(args: argparse.Namespace) -> int:
+    try:  # the gateway extra is optional: the rest of the CLI works without it
+        from queueserve.gateway.serve import gateway_command as serve
+    except ImportError as e:
+        print(f"queueserve: the gateway needs the gateway extra ({e}); "
+              "pip install 'queueserve[gateway]'", file=sys.stderr)
+        return EXIT_USAGE
+    return serve(args)
+
+
 def _settings_problem(e: ValidationError) -> str:
     # pydantic's own text spans lines and echoes the raw value (a URL's password included)
     return "; ".join(str(err["msg"]).removeprefix("Value error, ") for err in e.errors())
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "dead-letter": dead_letter_command, "config": config_command, "stats": stats_or_unknown,
+    "gateway": gateway_command,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -355,13 +387,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"queueserve: {e}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        if args.command == "dead-letter":
-            return dead_letter_command(args)
-        if args.command == "config":
-            return config_command(args)
-        if args.command == "stats":
-            return stats_or_unknown(args)
-        return worker_command(args)
+        return COMMANDS.get(args.command, worker_command)(args)
     except ServingNotFound as e:
         print(f"queueserve: {e}", file=sys.stderr)
         return EXIT_USAGE

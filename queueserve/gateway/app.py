@@ -1,0 +1,102 @@
+"""``create_app``: the gateway as an ASGI app (Starlette), to run with ``queueserve gateway``
+or any ASGI server, or to mount in an application of your own."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from queueserve.client.aio import AsyncClient
+from queueserve.gateway import openai_api, servings
+from queueserve.gateway.auth import BearerAuth
+from queueserve.gateway.body import DEFAULT_MAX_BODY_BYTES, JSON
+from queueserve.gateway.core import Gateway
+from queueserve.gateway.errors import ApiError, error_response
+from queueserve.gateway.metrics import HttpMetrics
+
+KNOWN_PATHS = frozenset({"/healthz", "/metrics", "/v1/models", "/v1/embeddings",
+                        "/v1/completions"})
+
+
+def create_app(
+    client_or_url: AsyncClient | str | None = None, *, prefix: str | None = None,
+    token: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    models: Mapping[str, str] | None = None,
+) -> Starlette:
+    """The gateway's ASGI app.
+
+    ``client_or_url``: an ``AsyncClient`` of yours (kept open: you close it), or a Redis URL
+    (default ``QUEUESERVE_REDIS_URL``) for a client the app makes on first use and closes at
+    shutdown. ``token``: every route but ``/healthz`` requires ``Authorization: Bearer
+    <token>``. ``models``: OpenAI model name -> serving name, added to DEFAULT_MODELS.
+
+    >>> app = create_app("redis://localhost:6379/0", token="s3cret")
+    >>> # uvicorn.run(app, port=8000), or: outer_app.mount("/qs", app)
+    """
+    if isinstance(max_body_bytes, bool) or not isinstance(max_body_bytes, int) \
+            or max_body_bytes < 1:
+        raise ValueError(f"max_body_bytes must be an int >= 1, got {max_body_bytes!r}")
+    gw = Gateway(client_or_url, prefix, max_body_bytes,
+                 {**openai_api.DEFAULT_MODELS, **(models or {})})
+    metrics = HttpMetrics(KNOWN_PATHS)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        await gw.aclose()
+
+    async def healthz(request: Request) -> Response:
+        return JSON({"status": "ok"})
+
+    middleware = [Middleware(Measured, metrics=metrics)]
+    if token is not None:
+        middleware.append(Middleware(BearerAuth, token=token))
+    app = Starlette(
+        routes=[Route("/healthz", healthz, methods=["GET"]),
+                Route("/metrics", metrics.endpoint, methods=["GET"]),
+                *servings.routes(gw), *openai_api.routes(gw)],
+        middleware=middleware, lifespan=lifespan,
+        exception_handlers={ApiError: api_error, HTTPException: http_error,
+                            Exception: internal_error},
+    )
+    app.state.gateway = gw
+    return app
+
+
+class Measured:
+    """The metrics middleware, outermost: refused and failed requests are counted too."""
+
+    def __init__(self, app: ASGIApp, metrics: HttpMetrics) -> None:
+        self.measured = metrics.middleware(app)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.measured(scope, receive, send)
+
+
+async def api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ApiError)
+    return error_response(exc)
+
+
+async def http_error(request: Request, exc: Exception) -> Response:
+    """Starlette's own 404 and 405, in the gateway's error shape."""
+    assert isinstance(exc, HTTPException)
+    kind = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+    return error_response(ApiError(exc.status_code, kind, f"{exc.detail}: {request.method} "
+                                   f"{request.url.path[:200]}", dict(exc.headers or {})))
+
+
+async def internal_error(request: Request, exc: Exception) -> Response:
+    return error_response(ApiError(500, "internal_error",
+                                   f"{type(exc).__name__} in the gateway (see its log)"))
+
+
+

@@ -1,0 +1,37 @@
+"""Bearer-token auth: a pure ASGI middleware in front of every route but ``/healthz``.
+
+A load balancer's health check carries no token, and a liveness answer tells nothing; the
+metrics, the models list and every serving need the token when one is set.
+"""
+
+from __future__ import annotations
+
+import hmac
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from queueserve.gateway.errors import ApiError, error_response
+
+OPEN_PATHS = frozenset({"/healthz"})
+
+
+class BearerAuth:
+    def __init__(self, app: ASGIApp, token: str) -> None:
+        if not token:
+            raise ValueError("the gateway's token must not be empty; leave it out for no auth")
+        self.app = app
+        self._expected = f"Bearer {token}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS or self._allowed(scope):
+            await self.app(scope, receive, send)
+            return
+        refused = ApiError(401, "unauthorized",
+                           "missing or wrong bearer token: send 'Authorization: Bearer <token>' "
+                           "with the gateway's --token",
+                           {"WWW-Authenticate": "Bearer"})
+        await error_response(refused)(scope, receive, send)
+
+    def _allowed(self, scope: Scope) -> bool:
+        given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+        return hmac.compare_digest(given, self._expected)

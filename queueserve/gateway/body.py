@@ -1,0 +1,84 @@
+"""Request bodies in (size-limited, parsed and validated by pydantic) and results out as JSON.
+
+Results are whatever a serving returns, decoded by the client: numpy arrays, torch tensors and
+their scalars become lists and numbers, bytes become base64 text, NaN and infinities become
+``null`` (JSON has neither).
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+import pydantic
+import pydantic_core
+from starlette.requests import Request
+from starlette.responses import Response
+
+from queueserve.gateway.errors import ApiError, bad_request
+
+M = TypeVar("M", bound=pydantic.BaseModel)
+
+DEFAULT_MAX_BODY_BYTES = 1 << 20  # 1 MiB: a few thousand texts to embed
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body, refused with 413 as soon as it passes ``limit`` bytes: at once when
+    Content-Length says so, else while it arrives (chunked bodies have no length)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and (not declared.isdigit() or int(declared) > limit):
+        raise too_large(limit)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large(limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def too_large(limit: int) -> ApiError:
+    return ApiError(413, "body_too_large",
+                    f"the request body is larger than {limit} bytes (the gateway's "
+                    "--max-body-bytes); send fewer items per request")
+
+
+async def parse(request: Request, model: type[M], limit: int) -> M:
+    """The body validated into ``model``; 400 saying what was wrong otherwise."""
+    body = await read_body(request, limit)
+    try:
+        return model.model_validate_json(body)
+    except pydantic.ValidationError as e:
+        raise bad_request(f"invalid {model.__name__} body: {problems(e)}") from None
+
+
+def problems(error: pydantic.ValidationError, most: int = 5) -> str:
+    """pydantic's errors in one line, without echoing large input values back."""
+    said = []
+    for err in error.errors(include_input=False, include_url=False)[:most]:
+        where = ".".join(map(str, err["loc"])) or "body"
+        said.append(f"{where}: {err['msg']}")
+    more = error.error_count() - len(said)
+    return "; ".join(said) + (f" (and {more} more)" if more > 0 else "")
+
+
+def plain(value: Any) -> Any:
+    """``value`` as something JSON holds: arrays and tensors as lists, their scalars as
+    numbers (pydantic_core calls this for types it does not know)."""
+    tolist = getattr(value, "tolist", None)
+    if callable(tolist):
+        return tolist()
+    raise TypeError(f"a result of type {type(value).__name__} cannot be sent as JSON")
+
+
+def dumps(value: Any) -> bytes:
+    return pydantic_core.to_json(value, fallback=plain, bytes_mode="base64",
+                                 inf_nan_mode="null")
+
+
+class JSON(Response):
+    """A JSON response encoded by pydantic_core (numpy and bytes aware, fast)."""
+
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return dumps(content)

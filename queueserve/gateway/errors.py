@@ -1,0 +1,79 @@
+"""Errors as HTTP: each queueserve error maps to a status and a ``type``, in one table.
+
+Every error the gateway answers has the body ``{"error": {"type", "status", "message"}}``
+(the OpenAI clients read ``error.message`` from the same shape). docs/gateway.md lists the
+table for users.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.responses import JSONResponse
+
+from queueserve.errors import (
+    BadRequest,
+    Cancelled,
+    DeadLettered,
+    NotReplicated,
+    QueueFull,
+    QueueServeError,
+    RedisCommandError,
+    RedisUnavailable,
+    RemoteError,
+    Timeout,
+)
+
+# How long a client told 429 should wait: about one batch time of a busy serving, which is
+# when admission has room again; a client that retries sooner is refused again at no cost.
+RETRY_AFTER_S = 1
+
+# queueserve error -> (HTTP status, type). Checked in order: the first class that matches.
+STATUS: tuple[tuple[type[QueueServeError], int, str], ...] = (
+    (BadRequest, 400, "bad_request"),
+    (QueueFull, 429, "queue_full"),
+    (Timeout, 504, "timeout"),
+    (RemoteError, 502, "remote_error"),
+    (DeadLettered, 502, "dead_lettered"),
+    (Cancelled, 503, "cancelled"),
+    (RedisUnavailable, 503, "redis_unavailable"),
+    (NotReplicated, 503, "not_replicated"),
+    (RedisCommandError, 500, "redis_command_error"),
+)
+
+
+class ApiError(Exception):
+    """An error the gateway itself answers with (bad body, unknown serving, no token)."""
+
+    def __init__(self, status: int, kind: str, message: str,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.kind = kind
+        self.headers = headers or {}
+
+
+def bad_request(message: str) -> ApiError:
+    return ApiError(400, "bad_request", message)
+
+
+def from_queueserve(error: QueueServeError) -> ApiError:
+    """The HTTP form of ``error``; a 429 says when to come back."""
+    for cls, status, kind in STATUS:
+        if isinstance(error, cls):
+            headers = {"Retry-After": str(RETRY_AFTER_S)} if status == 429 else None
+            return ApiError(status, kind, str(error), headers)
+    return ApiError(500, "internal_error", str(error))
+
+
+def error_body(error: ApiError) -> dict[str, Any]:
+    return {"error": {"type": error.kind, "status": error.status, "message": str(error)}}
+
+
+def item_error(error: QueueServeError) -> dict[str, Any]:
+    """One item's error inside a ``dispatch_many`` answer with ``return_exceptions``."""
+    return error_body(from_queueserve(error))
+
+
+def error_response(error: ApiError) -> JSONResponse:
+    return JSONResponse(error_body(error), status_code=error.status, headers=error.headers)

@@ -1,0 +1,78 @@
+"""Prometheus metrics of the gateway's HTTP requests, in a registry of each app's own (two
+apps in one process never clash), served at ``GET /metrics``.
+
+Routes are labelled by their template (``/v1/servings/{name}/dispatch``), never by the raw
+path: a client sending random paths would otherwise create a series per path.
+"""
+
+from __future__ import annotations
+
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+METHODS = frozenset({"GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"})
+SERVING_ACTIONS = frozenset({"dispatch", "dispatch_many", "stream"})
+# Up to 2 s in fine steps (an HTTP round trip is a millisecond or two), then long generations.
+BUCKETS = (.0005, .001, .002, .005, .01, .025, .05, .1, .25, .5, 1, 2, 5, 10, 30, 60, 300)
+
+
+def route_of(path: str, known: frozenset[str]) -> str:
+    """The route template of ``path``; ``other`` for paths no route serves."""
+    if path in known:
+        return path
+    parts = path.split("/")
+    if len(parts) == 5 and parts[:3] == ["", "v1", "servings"] and parts[4] in SERVING_ACTIONS:
+        return f"/v1/servings/{{name}}/{parts[4]}"
+    return "other"
+
+
+class HttpMetrics:
+    """The counters, and the ASGI middleware that fills them."""
+
+    def __init__(self, known_paths: frozenset[str]) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.known = known_paths
+        self.requests = Counter(
+            "queueserve_http_requests", "HTTP requests answered, by route, method and status",
+            ["route", "method", "status"], registry=self.registry)
+        self.seconds = Histogram(
+            "queueserve_http_request_seconds",
+            "time from the request's arrival to the end of its response (streams included)",
+            ["route", "method"], buckets=BUCKETS, registry=self.registry)
+        self.in_flight = Gauge(
+            "queueserve_http_requests_in_flight", "HTTP requests being answered",
+            registry=self.registry)
+
+    def middleware(self, app: ASGIApp) -> ASGIApp:
+        async def measured(scope: Scope, receive: Receive, send: Send) -> None:
+            if scope["type"] != "http":
+                await app(scope, receive, send)
+                return
+            status = 500  # what the client saw if the app raised before answering
+
+            async def send_noting(message: Message) -> None:
+                nonlocal status
+                if message["type"] == "http.response.start":
+                    status = message["status"]
+                await send(message)
+
+            start = time.perf_counter()
+            self.in_flight.inc()
+            try:
+                await app(scope, receive, send_noting)
+            finally:
+                self.in_flight.dec()
+                route = route_of(scope["path"], self.known)
+                method = scope["method"] if scope["method"] in METHODS else "other"
+                self.requests.labels(route, method, str(status)).inc()
+                self.seconds.labels(route, method).observe(time.perf_counter() - start)
+
+        return measured
+
+    async def endpoint(self, request: Request) -> Response:
+        return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
