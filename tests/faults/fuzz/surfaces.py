@@ -44,7 +44,7 @@ class Target:
     url: str = ""
     inboxes: list[str] = field(default_factory=list)  # the valid traffic's clients' inboxes
     channels: list[str] = field(default_factory=list)  # and their events channels
-    created: set[str] = field(default_factory=set)  # whole keys the fuzzer made: deleted
+    created: set[str | bytes] = field(default_factory=set)  # keys the fuzzer made: deleted
     added: dict[str, set[bytes]] = field(default_factory=dict)  # key -> members/fields added
     _broker: RedisBroker | None = None
 
@@ -259,7 +259,7 @@ def hostile_batch_key(t: Target, value: bytes) -> None:
     t.r.xadd(stream, {"h": t.header(), "p": _valid_payload()})
     t.r.zadd(keys.seen, {batch_key: int(t.r.time()[0]) * 1000})
     t.r.zadd(keys.ready, {str(priority).encode() + batch_key: 0})
-    t.created.add(stream.decode("latin-1"))
+    t.created.add(stream)
     t.note(keys.seen, batch_key)
     t.note(keys.ready, str(priority).encode() + batch_key)
 
