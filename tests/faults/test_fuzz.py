@@ -22,7 +22,7 @@ import io
 import os
 import random
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +35,7 @@ from queueserve.ops import cli
 from queueserve.wire import protocol as P
 from tests.faults.fuzz import app
 from tests.faults.fuzz.surfaces import SURFACES, VALID, VICTIM, Attack, Surface, Target
-from tests.faults.fuzz.traffic import Traffic
+from tests.faults.fuzz.traffic import Tally, Traffic
 from tests.faults.fuzz.values import FAMILIES, WRONG_TYPE
 from tests.support.fault_app import WorkerProc
 from tests.support.helpers import wait_until
@@ -48,6 +48,7 @@ ONLY = [tuple(o.split(":")) for o in os.environ.get("QS_FUZZ_ONLY", "").split(",
 WRITES_PER_ROUND = 8  # hostile writes, then wait until valid traffic made progress
 HUGE_EVERY_S = 4.0  # at most one 10 MB value this often: the point is one, not a flood
 OPS_EVERY_S = 2.0  # how often the operator's readers (stats, dead-letter list) run
+SERVINGS = (*VALID, VICTIM)
 MEMORY_SLACK = 8 * 1024 * 1024  # used_memory after cleanup over before: one 10 MB value left fails
 
 # (surface kind, attack, family) -> the break of issue 23 it meets, until its fix lands;
@@ -108,11 +109,15 @@ class Run:
 
 
 class Fuzzer:
+    """Writes one hostile value at a time, chosen by its seed among ``steps``."""
+
     def __init__(self, target: Target, steps: Plan, seed: int) -> None:
         self.target = target
         self.steps = steps
+        self.seed = seed
         self.rng = random.Random(seed)
         self.run = Run()
+        self.recent: deque[tuple[str, str, str, bytes]] = deque(maxlen=16)
         self._huge_at = 0.0
         self._ops_at = 0.0
 
@@ -125,6 +130,7 @@ class Fuzzer:
             else:
                 self._huge_at = now + HUGE_EVERY_S
         value = b"" if family == WRONG_TYPE else FAMILIES[family](self.rng)
+        self.recent.append((surface.kind, attack.name, family, value[:80]))
         try:
             attack.write(self.target, value)
         except redis.ResponseError:  # e.g. a WRONGTYPE from a key another attack replaced
@@ -132,13 +138,13 @@ class Fuzzer:
             return
         self.run.written[surface.kind] += 1
 
-    def operator_reads(self, url: str, prefix: str) -> None:
+    def operator_reads(self) -> None:
         """What `queueserve stats`, `dead-letter list` and `config get` print: they must not
         raise, whatever they read."""
         if time.monotonic() < self._ops_at:
             return
         out = io.StringIO()
-        common = ["--redis-url", url, "--prefix", prefix]
+        common = ["--redis-url", self.target.url, "--prefix", self.target.prefix]
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
             for argv in (["stats", "--interval", "1ms", *common], ["dead-letter", "list", *common],
                          ["config", "get", *common]):
@@ -163,12 +169,105 @@ def fuzz(
     seed: int,
 ) -> Run:
     """Run valid traffic and the fuzzer for ``seconds``, then check everything; an
-    AssertionError names the seed."""
+    AssertionError names the seed, the last values written and what the worker logged."""
+    # Given a worker serving every serving from both partitions
+    for name in SERVINGS:
+        keys = P.Keys(prefix, name)
+        wait_until(lambda k=keys: r.zcard(k.workers) >= 2 and r.hexists(k.meta, "codec"),  # type: ignore[misc]
+                   f"both partitions serving {name}", process=worker)
+    partitions = sorted(worker.partition_pids())
+    baseline = int(r.info("memory")["used_memory"])
+    target = Target(r, prefix, random.Random(seed + 1), url)
+    fuzzer = Fuzzer(target, steps, seed)
     try:
-        return _fuzz(worker, r, url, prefix, steps, seconds, seed)
+        tally = attack_under_traffic(worker, fuzzer, seconds)
+        problems = problems_after(worker, target, tally, partitions)
+        assert not problems, "\n".join(problems)
+        fuzzer.run.memory_kib = settled_memory(r, prefix, baseline) // 1024
     except AssertionError as e:
-        raise AssertionError(f"fuzz seed {seed} (rerun: QS_FUZZ_SEED={seed}): {e}\n"
-                             f"the worker's log, its notable lines:\n{notable(worker)}") from e
+        raise AssertionError(
+            f"fuzz seed {seed} (rerun: QS_FUZZ_SEED={seed}): {e}\nthe last values written: "
+            f"{list(fuzzer.recent)}\nthe worker's log, its notable lines:\n{notable(worker)}"
+        ) from e
+    fuzzer.run.sent, fuzzer.run.answered = tally.sent, tally.answered
+    return fuzzer.run
+
+
+def attack_under_traffic(worker: WorkerProc, fuzzer: Fuzzer, seconds: float) -> Tally:
+    """When the fuzzer writes hostile values while valid traffic runs: WRITES_PER_ROUND of
+    them each time the traffic made progress. Then the fuzzer's own writes are taken back."""
+    target = fuzzer.target
+    meta = {n: target.r.hgetall(target.keys(n).meta) for n in SERVINGS}
+
+    def learn(client_id: str) -> None:
+        target.inboxes.append(P.inbox_key(target.prefix, client_id))
+        target.channels.append(P.events_channel(target.prefix, client_id))
+
+    traffic = Traffic(target.url, target.prefix, fuzzer.seed, learn)
+    traffic.start()
+    deadline = time.monotonic() + seconds
+    try:
+        while time.monotonic() < deadline:
+            before = traffic.tally.answered + len(traffic.tally.wrong)
+            for _ in range(WRITES_PER_ROUND):
+                fuzzer.write_one()
+            fuzzer.operator_reads()
+            wait_until(lambda b=before: traffic.tally.answered + len(traffic.tally.wrong)  # type: ignore[misc]
+                       > b, "valid traffic to make progress", process=worker)
+    finally:
+        traffic.stop()
+        target.clean(meta)
+        target.close()
+    return traffic.tally
+
+
+def problems_after(
+    worker: WorkerProc, target: Target, tally: Tally, partitions: list[int],
+) -> list[str]:
+    """Then every valid request was answered with its own result and ran exactly once, no
+    thread died, no partition exited, every serving (the victim included) answers again, and
+    the admission counters and depth hashes are back at zero."""
+    problems = [f"{len(tally.wrong)} valid requests failed: {tally.wrong[:20]}"] if tally.wrong \
+        else []
+    if tally.answered != tally.sent:
+        problems.append(f"valid requests sent {tally.sent}, answered {tally.answered}")
+    r = target.r
+    runs = {k.decode(): int(v) for k, v in r.hgetall(f"{target.prefix}:fuzz:exec").items()}
+    odd = [(item, runs.get(item, 0)) for item in tally.items if runs.get(item, 0) != 1]
+    if odd:
+        problems.append(f"{len(odd)} valid items not run exactly once (item, runs): {odd[:20]}")
+    log = worker.output()
+    problems += [f"{sign!r} in the worker's log" for sign in
+                 ("CRITICAL", "Traceback", "Exception in thread") if sign in log]
+    if not worker.alive or sorted(worker.partition_pids()) != partitions:
+        problems.append(f"partitions {partitions} are now {worker.partition_pids()}")
+    if problems:  # what follows would only wait on a worker known to be broken
+        return problems
+    with qs.Client(target.url, prefix=target.prefix) as client:
+        for serving in (app.plain, app.victim):
+            assert client.dispatch(serving, "after", timeout=60) == app.answer("after")
+    for name in SERVINGS:
+        keys = target.keys(name)
+        wait_until(lambda k=keys: int(r.get(k.queued) or 0) == 0  # type: ignore[misc]
+                   and all(int(v) == 0 for v in r.hvals(k.depth)),
+                   f"{name}'s admission counter and depth hash at zero")
+    return []
+
+
+def settled_memory(r: redis.Redis, prefix: str, baseline: int) -> int:
+    """Redis's used_memory over ``baseline`` once the dead letters (kept until dropped:
+    docs/guarantees.md, "Bad input") are gone, waited for until within MEMORY_SLACK."""
+    r.delete(f"{prefix}:fuzz:exec", *(P.Keys(prefix, n).dead for n in SERVINGS))
+    try:
+        return wait_until(
+            lambda: (m := int(r.info("memory")["used_memory"]) - baseline) <= MEMORY_SLACK
+            and max(m, 1), f"used_memory within {MEMORY_SLACK} bytes of {baseline}, before")
+    except AssertionError as e:
+        info = r.info("memory")
+        parts = {k: info[k] for k in ("used_memory_dataset", "used_memory_overhead",
+                                      "mem_clients_normal", "used_memory_scripts") if k in info}
+        raise AssertionError(f"{e}; {parts}; the largest keys left: "
+                             f"{largest_keys(r, prefix)}") from e
 
 
 def largest_keys(r: redis.Redis, prefix: str, n: int = 10) -> list[tuple[int, bytes]]:
@@ -185,85 +284,6 @@ def notable(worker: WorkerProc) -> str:
         if after > 0 or any(s in line for s in signs):
             lines.append(line[:500])
     return "\n".join(lines[-150:])
-
-
-def _fuzz(
-    worker: WorkerProc, r: redis.Redis, url: str, prefix: str, steps: Plan, seconds: float,
-    seed: int,
-) -> Run:
-    # Given a worker serving every serving from both partitions
-    names = (*VALID, VICTIM)
-    for name in names:
-        keys = P.Keys(prefix, name)
-        wait_until(lambda k=keys: r.zcard(k.workers) >= 2 and r.hexists(k.meta, "codec"),  # type: ignore[misc]
-                   f"both partitions serving {name}", process=worker)
-    partitions = sorted(worker.partition_pids())
-    meta = {n: r.hgetall(P.Keys(prefix, n).meta) for n in names}
-    baseline = int(r.info("memory")["used_memory"])
-
-    target = Target(r, prefix, random.Random(seed + 1), url)
-
-    def learn(client_id: str) -> None:
-        target.inboxes.append(P.inbox_key(prefix, client_id))
-        target.channels.append(P.events_channel(prefix, client_id))
-
-    traffic = Traffic(url, prefix, seed, learn)
-    fuzzer = Fuzzer(target, steps, seed)
-
-    # When the fuzzer writes hostile values while valid traffic runs
-    traffic.start()
-    deadline = time.monotonic() + seconds
-    try:
-        while time.monotonic() < deadline:
-            before = traffic.tally.answered + len(traffic.tally.wrong)
-            for _ in range(WRITES_PER_ROUND):
-                fuzzer.write_one()
-            fuzzer.operator_reads(url, prefix)
-            wait_until(lambda b=before: traffic.tally.answered + len(traffic.tally.wrong)  # type: ignore[misc]
-                       > b, "valid traffic to make progress", process=worker)
-    finally:
-        traffic.stop()
-        target.clean(meta)
-        target.close()
-    tally = traffic.tally
-
-    # Then every valid request was answered with its own result, and ran exactly once
-    assert not tally.wrong, f"{len(tally.wrong)} valid requests failed: {tally.wrong[:20]}"
-    assert tally.answered == tally.sent, f"sent {tally.sent}, answered {tally.answered}"
-    runs = {k.decode(): int(v) for k, v in r.hgetall(f"{prefix}:fuzz:exec").items()}
-    odd = [(item, runs.get(item, 0)) for item in tally.items if runs.get(item, 0) != 1]
-    assert not odd, f"{len(odd)} valid items not run exactly once (item, runs): {odd[:20]}"
-    # and no thread died, no partition exited
-    log = worker.output()
-    for sign in ("CRITICAL", "Traceback", "Exception in thread"):
-        assert sign not in log, f"{sign!r} in the worker's log:\n{log[-20_000:]}"
-    assert worker.alive and sorted(worker.partition_pids()) == partitions, log[-20_000:]
-    # and every serving answers again, the victim included
-    with qs.Client(url, prefix=prefix) as client:
-        for serving in (app.plain, app.victim):
-            assert client.dispatch(serving, "after", timeout=60) == app.answer("after")
-    # and the admission counters and depth hashes are back to zero
-    for name in names:
-        keys = P.Keys(prefix, name)
-        wait_until(lambda k=keys: int(r.get(k.queued) or 0) == 0  # type: ignore[misc]
-                   and all(int(v) == 0 for v in r.hvals(k.depth)),
-                   f"{name}'s admission counter and depth hash at zero")
-    # and Redis holds about what it held before, once the fuzzer's keys and the dead letters
-    # (kept until dropped: docs/guarantees.md, "Bad input") are gone
-    r.delete(f"{prefix}:fuzz:exec", *(P.Keys(prefix, n).dead for n in names))
-    try:
-        used = wait_until(
-            lambda: (m := int(r.info("memory")["used_memory"])) <= baseline + MEMORY_SLACK and m,
-            f"used_memory within {MEMORY_SLACK} bytes of {baseline} before the run")
-    except AssertionError as e:
-        info = r.info("memory")
-        parts = {k: info[k] for k in ("used_memory_dataset", "used_memory_overhead",
-                                      "mem_clients_normal", "used_memory_scripts") if k in info}
-        raise AssertionError(f"{e}; {parts}; the largest keys left: "
-                             f"{largest_keys(r, prefix)}") from e
-    run = fuzzer.run
-    run.sent, run.answered, run.memory_kib = tally.sent, tally.answered, (used - baseline) // 1024
-    return run
 
 
 @pytest.mark.timeout(SECONDS + 240)

@@ -415,8 +415,16 @@ def _reply_junk(t: Target, value: bytes) -> bytes:
 
 
 def inbox_element(t: Target, value: bytes) -> None:
+    """Junk in a client's shared inbox, or in the inbox of one of its threads (a lone
+    dispatch waits on ``<inbox>.<thread>`` itself)."""
     element = t.rng.choice((value, _reply_junk(t, value)))
-    t.r.rpush(t.rng.choice(t.inboxes or [t.junk_inbox]), element)
+    inboxes = t.inboxes or [t.junk_inbox]
+    if t.rng.random() < 0.3:
+        found = list(t.r.scan_iter(match=t.rng.choice(inboxes) + ".*", count=1000))
+        inboxes = found or inboxes
+    inbox = t.rng.choice(inboxes)
+    t.r.rpush(inbox, element)
+    t.created.add(inbox)
 
 
 def events_message(t: Target, value: bytes) -> None:

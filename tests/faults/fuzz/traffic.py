@@ -9,7 +9,7 @@ import asyncio
 import itertools
 import random
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,19 +28,19 @@ class Tally:
 
     sent: int = 0
     answered: int = 0
-    items: list[str] = field(default_factory=list)  # plain items sent, each must run once
+    items: list[str] = field(default_factory=list)  # items answered, each must have run once
     wrong: list[str] = field(default_factory=list)  # what went wrong, said in full
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def send(self, *items: str) -> None:
+    def send(self) -> None:
         with self.lock:
             self.sent += 1
-            self.items.extend(items)
 
-    def check(self, what: str, got: Any, want: Any) -> None:
+    def check(self, what: str, got: Any, want: Any, items: Sequence[str] = ()) -> None:
         with self.lock:
             if got == want:
                 self.answered += 1
+                self.items.extend(items)
             else:
                 self.wrong.append(f"{what}: got {got!r}, want {want!r}")
 
@@ -114,20 +114,20 @@ class Traffic:
 
     def _dispatch(self, client: qs.Client, rng: random.Random) -> None:
         item = self._item("s")
-        self.tally.send(item)
+        self.tally.send()
         try:
             got = client.dispatch("fz", item, timeout=WAIT_S,
                                   priority=rng.choice((0, 0, 5, P.MAX_PRIORITY)))
         except qs.QueueServeError as e:
             self.tally.failed(f"dispatch {item}", e)
             return
-        self.tally.check(f"dispatch {item}", got, app.answer(item))
+        self.tally.check(f"dispatch {item}", got, app.answer(item), [item])
 
     def _burst(self, client: qs.Client, rng: random.Random) -> None:
         tickets = []
         for _ in range(rng.randrange(2, 9)):
             items = [self._item("b") for _ in range(rng.randrange(1, 4))]
-            self.tally.send(*items)
+            self.tally.send()
             key = rng.choice(("default", "k2"))
             tickets.append((items, client.submit(app.plain, items, batch_key=key,
                                                  timeout=WAIT_S, priority=rng.randrange(3))))
@@ -137,7 +137,7 @@ class Traffic:
             except qs.QueueServeError as e:
                 self.tally.failed(f"submit {items}", e)
                 continue
-            self.tally.check(f"submit {items}", got, [app.answer(x) for x in items])
+            self.tally.check(f"submit {items}", got, [app.answer(x) for x in items], items)
 
     # -- async: dispatch and dispatch_many ------------------------------------------------
     def _async(self) -> None:
@@ -149,8 +149,8 @@ class Traffic:
         try:
             while not self.stopping.is_set():
                 items = [self._item("a") for _ in range(3)]
-                self.tally.send(*items[:1])
-                self.tally.send(*items[1:])
+                self.tally.send()
+                self.tally.send()
                 try:
                     one, many = await asyncio.gather(
                         client.dispatch("fz", items[0], timeout=WAIT_S),
@@ -159,9 +159,10 @@ class Traffic:
                 except qs.QueueServeError as e:
                     self.tally.failed(f"async {items}", e)
                     continue
-                self.tally.check(f"async dispatch {items[0]}", one, app.answer(items[0]))
+                self.tally.check(f"async dispatch {items[0]}", one, app.answer(items[0]),
+                                 items[:1])
                 self.tally.check(f"async dispatch_many {items[1:]}", many,
-                                 [app.answer(x) for x in items[1:]])
+                                 [app.answer(x) for x in items[1:]], items[1:])
         finally:
             await client.aclose()
 
@@ -181,19 +182,18 @@ class Traffic:
 
     def _stream(self, client: qs.Client) -> None:
         item = self._item("g")
-        self.tally.send(item)
+        self.tally.send()
         try:
             outputs = [v for e in client.stream(app.steps, [item], timeout=WAIT_S)
                        if isinstance(e, qs.Output) for v in e.results]
         except qs.QueueServeError as e:
             self.tally.failed(f"stream {item}", e)
             return
-        self.tally.check(f"stream {item}", outputs, [f"{item}:{i}" for i in range(3)])
+        self.tally.check(f"stream {item}", outputs, [f"{item}:{i}" for i in range(3)], [item])
 
     def _step(self, client: qs.Client, n: int) -> None:
         item = {"n": 1 + n % 5, "base": n, "prompt": "ab" * (n % 4)}
-        with self.tally.lock:
-            self.tally.sent += 1
+        self.tally.send()
         try:
             got = client.dispatch(app.generate, item, timeout=WAIT_S)
         except qs.QueueServeError as e:
