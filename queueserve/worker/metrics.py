@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -43,7 +42,6 @@ KEY_LABELS = 20  # --metrics-keys: batch keys with a label of their own, besides
 OTHER_KEY = "other"  # the label of every other batch key, summed
 MAX_CONNECTIONS = 8  # connections served at once; more are closed at once
 IDLE_TIMEOUT_S = 5.0  # a connection silent this long (no request, no reading) is dropped
-RENDER_REUSE_S = 1.0  # scrapes this close together share one collection
 
 
 class KeyLabels:
@@ -272,21 +270,43 @@ class _BoundedHTTPServer(ThreadingHTTPServer):
 
 
 class _Rendered:
-    """The registry's text, collected by one scrape at a time; scrapes within RENDER_REUSE_S
-    of a collection share it, so concurrent scrapers cost Redis and memory once."""
+    """The registry's text. Scrapes that arrive while a collection runs wait for it and share
+    its result, so concurrent scrapers cost Redis and memory once; a scrape that finds none
+    running collects afresh, so what it reads is never older than its request (reusing a
+    collection for a second made a scrape right after a run read the counters from before
+    it)."""
 
     def __init__(self, render: Callable[[], bytes]) -> None:
         self._render = render
-        self._lock = threading.Lock()
-        self._body = b""
-        self._at = float("-inf")
+        self._cond = threading.Condition()
+        self._running = False
+        self._collections = 0
+        self._result: bytes | BaseException = b""
 
     def __call__(self) -> bytes:
-        with self._lock:
-            if time.monotonic() - self._at >= RENDER_REUSE_S:
-                self._body = self._render()
-                self._at = time.monotonic()
-            return self._body
+        with self._cond:
+            if self._running:
+                joined = self._collections
+                self._cond.wait_for(lambda: self._collections != joined)
+                return self._unwrap(self._result)
+            self._running = True
+        result: bytes | BaseException
+        try:
+            result = self._render()
+        except Exception as exc:  # the waiters get it too, each raising in its own request
+            result = exc
+        with self._cond:
+            self._running = False
+            self._collections += 1
+            self._result = result
+            self._cond.notify_all()
+        return self._unwrap(result)
+
+    @staticmethod
+    def _unwrap(result: bytes | BaseException) -> bytes:
+        if isinstance(result, BaseException):
+            raise result
+        return result
 
 
 class MetricsServer:

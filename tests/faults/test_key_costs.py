@@ -234,7 +234,7 @@ def test_metrics_label_the_deepest_keys_and_sum_the_rest_under_other(
     assert blocker.result(WAIT_S) == ["blocker"]
     assert all(t.result(WAIT_S) == [k] for t, k in zip(
         tickets, [k for k in range(20) for _ in range(k + 2)], strict=True))
-    def histogram() -> dict[str, float] | None:  # scrapes within a second share one reading
+    def histogram() -> dict[str, float] | None:
         batches = _samples(_scrape(worker.metrics_port), "queueserve_batch_size_count", "labels")
         return batches if sum(batches.values()) == len(serving.batches) else None
 
