@@ -218,7 +218,7 @@ def _streams_with_work(
     active set, in name order; members anyone could have written that name no request
     stream of this shard are left out."""
     names = {keys.stream(m[1:], int(m[0])) for m in (text(r, "replace") for r in ready)
-             if m[:1].isdigit()}
+             if m[:1].isascii() and m[:1].isdigit()}
     names.update(text(a, "replace") for a in active)
     found = []
     for name in sorted(names):
@@ -263,8 +263,10 @@ def _ms(score: float | None) -> int:
 
 
 def _count(raw: str) -> int:
-    """An item count read from a hash anyone may write: 0 unless a non-negative int."""
-    return int(raw) if raw.isdigit() else 0
+    """An item count read from a hash anyone may write: 0 unless a non-negative int (ASCII
+    digits: str.isdigit takes '²', which int() refuses, and past 4,300 digits int() refuses
+    any)."""
+    return int(raw) if raw.isascii() and raw.isdigit() and len(raw) <= 18 else 0
 
 
 def _add_stream(row: KeyStats, length: Any, groups: Any, first: Any, now_ms: int) -> None:

@@ -273,7 +273,7 @@ class Keys:
             return stream[len(self._stream_prefix) :], 0
         rest = stream[len(self._priority_prefix) :]
         if not stream.startswith(self._priority_prefix) or rest[1:2] != ":" or not (
-            rest[:1].isdigit()
+            rest[:1].isascii() and rest[:1].isdigit()
         ):
             raise ValueError(f"{stream!r} is not a request stream of serving {self.name!r}")
         return rest[2:], int(rest[0])

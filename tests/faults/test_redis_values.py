@@ -330,3 +330,28 @@ def test_a_refused_value_is_logged_once_however_often_it_is_read(
             assert parse_declared({"max_payload_bytes": "abc", "batch_size": "8"}, keys) == {
                 "batch_size": 8}
     assert sum("ignored" in r.getMessage() for r in caplog.records) == 1
+
+
+# --- numbers in hashes and sets that stats and metrics read -------------------------------------
+def test_digits_that_int_refuses_in_depth_and_ready_do_not_break_stats_or_queue_gauges(
+    start_worker: StartWorker, redis_client: redis.Redis, redis_url: str, prefix: str,
+) -> None:
+    # Given a declared serving whose depth hash and ready set hold what str.isdigit() takes
+    # but int() refuses: a superscript two, and 5,000 nines
+    from queueserve.broker.sync import RedisBroker
+
+    start_worker(Recording(name="digits", batch_size=4, batch_timeout=0.005))
+    keys = Keys(prefix, "digits")
+    wait_until(lambda: redis_client.hget(keys.meta, "codec"), "the worker to declare the serving")
+    redis_client.hset(keys.depth, mapping={"sup": "²", "long": "9" * 5000})
+    redis_client.zadd(keys.ready, {"²sup": 1})
+    # When an operator asks for stats, and the metrics collector reads the queue depths
+    result = cli(redis_url, prefix, "stats", "digits")
+    broker = RedisBroker(redis_url)
+    try:
+        depths = broker.queue_depths([keys])
+    finally:
+        broker.close()
+    # Then both answer, counting what is not a number as nothing
+    assert result.returncode == 0, result.stderr
+    assert depths == [], depths
