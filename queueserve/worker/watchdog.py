@@ -164,7 +164,7 @@ def parse_bytes(value: int | str | None, what: str) -> int | None:
         unit = next((u for u in units if text.lower().endswith(u)), "")
         try:
             number = int(float(text[: len(text) - len(unit)]) * units.get(unit, 1))
-        except ValueError:
+        except (ValueError, OverflowError):  # "inf" is a float, but no number of bytes
             raise ValueError(
                 f"{what} must be a number of bytes like 2GiB or 512MB, got {value!r}"
             ) from None
