@@ -28,7 +28,7 @@ import pytest
 import redis
 
 from tests.support.fault_app import WorkerProc
-from tests.support.gateway_app import GatewayProc
+from tests.support.gateway_app import GatewayProc, gateway_stack
 from tests.support.helpers import pending_requests, stream_key, wait_until
 from tests.support.redis_server import prefixed_client
 
@@ -80,20 +80,11 @@ class Stack:
 def stack(redis_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     prefix = f"qsgw{uuid4().hex[:10]}"
     logs: Path = tmp_path_factory.mktemp("gateway")
-    with prefixed_client(redis_server, prefix) as r:
-        worker = WorkerProc([*SERVINGS, "--redis-url", redis_server, "--prefix", prefix,
-                             "--partitions", "1"], redis_server, prefix, logs / "worker.log")
-        gateway = None
-        try:
-            wait_until(lambda: all(r.exists(f"{prefix}:{{{n}}}:meta") for n in NAMES),
-                       "the worker to declare its servings", timeout=180, process=worker)
-            gateway = GatewayProc(redis_server, prefix, logs / "gateway.log", "--token", TOKEN,
-                                  "--max-body-bytes", str(MAX_BODY))
-            yield Stack(r, prefix, worker, gateway)
-        finally:
-            if gateway is not None:
-                gateway.stop()
-            worker.kill_group()
+    with prefixed_client(redis_server, prefix) as r, gateway_stack(
+        redis_server, prefix, logs, SERVINGS, NAMES, "--token", TOKEN,
+        "--max-body-bytes", str(MAX_BODY),
+    ) as (worker, gateway):
+        yield Stack(r, prefix, worker, gateway)
 
 
 def sse(response: httpx.Response) -> Iterator[tuple[str | None, Any]]:

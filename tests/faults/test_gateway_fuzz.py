@@ -1,0 +1,179 @@
+"""The gateway's fuzzer: hostile bodies, fields, headers and serving names sent to every HTTP
+endpoint of a real ``queueserve gateway`` process in front of a real worker (docs/gateway.md).
+
+The Redis fuzzer (test_fuzz.py) attacks keys and channels; an HTTP endpoint is a surface of
+another shape, so it has this table of its own. ENDPOINTS holds every route of the app, each
+with a valid request and the fields a hostile value replaces; ``test_every_route_has_a_fuzz_entry``
+fails when a route of ``create_app`` has no entry (or an entry no route).
+
+Every answer must be an expected status (never 500 or 503, never a hang) with the gateway's
+error shape when it is an error; the gateway's log holds no traceback; valid requests to every
+endpoint are answered as before, after it all.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from uuid import uuid4
+
+import httpx
+import pytest
+
+from queueserve.gateway import create_app
+from tests.support.gateway_app import GatewayProc, gateway_stack
+from tests.support.redis_server import prefixed_client
+
+TOKEN = "fuzz-token"
+MAX_BODY = 256 * 1024
+SEED = 28
+SERVINGS = ["tests.support.gateway_app:gated", "tests.support.gateway_app:hooked",
+            "tests.support.gateway_app:vectors", "tests.support.gateway_app:spell"]
+NAMES = ["gated", "hooked", "vectors", "spell"]
+# What a hostile request may get: a clear refusal, or an answer (an item is anything JSON
+# holds, and a serving may fail on it: 502). Never 500 or 503: those are the gateway's faults.
+EXPECTED = {200, 400, 401, 404, 405, 413, 502, 504}
+
+# JSON values of every shape a field may meet: wrong types, extremes, NaN, deep nesting,
+# long and odd strings (separators of Redis keys, NUL, a lone surrogate).
+HOSTILE_VALUES: list[str] = [
+    "null", "true", "false", "0", "-1", "1.5", "1e308", "-1e308", "1e400", "9" * 400,
+    "NaN", "Infinity", "-Infinity", '""', '" "', '"\\u0000"', '"\\ud800"', '"a:b{c}#d\\n"',
+    '"' + "x" * 100_000 + '"', "[]", "{}", "[null]", "[" * 5_000 + "]" * 5_000,
+    '{"a": ' * 2_000 + "1" + "}" * 2_000, '{"__proto__": 1}', '"9"', "[1, 2, 3]",
+    "[" + ",".join(["null"] * 20_000) + "]",
+]
+# Whole bodies: not JSON, not UTF-8, truncated, another type than an object, duplicate keys.
+HOSTILE_BODIES: list[bytes] = [
+    b"", b"{", b"}", b"nope", b"\xff\xfe\x00", b"\x80abc", b'{"item": 1', b"[]", b"null",
+    b'"item"', b"[" * 100_000, b'{"item": 1, "item": 2}', b"{\"item\": \"\xff\"}",
+    b" " * 1000 + b"{}", b"\x00" * 100,
+]
+# Headers: auth variants and lying or nonsense lengths and types.
+HOSTILE_HEADERS: list[dict[str, str]] = [
+    {"authorization": ""}, {"authorization": "Bearer"}, {"authorization": f"bearer {TOKEN}"},
+    {"authorization": f"Bearer {TOKEN}x"}, {"authorization": f"Basic {TOKEN}"},
+    {"authorization": "Bearer " + "x" * 8000}, {"content-type": "text/plain"},
+    {"content-type": "application/json; charset=latin-1"}, {"accept": "text/event-stream"},
+    {"x-forwarded-for": "1.2.3.4, ::1"}, {"content-encoding": "gzip"},
+]
+# Serving names in the path: separators of Redis keys, traversal, encodings, length.
+HOSTILE_NAMES: list[str] = [
+    "a:b", "{x}", "x#1", "..", "%2e%2e", "%00", "%FF", "a%0Ab", "*", "?", "é", "x" * 5_000,
+    "gated%20", "GATED", " ", "%7Bgated%7D",
+]
+
+
+@dataclass
+class Endpoint:
+    """One route: where to send a valid request, and which of its fields to attack."""
+
+    method: str
+    path: str  # the route's path with a real serving in place of {name}
+    valid: dict[str, Any] | None = None  # a valid JSON body (None: no body)
+    fields: list[str] = field(default_factory=list)
+    named: bool = False  # the path holds a serving name to attack
+
+
+ENDPOINTS: dict[tuple[str, str], Endpoint] = {
+    ("GET", "/healthz"): Endpoint("GET", "/healthz"),
+    ("GET", "/metrics"): Endpoint("GET", "/metrics"),
+    ("POST", "/v1/servings/{name}/dispatch"): Endpoint(
+        "POST", "/v1/servings/gated/dispatch", {"item": "a", "priority": 1},
+        ["item", "batch_key", "priority", "timeout"], named=True),
+    ("POST", "/v1/servings/{name}/dispatch_many"): Endpoint(
+        "POST", "/v1/servings/gated/dispatch_many", {"items": ["a", "b"]},
+        ["items", "batch_key", "priority", "timeout", "return_exceptions"], named=True),
+    ("POST", "/v1/servings/{name}/stream"): Endpoint(
+        "POST", "/v1/servings/hooked/stream", {"items": ["a"]},
+        ["items", "batch_key", "priority", "timeout", "max_in_flight"], named=True),
+    ("GET", "/v1/models"): Endpoint("GET", "/v1/models"),
+    ("POST", "/v1/embeddings"): Endpoint(
+        "POST", "/v1/embeddings", {"model": "vectors", "input": ["a", "bc"]},
+        ["model", "input", "encoding_format", "dimensions"]),
+    ("POST", "/v1/completions"): Endpoint(
+        "POST", "/v1/completions", {"model": "spell", "prompt": "ab", "max_tokens": 4},
+        ["model", "prompt", "max_tokens", "temperature", "seed", "stop", "stream", "n",
+         "echo", "logprobs", "suffix"]),
+}
+
+
+def routes_of_the_app() -> set[tuple[str, str]]:
+    app = create_app("redis://127.0.0.1:1/0")  # never connects: the client is made on use
+    found = set()
+    for route in app.routes:
+        for method in getattr(route, "methods", None) or ():
+            if method != "HEAD":  # Starlette adds HEAD to every GET
+                found.add((method, route.path))  # type: ignore[attr-defined]
+    return found
+
+
+def test_every_route_has_a_fuzz_entry() -> None:
+    routes = routes_of_the_app()
+    assert routes - ENDPOINTS.keys() == set(), "routes the gateway fuzzer does not attack"
+    assert ENDPOINTS.keys() - routes == set(), "fuzz entries for routes the app lacks"
+
+
+@pytest.fixture(scope="module")
+def gateway(redis_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProc]:
+    prefix = f"qsgwf{uuid4().hex[:10]}"
+    logs: Path = tmp_path_factory.mktemp("gateway-fuzz")
+    with prefixed_client(redis_server, prefix), gateway_stack(
+        redis_server, prefix, logs, SERVINGS, NAMES, "--token", TOKEN,
+        "--max-body-bytes", str(MAX_BODY),
+    ) as (_, proc):
+        yield proc
+
+
+Attack = tuple[str, str, bytes, dict[str, str]]
+
+
+def attacks(endpoint: Endpoint, rng: random.Random) -> Iterator[Attack]:
+    """(what, path, body, extra headers) of each hostile request to ``endpoint``."""
+    valid = b"" if endpoint.valid is None else json.dumps(endpoint.valid).encode()
+    for i, headers in enumerate(HOSTILE_HEADERS):
+        yield f"header {i}", endpoint.path, valid, headers
+    if endpoint.valid is not None:
+        for i, body in enumerate(HOSTILE_BODIES):
+            yield f"body {i}", endpoint.path, body, {}
+        for name in endpoint.fields:
+            for i, value in enumerate(HOSTILE_VALUES):
+                rest = {k: v for k, v in endpoint.valid.items() if k != name}
+                head = json.dumps(rest)[:-1] + (", " if rest else "")
+                body = f'{head}"{name}": {value}}}'.encode()
+                yield f"field {name} value {i}", endpoint.path, body, {}
+    if endpoint.named:
+        action = endpoint.path.rsplit("/", 1)[1]
+        for name in rng.sample(HOSTILE_NAMES, len(HOSTILE_NAMES)):
+            yield f"name {name[:20]!r}", f"/v1/servings/{name}/{action}", valid, {}
+
+
+def check(what: str, response: httpx.Response) -> None:
+    assert response.status_code in EXPECTED, (what, response.status_code, response.text[:500])
+    if response.status_code >= 400:
+        error = response.json()["error"]
+        assert error["status"] == response.status_code and error["type"] and error["message"]
+
+
+def test_hostile_requests_to_every_endpoint_get_clear_answers(gateway: GatewayProc) -> None:
+    rng = random.Random(SEED)
+    sent = 0
+    with httpx.Client(base_url=gateway.url, timeout=60,
+                      headers={"authorization": f"Bearer {TOKEN}"}) as http:
+        for key, endpoint in ENDPOINTS.items():
+            for what, path, body, headers in attacks(endpoint, rng):
+                response = http.request(endpoint.method, path, content=body or None,
+                                        headers=headers)
+                check(f"{key} {what}", response)
+                sent += 1
+        # After it all, every endpoint answers a valid request as before
+        for key, endpoint in ENDPOINTS.items():
+            response = http.request(endpoint.method, endpoint.path, json=endpoint.valid)
+            assert response.status_code == 200, (key, response.text[:500])
+    assert sent > 500
+    assert gateway.proc.poll() is None
+    assert "Traceback" not in gateway.output(), gateway.output()[-5000:]
