@@ -25,7 +25,7 @@ import redis
 
 from queueserve.broker.sync import RedisBroker
 from queueserve.wire.codec import get_codec
-from queueserve.wire.messages import encode_request
+from queueserve.wire.request import encode_request
 from queueserve.wire.protocol import Keys, inbox_key
 
 from ._harness import RedisServer

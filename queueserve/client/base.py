@@ -28,7 +28,7 @@ from queueserve.serving import Serving
 from queueserve.settings import Settings, check_prefix, check_redis_url, check_timeout
 from queueserve.wire import protocol as P
 from queueserve.wire.codec import Codec, get_codec
-from queueserve.wire.messages import encode_request
+from queueserve.wire.request import encode_request
 from queueserve.wire.options import parse_declared
 from queueserve.wire.timing import ALIVE_WITHIN_S, RECONNECT_WITHIN_S
 

@@ -17,7 +17,7 @@ from queueserve.errors import Cancelled, QueueServeError
 from queueserve.results import unbatch
 from queueserve.wire import protocol as P
 from queueserve.wire.codec import Codec, MsgpackCodec, codec_for_tag
-from queueserve.wire.messages import error_from_wire
+from queueserve.wire.error import raised
 
 MSGPACK_TAG = MsgpackCodec.tag
 
@@ -167,7 +167,7 @@ class CallTable:
             if call is None:  # finished already (a duplicate), cancelled, or not ours
                 continue
             if kind == P.ERROR:
-                values = [error_from_wire(body)] * count
+                values = [raised(body)] * count
             else:
                 values = unbatch(kind, body)
                 call.kind = kind

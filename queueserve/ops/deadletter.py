@@ -12,11 +12,10 @@ from dataclasses import dataclass
 
 import msgpack
 
-from queueserve.broker.sync import RedisBroker
+from queueserve.broker.admin import Admin
 from queueserve.wire import protocol as P
 from queueserve.wire.codec import MsgpackCodec
-from queueserve.wire.messages import pack_members
-from queueserve.worker.pipeline.decode import parse_header
+from queueserve.wire.request import header_events, header_priority, pack_members, parse_header
 
 
 @dataclass(frozen=True)
@@ -39,7 +38,7 @@ class DeadLetters:
     record of shard i > 0 is named ``<entry id>@i``; shard 0's records keep their plain id.
     """
 
-    def __init__(self, broker: RedisBroker, prefix: str, serving: str) -> None:
+    def __init__(self, broker: Admin, prefix: str, serving: str) -> None:
         self.broker = broker
         self.keys = P.Keys(prefix, serving)
         self.shards = broker.shards(self.keys)
@@ -165,14 +164,14 @@ def _replayable(
     refuse, or which disagrees with the rest of the record."""
     header = parse_header(raw_header)
     count, reply_to, codec = header[P.H_COUNT], header[P.H_REPLY_TO], header[P.H_CODEC]
-    events = header[P.H_EVENTS] if len(header) > P.H_EVENTS else ""
+    events = header_events(header)
     if not P.is_inbox(keys.prefix, reply_to):
         raise ValueError(f"its reply address {reply_to!r:.100} is not an inbox of prefix "
                          f"{keys.prefix!r} ({keys.prefix}:inbox:<client id>)")
     if events and not P.is_events_channel(keys.prefix, events):
         raise ValueError(f"its events channel {events!r:.100} is not a client channel of "
                          f"prefix {keys.prefix!r} ({keys.prefix}:events:<client id>)")
-    own = header[P.H_PRIORITY] if len(header) > P.H_PRIORITY else 0
+    own = header_priority(header)
     if own != priority:
         raise ValueError(f"its header says priority {own}, its stream priority {priority}")
     if type(codec) is not str:

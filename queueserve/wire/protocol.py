@@ -33,13 +33,15 @@ each with the keys below; ``meta``, ``config`` and ``workers`` are read from sha
     P:worker:W        hash     registry record of worker process W (TTL)
 
 Request stream entry:
-    h  msgpack [version, request_id, n_items, reply_to, deadline_ms, codec(, events(, priority))]
+    h  msgpack [version, request_id, n_items, reply_to, deadline_ms, codec(, events(, priority
+       (, fields)))] (wire/request.py)
        request_id is an int unique within the client whose inbox is reply_to;
        deadline_ms is unix time in ms, 0 = none; events, when present and not empty, is the
        pub/sub channel of the caller's client for streamed events (such requests never split);
        priority (0..9, larger first) is present only when not 0, so entries of priority 0 stay
        readable by workers that predate it. It is also in the stream's name, which a
-       redelivery keeps.
+       redelivery keeps. fields, present only when not empty, is a map of optional fields
+       (trace context, job id, tenant): the header grows there without a version bump.
     p  the items, a list encoded with the serving's codec
     a  the items admission counted (enqueue.lua), released by the entry's ack
 
@@ -110,7 +112,7 @@ ERR_BAD_REQUEST: Final = "bad_request"
 ERR_DEAD_LETTER: Final = "dead_letter"
 
 # Header field positions.
-H_VERSION, H_ID, H_COUNT, H_REPLY_TO, H_DEADLINE, H_CODEC, H_EVENTS, H_PRIORITY = range(8)
+H_VERSION, H_ID, H_COUNT, H_REPLY_TO, H_DEADLINE, H_CODEC, H_EVENTS, H_PRIORITY, H_FIELDS = range(9)
 
 MAX_PRIORITY: Final = 9
 # Ageing: one priority level is worth this much waiting. A stream of priority 0 that waited

@@ -18,7 +18,7 @@ import queueserve as qs
 from queueserve.broker.sync import PendingRead, ReadOutcome, RedisBroker
 from queueserve.errors import RedisUnavailable
 from queueserve.wire.codec import get_codec
-from queueserve.wire.messages import encode_request
+from queueserve.wire.request import encode_request
 from queueserve.wire.protocol import GROUP, Keys, inbox_key
 from queueserve.worker.pipeline import runner as runner_module
 from queueserve.worker.pipeline.runner import ServingRunner

@@ -13,7 +13,7 @@ import pytest
 import queueserve as qs
 from queueserve.wire import protocol as P
 from queueserve.wire.codec import get_codec
-from queueserve.wire.messages import encode_request
+from queueserve.wire.request import encode_request
 from queueserve.worker.pipeline.decode import Accepted, Rejected, decode_entry
 
 MSGPACK = get_codec("msgpack")

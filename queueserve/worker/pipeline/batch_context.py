@@ -25,7 +25,7 @@ from typing import Any
 from queueserve.hooks import END, NO_OUTPUT
 from queueserve.results import BatchResults
 from queueserve.wire import protocol as P
-from queueserve.wire.messages import error_to_wire
+from queueserve.wire.error import error_body
 from queueserve.worker.pipeline.batching import Request, Slice
 from queueserve.worker.pipeline.execute import Row, Segment
 
@@ -75,7 +75,7 @@ class BatchContext:
                 if all(ended):
                     break
         except Exception as e:
-            error = error_to_wire(e)
+            error = error_body(e)
             return [
                 (i, 1, BatchResults([values[i]], 1, self.serving, P.STEPS) if ended[i] else error)
                 for i in range(size)

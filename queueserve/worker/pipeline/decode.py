@@ -10,11 +10,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import msgpack
-
 from queueserve.serving import Serving
 from queueserve.wire import protocol as P
 from queueserve.wire.codec import Codec
+from queueserve.wire.request import header_events, header_priority, parse_header
 from queueserve.worker.pipeline.batching import Request, Slice
 
 _KNOWN_INBOXES = 4096  # valid reply addresses an intake remembers
@@ -45,30 +44,6 @@ def _header(fields: dict[bytes, bytes]) -> list[Any]:
     return parse_header(raw)
 
 
-def parse_header(raw: bytes) -> list[Any]:
-    """A request header as a worker reads it; ValueError saying what is wrong with it (its
-    addresses are checked by the caller: ``P.is_inbox``, ``P.is_events_channel``)."""
-    try:
-        header = msgpack.unpackb(raw, raw=False)
-    except Exception as e:
-        raise ValueError(f"header is not msgpack: {e}") from None
-    if not isinstance(header, list) or len(header) not in (6, 7, 8):
-        raise ValueError(f"header must be a list of 6 to 8 fields, got {header!r:.200}")
-    if header[P.H_VERSION] != P.WIRE_VERSION:
-        raise ValueError(
-            f"wire version {header[P.H_VERSION]!r} is not supported (this worker speaks "
-            f"{P.WIRE_VERSION}); upgrade the older side"
-        )
-    rid, n, reply_to, deadline = header[1:5]
-    events = header[P.H_EVENTS] if len(header) > P.H_EVENTS else ""
-    if not (isinstance(rid, int) and isinstance(n, int) and n >= 1 and isinstance(reply_to, str)
-            and isinstance(deadline, int) and isinstance(events, str)):
-        raise ValueError(f"header fields have wrong types: {header!r:.200}")
-    if len(header) > P.H_PRIORITY:
-        P.check_priority(header[P.H_PRIORITY])
-    return header
-
-
 def decode_plain(
     codec: Codec, max_payload_bytes: int, stream: str, entry_id: bytes,
     fields: dict[bytes, bytes], now: float, inboxes: set[str],
@@ -81,22 +56,17 @@ def decode_plain(
     if raw is None or payload is None or len(payload) > max_payload_bytes:
         return None
     try:
-        header = msgpack.unpackb(raw, raw=False)
-    except Exception:
+        header = parse_header(raw)
+    except ValueError:
         return None
-    if type(header) is not list or not 6 <= len(header) <= 8:
-        return None
-    version, rid, n, reply_to, deadline_ms, codec_name, *rest = header
-    if (version != P.WIRE_VERSION or type(rid) is not int or type(n) is not int or n < 1
-            or type(deadline_ms) is not int or type(reply_to) is not str
-            or reply_to not in inboxes
-            or codec_name != codec.name or (deadline_ms and deadline_ms <= now * 1000)
+    _, rid, n, reply_to, deadline_ms, codec_name, *rest = header
+    if (reply_to not in inboxes or codec_name != codec.name
+            or (deadline_ms and deadline_ms <= now * 1000)
             or not admitted.isdigit() or len(admitted) > 12):
         return None
     priority = 0
     if rest:
-        if rest[0] != "" or (len(rest) > 1 and (type(rest[1]) is not int
-                                                 or not 0 <= rest[1] <= P.MAX_PRIORITY)):
+        if rest[0] != "":  # streams events: decode_entry checks its channel
             return None
         priority = rest[1] if len(rest) > 1 else 0
     count = int(admitted)
@@ -154,14 +124,12 @@ def decode_entry(
             f"{prefix!r} ({prefix}:inbox:<client id>); only queueserve clients may enqueue"
         )
         return Rejected(entry_id, stream, reason, P.ERR_BAD_REQUEST, None)
-    size = len(header)
-    events = header[P.H_EVENTS] if size > P.H_EVENTS else ""
+    events = header_events(header)
     no_split = bool(events) or serving.hooks is not None
     bad_events = bool(events) and not P.is_events_channel(prefix, events)
     request = Request(entry_id, stream, rid, reply_to, deadline_ms / 1000.0, n,
                       "" if bad_events else events, no_split)
-    if size > P.H_PRIORITY:
-        request.priority = header[P.H_PRIORITY]
+    request.priority = header_priority(header)
     payload = fields.get(b"p")
     admitted = _admitted(fields, n, payload)
     request.admitted = admitted or 0

@@ -12,7 +12,7 @@ from typing import Any
 from queueserve.results import BatchResultError, BatchResults
 from queueserve.serving import Batch, Partition, Serving
 from queueserve.wire import protocol as P
-from queueserve.wire.messages import error_to_wire
+from queueserve.wire.error import error_body
 from queueserve.worker.pipeline.batching import Request, Slice
 
 log = logging.getLogger(__name__)
@@ -33,7 +33,7 @@ class Unfinished:
         try:
             return serving.results(self.batch, self.output)
         except Exception as e:
-            return error_to_wire(e)
+            return error_body(e)
 
 
 @dataclass(slots=True)
@@ -87,7 +87,7 @@ def prepare_isolated(
         return [Part(start, len(items), serving.prepare_batch(Batch(items, key, partition)))]
     except Exception as e:
         if len(items) == 1 or serving.on_error == "fail":
-            return [Part(start, len(items), error=error_to_wire(e))]
+            return [Part(start, len(items), error=error_body(e))]
         log.debug(
             "serving %s key %s: preparing a batch of %d raised %r; bisecting",
             serving.name, key, len(items), e,
@@ -122,11 +122,11 @@ def run_isolated(
             return [(start, len(items), Unfinished(batch, output))]
         results = BatchResults(output, len(items), serving.name)
     except BatchResultError as e:  # the function's contract is broken for the whole batch
-        return [(start, len(items), error_to_wire(e))]
+        return [(start, len(items), error_body(e))]
     except Exception as e:
         oom = is_out_of_memory(e)
         if len(items) == 1 or (serving.on_error == "fail" and not oom):
-            return [(start, len(items), error_to_wire(e))]
+            return [(start, len(items), error_body(e))]
         if oom:
             _free_device_memory()
             log.warning(

@@ -19,11 +19,12 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from queueserve.broker.sync import RedisBroker
+from queueserve.broker.consumer import Consumer
 from queueserve.serving import Serving
 from queueserve.wire import protocol as P
 from queueserve.wire.codec import Codec
-from queueserve.wire.messages import error_to_wire, pack_members
+from queueserve.wire.error import bad_request, dead_lettered, error_body
+from queueserve.wire.request import pack_members
 from queueserve.wire.timing import CLAIM_IDLE_S, DEAD_AFTER_S
 from queueserve.worker.middleware import Middleware
 from queueserve.worker.pipeline.batching import Pack, Request, Slice
@@ -54,7 +55,7 @@ class Intake:
     serving: Serving
     codec: Codec
     keys: P.Keys
-    broker: RedisBroker
+    broker: Consumer
     consumer: str
     middleware: Middleware
     inboxes: set[str] = field(default_factory=set)  # reply addresses found valid
@@ -192,8 +193,7 @@ class Intake:
                 ack_now=True,
             )
             return
-        rows.append((request, 0, request.n, P.ERROR, ["BadRequest", rejected.reason, "",
-                                                       rejected.kind]))
+        rows.append((request, 0, request.n, P.ERROR, bad_request(rejected.reason, rejected.kind)))
 
     def _dead_letter(self, entry: Entry, decoded: Accepted | Rejected, rows: list[Row]) -> None:
         reason = (
@@ -215,8 +215,7 @@ class Intake:
         )
         if request is not None:  # the replier answers, then acks and releases its items
             message = f"{reason}; it was moved to the dead-letter stream {dead}"
-            rows.append((request, 0, request.n, P.ERROR,
-                         ["DeadLettered", message, "", P.ERR_DEAD_LETTER]))
+            rows.append((request, 0, request.n, P.ERROR, dead_lettered(message)))
 
     def reclaim(
         self, streams: list[str], room: int, held: set[tuple[str, bytes]]
@@ -281,7 +280,7 @@ def _item_errors(decoded: Accepted) -> list[Row]:
     """A BadRequest row for each item of an accepted request that its checks refused."""
     return [
         (decoded.request, offset, 1, P.ERROR,
-         error_to_wire(ValueError(reason), P.ERR_BAD_REQUEST))
+         error_body(ValueError(reason), P.ERR_BAD_REQUEST))
         for offset, reason in decoded.rejected_items
     ]
 

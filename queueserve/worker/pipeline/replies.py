@@ -18,7 +18,7 @@ from typing import Any
 
 from queueserve.wire import protocol as P
 from queueserve.wire.codec import Codec
-from queueserve.wire.messages import error_to_wire
+from queueserve.wire.error import error_body
 from queueserve.worker.pipeline.execute import Row
 
 log = logging.getLogger(__name__)
@@ -220,7 +220,7 @@ class _Encoder:
                     *events_total]
         self.errors[P.ERR_REMOTE] = self.errors.get(P.ERR_REMOTE, 0) + 1
         log.warning("%s", problem)
-        return [rid, offset, 1, P.ERROR, error_to_wire(problem), *events_total]
+        return [rid, offset, 1, P.ERROR, error_body(problem), *events_total]
 
 
 def _cut(kind: int, body: Any, start: int, end: int) -> Any:

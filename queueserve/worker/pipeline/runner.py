@@ -34,13 +34,15 @@ import threading
 import time
 from collections.abc import Callable
 
+from queueserve.broker.consumer import Consumer
+from queueserve.broker.core import Subscription
+from queueserve.broker.reads import PendingRead, ReadOutcome, WakeRead
 from queueserve.broker.retry import RedisFailure, Retry
-from queueserve.broker.sync import PendingRead, ReadOutcome, RedisBroker, Subscription, WakeRead
 from queueserve.serving import Partition, Serving
 from queueserve.steps import StepServing
 from queueserve.wire import protocol as P
+from queueserve.wire.cancel import parse_cancel
 from queueserve.wire.codec import get_codec
-from queueserve.wire.messages import parse_cancel
 from queueserve.wire.options import parse_overrides
 from queueserve.wire.timing import FORGET_EVERY_S, RECLAIM_EVERY_S
 from queueserve.worker.middleware import Middleware
@@ -70,7 +72,6 @@ READ_BLOCK_MS = 100  # longest wait on the wake stream when nothing is ready
 LEND_WAIT_S = 0.002
 FULL_WAIT_S = 0.002  # nothing readable but keys whose batch is full: look again this soon
 RECENT_CANCELS = 10_000  # cancels of entries not held kept at most (junk floods the channel)
-_EXPIRED = ["Timeout", "the request's deadline passed before its batch ran", "", P.ERR_TIMEOUT]
 
 
 
@@ -80,7 +81,7 @@ class ServingRunner:
     def __init__(
         self,
         serving: Serving,
-        broker: RedisBroker,
+        broker: Consumer,
         prefix: str,
         consumer: str,
         partition: Partition,

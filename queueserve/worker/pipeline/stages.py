@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from queueserve import hooks
 from queueserve.serving import Partition, Serving
 from queueserve.wire import protocol as P
+from queueserve.wire.error import EXPIRED
 from queueserve.worker.middleware import Middleware
 from queueserve.worker.pipeline.batch_context import BatchContext
 from queueserve.worker.pipeline.batching import Slice, TakenBatch
@@ -53,7 +54,6 @@ from queueserve.worker.pipeline.execute import (
 
 log = logging.getLogger(__name__)
 
-EXPIRED = ["Timeout", "the request's deadline passed before its batch ran", "", P.ERR_TIMEOUT]
 
 
 @dataclass(eq=False)

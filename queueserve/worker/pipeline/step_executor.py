@@ -30,13 +30,13 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Protocol
 
-from queueserve.broker.sync import RedisBroker
+from queueserve.broker.consumer import Consumer
 from queueserve.errors import RedisCommandError, RedisUnavailable
 from queueserve.hooks import END, NO_OUTPUT
 from queueserve.serving import Partition
 from queueserve.steps import Resume, StepServing
 from queueserve.wire import protocol as P
-from queueserve.wire.messages import error_to_wire
+from queueserve.wire.error import EXPIRED_GENERATING, error_body
 from queueserve.wire.timing import CALLER_CHECK_EVERY_S
 from queueserve.worker.middleware import Middleware
 from queueserve.worker.pipeline.batch_context import event_rows
@@ -61,7 +61,7 @@ class Runner(Protocol):
     here so that the runner, which starts the executor, is not imported by it."""
 
     serving: Any
-    broker: RedisBroker
+    broker: Consumer
     consumer: str
     partition: Partition
     middleware: Middleware
@@ -75,8 +75,6 @@ class Runner(Protocol):
 log = logging.getLogger(__name__)
 
 IDLE_WAIT_S = 0.1  # how often an idle executor looks whether it should stop
-_EXPIRED = ["Timeout", "the request's deadline passed before it finished generating", "",
-            P.ERR_TIMEOUT]
 
 Outcome = Any  # a value, or an error body (list[str]) wrapped in _Failed
 
@@ -239,7 +237,7 @@ class StepExecutor:
                 return P.DROP, None
             if request.deadline:
                 if request.deadline <= now:
-                    return P.ERROR, _EXPIRED
+                    return P.ERROR, EXPIRED_GENERATING
                 self._next_deadline = min(self._next_deadline, request.deadline)
             return None
 
@@ -280,7 +278,7 @@ class StepExecutor:
                     raise ValueError(reason)
             except Exception as e:  # serving code, or what it returned: this request's error
                 rows.append((w.piece.request, w.piece.offset, w.slots, P.ERROR,
-                             error_to_wire(e, P.ERR_BAD_REQUEST)))
+                             error_body(e, P.ERR_BAD_REQUEST)))
                 bad.append(w)
         if bad:
             with self.runner.cond:
@@ -513,7 +511,7 @@ class StepExecutor:
             try:
                 results.append(self.serving.result(m.states[i], m.outputs[i]))
             except Exception as e:
-                m.errors[i] = error_to_wire(e)
+                m.errors[i] = error_body(e)
                 results.append(None)
         rows: list[Row] = []
         ok = [e is None for e in m.errors]
@@ -547,7 +545,7 @@ class StepExecutor:
                     self.serving.on_error == "fail" and not oom):
                 log.warning("serving %s key %s: %s of %d sequences failed: %r",
                             self.serving.name, key, what, len(pos), e)
-                return [_Failed(error_to_wire(e))] * len(pos)
+                return [_Failed(error_body(e))] * len(pos)
             if oom:
                 _free_device_memory()
             mid = len(pos) // 2

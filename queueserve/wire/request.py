@@ -1,0 +1,118 @@
+"""A request entry's header: built by clients, read by workers (both of their decode paths) and
+by `queueserve dead-letter replay`, here alone.
+
+The header is a msgpack list, positional up to the priority, then a map of optional fields::
+
+    [version, request id, item count, reply inbox, deadline (unix ms, 0 = none), codec name
+     (, events channel (, priority (, fields)))]
+
+A trailing field is written only when it, or one after it, is set: a header without events,
+priority and fields is the 6-field list every version of the worker reads. ``fields`` (a map of
+str -> value) is how the header grows without a version bump per field: trace context, job
+id, tenant (``FIELDS``). A worker ignores keys it does not know. ``WIRE_VERSION`` changes only
+when an existing position changes meaning. docs/architecture.md ("Wire versions") says what
+mixed versions do during a rolling upgrade.
+
+Its payload is the items, encoded by the request's codec. A pack entry (several requests in
+one entry, enqueue.lua) carries each request's header, payload and admitted items in ``k``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+
+import msgpack
+
+from queueserve.wire import protocol as P
+from queueserve.wire.codec import Codec, pack_plain
+
+# Optional header fields the project knows of (the map may carry others: they are ignored).
+FIELDS: Final = ("trace", "job", "tenant")
+_MAX_FIELDS = 64  # a map is a stranger's: its size is bounded like everything else read
+
+
+def encode_request(
+    codec: Codec, rid: int, items: list[Any], reply_to: str, deadline: float | None,
+    events: str = "", priority: int = 0, fields: Mapping[str, Any] | None = None,
+) -> tuple[bytes, bytes]:
+    """(header, payload) of one request. ``fields``: optional header fields; send them only to
+    workers that read them (docs/architecture.md, "Wire versions")."""
+    header = [P.WIRE_VERSION, rid, len(items), reply_to,
+              0 if deadline is None else int(deadline * 1000), codec.name]
+    if events or priority or fields:
+        header.append(events)
+    if priority or fields:  # left out at 0: such headers stay readable by older workers
+        header.append(priority)
+    if fields:
+        header.append(dict(fields))
+    return pack_plain(header), codec.dumps(items)
+
+
+def parse_header(raw: bytes) -> list[Any]:
+    """A request header, checked; ValueError saying what is wrong with it. Its addresses are
+    checked by the caller (``P.is_inbox``, ``P.is_events_channel``): they depend on the prefix.
+    The worker's one-pass decode and its full decode both read headers with this."""
+    try:
+        header = msgpack.unpackb(raw, raw=False)
+    except Exception as e:
+        raise ValueError(f"header is not msgpack: {e}") from None
+    if type(header) is not list or not 6 <= len(header) <= 9:
+        raise ValueError(f"header must be a list of 6 to 9 fields, got {header!r:.200}")
+    if header[P.H_VERSION] != P.WIRE_VERSION:
+        raise ValueError(
+            f"wire version {header[P.H_VERSION]!r} is not supported (this worker speaks "
+            f"{P.WIRE_VERSION}); upgrade the older side"
+        )
+    _, rid, n, reply_to, deadline, _codec, *rest = header
+    if not (isinstance(rid, int) and isinstance(n, int) and n >= 1 and isinstance(reply_to, str)
+            and isinstance(deadline, int) and (not rest or isinstance(rest[0], str))):
+        raise ValueError(f"header fields have wrong types: {header!r:.200}")
+    if len(rest) > 1:
+        P.check_priority(rest[1])
+        if len(rest) > 2:
+            _check_fields(rest[2])
+    return header
+
+
+def _check_fields(fields: Any) -> None:
+    if type(fields) is not dict or len(fields) > _MAX_FIELDS or not all(
+        type(k) is str for k in fields
+    ):
+        raise ValueError(
+            f"header's optional fields must be a map of at most {_MAX_FIELDS} string keys, "
+            f"got {fields!r:.200}"
+        )
+
+
+def header_events(header: list[Any]) -> str:
+    """The events channel a checked header names, or ""."""
+    events: str = header[P.H_EVENTS] if len(header) > P.H_EVENTS else ""
+    return events
+
+
+def header_priority(header: list[Any]) -> int:
+    priority: int = header[P.H_PRIORITY] if len(header) > P.H_PRIORITY else 0
+    return priority
+
+
+def pack_members(fields: dict[bytes, bytes]) -> list[dict[bytes, bytes]]:
+    """The requests of a pack (an entry of several, enqueue.lua), each as the fields of an
+    entry of one request; ValueError saying what is wrong when its 'k' field is not a pack."""
+    try:
+        members = msgpack.unpackb(fields[b"k"], raw=True)
+    except Exception as e:
+        raise ValueError(f"its 'k' field is not msgpack: {e}") from None
+    if type(members) is not list or not members:
+        raise ValueError(f"its 'k' field must be a list of requests, got {members!r:.200}")
+    out = []
+    for member in members:
+        if type(member) is not list or len(member) != 3 or not all(
+            type(value) is bytes for value in member
+        ):
+            raise ValueError(
+                f"each request of a pack must be [header, payload, items] (3 byte strings), "
+                f"got {member!r:.200}"
+            )
+        out.append({b"h": member[0], b"p": member[1], b"a": member[2]})
+    return out
