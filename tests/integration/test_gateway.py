@@ -194,9 +194,9 @@ def test_auth_is_refused_without_the_token(stack: Stack) -> None:
         assert error_of(response)["type"] == "unauthorized"
         assert response.headers["www-authenticate"] == "Bearer"
     assert health.status_code == 200 and health.json() == {"status": "ok"}
-    with pytest.raises(openai.AuthenticationError):
-        openai.OpenAI(base_url=f"{stack.url}/v1", api_key="wrong",
-                      max_retries=0).models.list()
+    with openai.OpenAI(base_url=f"{stack.url}/v1", api_key="wrong", max_retries=0) as client, \
+            pytest.raises(openai.AuthenticationError):
+        client.models.list()
 
 
 def test_a_body_over_the_limit_is_413(stack: Stack) -> None:
@@ -321,59 +321,60 @@ def test_a_dispatch_whose_client_disconnects_is_cancelled(stack: Stack) -> None:
 
 # --- OpenAI-compatible endpoints, through the official client --------------------------------
 def test_openai_embeddings(stack: Stack) -> None:
-    client = stack.openai()
-    texts = ["a cat sat on the mat", "queues of work, served in batches"]
-    floats = client.embeddings.create(model="all-MiniLM-L6-v2", input=texts,
-                                      encoding_format="float")
-    packed = client.embeddings.create(model="embed", input=texts, encoding_format="base64")
-    one = client.embeddings.create(model="embed", input=texts[0])
-    assert [d.index for d in floats.data] == [0, 1]
-    for a, b in zip(floats.data, packed.data, strict=True):
-        assert len(a.embedding) == 384
-        assert math.isclose(sum(x * x for x in a.embedding), 1.0, rel_tol=1e-4)
-        # asked for explicitly, base64 comes as it was sent: little-endian float32
-        unpacked = np.frombuffer(base64.b64decode(str(b.embedding)), dtype="<f4")
-        assert a.embedding == pytest.approx(unpacked.tolist(), abs=1e-6)
-    assert one.data[0].embedding == pytest.approx(floats.data[0].embedding, abs=1e-5)
-    assert floats.model == "all-MiniLM-L6-v2"
-    with pytest.raises(openai.NotFoundError):
-        client.embeddings.create(model="text-embedding-3-small", input="x")
+    with stack.openai() as client:
+        texts = ["a cat sat on the mat", "queues of work, served in batches"]
+        floats = client.embeddings.create(model="all-MiniLM-L6-v2", input=texts,
+                                          encoding_format="float")
+        packed = client.embeddings.create(model="embed", input=texts, encoding_format="base64")
+        one = client.embeddings.create(model="embed", input=texts[0])
+        assert [d.index for d in floats.data] == [0, 1]
+        for a, b in zip(floats.data, packed.data, strict=True):
+            assert len(a.embedding) == 384
+            assert math.isclose(sum(x * x for x in a.embedding), 1.0, rel_tol=1e-4)
+            # asked for explicitly, base64 comes as it was sent: little-endian float32
+            unpacked = np.frombuffer(base64.b64decode(str(b.embedding)), dtype="<f4")
+            assert a.embedding == pytest.approx(unpacked.tolist(), abs=1e-6)
+        assert one.data[0].embedding == pytest.approx(floats.data[0].embedding, abs=1e-5)
+        assert floats.model == "all-MiniLM-L6-v2"
+        with pytest.raises(openai.NotFoundError):
+            client.embeddings.create(model="text-embedding-3-small", input="x")
 
 
 def test_openai_completions_with_and_without_stream(stack: Stack) -> None:
-    client = stack.openai()
-    whole = client.completions.create(model="charlm", prompt="The queue ", max_tokens=24,
-                                      temperature=0)
-    chunks = list(client.completions.create(model="charlm", prompt="The queue ", max_tokens=24,
-                                            temperature=0, stream=True))
-    text = whole.choices[0].text
-    assert len(text) == 24 and whole.choices[0].finish_reason == "length"
-    assert "".join(c.choices[0].text for c in chunks) == text  # greedy: the same text
-    assert len(chunks) == 25  # a chunk per character, then the finish reason
-    assert chunks[-1].choices[0].finish_reason == "length"
-    both = client.completions.create(model="charlm", prompt=["The queue ", "A"], max_tokens=5,
-                                     temperature=0)
-    assert [c.index for c in both.choices] == [0, 1]
-    assert both.choices[0].text == text[:5]
-    with pytest.raises(openai.BadRequestError):
-        client.completions.create(model="charlm", prompt="x", n=2)
+    with stack.openai() as client:
+        whole = client.completions.create(model="charlm", prompt="The queue ", max_tokens=24,
+                                          temperature=0)
+        chunks = list(client.completions.create(model="charlm", prompt="The queue ", max_tokens=24,
+                                                temperature=0, stream=True))
+        text = whole.choices[0].text
+        assert len(text) == 24 and whole.choices[0].finish_reason == "length"
+        assert "".join(c.choices[0].text for c in chunks) == text  # greedy: the same text
+        assert len(chunks) == 25  # a chunk per character, then the finish reason
+        assert chunks[-1].choices[0].finish_reason == "length"
+        both = client.completions.create(model="charlm", prompt=["The queue ", "A"], max_tokens=5,
+                                         temperature=0)
+        assert [c.index for c in both.choices] == [0, 1]
+        assert both.choices[0].text == text[:5]
+        with pytest.raises(openai.BadRequestError):
+            client.completions.create(model="charlm", prompt="x", n=2)
 
 
 def test_openai_models_lists_the_servings_and_aliases(stack: Stack) -> None:
-    ids = {m.id for m in stack.openai().models.list()}
+    with stack.openai() as client:
+        ids = {m.id for m in client.models.list()}
     assert set(NAMES) | {"all-MiniLM-L6-v2"} <= ids
 
 
 def test_many_threads_of_openai_clients_at_once(stack: Stack) -> None:
-    client = stack.openai()
-    results: list[Any] = []
-    lock = threading.Lock()
+    with stack.openai() as client:
+        results: list[Any] = []
+        lock = threading.Lock()
 
-    def embed(i: int) -> None:
-        vector = client.embeddings.create(model="embed", input=f"text {i}").data[0].embedding
-        with lock:
-            results.append(len(vector))
+        def embed(i: int) -> None:
+            vector = client.embeddings.create(model="embed", input=f"text {i}").data[0].embedding
+            with lock:
+                results.append(len(vector))
 
-    with ThreadPoolExecutor(8) as pool:
-        list(pool.map(embed, range(16)))
-    assert results == [384] * 16
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(embed, range(16)))
+        assert results == [384] * 16
