@@ -1,47 +1,58 @@
 """Generation: continuous batching vs static generator batching, and the prefix cache.
 
-    python -m bench.generate [--requests 80] [--rate 30] [--seed 0] [--repeat 3]
+    python -m bench.generate [--model charlm|chartf|both] [--device cpu|cuda]
+                             [--requests 80] [--rate 30] [--seed 0] [--repeat 3]
                              [--saturating-requests 160] [--saturating-rate 300]
+                             [--null] [--json PATH]
 
-One worker process (one partition; charlm sets one torch thread) serves the character-level GRU
-(``tasks.charlm``) three ways: ``charlm`` (StepServing, continuous batching, prefix cache on),
-``charlm_static`` (the same model and steps as a generator serving: static batching) and
-``charlm_cold`` (continuous, cache off: what the mixed loads are compared with, so that only
-the batching differs). All share a private redis-server.
+Two models, each served three ways by one worker process (one partition; on a CPU both set one
+torch thread) with a private redis-server: the character-level GRU (``tasks.charlm``) and the
+character-level transformer with a paged KV cache (``tasks.chartf``). For a model M: ``M``
+(StepServing, continuous batching, prefix cache on), ``M_static`` (the same model and steps as
+a generator serving: static batching) and ``M_cold`` (continuous, cache off: what the mixed
+loads are compared with, so that only the batching differs). ``--device cuda`` runs the model
+alone and the worker's partition on the first CUDA device; ``cpu`` hides every device.
 
 0. The model alone, no Redis: the same requests all at once, run through the static schedule
    (batches of 16 to their longest end) and the continuous one (a sequence joins as soon as a
-   slot frees), CPU seconds of this one thread: what scheduling alone can gain here; and the
-   decode calls each schedule makes, with the sequences per call.
+   slot frees), CPU seconds of this one thread (wall seconds on CUDA): what scheduling alone
+   can gain here; and the decode calls each schedule makes, with the sequences per call.
 1. Mixed load, sent with the same arrivals (Poisson, ``--rate`` per second) and the same
    requests to the static serving, then to the continuous one, ``--repeat`` such pairs
    (the median pair's ratio is the figure: other work on the machine moves a pair alike,
-   single runs vary widely on a shared 2-core machine): prompts of 10..200
-   characters of stdlib docstrings, outputs of 4..400 characters (log-uniform: most short, a
-   few long), greedy. Each request is its own ``client.stream`` caller. Reported: generated
-   characters per second over the run, time to first character p50/p99, time per output
-   character (mean over requests of (last - first) / (n - 1)), and the CPU each process
-   (callers, worker, Redis) spent per generated character. The offered load is printed
-   too: a serving that keeps up generates what arrives, so at a rate both keep up with their
-   chars/s are the offered load's, not their capacity.
+   single runs vary widely on a shared 2-core machine): prompts cut from stdlib docstrings
+   (charlm 10..200 characters, chartf 10..100), outputs log-uniform (most short, a few long:
+   charlm 4..400, chartf 4..150, so that prompt and output fit its 256-position context),
+   greedy. Each request is its own ``client.stream`` caller. Reported: generated characters
+   per second over the run, time to first character p50/p99, time per output character (mean
+   over requests of (last - first) / (n - 1)), and the CPU each process (callers, worker,
+   Redis) spent per generated character. The offered load is printed too: a serving that
+   keeps up generates what arrives, so at a rate both keep up with their chars/s are the
+   offered load's, not their capacity.
 2. The same mix (other prompts: seed + 1), saturating: ``--saturating-requests`` arriving at
    ``--saturating-rate``, more than either serving keeps up with, so chars/s is what each can
-   do.
-3. Prefix cache: 60 requests sharing one 200-character prefix (a different 10..30-character
-   question after it, 8 characters out), one after another, to the cold and the cached serving
-   in turn (each first warmed by 22 requests with other prompts of 20..230 characters).
-   charlm reads prompts inside its decode steps, so prefill time is, per request, its share of
-   the decode calls up to and including the one that gave its first character (one request at
-   a time: the whole of those calls), from the worker's metrics; the callers' time to first
-   character, cold and cached, is printed beside it.
+   do; and the end-to-end ratio against the model alone's (issue 29: at least 0.9x of it).
+3. Prefix cache: 60 requests sharing one prefix (charlm 200 characters, chartf 160; a
+   different 10..30-character question after it, 8 characters out), one after another, to the
+   cold and the cached serving in turn (each first warmed by 22 requests with other prompts).
+   Prefill time per request from the worker's metrics (charlm reads prompts inside its decode
+   steps: its share of the decode calls up to its first character; chartf prefills in
+   ``prefill_from``); the callers' time to first character, cold and cached, beside it.
+4. ``--null`` (chartf): the saturating load against a *null* transformer, the same serving,
+   block pool, block tables and steps with no arithmetic (each step emits a newline): the
+   worker's and Redis's share alone, where continuous must be at least 1.0x static.
 
-Budgets (issue 14): continuous >= 2x static tokens/s, TTFT p99 <= 1/3 of static's, and the
-cache saves >= 80% of prefill time.
+``--json PATH`` writes every ratio measured, per model.
+
+Budgets (issues 14 and 29): continuous >= 2x static tokens/s (on a device whose step cost is
+flat in rows), TTFT p99 <= 1/3 of static's, the cache saves >= 80% of prefill time; on a CPU,
+the end-to-end ratio >= 0.9x the model alone's, and with a null model >= 1.0x.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import re
@@ -52,6 +63,8 @@ import urllib.request
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import queueserve as qs
 from bench._harness import (
@@ -63,11 +76,44 @@ from bench._harness import (
     stop_process,
 )
 from tasks.charlm import CharLM
+from tasks.chartf import CharTF, StaticCharTF
 
 charlm_cold = CharLM(name="charlm_cold", prefix_cache_bytes=0)
+chartf_cold = CharTF(name="chartf_cold", prefix_cache_bytes=0)
 
 PREFIX = "bench-generate"
 SLOTS = CharLM.max_slots
+Load = list[tuple[float, dict[str, object]]]
+Pairs = list[tuple[dict[str, float], dict[str, float]]]
+
+
+@dataclass(frozen=True)
+class Model:
+    """One generation model as the benchmark runs it."""
+
+    name: str  # its servings: NAME (cached), NAME_static, NAME_cold
+    prompts: tuple[int, int]  # prompt characters, least and most
+    most_out: int  # outputs are log-uniform over 4..most_out characters
+    cache_prefix: int  # characters of the prefix the cache run shares
+
+    @property
+    def static(self) -> str:
+        return f"{self.name}_static"
+
+    @property
+    def cold(self) -> str:
+        return f"{self.name}_cold"
+
+    def specs(self) -> list[str]:
+        return [f"tasks.{self.name}:{self.name}", f"tasks.{self.name}:{self.static}",
+                f"bench.generate:{self.cold}"]
+
+
+MODELS = {
+    "charlm": Model("charlm", (10, 200), 400, 200),
+    # prompt + output within the transformer's 256-position context
+    "chartf": Model("chartf", (10, 100), 150, 160),
+}
 
 
 @dataclass
@@ -80,20 +126,21 @@ class Sent:
     n: int = 0
 
 
-def workload(count: int, rate: float, seed: int) -> list[tuple[float, dict[str, object]]]:
+def workload(count: int, rate: float, seed: int, prompts: tuple[int, int] = (10, 200),
+             most_out: int = 400) -> Load:
     """(arrival offset, item) pairs: prompts cut from docstrings, wide output lengths."""
     from tasks.corpus import stdlib_passages
 
     rng = random.Random(seed)
-    texts = [p.text for p in stdlib_passages(limit=400) if len(p.text) >= 200]
+    texts = [p.text for p in stdlib_passages(limit=400) if len(p.text) >= prompts[1]]
     at = 0.0
     load = []
     for _ in range(count):
         at += rng.expovariate(rate)
         text = rng.choice(texts)
-        prompt_len = rng.randint(10, 200)
+        prompt_len = rng.randint(*prompts)
         start = rng.randint(0, len(text) - prompt_len)
-        max_new = round(4 * 100 ** rng.random())  # log-uniform over 4..400
+        max_new = round(4 * (most_out / 4) ** rng.random())  # log-uniform over 4..most_out
         load.append((at, {"prompt": text[start : start + prompt_len], "max_new": max_new}))
     return load
 
@@ -144,31 +191,39 @@ def summarize(name: str, sent: list[Sent], seconds: float) -> dict[str, float]:
     return figures
 
 
-def model_alone(load: list[tuple[float, dict[str, object]]]) -> None:
+def model_alone(model: Model, load: Load, device: str) -> dict[str, float]:
     """Static vs continuous schedules of the same requests, all at once, no Redis: CPU seconds
-    of one thread (steady however busy the machine; wall time is not), and what each schedule
-    asks of the model: decode calls and sequences per call (a static batch's first call reads
-    its 16 prompts together, one GRU position after another)."""
+    of one thread on a CPU (steady however busy the machine; wall time is not), wall seconds
+    on CUDA; and what each schedule asks of the model: decode calls and sequences per call."""
     import torch
 
-    from tasks.charlm import State, StaticCharLM
+    from tasks.charlm import StaticCharLM
 
     torch.set_num_threads(1)
+    on_cuda = device.startswith("cuda")
+
+    def clock() -> float:
+        if on_cuda:
+            torch.cuda.synchronize()
+            return time.perf_counter()
+        return time.process_time()
+
     items = [item for _, item in load]
-    static = StaticCharLM()
-    static.setup(qs.Partition())
-    cont = CharLM()
-    cont.setup(qs.Partition())
-    started = time.process_time()
+    partition = qs.Partition(device=device)
+    static: Any = StaticCharLM() if model.name == "charlm" else StaticCharTF()
+    static.setup(partition)
+    cont: Any = CharLM() if model.name == "charlm" else CharTF(prefix_cache_bytes=0)
+    cont.setup(partition)
+    started = clock()
     static_calls = static_rows = 0
     for b in range(0, len(items), SLOTS):
         for row in static.lm.static_steps(items[b : b + SLOTS]):
             static_calls += 1
             static_rows += sum(out is not qs.END for out in row)
-    static_s = time.process_time() - started
-    started = time.process_time()
+    static_s = clock() - started
+    started = clock()
     waiting: list[dict[str, object]] = list(items)
-    running: list[State] = []
+    running: list[Any] = []
     cont_calls = cont_rows = 0
     while waiting or running:
         free = SLOTS - len(running)
@@ -177,34 +232,36 @@ def model_alone(load: list[tuple[float, dict[str, object]]]) -> None:
         outs = cont.decode(running)
         cont_calls, cont_rows = cont_calls + 1, cont_rows + len(running)
         running = [st for st, out in zip(running, outs, strict=True) if out is not qs.END]
-    cont_s = time.process_time() - started
+    cont_s = clock() - started
     chars = sum(int(str(item["max_new"])) for item in items)
-    print(f"model alone, {len(items)} requests at once, CPU s of one thread: static "
+    what = "wall s" if on_cuda else "CPU s of one thread"
+    print(f"{model.name} alone, {len(items)} requests at once, {what}: static "
           f"{static_s:.2f}s ({chars / static_s:.0f} chars/s), continuous {cont_s:.2f}s "
           f"({chars / cont_s:.0f} chars/s): {static_s / cont_s:.2f}x")
     print(f"  decode calls: static {static_calls} ({static_rows / static_calls:.1f} sequences "
-          f"per call, prompts read in {len(items) // SLOTS} of them), continuous {cont_calls} "
-          f"({cont_rows / cont_calls:.1f} per call)")
+          f"per call), continuous {cont_calls} ({cont_rows / cont_calls:.1f} per call)")
+    return {"model_alone_static_s": static_s, "model_alone_continuous_s": cont_s,
+            "model_alone_ratio": static_s / cont_s}
 
 
-def offered(load: list[tuple[float, dict[str, object]]]) -> str:
+def offered(load: Load) -> str:
     chars = sum(int(str(item["max_new"])) for _, item in load)
     return (f"{len(load)} requests over {load[-1][0]:.1f}s ({chars} chars out, offered "
             f"{chars / load[-1][0]:.0f} chars/s)")
 
 
-def compare(client: qs.Client, cpu: CpuMeter, load: list[tuple[float, dict[str, object]]],
-            repeat: int) -> list[tuple[dict[str, float], dict[str, float]]]:
-    """``repeat`` interleaved (static, continuous) pairs: the machine's other work moves both
-    of a pair alike, and the median pair's ratio is the figure. Each run also prints the CPU
-    its processes spent per generated character (``cpu``: the callers, the worker with its
-    partition, Redis): where the time goes, since two cores serve all three."""
+def compare(client: qs.Client, cpu: CpuMeter, load: Load, repeat: int,
+            servings: tuple[str, str] = ("charlm_static", "charlm_cold")) -> Pairs:
+    """``repeat`` interleaved (static, continuous) pairs of ``servings``: the machine's other
+    work moves both of a pair alike, and the median pair's ratio is the figure. Each run also
+    prints the CPU its processes spent per generated character (``cpu``: the callers, the
+    worker with its partition, Redis): where the time goes, since two cores serve all three.
+    Continuous runs without the prefix cache: only the batching differs (and a load repeated,
+    or sharing prompts with an earlier one, would find them cached)."""
     pairs = []
     for _ in range(repeat):
         runs = []
-        # Continuous without the prefix cache: only the batching differs (and a load
-        # repeated, or sharing prompts with an earlier one, would find them cached).
-        for name, serving in (("static", "charlm_static"), ("continuous", "charlm_cold")):
+        for name, serving in zip(("static", "continuous"), servings, strict=True):
             cpu.start()
             sent, seconds = run_load(client, serving, load)
             spent = cpu.stop()
@@ -217,13 +274,13 @@ def compare(client: qs.Client, cpu: CpuMeter, load: list[tuple[float, dict[str, 
     return pairs
 
 
-def median_ratio(pairs: list[tuple[dict[str, float], dict[str, float]]], key: str) -> float:
+def median_ratio(pairs: Pairs, key: str) -> float:
     ratios = sorted(cont[key] / static[key] for static, cont in pairs)
     return ratios[len(ratios) // 2] if len(ratios) % 2 else (
         ratios[len(ratios) // 2 - 1] + ratios[len(ratios) // 2]) / 2
 
 
-def ratios(pairs: list[tuple[dict[str, float], dict[str, float]]], key: str) -> str:
+def ratios(pairs: Pairs, key: str) -> str:
     return ", ".join(f"{cont[key] / static[key]:.2f}x" for static, cont in pairs)
 
 
@@ -245,20 +302,23 @@ def metric(text: str, name: str, serving: str) -> float:
     return sum(float(v) for v in values)
 
 
-def cache_run(client: qs.Client, port: int, seed: int, count: int = 60) -> None:
+def cache_run(client: qs.Client, port: int, seed: int, model: Model | None = None,
+              count: int = 60) -> dict[str, float]:
     from tasks.corpus import stdlib_passages
 
+    model = model or MODELS["charlm"]
+    size = model.cache_prefix
     rng = random.Random(seed)
-    long_texts = [p.text for p in stdlib_passages(limit=400) if len(p.text) >= 200]
-    prefix = rng.choice(long_texts)[:200]
+    long_texts = [p.text for p in stdlib_passages(limit=400) if len(p.text) >= size]
+    prefix = rng.choice(long_texts)[:size]
     questions = [" " + "".join(rng.choice("abcdefghijklmnopqrstuvwxyz ")
                                for _ in range(rng.randint(10, 30))) for _ in range(count)]
     others = [t for t in long_texts if not t.startswith(prefix)]
-    servings = ("charlm_cold", "charlm")
+    servings = (model.cold, model.name)
     for serving in servings:
         # Both servings warmed alike first (prompts of every length, none sharing the prefix):
         # first calls of new shapes cost more, and would be charged to whichever runs first.
-        for length in range(20, 240, 10):
+        for length in range(20, size + 40, 10):
             client.dispatch(serving, {"prompt": rng.choice(others)[:length], "max_new": 8},
                             timeout=60)
     time.sleep(1.5)  # the worker's metrics files are read by the supervisor per scrape
@@ -277,21 +337,119 @@ def cache_run(client: qs.Client, port: int, seed: int, count: int = 60) -> None:
     text = scrape(port)
     seconds = {s: metric(text, "queueserve_prefill_seconds_total", s) - before[s]
                for s in servings}
-    hits = metric(text, "queueserve_prefix_cache_lookups_total", "charlm")
-    saved = metric(text, "queueserve_prefix_cache_saved_tokens_total", "charlm")
-    cold, warm = seconds["charlm_cold"], seconds["charlm"]
-    print(f"prefix cache: {count} requests sharing a 200-character prefix, one after another")
+    hits = metric(text, "queueserve_prefix_cache_lookups_total", model.name)
+    saved = metric(text, "queueserve_prefix_cache_saved_tokens_total", model.name)
+    cold, warm = seconds[model.cold], seconds[model.name]
+    print(f"prefix cache: {count} requests sharing a {size}-character prefix, one after another")
     print(f"  prefill without cache {1000 * cold / count:6.2f} ms/request, with cache "
           f"{1000 * warm / count:6.2f} ms/request: {100 * (1 - warm / cold):.0f}% saved "
           f"({hits:.0f} lookups, {saved:.0f} prompt characters not recomputed)")
+    ttft_cold = percentile(sorted(ttft[model.cold]), 50)
+    ttft_warm = percentile(sorted(ttft[model.name]), 50)
     print(f"  time to first character (caller's view) p50: without cache "
-          f"{1000 * percentile(sorted(ttft['charlm_cold']), 50):.2f} ms, with cache "
-          f"{1000 * percentile(sorted(ttft['charlm']), 50):.2f} ms")
+          f"{1000 * ttft_cold:.2f} ms, with cache {1000 * ttft_warm:.2f} ms")
     print(f"  budget: >= 80% saved: {'met' if warm <= 0.2 * cold else 'NOT met'}")
+    return {"cache_saved": 1 - warm / cold, "cache_ttft_p50_cold": ttft_cold,
+            "cache_ttft_p50_cached": ttft_warm}
+
+
+def run_model(model: Model, args: argparse.Namespace, device: str) -> dict[str, float]:
+    """Every figure of one model: the model alone, then one worker for the three loads."""
+    load = workload(args.requests, args.rate, args.seed, model.prompts, model.most_out)
+    saturating = workload(args.saturating_requests, args.saturating_rate, args.seed + 1,
+                          model.prompts, model.most_out)
+    figures = model_alone(model, saturating, device)
+    port = free_port()
+    names = [model.name, model.static, model.cold]
+    with charlm_worker(model.specs(), names, "--metrics-port", str(port)) as (
+            client, worker, redis_server):
+        assert redis_server.proc is not None
+        cpu = CpuMeter({"callers": os.getpid(), "worker": worker.pid,
+                        "redis": redis_server.proc.pid}, trees=frozenset({"worker"}))
+        low, high = model.prompts
+        print(f"mixed load: {offered(load)}; {SLOTS} slots / batch size, prompts {low}..{high} "
+              f"chars, outputs 4..{model.most_out} chars (log-uniform); {args.repeat} pairs")
+        pairs = compare(client, cpu, load, args.repeat, (model.static, model.cold))
+        ttft = median_ratio(pairs, "ttft_p99")
+        print(f"continuous / static: chars/s {ratios(pairs, 'tokens_s')}; TTFT p99 "
+              f"{ratios(pairs, 'ttft_p99')} of static's: median {ttft:.2f}x (budget <= 0.33x: "
+              f"{'met' if ttft <= 1 / 3 else 'NOT met'})")
+        print(f"saturating: {offered(saturating)}; {args.repeat} pairs")
+        pairs = compare(client, cpu, saturating, args.repeat, (model.static, model.cold))
+        speedup = median_ratio(pairs, "tokens_s")
+        share = speedup / figures["model_alone_ratio"]
+        print(f"continuous / static: chars/s {ratios(pairs, 'tokens_s')}: median "
+              f"{speedup:.2f}x (budget >= 2x: {'met' if speedup >= 2 else 'NOT met'}); TTFT "
+              f"p99 {ratios(pairs, 'ttft_p99')} of static's")
+        print(f"end to end / model alone: {speedup:.2f}x / {figures['model_alone_ratio']:.2f}x "
+              f"= {share:.2f} (budget >= 0.9: {'met' if share >= 0.9 else 'NOT met'})")
+        figures.update(mixed_ttft_p99_ratio=ttft, saturating_ratio=speedup,
+                       end_to_end_over_model_alone=share)
+        figures.update(cache_run(client, port, args.seed, model))
+    return figures
+
+
+def null_run(args: argparse.Namespace) -> dict[str, float]:
+    """The saturating chartf load against the null transformer, static and continuous."""
+    saturating = workload(args.saturating_requests, args.saturating_rate, args.seed + 1,
+                          MODELS["chartf"].prompts, MODELS["chartf"].most_out)
+    names = ["null_static", "null_cold"]
+    with charlm_worker([f"bench.generate:{n}" for n in names], names) as (
+            client, worker, redis_server):
+        assert redis_server.proc is not None
+        cpu = CpuMeter({"callers": os.getpid(), "worker": worker.pid,
+                        "redis": redis_server.proc.pid}, trees=frozenset({"worker"}))
+        print(f"null transformer, saturating: {offered(saturating)}; {args.repeat} pairs")
+        pairs = compare(client, cpu, saturating, args.repeat, ("null_static", "null_cold"))
+        speedup = median_ratio(pairs, "tokens_s")
+        print(f"null model continuous / static: chars/s {ratios(pairs, 'tokens_s')}: median "
+              f"{speedup:.2f}x (budget >= 1.0x: {'met' if speedup >= 1 else 'NOT met'})")
+    return {"null_saturating_ratio": speedup}
+
+
+class NullTF(CharTF):
+    """chartf with no arithmetic: the same admission, block tables and steps, but prompts are
+    not computed and every step's logits are zeros (each step emits a newline)."""
+
+    def _compute(self, seqs: list[Any]) -> None:
+        for s in seqs:
+            s.table.stored(len(s.tokens) - 1 - s.table.length)
+
+    def _forward(self, seqs: list[Any]) -> Any:
+        import torch
+
+        return torch.zeros(len(seqs), 96, device=self.device)
+
+
+class NullStaticTF(StaticCharTF):
+    name = "null_static"
+
+    def setup(self, partition: qs.Partition) -> None:
+        self.lm = NullTF(prefix_cache_bytes=0)
+        self.lm.setup(partition)
+
+
+null_cold = NullTF(name="null_cold", prefix_cache_bytes=0)
+null_static = NullStaticTF()
+
+
+def choose_device(device: str) -> str:
+    """The device the model alone runs on; the worker's partition lands on the same one
+    (it takes cuda:0 when a device is visible), so ``cpu`` hides every device from both."""
+    if device == "cpu":
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+        return "cpu"
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA device is visible")
+    return "cuda:0"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", choices=["charlm", "chartf", "both"], default="both")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--requests", type=int, default=80)
     parser.add_argument("--rate", type=float, default=30.0, help="arrivals per second")
     parser.add_argument("--seed", type=int, default=0)
@@ -299,31 +457,19 @@ def main() -> None:
     parser.add_argument("--saturating-rate", type=float, default=300.0)
     parser.add_argument("--repeat", type=int, default=3,
                         help="interleaved static/continuous pairs per load (the median counts)")
+    parser.add_argument("--null", action="store_true",
+                        help="also the null transformer's saturating pairs")
+    parser.add_argument("--json", type=Path, help="write the figures here")
     args = parser.parse_args()
-    load = workload(args.requests, args.rate, args.seed)
-    saturating = workload(args.saturating_requests, args.saturating_rate, args.seed + 1)
-    model_alone(saturating)
-    port = free_port()
-    specs = ["tasks.charlm:charlm", "tasks.charlm:charlm_static", "bench.generate:charlm_cold"]
-    with charlm_worker(specs, ["charlm", "charlm_static", "charlm_cold"],
-                       "--metrics-port", str(port)) as (client, worker, redis_server):
-        assert redis_server.proc is not None
-        cpu = CpuMeter({"callers": os.getpid(), "worker": worker.pid,
-                        "redis": redis_server.proc.pid}, trees=frozenset({"worker"}))
-        print(f"mixed load: {offered(load)}; {SLOTS} slots / batch size, prompts 10..200 "
-              f"chars, outputs 4..400 chars (log-uniform); {args.repeat} pairs")
-        pairs = compare(client, cpu, load, args.repeat)
-        ttft = median_ratio(pairs, "ttft_p99")
-        print(f"continuous / static: chars/s {ratios(pairs, 'tokens_s')}; TTFT p99 "
-              f"{ratios(pairs, 'ttft_p99')} of static's: median {ttft:.2f}x (budget <= 0.33x: "
-              f"{'met' if ttft <= 1 / 3 else 'NOT met'})")
-        print(f"saturating: {offered(saturating)}; {args.repeat} pairs")
-        pairs = compare(client, cpu, saturating, args.repeat)
-        speedup = median_ratio(pairs, "tokens_s")
-        print(f"continuous / static: chars/s {ratios(pairs, 'tokens_s')}: median "
-              f"{speedup:.2f}x (budget >= 2x: {'met' if speedup >= 2 else 'NOT met'}); TTFT "
-              f"p99 {ratios(pairs, 'ttft_p99')} of static's")
-        cache_run(client, port, args.seed)
+    device = choose_device(args.device)
+    figures: dict[str, Any] = {"device": device}
+    for name in ["charlm", "chartf"] if args.model == "both" else [args.model]:
+        print(f"=== {name} on {device} ===")
+        figures[name] = run_model(MODELS[name], args, device)
+    if args.null:
+        figures["chartf"] = {**figures.get("chartf", {}), **null_run(args)}
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2))
 
 
 @contextmanager
