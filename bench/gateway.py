@@ -1,0 +1,238 @@
+"""The HTTP gateway against the direct ``AsyncClient``, in one run (docs/gateway.md).
+
+    python -m bench.gateway [--quick] [--json out.json]
+
+One private ``redis-server``, one ``queueserve worker bench.servings:noop`` process (with its
+metrics port) and one ``queueserve gateway`` process. In this process:
+
+1. ``round trip``: one request at a time against the idle worker, alternating blocks of calls:
+   ``AsyncClient.dispatch`` (direct), a POST to ``/v1/servings/noop/dispatch`` on a keep-alive
+   connection by a minimal HTTP/1.1 client (``http``: what a Go or Java client costs, next to
+   nothing), and the same POST through ``httpx`` (``httpx``: a Python client's own cost
+   included). p50 and p99 of each; the budget is http p50 <= direct p50 + 1 ms.
+2. ``throughput``: 64 concurrent callers sending one item at a time for a while, each on its own
+   keep-alive connection (``http-64``), against 64 coroutines on one ``AsyncClient``
+   (``direct-64``); items/s, and the mean batch size the worker ran in each phase (its
+   ``queueserve_batch_size`` histogram). The budget is http-64 >= 0.5x direct-64.
+
+Callers, gateway, worker and Redis share the machine's cores: on 2 cores the callers' CPU
+is taken from the gateway's and the worker's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import statistics
+import sys
+import time
+import urllib.request
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import httpx
+
+import queueserve as qs
+from bench._harness import (
+    RedisServer,
+    cpu_times,
+    free_port,
+    percentile,
+    spawn_module,
+    stop_process,
+)
+from bench._harness import wait_until as wait_for
+
+PREFIX = "benchgw"
+CALLERS = 64
+
+
+class RawHttp:
+    """A keep-alive HTTP/1.1 client of a few lines: a request out, the response in by its
+    Content-Length. The gateway answers every dispatch with a length (no chunking)."""
+
+    def __init__(self, port: int, path: str) -> None:
+        self.port = port
+        self.head = (f"POST {path} HTTP/1.1\r\nhost: 127.0.0.1\r\n"
+                     "content-type: application/json\r\ncontent-length: ").encode()
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def post(self, body: bytes) -> bytes:
+        if self.reader is None or self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
+        self.writer.write(self.head + str(len(body)).encode() + b"\r\n\r\n" + body)
+        head = await self.reader.readuntil(b"\r\n\r\n")
+        if not head.startswith(b"HTTP/1.1 200"):
+            raise RuntimeError(f"the gateway answered {head[:200]!r}")
+        length = int(re.search(rb"(?i)content-length: (\d+)", head).group(1))  # type: ignore[union-attr]
+        return await self.reader.readexactly(length)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+def batch_totals(metrics_port: int) -> tuple[float, float]:
+    """(items, batches) the worker ran so far, from its batch size histogram."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read()
+    total = count = 0.0
+    for line in text.decode().splitlines():
+        if line.startswith("queueserve_batch_size_sum{"):
+            total += float(line.rsplit(" ", 1)[1])
+        elif line.startswith("queueserve_batch_size_count{"):
+            count += float(line.rsplit(" ", 1)[1])
+    return total, count
+
+
+async def round_trips(calls: dict[str, Callable[[int], Awaitable[Any]]], n: int,
+                      block: int) -> dict[str, list[float]]:
+    """Seconds of each call, one at a time, in alternating blocks (after a warm-up)."""
+    for call in calls.values():
+        for i in range(block):
+            await call(i)
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for start in range(0, n, block):
+        for name, call in calls.items():
+            for i in range(start, start + block):
+                began = time.perf_counter()
+                await call(i)
+                times[name].append(time.perf_counter() - began)
+    return times
+
+
+async def rate(send: Callable[[int, int], Awaitable[Any]], seconds: float) -> tuple[float, int]:
+    """(items/s, items) of CALLERS concurrent callers, each sending one item after another."""
+    stop = time.perf_counter() + seconds
+    done = [0] * CALLERS
+
+    async def caller(c: int) -> None:
+        i = 0
+        while time.perf_counter() < stop:
+            await send(c, i)
+            i += 1
+        done[c] = i
+
+    began = time.perf_counter()
+    await asyncio.gather(*(caller(c) for c in range(CALLERS)))
+    return sum(done) / (time.perf_counter() - began), sum(done)
+
+
+def cpu_s(pid: int) -> float:
+    return sum(cpu_times(pid))
+
+
+async def measure(redis_url: str, gateway_port: int, metrics_port: int, gateway_pid: int,
+                  args: argparse.Namespace) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    async with qs.AsyncClient(redis_url, prefix=PREFIX) as client, httpx.AsyncClient(
+        base_url=f"http://127.0.0.1:{gateway_port}"
+    ) as hx:
+        raw = RawHttp(gateway_port, "/v1/servings/noop/dispatch")
+
+        async def direct(i: int) -> Any:
+            return await client.dispatch("noop", i)
+
+        async def http(i: int) -> Any:
+            return await raw.post(b'{"item": %d}' % i)
+
+        async def via_httpx(i: int) -> Any:
+            return (await hx.post("/v1/servings/noop/dispatch", json={"item": i})).json()
+
+        assert json.loads(await http(7)) == {"result": 7}
+        times = await round_trips({"direct": direct, "http": http, "httpx": via_httpx},
+                                  args.calls, 250)
+        for name, seconds in times.items():
+            s = sorted(seconds)
+            out[f"rt_{name}_p50_ms"] = percentile(s, 50) * 1000
+            out[f"rt_{name}_p99_ms"] = percentile(s, 99) * 1000
+        raw.close()
+
+        conns = [RawHttp(gateway_port, "/v1/servings/noop/dispatch") for _ in range(CALLERS)]
+
+        async def one_http(c: int, i: int) -> Any:
+            return await conns[c].post(b'{"item": %d}' % i)
+
+        async def one_direct(c: int, i: int) -> Any:
+            return await client.dispatch("noop", i)
+
+        for name, send in (("direct_64", one_direct), ("http_64", one_http)) * args.repeat:
+            before = batch_totals(metrics_port)
+            cpu_before = cpu_s(gateway_pid), cpu_s(os.getpid())
+            items_s, items = await rate(send, args.seconds)
+            after = batch_totals(metrics_port)
+            out.setdefault(f"{name}_gateway_cpu_us", []).append(
+                (cpu_s(gateway_pid) - cpu_before[0]) / items * 1e6)
+            out.setdefault(f"{name}_callers_cpu_us", []).append(
+                (cpu_s(os.getpid()) - cpu_before[1]) / items * 1e6)
+            out.setdefault(f"{name}_items_s", []).append(items_s)
+            out.setdefault(f"{name}_mean_batch", []).append(
+                (after[0] - before[0]) / max(1.0, after[1] - before[1]))
+        for conn in conns:
+            conn.close()
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer calls, shorter runs")
+    parser.add_argument("--json", help="write the figures to this file")
+    args = parser.parse_args()
+    args.calls = 1000 if args.quick else 4000
+    args.seconds = 2.0 if args.quick else 5.0
+    args.repeat = 1 if args.quick else 3
+    redis_server = RedisServer().start()
+    gateway_port, metrics_port = free_port(), free_port()
+    worker = spawn_module("queueserve", "worker", "bench.servings:noop", "--redis-url",
+                          redis_server.url, "--prefix", PREFIX, "--partitions", "1",
+                          "--metrics-port", str(metrics_port), "--log-level", "WARNING")
+    gateway = spawn_module("queueserve", "gateway", "--port", str(gateway_port), "--redis-url",
+                           redis_server.url, "--prefix", PREFIX, "--log-level", "warning")
+    try:
+        wait_for(lambda: _answers(gateway_port), 60, "the gateway and the worker")
+        figures = asyncio.run(measure(redis_server.url, gateway_port, metrics_port, gateway.pid,
+                                      args))
+    finally:
+        stop_process(gateway)
+        stop_process(worker)
+        redis_server.stop()
+    report(figures)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(figures, f, indent=2)
+    return 0
+
+
+def _answers(port: int) -> bool:
+    try:
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/servings/noop/dispatch", json={"item": 1},
+                       timeout=5)
+    except httpx.HTTPError:
+        return False
+    return r.status_code == 200
+
+
+def report(f: dict[str, Any]) -> None:
+    print("round trip, one call at a time (ms)     p50      p99")
+    for name in ("direct", "http", "httpx"):
+        print(f"  {name:<36} {f[f'rt_{name}_p50_ms']:7.3f}  {f[f'rt_{name}_p99_ms']:7.3f}")
+    over = f["rt_http_p50_ms"] - f["rt_direct_p50_ms"]
+    print(f"  http p50 over direct: {over:+.3f} ms (budget <= +1 ms)")
+    print(f"{CALLERS} concurrent callers, one item each: items/s (median), mean batch, CPU us "
+          "per item of the gateway and of the callers' process")
+    for name in ("direct_64", "http_64"):
+        rates = f[f"{name}_items_s"]
+        med = {k: statistics.median(f[f"{name}_{k}"])
+               for k in ("mean_batch", "gateway_cpu_us", "callers_cpu_us")}
+        print(f"  {name:<10} {statistics.median(rates):9.0f}/s  batch {med['mean_batch']:5.1f}  "
+              f"gateway {med['gateway_cpu_us']:5.1f} us  callers {med['callers_cpu_us']:5.1f} us"
+              f"  runs {[round(r) for r in rates]}")
+    ratio = statistics.median(f["http_64_items_s"]) / statistics.median(f["direct_64_items_s"])
+    print(f"  http-64 / direct-64: {ratio:.2f}x (budget >= 0.5x)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
