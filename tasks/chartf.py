@@ -156,11 +156,10 @@ class CharTF(qs.StepServing):
     def _request(self, item: Any) -> Request:
         req = Request.of(item)
         positions = len(_ids(req)) + req.max_new - 1
-        context = self.net.context if hasattr(self, "net") else 256
-        if positions > context:
+        if positions > self.net.context:
             raise ValueError(f"prompt ({len(_ids(req))} characters) + max_new ({req.max_new}) "
                              f"- 1 = {positions} positions, more than the model's context of "
-                             f"{context}; shorten the prompt or lower max_new")
+                             f"{self.net.context}; shorten the prompt or lower max_new")
         return req
 
     def prompt_tokens(self, item: Any) -> list[int]:
@@ -189,6 +188,11 @@ class CharTF(qs.StepServing):
         started = self._admit(fresh) if not self._waiting else []
         self._compute(started)
         self._waiting.update(fresh[len(started):])
+        for resume in resumes:
+            # The cached prefix the executor found is shared through the block table (or
+            # looked up again at admission): held here as well, it would pin its blocks while
+            # its sequence waits, beyond the cache's bound.
+            resume.state = None
         return states
 
     @torch.inference_mode()

@@ -44,6 +44,7 @@ class BlockPool:
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.refs = [0] * blocks
+        self.copies = 0  # blocks copied on write, ever
         self._free = list(range(blocks - 1, -1, -1))  # a stack: low ids first
 
     @staticmethod
@@ -89,6 +90,7 @@ class BlockPool:
         """A new block holding ``block``'s keys and values (copy on write); ``block`` keeps
         its references."""
         new = self.allocate()
+        self.copies += 1
         self.k[:, new] = self.k[:, block]
         self.v[:, new] = self.v[:, block]
         return new

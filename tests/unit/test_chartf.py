@@ -170,6 +170,9 @@ def test_the_same_prompt_again_shares_its_partial_last_block_and_copies_it_on_wr
     assert second == first
     assert lm.stats.computed == computed  # the whole prompt was shared
     assert lm.stats.shared == len(item["prompt"]) - 1
+    # the partial block was copied by each sequence's first write into it (the first one's
+    # too: its own last block was shared with the cache from the moment it was offered)
+    assert lm.pool.copies == 2
 
 
 def test_cached_blocks_and_dropped_sequences_give_their_blocks_back() -> None:
