@@ -6,7 +6,7 @@ On a private ``redis-server``, rounds of 512 one-item requests go through each s
 single-item path, and Redis's own CPU clock (``INFO cpu``) is read around each step:
 
 - queueserve: ``enqueue.lua`` (one call for the 512), ``read.lua`` (about 256 per read) and
-  ``ack.lua`` (in the reply pipeline, 512 per call), through ``RedisBroker``;
+  ``ack.lua`` (in the reply pipeline, 512 per call), through the broker;
 - the loop of ``bench/baseline.py``: a pipeline of 512 ``XADD``, ``XREADGROUP COUNT 256``,
   ``XACK`` + ``XDEL`` of 256 ids.
 
@@ -23,10 +23,11 @@ from typing import Any
 import msgpack
 import redis
 
-from queueserve.broker.sync import RedisBroker
+from queueserve.broker.consumer import Consumer
+from queueserve.broker.producer import Producer
 from queueserve.wire.codec import get_codec
-from queueserve.wire.request import encode_request
 from queueserve.wire.protocol import Keys, inbox_key
+from queueserve.wire.request import encode_request
 
 from ._harness import RedisServer
 
@@ -38,7 +39,11 @@ def redis_cpu(client: redis.Redis) -> float:
     return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
-def queueserve_steps(broker: RedisBroker, rounds: int) -> dict[str, float]:
+class Broker(Producer, Consumer):
+    """The client's enqueue and the worker's read and ack, on one connection."""
+
+
+def queueserve_steps(broker: Broker, rounds: int) -> dict[str, float]:
     keys = Keys("qsb", "noop")
     stream = keys.stream("default")
     broker.ensure_group(stream)
@@ -97,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     server = RedisServer().start()
     try:
-        broker = RedisBroker(server.url)
+        broker = Broker(server.url)
         try:
             ours = queueserve_steps(broker, args.rounds)
             theirs = loop_steps(broker.redis, args.rounds)

@@ -1,6 +1,6 @@
-"""The asyncio broker: the operations ``qs.AsyncClient`` needs, over ``redis.asyncio``.
+"""The asyncio producer side: the operations ``qs.AsyncClient`` needs, over ``redis.asyncio``.
 
-The commands, script arguments and reply parsing are the sync broker's (``broker.common``);
+The commands, script arguments and reply parsing are the sync producer's (``broker.common``);
 every redis-py error is mapped by the same ``redis_errors`` as there.
 """
 
@@ -14,12 +14,13 @@ import redis
 import redis.asyncio as aioredis
 from redis.asyncio import connection as aioconnection
 from redis.commands.core import AsyncScript
-from redis.exceptions import NoScriptError
 
 from queueserve.broker.common import (
     Enqueued,
     Request,
     cancel_arguments,
+    durable_replies,
+    enqueue_and_wait_commands,
     enqueue_arguments,
     enqueued,
     inbox_command,
@@ -37,7 +38,6 @@ from queueserve.broker.retry import Outage
 from queueserve.broker.urls import redact_url
 from queueserve.errors import NotReplicated, RedisUnavailable
 from queueserve.wire.protocol import Keys
-from queueserve.wire.timing import DURABLE_WAIT_MS
 
 
 class _HiredisPacking:
@@ -77,6 +77,14 @@ def hiredis_packing(client: Any) -> Any:
     return client
 
 
+async def _response(connection: Any) -> Any:
+    """The next reply on ``connection``, an error reply as a value (as a pipeline gives it)."""
+    try:
+        return await connection.read_response()
+    except redis.ResponseError as e:
+        return e
+
+
 class AsyncSubscription:
     """One pub/sub channel, read with ``await get``; resubscribes after a reconnect, on a new
     pub/sub connection after a failure (a cluster's stays bound to a node that may be gone)."""
@@ -111,8 +119,8 @@ class AsyncSubscription:
                 await pubsub.aclose()
 
 
-class AsyncRedisBroker:
-    """The client-side stream operations of one Redis deployment, for asyncio."""
+class AsyncProducer:
+    """``Producer``'s stream operations (broker/producer.py), for asyncio."""
 
     def __init__(self, url: str, *, owner: str | None = None) -> None:
         self.url = url
@@ -128,7 +136,7 @@ class AsyncRedisBroker:
     async def enqueue(
         self, keys: Keys, requests: Sequence[Request], max_queue: int, *, durable: bool = False
     ) -> Enqueued:
-        """``RedisBroker.enqueue``: admit requests atomically, or reject them for max_queue;
+        """``Producer.enqueue``: admit requests atomically, or reject them for max_queue;
         ``durable`` waits for a replica to hold them."""
         script_keys, args = enqueue_arguments(keys, requests, max_queue)
         with redis_errors(self.url):
@@ -140,40 +148,32 @@ class AsyncRedisBroker:
         return enqueued(reply)
 
     async def _enqueue_and_wait(self, script_keys: list[str], args: list[Any]) -> tuple[Any, int]:
-        """enqueue.lua then ``WAIT 1`` on one connection (WAIT counts the replicas holding this
-        connection's writes): a pipeline, or on a cluster a connection of the shard's master."""
+        """``enqueue_and_wait_commands`` on one connection: a pipeline, or on a cluster a
+        connection of the shard's master."""
         if not self._loaded:  # first: after a NOSCRIPT the WAIT would still wait its full time
             await self.redis.script_load(self._enqueue.script)
             self._loaded = True
-        evalsha = ("EVALSHA", self._enqueue.sha, len(script_keys), *script_keys, *args)
-        wait = ("WAIT", 1, DURABLE_WAIT_MS)
-        for attempt in (0, 1):
-            try:
-                async with self._routed(script_keys[0]):
-                    reply, replicas = await self._send_two(script_keys[0], evalsha, wait)
-            except NoScriptError:
-                if attempt:
-                    raise
-                await self.redis.script_load(self._enqueue.script)
-                continue
-            return reply, int(replicas)
-        raise AssertionError("unreachable: the second attempt returns or raises")
+        commands = enqueue_and_wait_commands(self._enqueue.sha, script_keys, args)
+        for first_try in (True, False):
+            async with self._routed(script_keys[0]):
+                out = durable_replies(await self._send(script_keys[0], commands), first_try)
+            if out is not None:
+                return out
+            await self.redis.script_load(self._enqueue.script)
+        raise AssertionError("unreachable: the second try returns or raises")
 
-    async def _send_two(self, key: str, *commands: tuple[Any, ...]) -> list[Any]:
+    async def _send(self, key: str, commands: list[tuple[Any, ...]]) -> list[Any]:
+        """Replies of ``commands`` sent on one connection to ``key``'s node, errors as values."""
         if not is_cluster(self.redis):
             pipe = self.redis.pipeline(transaction=False)
             for command in commands:
                 pipe.execute_command(*command)
-            out = await pipe.execute(raise_on_error=False)
-            for result in out:
-                if isinstance(result, Exception):
-                    raise result
-            return list(out)
+            return list(await pipe.execute(raise_on_error=False))
         node = self.redis.get_node_from_key(key)
         connection = node.acquire_connection()
         try:
             await connection.send_packed_command(connection.pack_commands(commands))
-            return [await connection.read_response() for _ in commands]
+            return [await _response(connection) for _ in commands]
         except BaseException:
             await connection.disconnect()  # a reply may be left unread on it
             raise

@@ -13,11 +13,13 @@ from typing import Any
 
 import hiredis
 from redis.connection import HiredisRespSerializer
+from redis.exceptions import NoScriptError
 
 from queueserve.broker.urls import redact_url
 from queueserve.wire.protocol import GROUP, PRIORITY_AGE_MS, Keys
 from queueserve.wire.timing import DURABLE_WAIT_MS
 
+StreamEntries = list[tuple[bytes, dict[bytes, bytes]]]
 Request = tuple[str, int, bytes, bytes, int]  # batch key, items, header, payload, priority
 Enqueued = tuple[int, int, list[bytes | int]]  # limit, queued after, entry id or 0 per request
 INBOX_READ_COUNT = 512
@@ -96,6 +98,34 @@ def not_replicated_message(keys: Keys, url: str) -> str:
         "failover now could lose it; it may still run. Check the replicas (INFO replication: "
         "connected_slaves), then resend it if running it twice is harmless"
     )
+
+
+def enqueue_and_wait_commands(
+    sha: str, script_keys: list[str], args: list[Any]
+) -> list[tuple[Any, ...]]:
+    """A durable enqueue: enqueue.lua then ``WAIT 1``, to be sent on one connection (WAIT
+    counts the replicas holding that connection's writes; on a cluster, a connection to the
+    shard's master). The sync and asyncio producers both send these."""
+    return [("EVALSHA", sha, len(script_keys), *script_keys, *args),
+            ("WAIT", 1, DURABLE_WAIT_MS)]
+
+
+def durable_replies(out: Sequence[Any], first_try: bool) -> tuple[Any, int] | None:
+    """enqueue.lua's reply and the replica count of ``enqueue_and_wait_commands``' replies
+    (errors as values); None after a NOSCRIPT on the first try: load the script, send again."""
+    reply, replicas = out
+    if isinstance(reply, NoScriptError) and first_try:
+        return None
+    if isinstance(reply, Exception):
+        raise reply
+    if isinstance(replicas, Exception):
+        # UNBLOCKED: the master turned replica while WAIT waited (a failover took its slot
+        # or service): transient, so the send is retried on the new master (the entry went
+        # with the old master's writes, or it runs twice and its caller keeps one answer).
+        # Never int() of it: that killed the sender thread, and its callers waited for
+        # their timeout.
+        raise replicas
+    return reply, int(replicas)
 
 
 def enqueued(reply: list[Any]) -> Enqueued:

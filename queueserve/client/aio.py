@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
-from queueserve.broker.aio import AsyncRedisBroker
+from queueserve.broker.aio import AsyncProducer
 from queueserve.broker.retry import RedisFailure, Retry
 from queueserve.client.base import (
     INBOX_BLOCK_S,
@@ -129,7 +129,7 @@ class AsyncClient:
         self.url = self._base.url
         self.client_id = self._base.client_id
         self.table = self._base.table
-        self.broker = AsyncRedisBroker(self.url, owner=self._base.owner)
+        self.broker = AsyncProducer(self.url, owner=self._base.owner)
         self._send_retry = Retry(self.broker.outage, "sender")
         self._outbox: list[Outgoing] = []
         self._flushing = False

@@ -17,8 +17,8 @@ from collections.abc import Iterable, Iterator
 from functools import partial
 from typing import Any
 
+from queueserve.broker.producer import Producer
 from queueserve.broker.retry import RedisFailure, Retry
-from queueserve.broker.sync import RedisBroker
 from queueserve.client.base import (
     INBOX_BLOCK_S,
     ClientBase,
@@ -124,7 +124,7 @@ class Client:
         self.url = self._base.url
         self.client_id = self._base.client_id
         self.table = self._base.table
-        self.broker = RedisBroker(self.url, owner=self._base.owner)
+        self.broker = Producer(self.url, owner=self._base.owner)
         self._out_lock = threading.Lock()
         self._outbox: list[Outgoing] = []
         self._flushing = False

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from pydantic import ValidationError
 
 from queueserve._durations import parse_duration
-from queueserve.broker.sync import RedisBroker
+from queueserve.broker.admin import Admin
 from queueserve.broker.urls import redact_url
 from queueserve.errors import QueueServeError
 from queueserve.ops.deadletter import DeadLetters
@@ -174,7 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def unknown_servings(broker: RedisBroker, prefix: str, names: Sequence[str]) -> str | None:
+def unknown_servings(broker: Admin, prefix: str, names: Sequence[str]) -> str | None:
     """An error message when a name in ``names`` was never declared by a worker under
     ``prefix`` (a typo, or another --prefix or Redis); None when all are known."""
     known = broker.servings(prefix)
@@ -201,7 +201,7 @@ def config_command(args: argparse.Namespace) -> int:
     assignments = parse_assignments(args.assignments) if args.action == "set" else {}
     settings = Settings()
     prefix = args.prefix or settings.prefix
-    broker = RedisBroker(args.redis_url or settings.redis_url)
+    broker = Admin(args.redis_url or settings.redis_url)
     try:
         names = [args.serving] if args.serving is not None else broker.servings(prefix)
         if not names:
@@ -236,7 +236,7 @@ def dead_letter_command(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     settings = Settings()
     prefix = args.prefix or settings.prefix
-    broker = RedisBroker(args.redis_url or settings.redis_url)
+    broker = Admin(args.redis_url or settings.redis_url)
     try:
         if args.serving is not None:
             problem = unknown_servings(broker, prefix, [args.serving])
@@ -279,7 +279,7 @@ def _replay_dead_letters(letters: DeadLetters, ids: list[str], every: bool) -> i
     return EXIT_ERROR if refused else EXIT_OK
 
 
-def _list_dead_letters(broker: RedisBroker, prefix: str, serving: str | None, limit: int) -> int:
+def _list_dead_letters(broker: Admin, prefix: str, serving: str | None, limit: int) -> int:
     names = [serving] if serving is not None else broker.servings(prefix)
     shown = 0
     for name in names:
@@ -296,7 +296,7 @@ def _list_dead_letters(broker: RedisBroker, prefix: str, serving: str | None, li
 
 
 def _check(servings: Sequence[Serving], url: str, prefix: str) -> int:
-    broker = RedisBroker(url)
+    broker = Admin(url)
     try:
         missing = [
             s.name for s in servings
@@ -335,7 +335,7 @@ def stats_or_unknown(args: argparse.Namespace) -> int:
     if args.servings:
         settings = Settings()
         prefix = args.prefix or settings.prefix
-        broker = RedisBroker(args.redis_url or settings.redis_url)
+        broker = Admin(args.redis_url or settings.redis_url)
         try:
             problem = unknown_servings(broker, prefix, args.servings)
         finally:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from queueserve.broker.sync import KeyStats, RedisBroker
+from queueserve.broker.admin import Admin, KeyStats
 from queueserve.settings import Settings
 from queueserve.wire.protocol import Keys
 from queueserve.wire.timing import ALIVE_WITHIN_S
@@ -38,7 +38,7 @@ def format_row(name: str, row: KeyStats, rate: float, workers: int, dead: int,
 
 def stats_command(args: argparse.Namespace) -> int:
     settings = Settings()
-    broker = RedisBroker(args.redis_url or settings.redis_url)
+    broker = Admin(args.redis_url or settings.redis_url)
     prefix = args.prefix or settings.prefix
     try:
         servings = [Keys(prefix, s) for s in (args.servings or broker.servings(prefix))]

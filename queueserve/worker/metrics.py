@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from queueserve.broker.sync import RedisBroker
+from queueserve.broker.admin import Admin
 from queueserve.errors import RedisUnavailable
 from queueserve.serving import Partition, Serving
 from queueserve.wire import protocol as P
@@ -188,7 +188,7 @@ class QueueCollector:
     under ``key="other"``. Only streams holding entries are read."""
 
     def __init__(
-        self, broker: RedisBroker, prefix: str, servings: Sequence[str], *,
+        self, broker: Admin, prefix: str, servings: Sequence[str], *,
         declared: Iterable[str] = ("default",), key_labels: int = KEY_LABELS,
     ) -> None:
         self.broker = broker

@@ -8,7 +8,7 @@ import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Protocol
 
-from queueserve.broker.sync import RedisBroker
+from queueserve.broker.admin import Admin
 from queueserve.serving import Serving
 from queueserve.worker.metrics import (
     DEFAULT_HOST,
@@ -56,7 +56,7 @@ __all__ = [
 ]
 
 
-def _collector(worker: Worker, broker: RedisBroker) -> QueueCollector:
+def _collector(worker: Worker, broker: Admin) -> QueueCollector:
     return QueueCollector(
         broker, worker.prefix, [s.name for s in worker.servings],
         declared=worker.declared_keys, key_labels=worker.config.metrics_keys,
@@ -82,7 +82,7 @@ def supervisor_metrics(worker: Worker, supervisor: Supervisor) -> Iterator[Metri
         )
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry, path=path)  # type: ignore[no-untyped-call]
-        broker = RedisBroker(worker.redis_url)
+        broker = Admin(worker.redis_url)
         stack.callback(broker.close)
         registry.register(_collector(worker, broker))
         assert worker.metrics_port is not None
@@ -102,7 +102,7 @@ def in_process_metrics(
     from prometheus_client import CollectorRegistry
 
     registry = CollectorRegistry()
-    broker = RedisBroker(worker.redis_url)
+    broker = Admin(worker.redis_url)
     registry.register(_collector(worker, broker))
 
     def healthy() -> bool:

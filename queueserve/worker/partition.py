@@ -11,8 +11,8 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 
+from queueserve.broker.consumer import Consumer
 from queueserve.broker.retry import RedisFailure, Retry
-from queueserve.broker.sync import RedisBroker
 from queueserve.errors import RedisCommandError, RedisUnavailable
 from queueserve.serving import Partition, Serving
 from queueserve.wire import protocol as P
@@ -103,7 +103,7 @@ class PartitionHost:
         self.middleware = Middlewares([self.tally, *middleware])
         self.consumer = consumer_name(partition)
         # Every loop of this partition shares the broker, so an outage is logged once here.
-        self.broker = RedisBroker(url, owner=f"partition {partition.index} ({self.consumer})")
+        self.broker = Consumer(url, owner=f"partition {partition.index} ({self.consumer})")
         self.servings = list(servings)
         self._on_fatal = on_fatal
         self.runners = [

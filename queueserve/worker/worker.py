@@ -19,8 +19,8 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from queueserve._durations import parse_duration
+from queueserve.broker.consumer import Consumer
 from queueserve.broker.retry import RedisFailure, Retry
-from queueserve.broker.sync import RedisBroker
 from queueserve.broker.urls import redact_url
 from queueserve.errors import RedisUnavailable
 from queueserve.serving import (
@@ -302,7 +302,7 @@ def wait_for_redis(url: str, serving: str, prefix: str) -> None:
     """Return once Redis answers; RedisUnavailable after REDIS_STARTUP_WAIT_S of retries.
     Checked here, once, so an unreachable Redis is one line and exit 1, not every partition
     dying with a traceback until the crash-loop limit."""
-    broker = RedisBroker(url)
+    broker = Consumer(url)
     retry = Retry(broker.outage, "startup check")
     try:
         # any read: it raises with redis-py's reason
@@ -322,7 +322,7 @@ def release_consumers_of(url: str, keys_list: list[Keys], pid: int) -> None:
     the other partitions reclaim its entries at their next pass instead of ``DEAD_AFTER_S``
     after its last heartbeat (docs/design.md §5 "No loss"). Best effort: when Redis cannot be
     reached, the heartbeat's age tells the same a little later."""
-    broker = RedisBroker(url, owner=f"supervisor (release of pid {pid})")
+    broker = Consumer(url, owner=f"supervisor (release of pid {pid})")
     try:
         mine = consumer_prefix(pid)
         dead = {

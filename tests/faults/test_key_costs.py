@@ -18,7 +18,7 @@ import pytest
 import redis
 
 import queueserve as qs
-from queueserve.broker.sync import SWEEP_KEYS
+from queueserve.broker.reads import SWEEP_KEYS
 from queueserve.ops.cli import main as cli_main
 from queueserve.wire import protocol as P
 from queueserve.worker.metrics import MAX_CONNECTIONS

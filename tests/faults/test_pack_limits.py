@@ -13,8 +13,9 @@ import pytest
 import redis
 
 import queueserve as qs
-from queueserve.broker.sync import RedisBroker
+from queueserve.broker.consumer import Consumer
 from queueserve.wire.protocol import MAX_PACK_REQUESTS, Keys
+from tests.support.broker import RedisBroker
 from tests.support.fault_app import RawInbox, header
 from tests.support.helpers import REPO, stream_key, wait_until
 
@@ -32,16 +33,16 @@ def forged_pack(inbox: RawInbox, orphans: int, answerable: int = 0) -> dict[str,
 
 @pytest.fixture
 def dead_letter_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
-    """How many records each call of the worker's ``RedisBroker.dead_letter`` wrote: one call
+    """How many records each call of the worker's ``Consumer.dead_letter`` wrote: one call
     is one round trip."""
     calls: list[int] = []
-    write = RedisBroker.dead_letter
+    write = Consumer.dead_letter
 
-    def counted(self: RedisBroker, *args: Any, **options: Any) -> None:
+    def counted(self: Consumer, *args: Any, **options: Any) -> None:
         calls.append(len(args) - 3)  # keys, stream, entry id, then the records
         write(self, *args, **options)
 
-    monkeypatch.setattr(RedisBroker, "dead_letter", counted)
+    monkeypatch.setattr(Consumer, "dead_letter", counted)
     yield calls
 
 

@@ -11,9 +11,9 @@ import pytest
 import redis
 
 import queueserve as qs
-from queueserve.broker.sync import RedisBroker
 from queueserve.ops.deadletter import DeadLetters
 from queueserve.wire.protocol import ERROR, Keys
+from tests.support.broker import RedisBroker
 from tests.support.fault_app import RawInbox, Workers, header, serving_consumer
 from tests.support.helpers import stream_key, wait_until
 

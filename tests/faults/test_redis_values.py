@@ -338,7 +338,7 @@ def test_digits_that_int_refuses_in_depth_and_ready_do_not_break_stats_or_queue_
 ) -> None:
     # Given a declared serving whose depth hash and ready set hold what str.isdigit() takes
     # but int() refuses: a superscript two, and 5,000 nines
-    from queueserve.broker.sync import RedisBroker
+    from tests.support.broker import RedisBroker
 
     start_worker(Recording(name="digits", batch_size=4, batch_timeout=0.005))
     keys = Keys(prefix, "digits")

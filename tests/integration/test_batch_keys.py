@@ -15,8 +15,8 @@ import pytest
 import redis
 
 import queueserve as qs
-from queueserve.broker.sync import RedisBroker
 from queueserve.wire.protocol import H_PRIORITY, Keys
+from tests.support.broker import RedisBroker
 from tests.support.fault_app import Workers, serving_consumer
 from tests.support.helpers import wait_until
 from tests.support.servings import Recording, tag_items

@@ -17,12 +17,12 @@ import redis
 from redis._parsers.base import BaseParser
 
 import queueserve as qs
-from queueserve.broker.aio import AsyncRedisBroker
+from queueserve.broker.aio import AsyncProducer
 from queueserve.broker.errors import redis_errors, translate
 from queueserve.broker.retry import Outage, Retry
-from queueserve.broker.sync import RedisBroker
 from queueserve.broker.urls import redact_url
 from queueserve.wire import protocol as P
+from tests.support.broker import RedisBroker
 from tests.support.helpers import wait_until
 from tests.support.redis_server import free_port
 
@@ -128,7 +128,7 @@ def test_wrongtype_from_a_real_redis_is_a_command_error_sync_and_async(
         broker.close()
 
     async def meta() -> None:
-        aio = AsyncRedisBroker(redis_url)
+        aio = AsyncProducer(redis_url)
         try:
             await aio.meta(keys)
         finally:

@@ -22,8 +22,8 @@ import redis
 
 import queueserve as qs
 from queueserve.broker.connect import parse_url
-from queueserve.broker.sync import RedisBroker
 from queueserve.wire.protocol import GROUP, Keys, key_slot, shard_tags
+from tests.support.broker import RedisBroker
 from tests.support.callers import Caller
 from tests.support.helpers import wait_until
 from tests.support.redis_server import RedisServer

@@ -11,7 +11,7 @@ from collections.abc import Callable
 import pytest
 
 import queueserve as qs
-from queueserve.broker import aio, sync
+from queueserve.broker import common, replies
 from tests.support.helpers import WAIT_S
 
 StartWorker = Callable[..., qs.Worker]
@@ -22,7 +22,7 @@ WAIT_MS = 3000  # a durable enqueue waits this long here for the replica that ne
 
 @pytest.fixture
 def long_durable_wait(monkeypatch: pytest.MonkeyPatch) -> None:
-    for module in (sync, aio):
+    for module in (common, replies):
         monkeypatch.setattr(module, "DURABLE_WAIT_MS", WAIT_MS)
 
 

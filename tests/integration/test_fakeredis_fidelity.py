@@ -15,9 +15,9 @@ from typing import Any
 import fakeredis
 import redis
 
-from queueserve.broker.sync import RedisBroker
 from queueserve.ops.deadletter import DeadLetters
 from queueserve.wire import protocol as P
+from tests.support.broker import RedisBroker
 
 
 def key_stats(broker: RedisBroker, keys: P.Keys) -> list[tuple[Any, ...]]:

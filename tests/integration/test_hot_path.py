@@ -15,13 +15,15 @@ import pytest
 import redis
 
 import queueserve as qs
-from queueserve.broker.sync import PendingRead, ReadOutcome, RedisBroker
+from queueserve.broker.consumer import Consumer
+from queueserve.broker.reads import PendingRead, ReadOutcome
 from queueserve.errors import RedisUnavailable
 from queueserve.wire.codec import get_codec
-from queueserve.wire.request import encode_request
 from queueserve.wire.protocol import GROUP, Keys, inbox_key
+from queueserve.wire.request import encode_request
 from queueserve.worker.pipeline import runner as runner_module
 from queueserve.worker.pipeline.runner import ServingRunner
+from tests.support.broker import RedisBroker
 from tests.support.helpers import items_waiting, wait_until
 from tests.support.servings import Recording, tag_items
 
@@ -182,14 +184,14 @@ def test_an_idle_worker_sends_its_next_read_behind_each_reply(
 ) -> None:
     # Given an idle worker, whose replies are recorded with whether a read went with them
     fused: list[bool] = []
-    reply_and_ack = RedisBroker.reply_and_ack
+    reply_and_ack = Consumer.reply_and_ack
 
-    def recording(self: RedisBroker, *args: Any, **kwargs: Any) -> PendingRead | None:
+    def recording(self: Consumer, *args: Any, **kwargs: Any) -> PendingRead | None:
         pending = reply_and_ack(self, *args, **kwargs)
         fused.append(pending is not None)
         return pending
 
-    monkeypatch.setattr(RedisBroker, "reply_and_ack", recording)
+    monkeypatch.setattr(Consumer, "reply_and_ack", recording)
     worker = start_worker(Recording(tag_items, name="fused", batch_size=4, batch_timeout=0))
     # When requests come one at a time, each after the last one's answer, once idle again
     answers = dispatch_when_idle(client, worker, "fused", 20)
@@ -209,8 +211,8 @@ def test_what_a_read_sent_behind_a_reply_brought_is_served_when_its_reply_is_los
     # already blocked in one holds the method it bound, and armed once the worker is warm.
     armed = threading.Event()
     lost: list[ReadOutcome] = []
-    results = {"pending": PendingRead.result, "wait": RedisBroker.wait_then_read,
-               "ready": RedisBroker.read_ready}
+    results = {"pending": PendingRead.result, "wait": Consumer.wait_then_read,
+               "ready": Consumer.read_ready}
 
     def losing(outcome: ReadOutcome) -> ReadOutcome:
         if armed.is_set() and not lost and outcome.entries:
@@ -219,9 +221,9 @@ def test_what_a_read_sent_behind_a_reply_brought_is_served_when_its_reply_is_los
         return outcome
 
     monkeypatch.setattr(PendingRead, "result", lambda self: losing(results["pending"](self)))
-    monkeypatch.setattr(RedisBroker, "wait_then_read",
+    monkeypatch.setattr(Consumer, "wait_then_read",
                         lambda self, *a: losing(results["wait"](self, *a)))
-    monkeypatch.setattr(RedisBroker, "read_ready",
+    monkeypatch.setattr(Consumer, "read_ready",
                         lambda self, *a: losing(results["ready"](self, *a)))
     worker = start_worker(Recording(tag_items, name="lost", batch_size=4, batch_timeout=0))
     assert client.dispatch("lost", "warm", timeout=RESULT_WAIT_S) == "r:warm"

@@ -15,7 +15,7 @@ import pytest
 import redis
 
 import queueserve as qs
-from queueserve.broker import common, sync
+from queueserve.broker import admin, common, consumer, reads
 from queueserve.wire import protocol as P
 from tests.support.helpers import WAIT_S, wait_until
 from tests.support.servings import Recording
@@ -30,7 +30,7 @@ FLOOD = 600  # priority-9 requests, one item each: 150 batches, several times th
 @pytest.fixture
 def quick_ageing(monkeypatch: pytest.MonkeyPatch) -> None:
     """PRIORITY_AGE_MS of AGE_MS wherever the worker and the client read it."""
-    for module in (P, common, sync):
+    for module in (P, common, reads, consumer, admin):
         monkeypatch.setattr(module, "PRIORITY_AGE_MS", AGE_MS)
 
 

@@ -101,8 +101,8 @@ def test_a_durable_enqueue_whose_master_turns_replica_meanwhile_is_retried(
     tmp_path: Any
 ) -> None:
     # Given a durable enqueue waiting (WAIT 1) on a master that has no replica
-    from queueserve.broker.sync import RedisBroker
     from queueserve.wire.protocol import Keys
+    from tests.support.broker import RedisBroker
     from tests.support.redis_server import start_redis_server
 
     master = start_redis_server(tmp_path / "master")

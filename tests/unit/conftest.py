@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import fakeredis
 import pytest
 
-import queueserve.broker.sync
+import queueserve.broker.core
 
 
 @pytest.fixture
@@ -33,12 +33,12 @@ def redis_tmp_server() -> str:
 
 @pytest.fixture
 def fake_redis(monkeypatch: pytest.MonkeyPatch) -> Iterator[fakeredis.FakeServer]:
-    """One in-memory fakeredis server for this test. Every ``RedisBroker`` made meanwhile, the
+    """One in-memory fakeredis server for this test. Every broker made meanwhile, the
     ones the CLI commands make from a URL included, connects to it, whatever the URL."""
     server = fakeredis.FakeServer()
 
     def connect(url: str) -> fakeredis.FakeRedis:
         return fakeredis.FakeRedis(server=server)
 
-    monkeypatch.setattr(queueserve.broker.sync, "connect", connect)
+    monkeypatch.setattr(queueserve.broker.core, "connect", connect)
     yield server

@@ -9,6 +9,8 @@ written: at the top, inside a function, under ``if TYPE_CHECKING:``, or as
 - queueserve/worker/ never reaches queueserve/client/, and queueserve/client/ never reaches
   queueserve/worker/: not directly, not through other modules;
 - queueserve/wire/ reaches nothing that does I/O (broker, client, worker, ops, redis);
+- queueserve/client/ imports of queueserve/broker/ name only the producer side (producer,
+  aio) and its helpers (retry, urls, errors): never the consumer, admin or core directly;
 - every name in ``queueserve.__all__`` is importable from ``queueserve``.
 
 The checker runs first on small synthetic packages, so each rule is known to fire.
@@ -211,7 +213,24 @@ def layout_problems(root: Path, package: str) -> dict[str, list[str]]:
             f"{p}.wire", [f"{p}.broker", f"{p}.client", f"{p}.worker", f"{p}.ops", "redis"],
             "wire/ holds names and formats only and must do no I/O",
         ),
+        "client->producer": _producer_side_only(imports, p),
     }
+
+
+# What client/ may import of broker/: the producer side and the helpers it hands out.
+CLIENT_BROKER_MODULES = ("producer", "aio", "retry", "urls", "errors")
+
+
+def _producer_side_only(imports: list[Import], p: str) -> list[str]:
+    allowed = [f"{p}.broker.{m}" for m in CLIENT_BROKER_MODULES]
+    return [
+        f"{imp}: {imp.importer} imports {imp.target}, but the client uses only the producer "
+        f"side of the broker\n    use {p}.broker.producer (or .aio); the consumer side is the "
+        "worker's and the admin side ops/'s"
+        for imp in imports
+        if within(imp.importer, f"{p}.client") and within(imp.target, f"{p}.broker")
+        and not any(within(imp.target, a) for a in allowed)
+    ]
 
 
 def report(problems: list[str]) -> str:
@@ -234,9 +253,10 @@ def write_package(root: Path, files: dict[str, str]) -> Path:
 
 CLEAN = {
     "pkg/wire/protocol.py": "KEY = 'k'\n",
-    "pkg/broker/sync.py": "import redis\nfrom pkg.wire.protocol import KEY\n",
-    "pkg/client/sync.py": "from pkg.broker.sync import KEY\nfrom ..wire import protocol\n",
-    "pkg/worker/run.py": "from pkg.broker import sync\nfrom pkg.wire.protocol import KEY\n",
+    "pkg/broker/producer.py": "import redis\nfrom pkg.wire.protocol import KEY\n",
+    "pkg/broker/consumer.py": "from pkg.broker.producer import KEY\n",
+    "pkg/client/sync.py": "from pkg.broker.producer import KEY\nfrom ..wire import protocol\n",
+    "pkg/worker/run.py": "from pkg.broker import consumer\nfrom pkg.wire.protocol import KEY\n",
     "pkg/ops/cli.py": "from pkg.worker.run import KEY\nfrom pkg.client.sync import KEY as K\n",
 }
 
@@ -244,7 +264,8 @@ CLEAN = {
 def test_a_package_that_keeps_every_rule_has_no_problems(tmp_path: Path) -> None:
     root = write_package(tmp_path, CLEAN)
     assert layout_problems(root, "pkg") == {
-        "redis": [], "cycles": [], "worker->client": [], "client->worker": [], "wire": []
+        "redis": [], "cycles": [], "worker->client": [], "client->worker": [], "wire": [],
+        "client->producer": [],
     }
 
 
@@ -259,8 +280,8 @@ def test_a_package_that_keeps_every_rule_has_no_problems(tmp_path: Path) -> None
          "pkg/ops/cli.py:3"),
         ("redis", "pkg/ops/cli.py", "import importlib\nimportlib.import_module('redis')\n",
          "pkg/ops/cli.py:2"),
-        ("cycles", "pkg/wire/protocol.py", "from pkg.broker import sync\n",
-         "pkg.broker.sync -> pkg.wire.protocol -> pkg.broker.sync"),
+        ("cycles", "pkg/wire/protocol.py", "from pkg.broker import producer\n",
+         "pkg.broker.producer -> pkg.wire.protocol -> pkg.broker.producer"),
         ("cycles", "pkg/worker/extra.py",
          "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .run import KEY\n",
          "pkg/worker/extra.py:3"),
@@ -270,7 +291,12 @@ def test_a_package_that_keeps_every_rule_has_no_problems(tmp_path: Path) -> None
          "pkg.worker.run -> pkg.ops.cli -> pkg.client.sync"),
         ("client->worker", "pkg/client/sync.py", "from pkg.worker.run import KEY\n",
          "pkg/client/sync.py:1"),
-        ("wire", "pkg/wire/codec.py", "from pkg.broker.sync import KEY\n", "pkg/wire/codec.py:1"),
+        ("wire", "pkg/wire/codec.py", "from pkg.broker.producer import KEY\n",
+         "pkg/wire/codec.py:1"),
+        ("client->producer", "pkg/client/sync.py", "from pkg.broker.consumer import KEY\n",
+         "pkg/client/sync.py:1"),
+        ("client->producer", "pkg/client/aio.py", "from pkg.broker import consumer\n",
+         "pkg/client/aio.py:1"),
         ("wire", "pkg/wire/codec.py", "import redis\n", "pkg/wire/codec.py:1"),
     ],
 )
@@ -307,7 +333,7 @@ PROBLEMS = layout_problems(REPO, "queueserve")
 
 def test_the_checker_sees_every_module_of_queueserve() -> None:
     modules = module_files(REPO, "queueserve")
-    for expected in ("queueserve", "queueserve.broker.sync", "queueserve.wire.protocol",
+    for expected in ("queueserve", "queueserve.broker.producer", "queueserve.wire.protocol",
                      "queueserve.worker.pipeline.runner", "queueserve.client.sync",
                      "queueserve.ops.cli"):
         assert expected in modules

@@ -19,12 +19,12 @@ import fakeredis
 import msgpack
 import pytest
 
-from queueserve.broker.sync import RedisBroker
 from queueserve.ops import stats
 from queueserve.ops.cli import main
 from queueserve.ops.deadletter import DeadLetters
 from queueserve.wire import protocol as P
 from queueserve.worker.worker import EXIT_ERROR, EXIT_OK, EXIT_USAGE
+from tests.support.broker import RedisBroker
 
 PREFIX = "qsunit"
 URL = "redis://fake.invalid:6379/0"  # never dialled: the fake_redis fixture answers every URL

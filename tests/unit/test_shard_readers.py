@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import queueserve as qs
+from queueserve.broker.reads import ReadOutcome, WakeRead
 from queueserve.broker.retry import Outage
-from queueserve.broker.sync import ReadOutcome, WakeRead
 from queueserve.serving import Partition
 from queueserve.worker.pipeline.runner import ServingRunner
 

@@ -23,11 +23,11 @@ from typing import Any
 import msgpack
 import redis
 
-from queueserve.broker.sync import RedisBroker
 from queueserve.errors import QueueServeError
 from queueserve.ops.deadletter import DeadLetters
 from queueserve.wire import protocol as P
 from tests.faults.fuzz.values import FAMILIES, NUMBERS, WRONG_TYPE, hostile_object
+from tests.support.broker import RedisBroker
 
 VALID = ("fz", "fzs", "fzt")  # servings with valid traffic (tests/faults/fuzz/app.py)
 VICTIM = "fzx"

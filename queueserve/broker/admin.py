@@ -1,0 +1,254 @@
+"""The admin side: what operators read and change (``queueserve stats``, ``config``,
+``dead-letters``) and the worker's metrics: queue depths, key stats, shards, dead letters.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+from queueserve.broker.common import StreamEntries, text, texts
+from queueserve.broker.core import BrokerCore
+from queueserve.broker.errors import redis_errors
+from queueserve.wire.protocol import GROUP, MAX_PRIORITY, PRIORITY_AGE_MS, Keys, check_shards
+
+log = logging.getLogger(__name__)
+
+# Idle batch keys `queueserve stats` shows, the last enqueued to; keys with work are all shown.
+STATS_RECENT_KEYS = 20
+
+
+def _streams_with_work(
+    keys: Keys, ready: Sequence[bytes], active: Sequence[bytes]
+) -> list[tuple[str, str]]:
+    """(batch key, stream) of the streams named by a shard's ready members (``<N><K>``) and
+    active set, in name order; members anyone could have written that name no request
+    stream of this shard are left out."""
+    names = {keys.stream(m[1:], int(m[0])) for m in (text(r, "replace") for r in ready)
+             if m[:1].isascii() and m[:1].isdigit()}
+    names.update(text(a, "replace") for a in active)
+    found = []
+    for name in sorted(names):
+        try:
+            if keys.shard_of(name) is keys:
+                found.append((keys.batch_key_of(name), name))
+        except ValueError:
+            continue
+    return found
+
+
+@dataclass(slots=True)
+class KeyStats:
+    key: str
+    queued_items: int
+    last_seen_ms: int
+    waiting: int = 0  # entries not read by any worker
+    pending: int = 0  # entries read and not acked
+    oldest_age_ms: int = 0  # of the oldest entry still in its streams; 0 = none
+    read: int = 0  # entries the consumer group read so far
+
+
+def _ms(score: float | None) -> int:
+    """A unix-ms score read from a sorted set anyone may write: 0 unless finite."""
+    return int(score) if score is not None and math.isfinite(score) else 0
+
+
+def _count(raw: str) -> int:
+    """An item count read from a hash anyone may write: 0 unless a non-negative int (ASCII
+    digits: str.isdigit takes '²', which int() refuses, and past 4,300 digits int() refuses
+    any)."""
+    return int(raw) if raw.isascii() and raw.isdigit() and len(raw) <= 18 else 0
+
+
+def _add_stream(row: KeyStats, length: Any, groups: Any, first: Any, now_ms: int) -> None:
+    """Add one priority stream's XLEN, XINFO GROUPS and first entry to a key's row."""
+    if not isinstance(length, int) or not length:
+        return
+    group = next((g for g in groups if text(g["name"], "replace") == GROUP), None) if (
+        isinstance(groups, list)) else None
+    pending = int(group["pending"]) if group else 0
+    row.pending += pending
+    row.waiting += length - pending
+    row.read += int(group.get("entries-read") or 0) if group else 0
+    if isinstance(first, list) and first:
+        born = int(text(first[0][0]).split("-")[0])
+        row.oldest_age_ms = max(row.oldest_age_ms, now_ms - born)
+
+
+
+class Admin(BrokerCore):
+    """The operators' reads and changes of one Redis deployment."""
+
+    def queue_depths(self, keys_list: Sequence[Keys]) -> list[tuple[Keys, str, int, int]]:
+        """(serving keys, batch key, stream length, pending) for every batch key whose streams
+        hold entries: those in the ready set (unread entries) or the active set (pending ones).
+        What it reads grows with the streams that hold work, never with the keys ever seen.
+
+        Acked entries are deleted, so length - pending is what waits to be read."""
+        with redis_errors(self.url):
+            pipe = self.redis.pipeline(transaction=False)
+            for keys in keys_list:
+                pipe.zrange(keys.ready, 0, -1)
+                pipe.zrange(keys.active, 0, -1)
+            marks = pipe.execute()
+            streams = [
+                (keys, key, stream)
+                for i, keys in enumerate(keys_list)
+                for key, stream in _streams_with_work(keys, marks[2 * i], marks[2 * i + 1])
+            ]
+            pipe = self.redis.pipeline(transaction=False)
+            for _, _, stream in streams:
+                pipe.xlen(stream)
+                pipe.xpending(stream, GROUP)
+            out = pipe.execute(raise_on_error=False)
+        rows: dict[tuple[Keys, str], list[int]] = {}
+        for i, (keys, key, _) in enumerate(streams):
+            length, summary = out[2 * i], out[2 * i + 1]
+            row = rows.setdefault((keys, key), [0, 0])
+            row[0] += length if isinstance(length, int) else 0
+            row[1] += int(summary["pending"]) if isinstance(summary, dict) else 0
+        return [(keys, key, length, held) for (keys, key), (length, held) in rows.items()]
+
+    def servings(self, prefix: str) -> list[str]:
+        """Names of the servings any worker ever declared under ``prefix``."""
+        names = set()
+        with redis_errors(self.url):
+            for key in self.redis.scan_iter(match=f"{prefix}:{{*}}:meta", count=500):
+                name = text(key, "replace")
+                names.add(name[name.index("{") + 1 : name.rindex("}")])
+        # S#i: the meta hash of a shard (names never hold '#'), where workers confirm `shards`
+        return sorted(name for name in names if "#" not in name)
+
+    def key_stats(self, keys: Keys, recent: int = STATS_RECENT_KEYS) -> list[KeyStats]:
+        """Per batch key with work (streams in the ready or active set, items admitted) and
+        per key among the ``recent`` last enqueued to: items queued, entries waiting and
+        pending, the oldest entry's age, when it was last enqueued to, and entries its group
+        has read (all priorities). Other known keys are idle and not read (``known_keys``
+        counts them), so what this reads grows with the keys that have work."""
+        levels = MAX_PRIORITY + 1
+        now_ms = int(time.time() * 1000)
+        with redis_errors(self.url):
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.zrange(keys.ready, 0, -1)
+            pipe.zrange(keys.active, 0, -1)
+            pipe.hgetall(keys.depth)
+            pipe.zrange(keys.seen, -max(1, recent), -1, withscores=True)
+            ready, active, depth_raw, latest = pipe.execute()
+            depth = {k: _count(v) for k, v in texts(depth_raw, "replace").items()}
+            seen = {text(k, "replace"): _ms(v) for k, v in latest}
+            working = {key for key, _ in _streams_with_work(keys, ready, active)} | set(depth)
+            others = sorted(working - set(seen))
+            if others:
+                scores = self.redis.zmscore(keys.seen, others)
+                seen.update((k, _ms(v)) for k, v in zip(others, scores, strict=True))
+            names = sorted(seen, key=lambda k: (seen[k], k))
+            pipe = self.redis.pipeline(transaction=False)
+            for name in names:
+                for stream in keys.streams(name):
+                    pipe.xlen(stream)
+                    pipe.xinfo_groups(stream)
+                    pipe.xrange(stream, "-", "+", count=1)
+            out = pipe.execute(raise_on_error=False)
+        stats = []
+        for i, name in enumerate(names):
+            row = KeyStats(name, depth.get(name, 0), last_seen_ms=seen[name])
+            for j in range(3 * levels * i, 3 * levels * (i + 1), 3):
+                _add_stream(row, out[j], out[j + 1], out[j + 2], now_ms)
+            stats.append(row)
+        return stats
+
+    def known_keys(self, keys: Keys) -> int:
+        """How many batch keys the serving shard knows (work or idle)."""
+        with redis_errors(self.url):
+            return int(self.redis.zcard(keys.seen))
+
+    def shards(self, keys: Keys) -> list[Keys]:
+        """Every shard of a serving, shard 0 first, as its workers declared (``shards`` in its
+        meta hash, confirmed by the last shard's; shard 0 alone when none did, or when the
+        field is not a valid count)."""
+        with redis_errors(self.url):
+            raw = self.redis.hget(keys.meta, "shards")
+        try:
+            count = check_shards(int(text(raw))) if raw else 1
+        except ValueError:
+            count = 0
+        if count > 1:
+            with redis_errors(self.url):
+                confirmed = self.redis.hget(keys.last_shard(count).meta, "shards") == raw
+            count = count if confirmed else 0
+        if count == 0:
+            log.warning("serving %s: ignored shards=%r in its meta hash (not a count its "
+                        "workers declared)", keys.name, raw)
+        return keys.sharded(max(1, count))
+
+    def summed_key_stats(self, shards: Sequence[Keys]) -> list[KeyStats]:
+        """``key_stats`` of every shard, summed per batch key (ages: the oldest, last seen:
+        the latest)."""
+        rows: dict[str, KeyStats] = {}
+        for keys in shards:
+            for row in self.key_stats(keys):
+                total = rows.setdefault(row.key, KeyStats(row.key, 0, 0))
+                total.queued_items += row.queued_items
+                total.last_seen_ms = max(total.last_seen_ms, row.last_seen_ms)
+                total.waiting += row.waiting
+                total.pending += row.pending
+                total.oldest_age_ms = max(total.oldest_age_ms, row.oldest_age_ms)
+                total.read += row.read
+        return list(rows.values())
+
+    def dead_letter_depths(self, keys_list: Sequence[Keys]) -> list[tuple[Keys, int]]:
+        with redis_errors(self.url):
+            pipe = self.redis.pipeline(transaction=False)
+            for keys in keys_list:
+                pipe.xlen(keys.dead)
+            return list(zip(keys_list, (int(n) for n in pipe.execute()), strict=True))
+
+    def dead_letters(
+        self, keys: Keys, start: str, end: str, limit: int
+    ) -> list[tuple[bytes, dict[bytes, bytes]]]:
+        """Records of the serving's dead-letter stream from ``start`` to ``end`` (ids)."""
+        with redis_errors(self.url):
+            raw = self.redis.xrange(keys.dead, start, end, count=limit)
+        return cast(list[tuple[bytes, dict[bytes, bytes]]], raw or [])
+
+    def newest_dead_letter(self, keys: Keys) -> str | None:
+        """The id of the serving shard's newest dead letter, None when it has none."""
+        with redis_errors(self.url):
+            raw = cast(StreamEntries, self.redis.xrevrange(keys.dead, "+", "-", count=1))
+        return text(raw[0][0]) if raw else None
+
+    def replay_dead_letter(
+        self, keys: Keys, dead_id: str, stream: str, requests: Sequence[tuple[bytes, bytes, int]]
+    ) -> list[str] | None:
+        """Queue a dead letter's requests (header, payload, items) again, one entry each, and
+        drop the record, atomically (replay.lua); returns the new entry ids, or None when the
+        record is gone (replayed or dropped meanwhile) or names another stream by now.
+
+        ``stream`` must be a request stream of ``keys``' shard, and each item count an int
+        from 1 to its payload's length: the caller checked both (ops/deadletter.py)."""
+        batch_key, priority = keys.parse_stream(stream)
+        args: list[Any] = [dead_id, GROUP, batch_key, priority, PRIORITY_AGE_MS]
+        for header, payload, n in requests:
+            args += [header, payload, n]
+        script_keys = [keys.dead, stream, keys.queued, keys.seen, keys.ready, keys.wake,
+                       keys.depth]
+        with redis_errors(self.url):
+            new_ids = self._replay(keys=script_keys, args=args)
+        return [text(i) for i in new_ids] if new_ids else None
+
+    def drop_dead_letter(self, keys: Keys, dead_id: str) -> bool:
+        with redis_errors(self.url):
+            return bool(self.redis.xdel(keys.dead, dead_id))
+
+    def set_config(self, keys: Keys, options: Mapping[str, Any]) -> None:
+        """Store run-time overrides, and show them in the declared options at once."""
+        fields: dict[Any, Any] = {k: str(v) for k, v in options.items()}
+        with redis_errors(self.url):
+            pipe = self.redis.pipeline(transaction=True)
+            pipe.hset(keys.config, mapping=fields)
+            pipe.hset(keys.meta, mapping=fields)
+            pipe.execute()

@@ -1,0 +1,179 @@
+"""The consumer side: what a worker does with Redis. Reads (broker/reads.py) and replies
+(broker/replies.py) are its hot path; here the rest: claims, pack splits, dead letters, the
+heartbeat and the serving's declaration.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
+from typing import Any, cast
+
+import redis
+
+from queueserve.broker.common import text
+from queueserve.broker.connect import is_cluster
+from queueserve.broker.core import no_group
+from queueserve.broker.errors import redis_errors
+from queueserve.broker.replies import Replies
+from queueserve.wire.protocol import GROUP, MAX_PACK_REQUESTS, PRIORITY_AGE_MS, Keys, worker_key
+
+
+class Consumer(Replies):
+    """The stream operations of a worker."""
+
+    def claim(
+        self, stream: str, owner: str, claimer: str, min_idle_ms: int, count: int,
+        skip: AbstractSet[bytes] = frozenset(),
+    ) -> list[tuple[bytes, dict[bytes, bytes], int]]:
+        """Move up to ``count`` of ``owner``'s entries idle for ``min_idle_ms`` to ``claimer``.
+
+        Returns (entry id, fields, times delivered so far). The claim does not count as a
+        delivery (JUSTID): only running a redelivered entry does (``count_delivery``), so
+        requests that merely sat beside a crasher are not blamed for its crashes. Entries
+        deleted meanwhile (cancelled) leave the pending list without being returned. Two
+        claimers racing never both get an entry: the claim resets its idle time.
+        """
+        with redis_errors(self.url):
+            try:
+                pending = self.redis.xpending_range(
+                    stream, GROUP, min="-", max="+", count=count, consumername=owner,
+                    idle=min_idle_ms,
+                )
+            except redis.ResponseError as e:
+                if not no_group(e):
+                    raise
+                return []  # the group went with Redis's data: nobody holds anything
+            if not pending:
+                return []
+            deliveries = {
+                p["message_id"]: int(p["times_delivered"])
+                for p in pending
+                if p["message_id"] not in skip
+            }
+            if not deliveries:
+                return []
+            claimed = cast(list[bytes], self.redis.xclaim(
+                stream, GROUP, claimer, min_idle_ms, list(deliveries), justid=True
+            ))
+            pipe = self.redis.pipeline(transaction=False)
+            for entry_id in claimed:
+                pipe.xrange(stream, entry_id, entry_id)
+            found = pipe.execute()
+        return [
+            (entry[0][0], entry[0][1], deliveries.get(entry[0][0], 1))
+            for entry in found
+            if entry
+        ]
+
+    def split_pack(self, keys: Keys, stream: str, entry_id: bytes) -> int:
+        """Replace a pack this consumer holds by one new entry per request (split.lua).
+
+        Returns how many entries it wrote: 0 when the entry is gone or is not a pack, -1 when
+        its packed requests are malformed or more than MAX_PACK_REQUESTS (the caller
+        dead-letters the entry)."""
+        shard = keys.shard_of(stream)
+        batch_key, priority = shard.parse_stream(stream)
+        score = int(time.time() * 1000) - priority * PRIORITY_AGE_MS
+        with redis_errors(self.url):
+            return int(self._split(
+                keys=[stream, shard.ready, shard.wake],
+                args=[GROUP, entry_id, f"{priority}{batch_key}", score, MAX_PACK_REQUESTS],
+            ))
+
+    def count_delivery(self, stream: str, consumer: str, entry_id: bytes) -> None:
+        """Count one more delivery of an entry this consumer is about to run."""
+        with redis_errors(self.url):
+            try:
+                self.redis.xclaim(stream, GROUP, consumer, 0, [entry_id])
+            except redis.ResponseError as e:
+                if not no_group(e):  # no group, no count: the entry is gone with it
+                    raise
+
+    def consumers(self, stream: str) -> list[tuple[str, int, int]]:
+        """(name, pending, idle ms) of every consumer in the stream's group."""
+        with redis_errors(self.url):
+            try:
+                info = self.redis.xinfo_consumers(stream, GROUP)
+            except redis.ResponseError as e:
+                if not no_group(e):
+                    raise
+                return []
+        return [(text(c["name"]), int(c["pending"]), int(c["idle"])) for c in info]
+
+    def forget_consumer(self, stream: str, consumer: str) -> None:
+        with redis_errors(self.url):
+            self.redis.xgroup_delconsumer(stream, GROUP, consumer)
+
+    def dead_letter(
+        self, keys: Keys, stream: str, entry_id: bytes, *records: Mapping[str, Any],
+        ack_now: bool,
+    ) -> None:
+        """Copy an entry to the dead-letter stream of its shard with why (each of ``records``:
+        one for an entry, one per request of a pack that fails), in one round trip however
+        many records there are.
+
+        ``ack_now`` acks and deletes the entry here, for entries nobody can be answered for;
+        otherwise the replier acks it after telling the caller.
+        """
+        dead = keys.shard_of(stream).dead  # the stream's shard: one slot
+        at_ms = int(time.time() * 1000)
+        with redis_errors(self.url):
+            pipe = self.redis.pipeline(transaction=False)
+            for record in records:
+                fields: dict[Any, Any] = {"stream": stream, "entry_id": entry_id,
+                                          "at_ms": at_ms, **record}
+                pipe.xadd(dead, fields)
+            if ack_now:
+                pipe.xack(stream, GROUP, entry_id)
+                pipe.xdel(stream, entry_id)
+            pipe.execute()
+
+    def declare(self, keys: Keys, options: Mapping[str, Any]) -> None:
+        """Publish a serving's options (clients read codec and max_queue from them)."""
+        with redis_errors(self.url):
+            self.redis.hset(keys.meta, mapping={k: str(v) for k, v in options.items()})
+
+    def heartbeat(
+        self, keys_list: Sequence[Keys], consumer: str, ttl_ms: int, info: Mapping[str, str | int]
+    ) -> None:
+        """Say ``consumer`` is alive, per serving, and refresh its registry record."""
+        now_ms = int(time.time() * 1000)
+        record = worker_key(keys_list[0].prefix, consumer)
+        with redis_errors(self.url):
+            pipe = self.redis.pipeline(transaction=False)
+            fields: dict[Any, Any] = {**info, "heartbeat_ms": now_ms}
+            pipe.hset(record, mapping=fields)
+            pipe.pexpire(record, ttl_ms)
+            for keys in keys_list:
+                pipe.zadd(keys.workers, {consumer: now_ms})
+                pipe.zremrangebyscore(keys.workers, "-inf", now_ms - ttl_ms)
+                pipe.pexpire(keys.workers, ttl_ms)
+            pipe.execute()
+
+    def leave(self, keys_list: Sequence[Keys], consumer: str) -> None:
+        with redis_errors(self.url):
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.delete(worker_key(keys_list[0].prefix, consumer))
+            for keys in keys_list:
+                pipe.zrem(keys.workers, consumer)
+            pipe.execute()
+
+    def subscribers(self, channels: Sequence[str]) -> dict[str, int]:
+        """Subscribers of each pub/sub channel (PUBSUB NUMSUB). On a cluster a subscription
+        lives on one node and NUMSUB counts only its own node's, so every node is asked and
+        the counts summed (redis-py's cluster client asks one node: a caller subscribed
+        elsewhere was counted 0, and a step serving took it for gone)."""
+        if not channels:
+            return {}
+        with redis_errors(self.url):
+            if not is_cluster(self.redis):
+                pairs = self.redis.pubsub_numsub(*channels)
+                return {text(channel): int(count) for channel, count in pairs}
+            cluster: Any = self.redis
+            counts = dict.fromkeys(channels, 0)
+            for node in cluster.get_nodes():
+                for channel, count in cluster.get_redis_connection(node).pubsub_numsub(*channels):
+                    counts[text(channel)] += int(count)
+            return counts

@@ -1,0 +1,96 @@
+"""The producer side: what a client does with Redis (enqueue, cancel, read its inbox).
+
+``AsyncProducer`` (broker/aio.py) has the same methods for asyncio; both send the commands
+``broker.common`` builds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from queueserve.broker import raw
+from queueserve.broker.common import (
+    Enqueued,
+    Request,
+    cancel_arguments,
+    durable_replies,
+    enqueue_and_wait_commands,
+    enqueue_arguments,
+    enqueued,
+    inbox_command,
+    inbox_messages,
+    not_replicated_message,
+)
+from queueserve.broker.core import BrokerCore
+from queueserve.broker.errors import redis_errors
+from queueserve.errors import NotReplicated
+from queueserve.wire.protocol import Keys
+
+
+class Producer(BrokerCore):
+    """The stream operations of a client."""
+
+    def enqueue(
+        self, keys: Keys, requests: Sequence[Request], max_queue: int, *, durable: bool = False
+    ) -> Enqueued:
+        """Admit requests ``(batch_key, n_items, header, payload, priority)`` atomically.
+
+        Returns the limit in force, the queued item count after admission, and per request its
+        stream entry id, or 0 when it was rejected for max_queue. ``durable`` waits until a
+        replica holds them too (NotReplicated when none did within DURABLE_WAIT_MS).
+        """
+        script_keys, args = enqueue_arguments(keys, requests, max_queue)
+        with redis_errors(self.url):
+            if not durable:
+                return enqueued(self._evalsha(self._enqueue, script_keys, args))
+            reply, replicas = self._enqueue_and_wait(script_keys, args)
+        if replicas < 1:
+            raise NotReplicated(not_replicated_message(keys, self.url))
+        return enqueued(reply)
+
+    def _enqueue_and_wait(self, script_keys: list[str], args: list[Any]) -> tuple[Any, int]:
+        """``enqueue_and_wait_commands`` on one connection of the shard's master."""
+        client = self._node(script_keys[0])
+        if id(client) not in self._loaded_on:
+            # Loaded first: after a NOSCRIPT the WAIT behind it would still wait its full time.
+            client.script_load(self._enqueue.script)
+            self._loaded_on.add(id(client))
+        commands = enqueue_and_wait_commands(self._enqueue.sha, script_keys, args)
+        for first_try in (True, False):
+            # A MOVED (failover or resharding) is raised as transient: sent again.
+            with self._routed(script_keys[0]):
+                pipe = client.pipeline(transaction=False)
+                for command in commands:
+                    pipe.execute_command(*command)
+                out = durable_replies(pipe.execute(raise_on_error=False), first_try)
+            if out is not None:
+                return out
+            client.script_load(self._enqueue.script)
+        raise AssertionError("unreachable: the second try returns or raises")
+
+    def cancel(self, keys: Keys, stream: str, entry_id: bytes, n: int) -> bool:
+        script_keys, args = cancel_arguments(keys, stream, entry_id, n)
+        with redis_errors(self.url):
+            return bool(self._cancel(keys=script_keys, args=args))
+
+    def read_inbox(self, inbox: str, timeout: float) -> list[bytes]:
+        """Replies waiting in ``inbox`` (BLMPOP), sent straight to the inbox's master."""
+        with redis_errors(self.url):
+            if self._raw is not None:
+                (reply,) = raw.run(self._raw, [inbox_command(inbox, timeout)])
+                if isinstance(reply, Exception):
+                    raise reply
+                return inbox_messages(reply)
+            with self._routed(inbox):
+                return inbox_messages(
+                    self._node(inbox).execute_command(*inbox_command(inbox, timeout))
+                )
+
+    def wake_inbox(self, inbox: str) -> None:
+        """Make a blocked ``read_inbox`` return (an empty message, which readers skip)."""
+        with redis_errors(self.url):
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.rpush(inbox, b"")
+            pipe.pexpire(inbox, 1000)
+            pipe.execute()

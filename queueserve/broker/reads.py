@@ -1,0 +1,261 @@
+"""The consumer side's reads: ready streams (read.lua), the wake read fused behind a reply,
+and the sweep that marks streams ready and forgets idle batch keys.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+import redis
+from redis.exceptions import NoScriptError
+
+from queueserve.broker import raw
+from queueserve.broker.common import StreamEntries, names, text
+from queueserve.broker.core import BrokerCore
+from queueserve.broker.errors import redis_errors
+from queueserve.wire.protocol import GROUP, PRIORITY_AGE_MS, Keys
+
+log = logging.getLogger(__name__)
+
+# Known batch keys one sweep call looks at: a sweep's cost per call is bounded whatever the
+# number of keys, and a pass over n keys takes n / SWEEP_KEYS calls (one a second per reader).
+SWEEP_KEYS = 200
+# Streams of the active set one sweep call looks at: ack.lua takes out most streams left with
+# nothing pending; the sweep takes out the rest (cancels, dead letters, a Redis restart).
+SWEEP_STREAMS = 1000
+
+
+class ReadOutcome:
+    """What one read of the ready streams gave."""
+
+    __slots__ = ("entries", "left", "more", "skipped", "wake_id")
+
+    def __init__(
+        self, wake_id: bytes, skipped: int, more: bool, left: int,
+        entries: list[tuple[str, StreamEntries]],
+    ) -> None:
+        self.wake_id = wake_id  # block on the wake stream after this id when nothing came
+        self.skipped = skipped  # ready streams of keys the worker said were full
+        self.more = more  # the room ran out before every ready stream was looked at
+        self.left = left  # streams read from that still hold unread entries
+        self.entries = entries
+
+    @property
+    def drained(self) -> bool:
+        """Nothing this consumer may read is left: the next read would find only what comes
+        after it, so it can block on the wake stream straight away."""
+        return not (self.skipped or self.more or self.left)
+
+
+@dataclass(frozen=True)
+class WakeRead:
+    """A blocking read of the ready streams (``wait_then_read``'s arguments), to be sent
+    right behind a reply: ``reply_and_ack(then_read=...)``."""
+
+    after: bytes
+    block_ms: int
+    consumer: str
+    budget: int
+    per_key: int
+    full: Sequence[str]
+
+
+class PendingRead:
+    """A wake read sent behind a reply (``reply_and_ack(then_read=...)``): ``result`` blocks
+    until it comes back; ``abandon`` drops its connection when it will never be read."""
+
+    __slots__ = ("_broker", "_keys", "_read", "_sent")
+
+    def __init__(self, broker: Reads, keys: Keys, read: WakeRead, sent: raw.Sent) -> None:
+        self._broker = broker
+        self._keys = keys
+        self._read = read
+        self._sent = sent
+
+    def result(self) -> ReadOutcome:
+        with redis_errors(self._broker.url):
+            _, out = self._sent.read(2)
+            return self._broker._wake_read_outcome(self._keys, self._read, out)
+
+    def abandon(self) -> None:
+        self._sent.abandon()
+
+
+
+def _fields(flat: list[bytes]) -> dict[bytes, bytes]:
+    if len(flat) == 6:  # an entry as enqueue.lua writes it (h, p, a): no slicing
+        return {flat[0]: flat[1], flat[2]: flat[3], flat[4]: flat[5]}
+    return dict(zip(flat[::2], flat[1::2], strict=True))
+
+
+
+Unnamed = list[tuple[bytes, StreamEntries]]
+
+
+def _read_outcome(out: list[Any]) -> tuple[ReadOutcome, Unnamed]:
+    """read.lua's reply, and apart the entries of streams whose names are not UTF-8."""
+    entries: list[tuple[str, StreamEntries]] = []
+    unnamed: Unnamed = []
+    for i in range(4, len(out), 2):
+        read = [(e[0], _fields(e[1])) for e in out[i + 1]]
+        try:
+            entries.append((text(out[i]), read))
+        except UnicodeDecodeError:
+            unnamed.append((out[i], read))
+    return ReadOutcome(out[0], int(out[1]), bool(out[2]), int(out[3]), entries), unnamed
+
+
+class Reads(BrokerCore):
+    """Reading the ready streams, and keeping the group and the ready set in order."""
+
+    def ensure_group(self, stream: str) -> None:
+        """Create the consumer group at the start of the stream, so nothing queued is missed."""
+        with redis_errors(self.url):
+            try:
+                self.redis.xgroup_create(stream, GROUP, id="0", mkstream=True)
+            except redis.ResponseError as e:
+                if "BUSYGROUP" not in str(e):
+                    raise
+
+    def adopt_legacy_keys(self, keys: Keys) -> None:
+        """Move batch keys from the set older versions kept (never forgotten) into ``seen``,
+        as seen now: they are forgotten in their turn if they stay idle."""
+        with redis_errors(self.url):
+            old = cast(set[bytes], self.redis.smembers(keys.keys))
+            if old:
+                now_ms = int(time.time() * 1000)
+                pipe = self.redis.pipeline(transaction=False)
+                pipe.zadd(keys.seen, dict.fromkeys(old, now_ms), nx=True)
+                pipe.delete(keys.keys)
+                pipe.execute()
+
+    def read_ready(
+        self, keys: Keys, consumer: str, budget: int, per_key: int, full: Sequence[str]
+    ) -> ReadOutcome:
+        """New entries for ``consumer`` from the streams that have unread work, most urgent
+        first (read.lua): about ``budget`` items, ``per_key`` per batch key, none of the
+        batch keys in ``full``. Idle keys are not touched."""
+        keys_, args = self._read_arguments(keys, consumer, budget, per_key, full)
+        with redis_errors(self.url):
+            out = self._evalsha(self._read, keys_, args)
+        return self._outcome(keys, out)
+
+    def wait_then_read(self, keys: Keys, read: WakeRead) -> ReadOutcome:
+        """Block until a stream of the serving becomes ready after wake id ``read.after`` (or
+        ``read.block_ms`` passed), then ``read_ready``: one round trip. Redis runs a
+        connection's next command only once its blocking command returned, so the read starts
+        the moment work arrives, and an idle worker's answer costs one wake-up instead of a
+        wake-up and another round trip."""
+        commands = self._wake_read_commands(keys, read)
+        with redis_errors(self.url):
+            if self._raw is not None:
+                woke, out = raw.run(self._raw, commands)
+            else:
+                # On the shard's master directly: a cluster pipeline refuses evalsha() by
+                # name, and would ask COMMAND GETKEYS of its default node for the XREAD.
+                with self._routed(keys.wake):
+                    pipe = self._node(keys.wake).pipeline(transaction=False)
+                    for command in commands:
+                        pipe.execute_command(*command)
+                    woke, out = pipe.execute(raise_on_error=False)
+                self._moved(keys.wake, woke)
+            return self._wake_read_outcome(keys, read, out)
+
+    def _wake_read_commands(self, keys: Keys, read: WakeRead) -> list[tuple[Any, ...]]:
+        keys_, args = self._read_arguments(
+            keys, read.consumer, read.budget, read.per_key, read.full
+        )
+        return [("XREAD", "COUNT", 1, "BLOCK", read.block_ms, "STREAMS", keys.wake, read.after),
+                ("EVALSHA", self._read.sha, len(keys_), *keys_, *args)]
+
+    def _wake_read_outcome(self, keys: Keys, read: WakeRead, out: Any) -> ReadOutcome:
+        """read.lua's reply to a wake read (the caller maps redis-py's errors)."""
+        if isinstance(out, NoScriptError):  # Redis restarted or flushed its scripts
+            keys_, args = self._read_arguments(
+                keys, read.consumer, read.budget, read.per_key, read.full
+            )
+            out = self._evalsha(self._read, keys_, args)
+        elif isinstance(out, Exception):
+            self._moved(keys.wake, out)
+            raise out
+        return self._outcome(keys, out)
+
+    def _outcome(self, keys: Keys, out: list[Any]) -> ReadOutcome:
+        """read.lua's reply. Entries of a stream whose name is not UTF-8 go to the dead-letter
+        stream, acked and deleted: no client writes such a batch key (anyone may XADD one),
+        and the worker could not name the stream to answer or ack them."""
+        outcome, unnamed = _read_outcome(out)
+        if not unnamed:
+            return outcome
+        reason = "the name of its stream is not UTF-8: no queueserve client writes such a key"
+        now_ms = int(time.time() * 1000)
+        with redis_errors(self.url):
+            pipe = self.redis.pipeline(transaction=False)
+            for stream, entries in unnamed:
+                for entry_id, fields in entries:
+                    record: dict[Any, Any] = {"stream": stream, "entry_id": entry_id,
+                                              "at_ms": now_ms, "reason": reason}
+                    record.update((b"field:" + name, value) for name, value in fields.items())
+                    pipe.xadd(keys.dead, record)
+                pipe.xack(stream, GROUP, *(e[0] for e in entries))
+                pipe.xdel(stream, *(e[0] for e in entries))
+            pipe.execute()
+        log.warning("serving %s: dead-lettered %d entries: %s", keys.name,
+                    sum(len(e) for _, e in unnamed), reason)
+        return outcome
+
+    @staticmethod
+    def _read_arguments(
+        keys: Keys, consumer: str, budget: int, per_key: int, full: Sequence[str]
+    ) -> tuple[list[str], list[Any]]:
+        stream_prefix, priority_prefix = keys.stream_prefixes
+        return [keys.ready, keys.active, keys.wake], [
+            GROUP, consumer, PRIORITY_AGE_MS, budget, per_key, stream_prefix, priority_prefix,
+            *full,
+        ]
+
+    def sweep(
+        self, keys: Keys, idle_ttl_ms: int, declared: Sequence[str], start: int = 0,
+        chunk: int = SWEEP_KEYS,
+    ) -> tuple[int, int, int]:
+        """One step of the pass over the known batch keys (sweep.lua): the ``chunk`` keys from
+        rank ``start`` and the ``declared`` ones have streams with unread entries marked ready,
+        and those idle past ``idle_ttl_ms`` holding nothing are forgotten; of up to
+        SWEEP_STREAMS streams of the active set, those holding no pending entry leave it. One
+        call costs the same with 10 known keys or 100,000: a pass over n keys takes n / chunk
+        calls.
+        Returns (keys forgotten, streams marked ready, where the next call starts: 0 once the
+        pass is complete)."""
+        stream_prefix, priority_prefix = keys.stream_prefixes
+        with redis_errors(self.url):
+            looked, gone, marked = self._sweep(
+                keys=[keys.seen, keys.ready, keys.active, keys.depth, keys.wake],
+                args=[GROUP, PRIORITY_AGE_MS, idle_ttl_ms, stream_prefix, priority_prefix,
+                      start, chunk, SWEEP_STREAMS, *declared],
+            )
+        after = 0 if int(looked) < chunk else start + int(looked) - int(gone)
+        return int(gone), int(marked), after
+
+    def active_streams(self, keys: Keys) -> list[str]:
+        """Streams read from lately: the only ones that may hold pending entries."""
+        with redis_errors(self.url):
+            return names(cast(list[bytes], self.redis.zrange(keys.active, 0, -1)))
+
+    def pending_by_stream(self, streams: Sequence[str]) -> dict[str, list[tuple[str, int]]]:
+        """Per stream, the consumers holding unacked entries and how many: one round trip."""
+        if not streams:
+            return {}
+        with redis_errors(self.url):
+            pipe = self.redis.pipeline(transaction=False)
+            for stream in streams:
+                pipe.xpending(stream, GROUP)
+            out = pipe.execute(raise_on_error=False)
+        return {
+            stream: [(text(c["name"]), int(c["pending"])) for c in summary.get("consumers") or []]
+            for stream, summary in zip(streams, out, strict=True)
+            if isinstance(summary, dict)
+        }

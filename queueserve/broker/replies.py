@@ -1,0 +1,177 @@
+"""The consumer side's writes of a finished batch: events, replies and acks in one round trip
+(``reply_and_ack``), with the next wake read sent behind them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any, cast
+
+from redis.exceptions import NoScriptError
+
+from queueserve.broker import raw
+from queueserve.broker.connect import is_cluster
+from queueserve.broker.errors import redis_errors
+from queueserve.broker.reads import PendingRead, Reads, WakeRead
+from queueserve.broker.urls import redact_url
+from queueserve.errors import RedisUnavailable
+from queueserve.wire.protocol import GROUP, Keys
+from queueserve.wire.timing import DURABLE_WAIT_MS
+
+log = logging.getLogger(__name__)
+
+
+def _pushes(replies: Mapping[str, list[bytes]], inbox_ttl_ms: int) -> list[tuple[Any, ...]]:
+    commands: list[tuple[Any, ...]] = []
+    for inbox, messages in replies.items():
+        # One command each: a command's size is bounded too.
+        commands += [("RPUSH", inbox, message) for message in messages]
+        commands.append(("PEXPIRE", inbox, inbox_ttl_ms))
+    return commands
+
+
+def _push(pipe: Any, replies: Mapping[str, list[bytes]], inbox_ttl_ms: int) -> None:
+    for command in _pushes(replies, inbox_ttl_ms):
+        pipe.execute_command(*command)
+
+
+def _drop_undeliverable(failures: list[Exception]) -> None:
+    for failure in failures:
+        if not str(failure).startswith("WRONGTYPE"):
+            raise failure
+        # Someone made an inbox key another type: that caller cannot be answered, and
+        # retrying would hold every later reply behind it.
+        log.warning("a reply could not be delivered and was dropped: %s", failure)
+
+
+class Replies(Reads):
+    """Replies and acks of finished entries."""
+
+    def reply_and_ack(
+        self,
+        keys: Keys,
+        replies: Mapping[str, list[bytes]],
+        acks: Mapping[str, Mapping[int, list[bytes]]],
+        inbox_ttl_ms: int,
+        events: Sequence[tuple[str, bytes]] = (),
+        *,
+        durable: bool = False,
+        then_read: WakeRead | None = None,
+    ) -> PendingRead | None:
+        """Publish streamed events, push replies to client inboxes, then ack finished entries:
+        one round trip, in that order (a batch's events precede its replies).
+
+        ``then_read``: a worker that will block on the wake stream next sends that read in
+        the same write, and gets it back as a ``PendingRead`` (None where it cannot: a
+        cluster, or replies pushed apart for ``durable``). Redis then starts the read the
+        moment the next request arrives, while the worker is still busy after this reply.
+
+        Replies go before acks: a worker dying between the two re-runs the request, and the
+        client drops the duplicate answer. On one server (Sentinel too) that order is also
+        the replication order, so a failover that keeps an ack keeps its reply, and one that
+        loses both leaves the entry pending for this worker, which serves it again
+        (``_forgotten`` in the worker's intake). On a cluster an inbox lives on another master
+        than the stream: ``durable`` (the serving's option) then pushes the replies and waits
+        for a replica of each inbox's master (``WAIT 1``) before any ack is sent, so a reply
+        whose request was acked survives the loss of its master. When no replica acknowledged
+        within DURABLE_WAIT_MS the acks are held (RedisUnavailable, retried: the replies go
+        again and the clients keep the first of each).
+        """
+        durable_replies = durable and bool(replies) and is_cluster(self.redis)
+        if durable_replies:
+            self._push_replicated(replies, inbox_ttl_ms)
+            replies = {}
+
+        commands: list[tuple[Any, ...]] = [("PUBLISH", channel, message)
+                                           for channel, message in events]
+        commands += _pushes(replies, inbox_ttl_ms)
+        scripted = len(commands)
+        commands += self._ack_commands(keys, acks)
+        fused = then_read is not None and self._raw is not None and not durable_replies
+        sent: raw.Sent | None = None
+
+        def send() -> list[Exception]:
+            nonlocal sent
+            if fused and sent is None:
+                assert self._raw is not None and then_read is not None
+                sent = raw.send(self._raw, commands + self._wake_read_commands(keys, then_read))
+                out = sent.read(len(commands))
+            else:
+                out = self._send_commands(commands, scripted)
+            failures = [r for r in out if isinstance(r, Exception)]
+            for failure in failures:
+                self._moved(next(iter(acks), ""), failure)
+            return failures
+
+        try:
+            with redis_errors(self.url):
+                failures = send()
+                if any(isinstance(f, NoScriptError) for f in failures):
+                    # Redis restarted or flushed its scripts: load, send again; the replies
+                    # go twice and the clients keep the first of each.
+                    self._load(self._ack)
+                    failures = send()
+                _drop_undeliverable(failures)
+        except BaseException:
+            if sent is not None:
+                sent.abandon()
+            raise
+        if sent is None or then_read is None:
+            return None
+        return PendingRead(self, keys, then_read, sent)
+
+    def _ack_commands(
+        self, keys: Keys, acks: Mapping[str, Mapping[int, list[bytes]]]
+    ) -> list[tuple[Any, ...]]:
+        # EVALSHA directly: redis-py's Script in a pipeline asks SCRIPT EXISTS on every
+        # execute, one more round trip per batch. As a plain command: a cluster pipeline
+        # refuses evalsha() by name; and with its node named, or the cluster pipeline would
+        # ask its default node COMMAND GETKEYS for each one (one more round trip, and that
+        # one master's CPU).
+        commands: list[tuple[Any, ...]] = []
+        for stream, runs in acks.items():
+            shard = keys.shard_of(stream)
+            args: list[Any] = [GROUP, shard.batch_key_of(stream)]
+            for admitted, ids in runs.items():  # entries admitted with the same count
+                args += (admitted, len(ids), *ids)
+            commands.append(("EVALSHA", self._ack.sha, 4, stream, shard.queued, shard.depth,
+                             shard.active, *args))
+        return commands
+
+    def _send_commands(self, commands: list[tuple[Any, ...]], scripted: int) -> list[Any]:
+        """Replies and acks in one round trip; commands from ``scripted`` on are ack scripts,
+        sent to the node of their stream on a cluster."""
+        if self._raw is not None:
+            return raw.run(self._raw, commands)
+        pipe = self.redis.pipeline(transaction=False)
+        for i, command in enumerate(commands):
+            target = self._target(command[3]) if i >= scripted else {}
+            pipe.execute_command(*command, **target)
+        return cast(list[Any], pipe.execute(raise_on_error=False))
+
+    def _push_replicated(self, replies: Mapping[str, list[bytes]], inbox_ttl_ms: int) -> None:
+        """Push ``replies`` on each inbox's master, each push followed by ``WAIT 1`` on the
+        same connection; return once a replica of every one of them holds its replies."""
+        by_node: dict[str, dict[str, list[bytes]]] = {}
+        for inbox, messages in replies.items():
+            node = self.redis.get_node_from_key(inbox)  # type: ignore[union-attr]
+            by_node.setdefault(node.name, {})[inbox] = messages
+        with redis_errors(self.url):
+            for inboxes in by_node.values():
+                first = next(iter(inboxes))
+                with self._routed(first):
+                    pipe = self._node(first).pipeline(transaction=False)
+                    _push(pipe, inboxes, inbox_ttl_ms)
+                    pipe.execute_command("WAIT", 1, DURABLE_WAIT_MS)
+                    *out, replicas = pipe.execute(raise_on_error=False)
+                    for result in out:
+                        self._moved(first, result)
+                    _drop_undeliverable([r for r in out if isinstance(r, Exception)])
+                if isinstance(replicas, Exception) or int(replicas) < 1:
+                    raise RedisUnavailable(
+                        f"no replica of the master holding {first} on {redact_url(self.url)} "
+                        f"acknowledged a durable serving's replies within {DURABLE_WAIT_MS} ms "
+                        f"({replicas!r}); the requests stay unacked and the replies are sent "
+                        "again: check that master's replicas (INFO replication)"
+                    )
