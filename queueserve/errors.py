@@ -12,8 +12,15 @@
     │                        caller's time is up
     ├── RedisCommandError    Redis refused a command in a way retrying will not fix (NOPERM,
     │                        WRONGTYPE, a failing script, a wrong password)
-    └── NotReplicated        a durable serving's request reached the primary, but no replica
-                             acknowledged it in time: a failover now could lose it
+    ├── NotReplicated        a durable serving's request reached the primary, but no replica
+    │                        acknowledged it in time: a failover now could lose it
+    ├── BatchResultError     (results.py) a batch function's return value does not give one
+    │                        result per item; its callers get it as a RemoteError
+    ├── ServingNotFound      (worker/loading.py) a ``module:attr`` that names no serving
+    └── StartupFailed        (worker/partition.py) a worker partition could not start serving
+
+Every public exception of queueserve derives from ``QueueServeError``; the three defined
+beside the code that raises them are listed here too (tests/unit/test_errors_tree.py holds it).
 """
 
 from __future__ import annotations

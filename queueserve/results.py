@@ -10,10 +10,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from queueserve.errors import QueueServeError
 from queueserve.wire.protocol import BATCHED, RESULTS, STEPS
 
 
-class BatchResultError(Exception):
+class BatchResultError(QueueServeError):
     """The batch function's return value does not give one result per item."""
 
 

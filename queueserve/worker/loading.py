@@ -5,10 +5,11 @@ from __future__ import annotations
 import importlib
 import os
 
+from queueserve.errors import QueueServeError
 from queueserve.serving import Serving
 
 
-class ServingNotFound(Exception):
+class ServingNotFound(QueueServeError):
     """A ``module:attr`` that does not name a serving; the message says what was wrong."""
 
 

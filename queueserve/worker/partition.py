@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 
 from queueserve.broker.consumer import Consumer
 from queueserve.broker.retry import RedisFailure, Retry
-from queueserve.errors import RedisCommandError, RedisUnavailable
+from queueserve.errors import QueueServeError, RedisCommandError, RedisUnavailable
 from queueserve.serving import Partition, Serving
 from queueserve.wire import protocol as P
 from queueserve.wire.timing import HEARTBEAT_EVERY_S, HEARTBEAT_TTL_MS
@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 YOUNG_COLLECTION_AFTER = 10_000  # objects allocated and not freed (Python's default: 700)
 
 
-class StartupFailed(Exception):
+class StartupFailed(QueueServeError):
     """A partition could not start serving (a serving's setup() raised, Redis refused its
     first heartbeat); the message is one line naming the serving and the cause."""
 
