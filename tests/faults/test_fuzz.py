@@ -139,16 +139,19 @@ class Fuzzer:
         self.run.written[surface.kind] += 1
 
     def operator_reads(self) -> None:
-        """What `queueserve stats`, `dead-letter list` and `config get` print: they must not
-        raise, whatever they read."""
+        """What `queueserve stats`, `dead-letter list`, `dead-letter replay --all` (of every
+        dead letter the junk earned, forged ones included) and `config get` do: exit 0, or 1
+        saying what was wrong; never raise, whatever they read."""
         if time.monotonic() < self._ops_at:
             return
         out = io.StringIO()
         common = ["--redis-url", self.target.url, "--prefix", self.target.prefix]
+        commands = (["stats", "--interval", "1ms"], ["dead-letter", "list"],
+                    ["dead-letter", "replay", "fz", "--all"], ["config", "get"])
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
-            for argv in (["stats", "--interval", "1ms", *common], ["dead-letter", "list", *common],
-                         ["config", "get", *common]):
-                assert cli.main(argv) in (0, 1), f"queueserve {argv[0]}: {out.getvalue()}"
+            for argv in commands:
+                code = cli.main([*argv, *common])
+                assert code in (0, 1), f"queueserve {argv} exited {code}: {out.getvalue()}"
         self.run.ops_runs += 1
         self._ops_at = time.monotonic() + OPS_EVERY_S
 
