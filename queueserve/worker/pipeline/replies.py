@@ -75,7 +75,7 @@ Message = list[Any]  # one reply row on the wire: [rid, offset, count, kind, bod
 
 
 @dataclass
-class Outgoing:
+class Composed:
     """Everything one replier round trip writes, and what it tells the middleware."""
 
     events: list[tuple[str, bytes]] = field(default_factory=list)  # (channel, message)
@@ -87,12 +87,12 @@ class Outgoing:
     errors: dict[str, int] = field(default_factory=dict)  # items by error kind
 
 
-def compose(rows: list[Row], codec: Codec, max_bytes: int) -> Outgoing:
+def compose(rows: list[Row], codec: Codec, max_bytes: int) -> Composed:
     """Group rows per inbox, count down each request's items, and ack those finished.
 
     Rows are applied in order, so the events of a batch go out before its answers.
     """
-    out = Outgoing()
+    out = Composed()
     events: list[tuple[str, list[Any]]] = []
     messages: dict[str, list[list[Any]]] = defaultdict(list)
     acks: dict[str, dict[int, list[bytes]]] = defaultdict(dict)

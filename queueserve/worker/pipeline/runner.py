@@ -49,9 +49,9 @@ from queueserve.worker.middleware import Middleware
 from queueserve.worker.pipeline.batching import Assembler, Slice, TakenBatch
 from queueserve.worker.pipeline.execute import Row
 from queueserve.worker.pipeline.intake import Entry, Intake
-from queueserve.worker.pipeline.replies import Outgoing as Composed
+from queueserve.worker.pipeline.replies import Composed
 from queueserve.worker.pipeline.replies import ReplyQueue, compose
-from queueserve.worker.pipeline.stages import Outgoing, Reply, Stages
+from queueserve.worker.pipeline.stages import Handover, Reply, Stages
 from queueserve.worker.pipeline.step_executor import StepExecutor
 from queueserve.worker.pipeline.stepping import StepQueue
 from queueserve.worker.runtime_config import apply_overrides
@@ -602,7 +602,7 @@ class ServingRunner:
         except RedisFailure as e:
             log.warning("serving %s: could not count a redelivery: %s", self.serving.name, e)
 
-    def _hand_over(self, item: Outgoing) -> None:
+    def _hand_over(self, item: Handover) -> None:
         """Give a batch's reply to the replier; or, when no batch waits to run, the last read
         left nothing unread and the replier has nothing to do, send it from this thread: the
         executor would idle meanwhile, and the answer leaves without waking another thread.

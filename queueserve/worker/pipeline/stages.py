@@ -81,7 +81,7 @@ class Reply:
         return rows
 
 
-Outgoing = list[Row] | Reply | None
+Handover = list[Row] | Reply | None
 
 
 def split_expired(slices: list[Slice], now: float) -> tuple[list[Slice], list[Slice]]:
@@ -110,7 +110,7 @@ class Stages:
         *,
         take: Callable[[], tuple[TakenBatch, list[Slice]] | None],
         withdraw: Callable[[TakenBatch], list[Slice]],
-        send: Callable[[Outgoing], None],
+        send: Callable[[Handover], None],
         count_delivery: Callable[[Slice], None],
         cancelled: set[tuple[str, bytes]],
     ) -> None:
