@@ -16,8 +16,10 @@ from typing import Any
 from queueserve.errors import Cancelled, QueueServeError
 from queueserve.results import unbatch
 from queueserve.wire import protocol as P
-from queueserve.wire.codec import Codec, MsgpackCodec, codec_for_tag
+from queueserve.wire.codec import Codec, MsgpackCodec
 from queueserve.wire.error import raised
+from queueserve.wire.event import event_problem, parse_events
+from queueserve.wire.reply import parse_reply
 
 MSGPACK_TAG = MsgpackCodec.tag
 
@@ -157,12 +159,8 @@ class CallTable:
 
     def deliver(self, message: bytes) -> None:
         """Apply one reply message (one worker batch's slices for this client)."""
-        if message[0] not in self._accepted:
-            raise ValueError(f"reply uses codec tag {message[0]!r}, which this client never sent")
-        codec = codec_for_tag(message[0])
-        slices = codec.loads(memoryview(message)[1:])
         calls = self.calls
-        for rid, offset, count, kind, body, *events_total in slices:
+        for rid, offset, count, kind, body, *events_total in parse_reply(message, self._accepted):
             call = calls.get(rid)
             if call is None:  # finished already (a duplicate), cancelled, or not ours
                 continue
@@ -185,20 +183,16 @@ class CallTable:
         event, or the list of one step's events for this client. Events reach the callers'
         own threads, so each is checked here first (anyone who can publish on this client's
         channel can send one); a bad one is dropped, and raised after the others are routed."""
-        if message[0] not in self._accepted:
-            raise ValueError(f"event uses codec tag {message[0]!r}, which this client never sent")
-        decoded = codec_for_tag(message[0]).loads(memoryview(message)[1:])
-        if type(decoded) is not list or not decoded:
-            raise ValueError(f"an event must be a non-empty list, got {decoded!r:.200}")
         problem = None
-        for event in decoded if type(decoded[0]) is list else [decoded]:
-            if type(event) is not list or not event or type(event[0]) is not int:
-                problem = f"an event must start with a request id, got {event!r:.200}"
+        for event in parse_events(message, self._accepted):
+            unnamed = event_problem(event, None)
+            if unnamed is not None:
+                problem = unnamed
                 continue
             call = self.streamed.get(event[0])
             if call is None or call.on_event is None:
                 continue
-            wrong = _event_problem(event, call.n)
+            wrong = event_problem(event, call.n)
             if wrong is None:
                 call.on_event(event[1], event[2:])
             else:
@@ -213,36 +207,6 @@ class CallTable:
 
     def forget(self, call: Call) -> None:
         self.calls.pop(call.rid, None)
-
-
-def _event_problem(event: list[Any], n: int) -> str | None:
-    """What is wrong with ``[rid, seq, *body]`` for a request of ``n`` items, if anything."""
-    if len(event) >= 3 and type(event[1]) is int and event[1] >= 0 and _body_ok(event[2:], n):
-        return None
-    return f"malformed event for request {event[0]}: {event!r:.200}"
-
-
-def _body_ok(body: list[Any], n: int) -> bool:
-    """``["h", name, payload, start, size]`` or ``["o", kind, values, first, count]``, each
-    followed by its run when a replay sent it, or a replay's ``["r", run]`` (events.py)."""
-    kind = body[0]
-    if kind == "r":
-        return len(body) == 2 and _is_run(body[1])
-    if len(body) == 6 and _is_run(body[5]):
-        body = body[:5]
-    if len(body) != 5:
-        return False
-    if kind == "h":
-        return type(body[1]) is str and type(body[3]) is int and type(body[4]) is int
-    if kind == "o":
-        values, first, count = body[2:]
-        return (type(values) is list and type(first) is int and type(count) is int
-                and len(values) == count and first >= 0 and first + count <= n)
-    return False
-
-
-def _is_run(value: Any) -> bool:
-    return type(value) is int and value > 0
 
 
 def deadline_after(timeout: float | None) -> float | None:

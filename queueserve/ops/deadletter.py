@@ -10,12 +10,17 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-import msgpack
-
 from queueserve.broker.admin import Admin
 from queueserve.wire import protocol as P
 from queueserve.wire.codec import MsgpackCodec
-from queueserve.wire.request import header_events, header_priority, pack_members, parse_header
+from queueserve.wire.request import (
+    check_msgpack_items,
+    header_events,
+    header_priority,
+    pack_members,
+    parse_header,
+    without_deadline,
+)
 
 
 @dataclass(frozen=True)
@@ -182,21 +187,8 @@ def _replayable(
         raise ValueError(f"its header claims {count} items, more than its payload of "
                          f"{len(payload)} bytes can hold")
     if codec == MsgpackCodec.name:
-        _check_items(payload, count)
-    header[P.H_DEADLINE] = 0
-    return msgpack.packb(header), payload, count
-
-
-def _check_items(payload: bytes, count: int) -> None:
-    """ValueError unless a msgpack payload is a list of ``count`` items (any other codec's
-    is not decoded here: pickle would run code)."""
-    try:
-        items = msgpack.unpackb(payload, raw=True, strict_map_key=False)
-    except Exception as e:
-        raise ValueError(f"its payload is not msgpack: {e}") from None
-    if type(items) is not list or len(items) != count:
-        got = f"{len(items)} items" if type(items) is list else type(items).__name__
-        raise ValueError(f"its header claims {count} items, its payload holds {got}")
+        check_msgpack_items(payload, count)
+    return without_deadline(header), payload, count
 
 
 def _entry_order(dead_id: str) -> tuple[int, int]:

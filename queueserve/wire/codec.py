@@ -199,3 +199,12 @@ def codec_for_tag(tag: int) -> Codec:
         return _BY_TAG[tag]
     except KeyError:
         raise ValueError(f"unknown codec tag {tag!r} in reply") from None
+
+
+def loads_tagged(message: bytes, accepted: set[int], what: str) -> Any:
+    """A reply or event message (a codec tag byte, then the codec's encoding), decoded only
+    with a codec the reader accepts: a client that never chose pickle never unpickles what
+    someone pushed into its inbox."""
+    if message[0] not in accepted:
+        raise ValueError(f"{what} uses codec tag {message[0]!r}, which this client never sent")
+    return codec_for_tag(message[0]).loads(memoryview(message)[1:])

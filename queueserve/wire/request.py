@@ -96,6 +96,35 @@ def header_priority(header: list[Any]) -> int:
     return priority
 
 
+def decode_items(codec: Codec, payload: bytes, n: int) -> list[Any]:
+    """The ``n`` items of a request's payload; ValueError saying what is wrong with it."""
+    try:
+        items = codec.loads(payload)
+    except Exception as e:
+        raise ValueError(f"payload could not be decoded with codec {codec.name!r}: {e}") from None
+    if not isinstance(items, list) or len(items) != n:
+        got = f"{len(items)} items" if isinstance(items, list) else type(items).__name__
+        raise ValueError(f"payload must be a list of {n} items as the header says, got {got}")
+    return items
+
+
+def check_msgpack_items(payload: bytes, count: int) -> None:
+    """ValueError unless a msgpack payload is a list of ``count`` items, read without decoding
+    its items (for a payload of another codec nothing is decoded: pickle would run code)."""
+    try:
+        items = msgpack.unpackb(payload, raw=True, strict_map_key=False)
+    except Exception as e:
+        raise ValueError(f"its payload is not msgpack: {e}") from None
+    if type(items) is not list or len(items) != count:
+        got = f"{len(items)} items" if type(items) is list else type(items).__name__
+        raise ValueError(f"its header claims {count} items, its payload holds {got}")
+
+
+def without_deadline(header: list[Any]) -> bytes:
+    """A checked header encoded again with no deadline (a dead letter replayed)."""
+    return pack_plain([*header[:P.H_DEADLINE], 0, *header[P.H_DEADLINE + 1:]])
+
+
 def pack_members(fields: dict[bytes, bytes]) -> list[dict[bytes, bytes]]:
     """The requests of a pack (an entry of several, enqueue.lua), each as the fields of an
     entry of one request; ValueError saying what is wrong when its 'k' field is not a pack."""

@@ -8,7 +8,10 @@ written: at the top, inside a function, under ``if TYPE_CHECKING:``, or as
 - no import cycles among queueserve modules;
 - queueserve/worker/ never reaches queueserve/client/, and queueserve/client/ never reaches
   queueserve/worker/: not directly, not through other modules;
-- queueserve/wire/ reaches nothing that does I/O (broker, client, worker, ops, redis);
+- queueserve/wire/ reaches nothing that does I/O (broker, client, worker, ops, redis, nor the
+  standard library's sockets, processes or event loops);
+- nothing outside queueserve/wire/ builds or parses a message: no msgpack or pickle, no
+  codec's ``dumps``/``loads``, none of wire/codec.py's message helpers;
 - queueserve/client/ imports of queueserve/broker/ name only the producer side (producer,
   aio) and its helpers (retry, urls, errors): never the consumer, admin or core directly;
 - every name in ``queueserve.__all__`` is importable from ``queueserve``.
@@ -210,9 +213,11 @@ def layout_problems(root: Path, package: str) -> dict[str, list[str]]:
             "the client must not depend on the worker: share code through wire/",
         ),
         "wire": reaching(
-            f"{p}.wire", [f"{p}.broker", f"{p}.client", f"{p}.worker", f"{p}.ops", "redis"],
+            f"{p}.wire", [f"{p}.broker", f"{p}.client", f"{p}.worker", f"{p}.ops", "redis",
+                          *IO_MODULES],
             "wire/ holds names and formats only and must do no I/O",
         ),
+        "messages": _messages_outside_wire(root, modules, p),
         "client->producer": _producer_side_only(imports, p),
     }
 
@@ -231,6 +236,36 @@ def _producer_side_only(imports: list[Import], p: str) -> list[str]:
         if within(imp.importer, f"{p}.client") and within(imp.target, f"{p}.broker")
         and not any(within(imp.target, a) for a in allowed)
     ]
+
+
+# What does I/O in the standard library (and the HTTP clients): wire/ imports none of it.
+IO_MODULES = ("socket", "ssl", "selectors", "subprocess", "asyncio", "http", "urllib",
+              "requests", "httpx", "aiohttp")
+MESSAGE_MODULES = ("msgpack", "pickle")  # the formats messages are made of
+WIRE_HELPERS = {"pack_plain", "codec_for_tag", "loads_tagged"}  # wire/codec.py's, for messages
+
+
+def _messages_outside_wire(root: Path, modules: dict[str, Path], p: str) -> list[str]:
+    """Every place outside wire/ that builds or parses a message itself."""
+    why = f"only {p}/wire/ builds or parses messages: add it to {p}/wire/ and call that"
+    out = []
+    for name, path in sorted(modules.items()):
+        if within(name, f"{p}.wire"):
+            continue
+        rel = path.relative_to(root)
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                named = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                         else [node.module or ""])
+                helpers = ({a.name for a in node.names} & WIRE_HELPERS
+                           if isinstance(node, ast.ImportFrom) else set())
+                if helpers or any(within(n, m) for n in named for m in MESSAGE_MODULES):
+                    out.append(f"{rel}:{node.lineno} ({ast.unparse(node)}): {why}")
+            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                  and node.func.attr in ("dumps", "loads")
+                  and not (isinstance(node.func.value, ast.Name) and node.func.value.id == "json")):
+                out.append(f"{rel}:{node.lineno} ({ast.unparse(node.func)}): {why}")
+    return out
 
 
 def report(problems: list[str]) -> str:
@@ -265,7 +300,7 @@ def test_a_package_that_keeps_every_rule_has_no_problems(tmp_path: Path) -> None
     root = write_package(tmp_path, CLEAN)
     assert layout_problems(root, "pkg") == {
         "redis": [], "cycles": [], "worker->client": [], "client->worker": [], "wire": [],
-        "client->producer": [],
+        "client->producer": [], "messages": [],
     }
 
 
@@ -298,6 +333,13 @@ def test_a_package_that_keeps_every_rule_has_no_problems(tmp_path: Path) -> None
         ("client->producer", "pkg/client/aio.py", "from pkg.broker import consumer\n",
          "pkg/client/aio.py:1"),
         ("wire", "pkg/wire/codec.py", "import redis\n", "pkg/wire/codec.py:1"),
+        ("wire", "pkg/wire/codec.py", "import socket\n", "pkg/wire/codec.py:1"),
+        ("messages", "pkg/worker/run.py", "import msgpack\n", "pkg/worker/run.py:1"),
+        ("messages", "pkg/client/sync.py", "from pickle import loads\n", "pkg/client/sync.py:1"),
+        ("messages", "pkg/worker/run.py", "def f(codec, b):\n    return codec.loads(b)\n",
+         "pkg/worker/run.py:2"),
+        ("messages", "pkg/ops/cli.py", "from pkg.wire.codec import pack_plain\n",
+         "pkg/ops/cli.py:1"),
     ],
 )
 def test_each_rule_names_the_module_and_the_import_that_break_it(

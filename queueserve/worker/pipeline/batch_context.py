@@ -26,6 +26,7 @@ from queueserve.hooks import END, NO_OUTPUT
 from queueserve.results import BatchResults
 from queueserve.wire import protocol as P
 from queueserve.wire.error import error_body
+from queueserve.wire.event import hook_event, output_event, restart_event
 from queueserve.worker.pipeline.batching import Request, Slice
 from queueserve.worker.pipeline.execute import Row, Segment
 
@@ -60,7 +61,7 @@ class BatchContext:
         rows: list[Row] = []
         for start, s in self._positions():
             if s.request.events and id(s.request) not in self.finished:
-                rows += event_rows(s.request, ["h", name, payload, start, len(s.items)])
+                rows += event_rows(s.request, hook_event(name, payload, start, len(s.items)))
         if rows:
             self.sink(rows)
 
@@ -108,7 +109,7 @@ class BatchContext:
                 values[run_start + i].append(v)
             if request.events:
                 first = s.offset + run_start - start
-                rows += event_rows(request, ["o", P.RESULTS, run, first, len(run)])
+                rows += event_rows(request, output_event(run, first))
         for i in range(start, end):
             ended[i] = ended[i] or items[i] is END
         if all(ended[start:end]):
@@ -147,7 +148,7 @@ def event_rows(request: Request, body: list[Any]) -> list[Row]:
     rows = []
     if request.redelivered and not request.run:
         request.run = secrets.randbits(62) + 1  # not `random`: a serving may seed that
-        rows.append(_numbered(request, ["r", request.run]))
+        rows.append(_numbered(request, restart_event(request.run)))
     if request.run:
         body.append(request.run)
     rows.append(_numbered(request, body))

@@ -13,7 +13,7 @@ from typing import Any
 from queueserve.serving import Serving
 from queueserve.wire import protocol as P
 from queueserve.wire.codec import Codec
-from queueserve.wire.request import header_events, header_priority, parse_header
+from queueserve.wire.request import decode_items, header_events, header_priority, parse_header
 from queueserve.worker.pipeline.batching import Request, Slice
 
 _KNOWN_INBOXES = 4096  # valid reply addresses an intake remembers
@@ -73,10 +73,8 @@ def decode_plain(
     if count > n or count > len(payload):
         return None
     try:
-        items = codec.loads(payload)
-    except Exception:
-        return None
-    if type(items) is not list or len(items) != n:
+        items = decode_items(codec, payload, n)
+    except ValueError:
         return None
     request = Request(entry_id, stream, rid, reply_to, deadline_ms / 1000.0, n)
     request.priority = priority
@@ -141,14 +139,9 @@ def decode_entry(
     if problem is not None:
         return Rejected(entry_id, stream, problem[0], problem[1], request)
     try:
-        items = codec.loads(payload)  # type: ignore[arg-type]  # checked by _payload_refusal
-    except Exception as e:
-        reason = f"payload could not be decoded with codec {codec.name!r}: {e}"
-        return Rejected(entry_id, stream, reason, P.ERR_BAD_REQUEST, request)
-    if not isinstance(items, list) or len(items) != n:
-        got = f"{len(items)} items" if isinstance(items, list) else type(items).__name__
-        reason = f"payload must be a list of {n} items as the header says, got {got}"
-        return Rejected(entry_id, stream, reason, P.ERR_BAD_REQUEST, request)
+        items = decode_items(codec, payload, n)  # type: ignore[arg-type]  # _payload_refusal
+    except ValueError as e:
+        return Rejected(entry_id, stream, str(e), P.ERR_BAD_REQUEST, request)
     if serving.cost is None and serving.input_model is None:  # the common case
         return Accepted(request, [Slice(request, 0, items)], [])
     accepted = _slices(serving, request, items)
