@@ -6,22 +6,20 @@ import threading
 import types
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
 from queueserve import hooks
-from queueserve._durations import parse_duration
 from queueserve.hooks import END, NO_OUTPUT
+from queueserve.options.serving import OnError, ServingOptions, resolve
 from queueserve.results import BatchResults
-from queueserve.wire.codec import get_codec
-from queueserve.wire.protocol import Keys, check_shards
+from queueserve.wire.protocol import Keys
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 BatchFn = Callable[[list[Any]], Any]
 FinishFn = Callable[[list[Any], Any], Any]
-OnError = Literal["isolate", "fail"]
 
 
 @dataclass(frozen=True)
@@ -49,71 +47,19 @@ class Batch(list[Any]):
         self.prepared = prepared
 
 
-# Upper bounds of the options, so that a value written by anyone (run-time config in Redis,
-# docs/operations.md) can never overflow what is computed from it: read counts sent to Redis
-# (exact integers in Lua up to 2**53), Condition.wait timeouts, TTLs in ms. Each is far
-# beyond any useful setting: batch_size counts cost units too (tokens, pixels).
-MAX_BATCH_SIZE = 10**9
-MAX_QUEUE = 10**12
-MAX_DELIVERIES = 1000
-# Redis refuses a bulk string over 512 MiB (proto-max-bulk-len); a payload cannot be larger.
-MAX_PAYLOAD_BYTES = 512 * 1024 * 1024
-MAX_BATCH_TIMEOUT_S = 3600.0
-MAX_KEY_IDLE_TTL_S = 366 * 86400.0
-
-
-def _check_batch_size(value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"batch_size must be an int >= 1, got {value!r} ({type(value).__name__})")
-    if not 1 <= value <= MAX_BATCH_SIZE:
-        raise ValueError(f"batch_size must be an int from 1 to {MAX_BATCH_SIZE}, got {value}")
-    return value
-
-
-def _check_positive(name: str, value: object, ceiling: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-    if ceiling is not None and value > ceiling:
-        raise ValueError(f"{name} must be an int from 1 to {ceiling}, got {value!r}")
-    return value
-
-
-def _check_duration(what: str, value: str | float | int, ceiling: float) -> float:
-    """``parse_duration`` of ``value``, finite and at most ``ceiling`` seconds."""
-    seconds = parse_duration(value, what=what)
-    if not seconds <= ceiling:  # also inf: 400 digits parse as float('inf')
-        raise ValueError(
-            f"{what} must be a duration from 0 to {ceiling:.0f}s, got {value!r:.60}"
-        )
-    return seconds
-
-
-# Redis refuses a bulk string over 512 MiB (proto-max-bulk-len); stay well under it.
-REPLY_BYTES_CEILING = 256 * 1024 * 1024
-
-
-def _check_reply_bytes(value: object) -> int:
-    if (isinstance(value, bool) or not isinstance(value, int)
-            or not 1024 <= value <= REPLY_BYTES_CEILING):
-        raise ValueError(
-            f"max_reply_bytes must be an int from 1024 to {REPLY_BYTES_CEILING} (Redis refuses "
-            f"values over 512 MiB), got {value!r}"
-        )
-    return value
-
-
-def _check_max_queue(value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_QUEUE:
-        raise ValueError(
-            f"max_queue must be an int from 0 (unlimited) to {MAX_QUEUE}, got {value!r}"
-        )
-    return value
-
-
 def _check_optional_callable(name: str, value: object) -> Any:
     if value is not None and not callable(value):
         raise TypeError(f"{name} must be callable or None, got {value!r}")
     return value
+
+
+def _name(cls: type, fn: BatchFn | None, given: str | None) -> str:
+    default = getattr(fn, "__name__", "") if fn else cls.__name__.lower()
+    name = given or getattr(cls, "name", "") or default
+    if not name or name == "<lambda>":
+        raise ValueError("a serving made from a lambda needs a name: Serving(fn, name='...')")
+    Keys("qs", name)  # validates the name
+    return name
 
 
 class Serving:
@@ -142,27 +88,25 @@ class Serving:
     array([2., 2., 2.])
     """
 
+    # The options, with their defaults and bounds, are declared in options/serving.py
+    # (ServingOptions); a subclass may set any of them as a class attribute.
     name: str = ""
-    batch_size: int = 32
-    batch_timeout: float = 0.01
-    max_queue: int = 0
+    batch_size: int
+    batch_timeout: float
+    max_queue: int
     # A subclass may define cost / batch_key as methods ``def cost(self, item)``.
     cost: Callable[[Any], float] | None = None
     batch_key: str | Callable[[Any], str] | None = None
-    codec: str = "msgpack"
-    on_error: OnError = "isolate"
-    max_deliveries: int = 3
-    max_payload_bytes: int = 16 * 1024 * 1024
-    max_reply_bytes: int = 64 * 1024 * 1024
+    codec: str
+    on_error: OnError
+    max_deliveries: int
+    max_payload_bytes: int
+    max_reply_bytes: int
     input_model: type[BaseModel] | None = None
-    key_idle_ttl: float = 3600.0  # seconds without a request before a batch key is forgotten
-    # Hash tags the requests spread over: on Redis Cluster each shard may live on another
-    # node; max_queue applies per shard. Only for a cluster: one server gains nothing by it.
-    shards: int = 1
-    # Each enqueue waits until a replica holds the request (WAIT 1): acknowledged requests
-    # survive a failover. Costs a replica round trip per enqueue.
-    durable: bool = False
-    prepare_concurrency: int = 1
+    key_idle_ttl: float
+    shards: int
+    durable: bool
+    prepare_concurrency: int
 
     def __init__(
         self,
@@ -190,29 +134,25 @@ class Serving:
         cls = type(self)
         if fn is None and cls.handle_batch is Serving.handle_batch:
             raise TypeError("Serving needs a batch function, or a subclass defining handle_batch()")
-        _check_optional_callable("fn", fn)
-        self.fn = fn
+        self.fn = _check_optional_callable("fn", fn)
         self.prepare_fn: BatchFn | None = _check_optional_callable("prepare", prepare)
         self.finish_fn: FinishFn | None = _check_optional_callable("finish", finish)
-        self.prepare_concurrency = _check_positive(
-            "prepare_concurrency",
-            cls.prepare_concurrency if prepare_concurrency is None else prepare_concurrency,
-        )
-        default_name = getattr(fn, "__name__", "") if fn else cls.__name__.lower()
-        resolved = name or cls.name or default_name
-        if not resolved or resolved == "<lambda>":
-            raise ValueError("a serving made from a lambda needs a name: Serving(fn, name='...')")
-        Keys("qs", resolved)  # validates the name
-        self.name = resolved
-        self.batch_size = _check_batch_size(cls.batch_size if batch_size is None else batch_size)
-        self.batch_timeout = _check_duration(
-            "batch_timeout", cls.batch_timeout if batch_timeout is None else batch_timeout,
-            MAX_BATCH_TIMEOUT_S,
-        )
+        self.name = _name(cls, fn, name)
+        given = {
+            "batch_size": batch_size, "batch_timeout": batch_timeout, "max_queue": max_queue,
+            "codec": codec, "on_error": on_error, "max_deliveries": max_deliveries,
+            "max_payload_bytes": max_payload_bytes, "max_reply_bytes": max_reply_bytes,
+            "key_idle_ttl": key_idle_ttl, "shards": shards, "durable": durable,
+            "prepare_concurrency": prepare_concurrency,
+        }
+        # Plain attributes: the hot path reads them per batch, validated once here.
+        vars(self).update(resolve(
+            ServingOptions, cls, {k: v for k, v in given.items() if v is not None}
+        ))
         # Given as arguments they shadow the class's; a subclass's own cost()/batch_key()
         # methods are found through the class, so nothing bound is stored on the instance.
         if cost is not None:
-            self.cost = _check_optional_callable("cost", cost)
+            self.cost = cost
         _check_optional_callable("cost", self.cost)
         if batch_key is not None:
             self.batch_key = batch_key
@@ -222,32 +162,6 @@ class Serving:
             raise TypeError(
                 f"batch_key must be a str or a callable(item) -> str, got {self.batch_key!r}"
             )
-        self.max_queue = _check_max_queue(cls.max_queue if max_queue is None else max_queue)
-        self.codec = get_codec(cls.codec if codec is None else codec).name
-        self.on_error: OnError = cls.on_error if on_error is None else on_error
-        if self.on_error not in ("isolate", "fail"):
-            raise ValueError(f"on_error must be 'isolate' or 'fail', got {self.on_error!r}")
-        self.max_deliveries = _check_positive(
-            "max_deliveries", cls.max_deliveries if max_deliveries is None else max_deliveries,
-            MAX_DELIVERIES,
-        )
-        self.max_payload_bytes = _check_positive(
-            "max_payload_bytes",
-            cls.max_payload_bytes if max_payload_bytes is None else max_payload_bytes,
-            MAX_PAYLOAD_BYTES,
-        )
-        self.max_reply_bytes = _check_reply_bytes(
-            cls.max_reply_bytes if max_reply_bytes is None else max_reply_bytes
-        )
-        # 0 = never forget; a forgotten key comes back with its next request
-        self.key_idle_ttl = _check_duration(
-            "key_idle_ttl", cls.key_idle_ttl if key_idle_ttl is None else key_idle_ttl,
-            MAX_KEY_IDLE_TTL_S,
-        )
-        self.shards = check_shards(cls.shards if shards is None else shards)
-        self.durable = cls.durable if durable is None else durable
-        if not isinstance(self.durable, bool):
-            raise TypeError(f"durable must be True or False, got {self.durable!r}")
         model = cls.input_model if input_model is None else input_model
         if model is not None and not (isinstance(model, type) and issubclass(model, BaseModel)):
             raise TypeError(f"input_model must be a pydantic BaseModel subclass, got {model!r}")
@@ -434,21 +348,10 @@ class Serving:
     def options(self) -> dict[str, Any]:
         """The options workers publish for clients and operators."""
         return {
-            "batch_size": self.batch_size,
-            "batch_timeout": self.batch_timeout,
-            "max_queue": self.max_queue,
-            "codec": self.codec,
-            "on_error": self.on_error,
+            **{name: getattr(self, name) for name in ServingOptions.model_fields},
             "cost": self.cost is not None,
-            "max_deliveries": self.max_deliveries,
-            "max_payload_bytes": self.max_payload_bytes,
-            "max_reply_bytes": self.max_reply_bytes,
-            "key_idle_ttl": self.key_idle_ttl,
             "hooks": ",".join(sorted(self.hooks)) if self.hooks is not None else "",
             "streaming": self.hooks is not None,
-            "shards": self.shards,
-            "durable": self.durable,
-            "prepare_concurrency": self.prepare_concurrency,
             # Workers of this version read packs (several requests in one entry); clients
             # pack up to this many items (enqueue.lua).
             "pack_items": self.batch_size,

@@ -12,8 +12,8 @@ import re
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from queueserve._durations import parse_duration
 from queueserve.broker.urls import has_unencoded_userinfo, redact_url
+from queueserve.options.units import parse_duration
 
 _PREFIX = re.compile(r"[A-Za-z0-9_.\-]+")
 REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster", "redis+sentinel",

@@ -36,31 +36,8 @@ from types import EllipsisType
 from typing import Any
 
 from queueserve.hooks import END, NO_OUTPUT
-from queueserve.serving import Batch, Serving, _check_positive
-from queueserve.wire.timing import CALLER_GONE_AFTER_S
-
-
-def _check_ratio(value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-        raise ValueError(f"waiting_served_ratio must be a number >= 0, got {value!r}")
-    return float(value)
-
-
-def _check_gone_after(value: object) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        raise ValueError(
-            f"caller_gone_after must be a number of seconds > 0, or None to never look, "
-            f"got {value!r}"
-        )
-    return float(value)
-
-
-def _check_non_negative(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{name} must be an int >= 0, got {value!r}")
-    return value
+from queueserve.options.serving import StepOptions, resolve
+from queueserve.serving import Batch, Serving
 
 
 @dataclass(slots=True)
@@ -131,13 +108,14 @@ class StepServing(Serving):
     to find the culprit, so decode must compute a step before it changes any state.
     """
 
-    max_slots: int = 8
-    max_batch_tokens: int = 4096
-    max_prefill_tokens: int = 1024
-    waiting_served_ratio: float = 0.3
-    max_waiting_steps: int = 20
-    prefix_cache_bytes: int = 0
-    caller_gone_after: float | None = CALLER_GONE_AFTER_S
+    # Defaults and bounds: StepOptions in options/serving.py.
+    max_slots: int
+    max_batch_tokens: int
+    max_prefill_tokens: int
+    waiting_served_ratio: float
+    max_waiting_steps: int
+    prefix_cache_bytes: int
+    caller_gone_after: float | None
 
     def __init__(
         self,
@@ -151,28 +129,19 @@ class StepServing(Serving):
         caller_gone_after: float | EllipsisType | None = ...,  # ...: the class's
         **options: Any,
     ) -> None:
-        cls = type(self)
         if "batch_size" in options:
             raise TypeError("a StepServing's batch size is max_slots: pass max_slots=")
-        slots = _check_positive("max_slots", cls.max_slots if max_slots is None else max_slots)
-        super().__init__(batch_size=slots, **options)
-        self.max_slots = slots
-        self.max_batch_tokens = _check_positive(
-            "max_batch_tokens", cls.max_batch_tokens if max_batch_tokens is None
-            else max_batch_tokens)
-        self.max_prefill_tokens = _check_positive(
-            "max_prefill_tokens", cls.max_prefill_tokens if max_prefill_tokens is None
-            else max_prefill_tokens)
-        self.waiting_served_ratio = _check_ratio(
-            cls.waiting_served_ratio if waiting_served_ratio is None else waiting_served_ratio)
-        self.max_waiting_steps = _check_positive(
-            "max_waiting_steps", cls.max_waiting_steps if max_waiting_steps is None
-            else max_waiting_steps)
-        self.prefix_cache_bytes = _check_non_negative(
-            "prefix_cache_bytes", cls.prefix_cache_bytes if prefix_cache_bytes is None
-            else prefix_cache_bytes)
-        self.caller_gone_after = _check_gone_after(
-            cls.caller_gone_after if caller_gone_after is ... else caller_gone_after)
+        given = {
+            "max_slots": max_slots, "max_batch_tokens": max_batch_tokens,
+            "max_prefill_tokens": max_prefill_tokens, "waiting_served_ratio": waiting_served_ratio,
+            "max_waiting_steps": max_waiting_steps, "prefix_cache_bytes": prefix_cache_bytes,
+        }
+        chosen: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
+        if caller_gone_after is not ...:  # None is a value here: never look
+            chosen["caller_gone_after"] = caller_gone_after
+        step = resolve(StepOptions, type(self), chosen)
+        super().__init__(batch_size=step.max_slots, **options)
+        vars(self).update(step)
 
     # -- what a subclass defines -------------------------------------------------------------
     def prefill(self, items: list[Any]) -> list[Any]:

@@ -13,20 +13,19 @@ from collections.abc import Callable, Sequence
 
 from pydantic import ValidationError
 
-from queueserve._durations import parse_duration
 from queueserve.broker.admin import Admin
 from queueserve.broker.urls import redact_url
 from queueserve.errors import QueueServeError
 from queueserve.ops.deadletter import DeadLetters
 from queueserve.ops.stats import stats_command
+from queueserve.options.units import parse_duration
 from queueserve.serving import Serving
 from queueserve.settings import Settings, check_prefix, check_redis_url
 from queueserve.wire.options import OPTIONS, parse_assignments
 from queueserve.wire.protocol import Keys
 from queueserve.wire.timing import ALIVE_WITHIN_S
 from queueserve.worker.loading import ServingNotFound, load_servings
-from queueserve.worker.metrics import DEFAULT_HOST as DEFAULT_METRICS_HOST
-from queueserve.worker.metrics import KEY_LABELS as METRICS_KEY_LABELS
+from queueserve.worker.options import ENV_PREFIX, WorkerOptions, option_from_text, unknown_variables
 from queueserve.worker.worker import EXIT_ERROR, EXIT_OK, EXIT_USAGE, Worker
 
 log = logging.getLogger("queueserve.cli")
@@ -41,7 +40,9 @@ module:attr is imported from the current directory (or PYTHONPATH), as `python -
 
 EPILOG = """\
 environment: QUEUESERVE_REDIS_URL (default redis://127.0.0.1:6379/0), QUEUESERVE_PREFIX
-(default qs), QUEUESERVE_DEFAULT_TIMEOUT (clients: bound calls made without timeout=).
+(default qs), QUEUESERVE_DEFAULT_TIMEOUT (clients: bound calls made without timeout=), and
+each worker option as QUEUESERVE_<NAME> (QUEUESERVE_BATCH_SIZE=64; a flag wins). Every
+variable is listed in docs/operations.md; a misspelled one is a usage error.
 
 exit codes: 0 ok or stopped by SIGTERM/SIGINT; 1 error (Redis unreachable at start, a
 serving's setup() failed, --check found no live worker, an unknown serving); 2 usage (bad
@@ -69,64 +70,51 @@ def _duration(value: str) -> float:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def _partitions(value: str) -> int | str:
-    if value == "auto":
-        return value
-    return _positive_int(value)
-
-
 def _positive_int(value: str) -> int:
     if not value.isdigit() or int(value) < 1:
         raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {value!r}")
     return int(value)
 
 
-def _non_negative_int(value: str) -> int:
-    if not value.isdigit():
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {value!r}")
-    return int(value)
+def _worker_option(name: str) -> Callable[[str], object]:
+    def parse(text: str) -> object:
+        try:
+            return option_from_text(name, text)
+        except (TypeError, ValueError) as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    parse.__name__ = name
+    return parse
+
+
+def _add_worker_options(w: argparse.ArgumentParser) -> None:
+    """A flag per WorkerOptions field; a flag left out is absent from the namespace, so its
+    QUEUESERVE_<NAME> variable or default applies (WorkerOptions.of)."""
+    for name, field in WorkerOptions.model_fields.items():
+        default = field.default if field.default not in (None, ()) else "none"
+        if isinstance(default, float):
+            default = f"{default:g}s"
+        more = f" (default {default}; env {ENV_PREFIX}{name.upper()})"
+        if name == "batch_keys":
+            w.add_argument("--batch-key", action="append", dest=name, default=argparse.SUPPRESS,
+                           metavar="KEY", help=f"{field.description}{more}")
+            continue
+        w.add_argument(f"--{name.replace('_', '-')}", type=_worker_option(name),
+                       default=argparse.SUPPRESS, metavar=name.upper(),
+                       help=f"{field.description}{more}")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="queueserve", description=DESCRIPTION, epilog=EPILOG,
+        prog="queueserve", description=DESCRIPTION, epilog=EPILOG, allow_abbrev=False,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    w = sub.add_parser("worker", help="serve one or more servings")
+    w = sub.add_parser("worker", help="serve one or more servings", allow_abbrev=False)
     w.add_argument("servings", nargs="+", metavar="module:attr")
     w.add_argument("--redis-url", help=URL_HELP)
     w.add_argument("--prefix", help=PREFIX_HELP)
-    w.add_argument("--partitions", type=_partitions, default="auto",
-                   help="'auto' (one per visible CUDA device, else 1) or a number (default auto)")
-    w.add_argument("--batch-size", type=_positive_int, help="override every serving's batch_size")
-    w.add_argument("--batch-timeout", type=_duration, help="override batch_timeout, e.g. 10ms")
-    w.add_argument("--batch-key", action="append", default=[], dest="batch_keys",
-                   help="batch key to consume from the start (repeatable); others are found")
-    w.add_argument("--max-concurrent-batches", type=_positive_int, default=1,
-                   help="batches prefetched while one executes (default 1)")
-    w.add_argument("--shutdown-timeout", type=_duration, default=30.0,
-                   help="how long SIGTERM may take to finish held work (default 30s)")
-    w.add_argument("--max-restarts", type=_positive_int, default=5,
-                   help="partition deaths tolerated within --restart-window (default 5)")
-    w.add_argument("--restart-window", type=_duration, default=60.0,
-                   help="window for --max-restarts (default 60s)")
-    w.add_argument("--max-batch-seconds", type=_duration, default=None,
-                   help="abandon a batch running longer: its partition is restarted and its "
-                        "requests retried under max_deliveries (default: no limit)")
-    w.add_argument("--max-batches-per-partition", type=_positive_int, default=None,
-                   help="recycle a partition (drain, restart) after this many batches")
-    w.add_argument("--max-partition-memory", default=None, metavar="BYTES",
-                   help="recycle a partition whose resident memory passes this, e.g. 4GiB")
-    w.add_argument("--metrics-port", type=int, default=None,
-                   help="serve Prometheus /metrics, /healthz and /readyz on this port")
-    w.add_argument("--metrics-host", default=DEFAULT_METRICS_HOST,
-                   help="address the metrics port listens on (default 127.0.0.1; 0.0.0.0 to "
-                        "be scraped from other hosts or containers)")
-    w.add_argument("--metrics-keys", type=_non_negative_int, default=METRICS_KEY_LABELS,
-                   help="batch keys labelled by name in metrics besides declared ones, the "
-                        "deepest first; the rest are summed under key=\"other\" (default "
-                        f"{METRICS_KEY_LABELS})")
+    _add_worker_options(w)
     w.add_argument("--check", action="store_true",
                    help="exit 0 when a live worker serves every named serving, else 1")
     w.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
@@ -317,17 +305,10 @@ def worker_command(args: argparse.Namespace) -> int:
         url = args.redis_url or settings.redis_url
         prefix = args.prefix or settings.prefix
         return _check([s for spec in args.servings for s in load_servings(spec)], url, prefix)
-    worker = Worker(  # None: the worker takes the setting, and logs where its Redis came from
-        args.servings, redis_url=args.redis_url, prefix=args.prefix, partitions=args.partitions,
-        batch_size=args.batch_size, batch_timeout=args.batch_timeout, batch_keys=args.batch_keys,
-        max_concurrent_batches=args.max_concurrent_batches,
-        shutdown_timeout=args.shutdown_timeout, max_restarts=args.max_restarts,
-        restart_window=args.restart_window, metrics_port=args.metrics_port,
-        metrics_host=args.metrics_host, metrics_keys=args.metrics_keys,
-        max_batch_seconds=args.max_batch_seconds,
-        max_batches_per_partition=args.max_batches_per_partition,
-        max_partition_memory=args.max_partition_memory,
-    )
+    flags = {n: getattr(args, n) for n in WorkerOptions.model_fields if hasattr(args, n)}
+    options = WorkerOptions.of(flags)  # the flags win over QUEUESERVE_* variables
+    # redis_url/prefix None: the worker takes the setting, and logs where its Redis came from
+    worker = Worker(args.servings, redis_url=args.redis_url, prefix=args.prefix, **dict(options))
     return worker.run()
 
 
@@ -356,6 +337,19 @@ def gateway_command(args: argparse.Namespace) -> int:
     return serve(args)
 
 
+def _check_environment(command: str) -> None:
+    """A misspelled QUEUESERVE_* variable is a ValueError (its option would silently keep
+    its default); one unknown otherwise is said, and left to whoever reads it."""
+    misspelled, unknown = unknown_variables()
+    if misspelled:
+        raise ValueError("; ".join(misspelled))
+    if unknown:
+        log.warning("ignoring %s: no queueserve variable (docs/operations.md lists them)",
+                    ", ".join(unknown))
+    if command == "worker":
+        WorkerOptions.of({})
+
+
 def _settings_problem(e: ValidationError) -> str:
     # pydantic's own text spans lines and echoes the raw value (a URL's password included)
     return "; ".join(str(err["msg"]).removeprefix("Value error, ") for err in e.errors())
@@ -379,7 +373,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             check_redis_url(args.redis_url)
         if getattr(args, "prefix", None):
             check_prefix(args.prefix)
-        Settings()  # a bad QUEUESERVE_* variable is a usage error, said before anything starts
+        # a bad QUEUESERVE_* variable is a usage error, said before anything starts
+        Settings()
+        _check_environment(args.command)
     except ValidationError as e:
         print(f"queueserve: {_settings_problem(e)}", file=sys.stderr)
         return EXIT_USAGE

@@ -43,7 +43,7 @@ class Worker(Protocol):
     metrics_host: str
 
     @property
-    def config(self) -> _MetricsConfig: ...
+    def options(self) -> _MetricsConfig: ...
 
 
 class _MetricsConfig(Protocol):
@@ -59,7 +59,7 @@ __all__ = [
 def _collector(worker: Worker, broker: Admin) -> QueueCollector:
     return QueueCollector(
         broker, worker.prefix, [s.name for s in worker.servings],
-        declared=worker.declared_keys, key_labels=worker.config.metrics_keys,
+        declared=worker.declared_keys, key_labels=worker.options.metrics_keys,
     )
 
 
@@ -115,7 +115,7 @@ def in_process_metrics(
         host=worker.metrics_host,
     )
     return server, PrometheusMiddleware(
-        registry, declared=worker.declared_keys, key_labels=worker.config.metrics_keys
+        registry, declared=worker.declared_keys, key_labels=worker.options.metrics_keys
     )
 
 

@@ -148,26 +148,3 @@ def running_for(shared: Any, now: float) -> float | None:
     since = float(shared[_SINCE])
     return None if since == 0.0 else now - since
 
-
-def parse_bytes(value: int | str | None, what: str) -> int | None:
-    """``2GiB``, ``512MB``, ``1e9`` or a plain int, as bytes; None stays None."""
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        raise ValueError(f"{what} must be a number of bytes like 2GiB or 512MB, got {value!r}")
-    if isinstance(value, int):
-        number = value
-    else:
-        text = value.strip().replace(" ", "")
-        units = {"kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10**3, "mb": 10**6,
-                 "gb": 10**9, "b": 1}
-        unit = next((u for u in units if text.lower().endswith(u)), "")
-        try:
-            number = int(float(text[: len(text) - len(unit)]) * units.get(unit, 1))
-        except (ValueError, OverflowError):  # "inf" is a float, but no number of bytes
-            raise ValueError(
-                f"{what} must be a number of bytes like 2GiB or 512MB, got {value!r}"
-            ) from None
-    if number < 1:
-        raise ValueError(f"{what} must be positive, got {value!r}")
-    return number

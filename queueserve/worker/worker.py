@@ -13,35 +13,27 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import metadata
 from multiprocessing.connection import Connection
 from typing import Any
 
-from queueserve._durations import parse_duration
 from queueserve.broker.consumer import Consumer
 from queueserve.broker.retry import RedisFailure, Retry
 from queueserve.broker.urls import redact_url
 from queueserve.errors import RedisUnavailable
-from queueserve.serving import (
-    MAX_BATCH_TIMEOUT_S,
-    Partition,
-    Serving,
-    _check_batch_size,
-    _check_duration,
-)
+from queueserve.serving import Partition, Serving
 from queueserve.settings import Settings, check_prefix, check_redis_url
 from queueserve.wire.protocol import Keys
 from queueserve.wire.timing import HEARTBEAT_TTL_MS
 from queueserve.worker.loading import load_servings
 from queueserve.worker.metrics_server import (
-    DEFAULT_HOST,
-    KEY_LABELS,
     MetricsServer,
     in_process_metrics,
     supervisor_metrics,
 )
 from queueserve.worker.middleware import Middleware
+from queueserve.worker.options import WorkerOptions
 from queueserve.worker.partition import PartitionHost, StartupFailed, consumer_prefix
 from queueserve.worker.supervisor import (
     EXIT_CRASH_LOOP,
@@ -49,7 +41,6 @@ from queueserve.worker.supervisor import (
     EXIT_FORCED,
     EXIT_OK,
     Supervisor,
-    check_partitions,
     partition_for,
     resolve_partitions,
 )
@@ -58,7 +49,6 @@ from queueserve.worker.watchdog import (
     EXIT_THREAD_DIED,
     BatchClock,
     Limits,
-    parse_bytes,
     recycle_reason,
 )
 
@@ -80,21 +70,19 @@ class WorkerConfig:
 
     redis_url: str
     prefix: str
-    batch_size: int | None
-    batch_timeout: float | None
-    batch_keys: tuple[str, ...]
-    max_concurrent_batches: int
-    shutdown_timeout: float
+    options: WorkerOptions
     threads_per_partition: int
     log_level: int
-    metrics: bool = False
-    metrics_keys: int = KEY_LABELS
     middleware: tuple[Middleware, ...] = ()
-    limits: Limits = field(default_factory=Limits)
+
+    @property
+    def limits(self) -> Limits:
+        o = self.options
+        return Limits(o.max_batch_seconds, o.max_batches_per_partition, o.max_partition_memory)
 
     def servings(self, sources: Sequence[ServingSource]) -> list[Serving]:
         loaded = [s for src in sources for s in _load(src)]
-        return [_with_overrides(s, self.batch_size, self.batch_timeout) for s in loaded]
+        return [_with_overrides(s, self.options) for s in loaded]
 
 
 class Worker:
@@ -114,6 +102,10 @@ class Worker:
     ``metrics_port`` serves Prometheus metrics on ``metrics_host`` (127.0.0.1 unless told:
     ``"0.0.0.0"`` to be scraped from other hosts), labelling the declared batch keys and at
     most ``metrics_keys`` others by name; the rest are summed under ``key="other"``.
+
+    The options are WorkerOptions (queueserve/worker/options.py), which checks them. One
+    left out (None) is taken from its ``QUEUESERVE_<NAME>`` environment variable, else its
+    default; ``partitions`` is 1 unless given (``queueserve worker``: auto).
     """
 
     def __init__(
@@ -122,32 +114,28 @@ class Worker:
         *,
         redis_url: str | None = None,
         prefix: str | None = None,
-        partitions: int | str = 1,
+        partitions: int | str | None = 1,
         batch_size: int | None = None,
         batch_timeout: float | str | None = None,
-        batch_keys: Sequence[str] = (),
-        max_concurrent_batches: int = 1,
-        shutdown_timeout: float | str = 30.0,
-        max_restarts: int = 5,
-        restart_window: float | str = 60.0,
+        batch_keys: Sequence[str] | None = None,
+        max_concurrent_batches: int | None = None,
+        shutdown_timeout: float | str | None = None,
+        max_restarts: int | None = None,
+        restart_window: float | str | None = None,
         max_batch_seconds: float | str | None = None,
         max_batches_per_partition: int | None = None,
         max_partition_memory: int | str | None = None,
         metrics_port: int | None = None,
-        metrics_host: str = DEFAULT_HOST,
-        metrics_keys: int = KEY_LABELS,
+        metrics_host: str | None = None,
+        metrics_keys: int | None = None,
         middleware: Sequence[Middleware] = (),
         handle_signals: bool = True,
     ) -> None:
         sources = [servings] if isinstance(servings, Serving | str) else list(servings)
-        if batch_size is not None:
-            _check_batch_size(batch_size)
-        if isinstance(max_concurrent_batches, bool) or not isinstance(max_concurrent_batches, int) \
-                or max_concurrent_batches < 1:
-            raise ValueError(
-                f"max_concurrent_batches must be an int >= 1, got {max_concurrent_batches!r}"
-            )
-        self.partitions = check_partitions(partitions)
+        keywords = locals()  # those named as WorkerOptions fields (test_options holds it)
+        options = self.options = WorkerOptions.of({
+            k: v for k, v in keywords.items() if k in WorkerOptions.model_fields and v is not None
+        })
         settings = Settings()
         if redis_url:
             self.redis_source = "given"
@@ -158,21 +146,13 @@ class Worker:
         self.config = WorkerConfig(
             redis_url=check_redis_url(redis_url or settings.redis_url),
             prefix=check_prefix(prefix) if prefix else settings.prefix,
-            batch_size=batch_size,
-            batch_timeout=None if batch_timeout is None
-            else _check_duration("batch_timeout", batch_timeout, MAX_BATCH_TIMEOUT_S),
-            batch_keys=tuple(batch_keys),
-            max_concurrent_batches=max_concurrent_batches,
-            shutdown_timeout=parse_duration(shutdown_timeout, what="shutdown_timeout"),
+            options=options,
             threads_per_partition=os.cpu_count() or 1,  # divided among partitions in run()
             log_level=logging.getLogger("queueserve").getEffectiveLevel(),
-            metrics=metrics_port is not None,
-            metrics_keys=_check_metrics_keys(metrics_keys),
             middleware=tuple(middleware),
-            limits=_limits(max_batch_seconds, max_batches_per_partition, max_partition_memory),
         )
-        self.metrics_port = metrics_port
-        self.metrics_host = metrics_host
+        self.metrics_port = options.metrics_port
+        self.metrics_host = options.metrics_host
         self.sources = sources
         self.servings = self.config.servings(sources)  # fails here, early, on bad servings
         names = [s.name for s in self.servings]
@@ -180,8 +160,6 @@ class Worker:
             raise TypeError("Worker needs one or more qs.Serving objects or module:attr strings")
         if len(set(names)) != len(names):
             raise ValueError(f"serving names must be unique in one worker, got {names}")
-        self.max_restarts = max_restarts
-        self.restart_window = parse_duration(restart_window, what="restart_window")
         self.handle_signals = handle_signals
         self._host: PartitionHost | None = None
         self._supervisor: Supervisor | None = None
@@ -199,7 +177,7 @@ class Worker:
     @property
     def declared_keys(self) -> tuple[str, ...]:
         """The batch keys read from the start: ``default`` and every ``batch_keys`` one."""
-        return tuple(dict.fromkeys(("default", *self.config.batch_keys)))
+        return tuple(dict.fromkeys(("default", *self.config.options.batch_keys)))
 
     def run(self) -> int:
         """Serve with one supervised process per partition until stopped; returns the exit
@@ -207,7 +185,7 @@ class Worker:
         dying). Raises RedisUnavailable when Redis does not answer within a few seconds."""
         self._log_start()
         wait_for_redis(self.redis_url, self.servings[0].name, self.prefix)
-        count, kind = resolve_partitions(self.partitions)
+        count, kind = resolve_partitions(self.options.partitions)
         partitions = [partition_for(i, count, kind) for i in range(count)]
         # partitions x torch threads must not exceed the cores (docs/design.md §6)
         config = dataclasses.replace(
@@ -222,9 +200,9 @@ class Worker:
             partition_main,
             (self.sources, config),
             partitions,
-            shutdown_timeout=self.config.shutdown_timeout,
-            max_restarts=self.max_restarts,
-            restart_window=self.restart_window,
+            shutdown_timeout=self.config.options.shutdown_timeout,
+            max_restarts=self.options.max_restarts,
+            restart_window=self.options.restart_window,
             max_batch_seconds=self.config.limits.max_batch_seconds,
             handle_signals=self.handle_signals,
         )
@@ -282,7 +260,7 @@ class Worker:
         if self._host is None:
             return True
         host, self._host = self._host, None
-        return host.stop(self.config.shutdown_timeout if timeout is None else timeout)
+        return host.stop(self.config.options.shutdown_timeout if timeout is None else timeout)
 
     def __enter__(self) -> Worker:
         return self.start()
@@ -377,7 +355,7 @@ def partition_main(
         sys.exit(EXIT_ERROR)
     report.send(("started",))
     code = _serve_until_stopped(partition, config.limits, clock, stop, wake)
-    host.stop(config.shutdown_timeout)
+    host.stop(config.options.shutdown_timeout)
     report.send(("stopped", host.drained, host.summary))
     sys.exit(code)
 
@@ -413,11 +391,12 @@ def _start_partition(
     servings = config.servings(sources)
     _bind_device(partition, config.threads_per_partition)
     extra: list[Middleware] = [clock]
-    if config.metrics:  # the supervisor set PROMETHEUS_MULTIPROC_DIR for us
+    if config.options.metrics_port is not None:  # the supervisor set PROMETHEUS_MULTIPROC_DIR
         from queueserve.worker.metrics import PrometheusMiddleware
 
         extra.append(PrometheusMiddleware(
-            declared=("default", *config.batch_keys), key_labels=config.metrics_keys
+            declared=("default", *config.options.batch_keys),
+            key_labels=config.options.metrics_keys,
         ))
     # A long-lived thread dying of a bug ends the process at once (a drain could wait on
     # that thread for ever); the supervisor restarts it, and what it held is reclaimed.
@@ -445,32 +424,9 @@ def _host_for(
 ) -> PartitionHost:
     return PartitionHost(
         servings, config.redis_url, config.prefix, partition,
-        batch_keys=config.batch_keys, max_concurrent_batches=config.max_concurrent_batches,
+        batch_keys=config.options.batch_keys,
+        max_concurrent_batches=config.options.max_concurrent_batches,
         middleware=[*config.middleware, *extra], on_fatal=on_fatal,
-    )
-
-
-def _check_metrics_keys(value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(
-            f"metrics_keys must be an int >= 0 (batch keys with a metrics label of their own; "
-            f"the rest are summed under key=\"other\"), got {value!r}"
-        )
-    return value
-
-
-def _limits(
-    max_batch_seconds: float | str | None, max_batches: int | None, max_memory: int | str | None
-) -> Limits:
-    if max_batches is not None and (
-        isinstance(max_batches, bool) or not isinstance(max_batches, int) or max_batches < 1
-    ):
-        raise ValueError(f"max_batches_per_partition must be an int >= 1, got {max_batches!r}")
-    return Limits(
-        max_batch_seconds=None if max_batch_seconds is None
-        else parse_duration(max_batch_seconds, what="max_batch_seconds"),
-        max_batches_per_partition=max_batches,
-        max_partition_memory=parse_bytes(max_memory, "max_partition_memory"),
     )
 
 
@@ -482,14 +438,12 @@ def _load(source: ServingSource) -> list[Serving]:
     raise TypeError(f"expected a qs.Serving or a 'module:attr' string, got {source!r}")
 
 
-def _with_overrides(
-    serving: Serving, batch_size: int | None, batch_timeout: float | None
-) -> Serving:
-    if batch_size is None and batch_timeout is None:
+def _with_overrides(serving: Serving, options: WorkerOptions) -> Serving:
+    """``serving``, or a copy of it with the worker's batch_size and batch_timeout."""
+    overrides = {k: v for k in ("batch_size", "batch_timeout")
+                 if (v := getattr(options, k)) is not None}
+    if not overrides:
         return serving
     changed = copy.copy(serving)
-    if batch_size is not None:
-        changed.batch_size = batch_size
-    if batch_timeout is not None:
-        changed.batch_timeout = batch_timeout
+    vars(changed).update(overrides)
     return changed

@@ -284,7 +284,7 @@ def test_dead_letter_drop_takes_ids_or_all_but_not_both(
 
 @pytest.mark.parametrize("text", ["inf", "1e400GiB", "nan", "-inf", "lots"])
 def test_a_memory_limit_that_is_no_number_of_bytes_is_refused_with_an_example(text: str) -> None:
-    from queueserve.worker.watchdog import parse_bytes
+    from queueserve.options.units import parse_bytes
 
     with pytest.raises(ValueError, match="a number of bytes like 2GiB"):
         parse_bytes(text, "max_partition_memory")

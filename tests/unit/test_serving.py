@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import queueserve as qs
-from queueserve._durations import parse_duration
+from queueserve.options.units import parse_duration
 from queueserve.results import BatchResultError, BatchResults, unbatch
 from queueserve.wire.protocol import BATCHED, RESULTS
 

@@ -1,0 +1,116 @@
+"""The options of a serving and of a step serving, with their bounds: the one declaration
+that ``qs.Serving(...)``, ``qs.StepServing(...)``, ``queueserve config set`` and every value
+read from the config and meta hashes in Redis are checked against (docs/operations.md).
+
+The bounds keep a value written by anyone (run-time config in Redis) from overflowing what is
+computed from it: read counts sent to Redis (exact integers in Lua up to 2**53),
+Condition.wait timeouts, TTLs in ms. Each is far beyond any useful setting: batch_size counts
+cost units too (tokens, pixels).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationError
+
+from queueserve.options.units import Flag, checked_by, count, duration, number, problem
+from queueserve.wire.codec import get_codec
+from queueserve.wire.protocol import check_shards
+from queueserve.wire.timing import CALLER_GONE_AFTER_S
+
+MAX_BATCH_SIZE = 10**9
+MAX_QUEUE = 10**12
+MAX_DELIVERIES = 1000
+# Redis refuses a bulk string over 512 MiB (proto-max-bulk-len); a payload cannot be larger.
+MAX_PAYLOAD_BYTES = 512 * 1024 * 1024
+# Replies stay well under Redis's 512 MiB.
+REPLY_BYTES_CEILING = 256 * 1024 * 1024
+MAX_BATCH_TIMEOUT_S = 3600.0
+MAX_KEY_IDLE_TTL_S = 366 * 86400.0
+
+OnError = Literal["isolate", "fail"]
+M = TypeVar("M", bound=BaseModel)
+
+
+def _on_error(value: Any) -> OnError:
+    if value == "isolate" or value == "fail":
+        return "isolate" if value == "isolate" else "fail"
+    raise ValueError(f"on_error must be 'isolate' or 'fail', got {value!r:.60}")
+
+
+class ServingOptions(BaseModel):
+    """A serving's batching options (``qs.Serving(...)`` keywords or class attributes)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    batch_size: Annotated[int, count(1, MAX_BATCH_SIZE, type_error=True)] = Field(
+        32, description="Most items (or cost units) in one batch.")
+    batch_timeout: Annotated[float, duration(MAX_BATCH_TIMEOUT_S)] = Field(
+        0.01, description="How long a batch waits to fill, e.g. 10ms.")
+    max_queue: Annotated[int, count(0, MAX_QUEUE, says=f"from 0 (unlimited) to {MAX_QUEUE}")] = (
+        Field(0, description="Requests waiting per batch key before QueueFull; 0: no limit."))
+    codec: Annotated[str, checked_by(lambda v: get_codec(v).name)] = Field(
+        "msgpack", description="How items and results are encoded.")
+    on_error: Annotated[OnError, PlainValidator(_on_error)] = Field(
+        "isolate", description="'isolate': a failed batch is retried on halves; 'fail'.")
+    max_deliveries: Annotated[int, count(1, MAX_DELIVERIES)] = Field(
+        3, description="Runs of a request before it is dead-lettered.")
+    max_payload_bytes: Annotated[int, count(1, MAX_PAYLOAD_BYTES)] = Field(
+        16 * 1024 * 1024, description="Largest request the client sends.")
+    max_reply_bytes: Annotated[int, count(
+        1024, REPLY_BYTES_CEILING,
+        says=f"from 1024 to {REPLY_BYTES_CEILING} (Redis refuses values over 512 MiB)",
+    )] = Field(64 * 1024 * 1024, description="Largest reply a worker sends.")
+    key_idle_ttl: Annotated[float, duration(MAX_KEY_IDLE_TTL_S)] = Field(
+        3600.0, description="Time without a request before a batch key is forgotten; 0: "
+        "never (a forgotten key comes back with its next request).")
+    shards: Annotated[int, checked_by(check_shards)] = Field(
+        1, description="Hash tags the requests spread over (Redis Cluster only); max_queue "
+        "applies per shard.")
+    durable: Flag = Field(
+        False, description="Each enqueue waits until a replica holds the request (WAIT 1).")
+    prepare_concurrency: Annotated[int, count(1)] = Field(
+        1, description="Threads running prepare_batch ahead of the device.")
+
+
+class StepOptions(BaseModel):
+    """A step serving's own options (``qs.StepServing``; docs in its docstring)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_slots: Annotated[int, count(1)] = 8
+    max_batch_tokens: Annotated[int, count(1)] = 4096
+    max_prefill_tokens: Annotated[int, count(1)] = 1024
+    waiting_served_ratio: Annotated[float, number(above_zero=False, says="a number >= 0")] = 0.3
+    max_waiting_steps: Annotated[int, count(1)] = 20
+    prefix_cache_bytes: Annotated[int, count(0)] = 0
+    caller_gone_after: Annotated[float, number(
+        above_zero=True, says="a number of seconds > 0, or None to never look",
+    )] | None = CALLER_GONE_AFTER_S
+
+
+# Options an operator may change at run time (``queueserve config set``, ``P:{S}:config``).
+RUNTIME = ("batch_size", "batch_timeout", "max_queue", "max_deliveries", "max_payload_bytes",
+           "max_reply_bytes", "key_idle_ttl")
+
+
+def validated(model: type[M], values: Mapping[str, Any]) -> M:
+    """``model`` of ``values``; a ValueError saying what was wrong (a TypeError for a value of
+    the wrong type where the field says so)."""
+    try:
+        return model.model_validate(values)
+    except ValidationError as e:
+        raise ValueError(problem(e)) from None
+
+
+def resolve(model: type[M], owner: type, given: Mapping[str, Any]) -> M:
+    """The options of an instance of ``owner``: each ``given`` one, else ``owner``'s class
+    attribute of that name (a subclass may set options so), else the model's default."""
+    values = {
+        name: given[name] if name in given else getattr(owner, name)
+        for name in model.model_fields
+        if name in given or hasattr(owner, name)
+    }
+    return validated(model, values)
