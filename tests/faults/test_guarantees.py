@@ -410,7 +410,7 @@ def test_cancel_withdraws_unread_and_prefetched_requests_and_drops_a_running_one
     assert running.cancel() is False
     # (the worker hears of cancels on pub/sub; wait until it did before the executor moves on)
     runner = worker._host.runners[0]  # type: ignore[union-attr]
-    wait_until(lambda: len(runner.cancelled) == 2, "the worker to learn of both cancels")
+    wait_until(lambda: len(runner.ledger.cancelled) == 2, "the worker to learn of both cancels")
     serving.release()
 
     # Then the prefetched request never runs, the running one finishes uninterrupted, and

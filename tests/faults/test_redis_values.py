@@ -66,7 +66,7 @@ def cancel_a_prefetched_request(
                "the worker to read the second request ahead")
     assert prefetched.cancel() is False  # read already: the worker is told on pub/sub
     runner = worker._host.runners[0]  # type: ignore[union-attr]
-    wait_until(lambda: len(runner.cancelled) == 1, "the worker to learn of the cancel")
+    wait_until(lambda: len(runner.ledger.cancelled) == 1, "the worker to learn of the cancel")
     serving.release()
     assert running.result(WAIT_S) == ["running"]
     with pytest.raises(qs.Cancelled):
@@ -295,8 +295,9 @@ def test_a_cancel_listener_thread_of_a_worker_survives_a_flood_of_junk(
     redis_client.publish(channel, f"{stream}\n9-9".encode())  # heard after all the others
     # Then it serves on, and what it keeps of cancels for entries it does not hold is bounded
     runner = worker._host.runners[0]  # type: ignore[union-attr]
-    wait_until(lambda: (stream, b"9-9") in runner.recent_cancels, "the worker to hear them all")
-    assert len(runner.recent_cancels) == 10_000
+    wait_until(lambda: (stream, b"9-9") in runner.ledger.recent_cancels,
+               "the worker to hear them all")
+    assert len(runner.ledger.recent_cancels) == 10_000
     assert answered(client, serving) == REQUESTS
     assert threads_alive(worker)
 

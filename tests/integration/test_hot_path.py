@@ -21,8 +21,8 @@ from queueserve.errors import RedisUnavailable
 from queueserve.wire.codec import get_codec
 from queueserve.wire.protocol import GROUP, Keys, inbox_key
 from queueserve.wire.request import encode_request
-from queueserve.worker.pipeline import runner as runner_module
-from queueserve.worker.pipeline.runner import ServingRunner
+from queueserve.worker.pipeline import lease as lease_module
+from queueserve.worker.pipeline.reader import Reader
 from tests.support.broker import RedisBroker
 from tests.support.helpers import items_waiting, wait_until
 from tests.support.servings import Recording, tag_items
@@ -124,14 +124,14 @@ def record_take_ins(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The thread that takes in each read that brought entries, from now on (any in-process
     worker's)."""
     threads: list[str] = []
-    take_in = ServingRunner._take_in
+    take_in = Reader.take_in
 
-    def recording(self: ServingRunner, entries: Any, yield_gil: bool = True) -> None:
+    def recording(self: Reader, entries: Any, yield_gil: bool = True) -> None:
         if entries:
             threads.append(threading.current_thread().name)
         take_in(self, entries, yield_gil)
 
-    monkeypatch.setattr(ServingRunner, "_take_in", recording)
+    monkeypatch.setattr(Reader, "take_in", recording)
     return threads
 
 
@@ -139,7 +139,7 @@ def read_lent(worker: qs.Worker) -> bool:
     """Whether an in-process worker's executor holds its blocking read (it would read the next
     request itself)."""
     host = worker._host
-    return host is not None and host.runners[0]._borrowed
+    return host is not None and host.runners[0].lease.borrowed
 
 
 def dispatch_when_idle(client: qs.Client, worker: qs.Worker, serving: str, n: int) -> list[Any]:
@@ -155,7 +155,7 @@ def dispatch_when_idle(client: qs.Client, worker: qs.Worker, serving: str, n: in
 def slow_reader_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
     """A reader that lent its read out looks again by itself only after 30 s (RECLAIM_EVERY_S
     otherwise): what it does sooner, it does because it was woken for it."""
-    monkeypatch.setattr(runner_module, "RECLAIM_EVERY_S", 30.0)
+    monkeypatch.setattr(lease_module, "RECLAIM_EVERY_S", 30.0)
 
 
 def test_an_idle_workers_executor_reads_the_work_it_runs(

@@ -236,7 +236,7 @@ def test_cancelled_and_expired_requests_are_dropped_between_prepare_and_device(
 
     # When one caller cancels and another's deadline passes while the batch waits
     cancelled.cancel()
-    wait_until(lambda: runner.cancelled, "the worker to hear of the cancel")
+    wait_until(lambda: runner.ledger.cancelled, "the worker to hear of the cancel")
     with pytest.raises(qs.Timeout):
         expiring.result(RESULT_WAIT_S)
     serving.gate.set()

@@ -625,9 +625,9 @@ def test_closing_a_stream_withdraws_the_requests_still_queued_behind_the_current
     # (a request the worker had read already is withdrawn by a message it must have seen
     # before its batch may start: every entry it holds besides the running one, the oldest)
     def queued_behind_are_cancelled() -> bool:
-        with runner.cond:
-            held = sorted(runner.held, key=entry_order)
-            return set(held[1:]) <= set(runner.cancelled)
+        with runner.ledger.cond:
+            held = sorted(runner.ledger.held, key=entry_order)
+            return set(held[1:]) <= set(runner.ledger.cancelled)
 
     wait_until(queued_behind_are_cancelled, what="the worker to learn of the cancels")
     serving.gate.set()
@@ -657,9 +657,9 @@ def test_closing_a_stream_drops_its_running_later_request_from_the_steps_to_come
         assert caller.join() == [qs.Output(["a:10#0"], 0, 1)]
         # (the worker hears of the later request's cancel before the next step is made)
         def later_request_cancelled() -> bool:
-            with runner.cond:
-                return len(runner.held) == 2 and max(runner.held, key=entry_order) in set(
-                    runner.cancelled
+            with runner.ledger.cond:
+                return len(runner.ledger.held) == 2 and max(
+                    runner.ledger.held, key=entry_order) in set(runner.ledger.cancelled
                 )
 
         wait_until(later_request_cancelled, what="the worker to learn of the cancel")

@@ -19,6 +19,7 @@ import redis
 
 import queueserve as qs
 from queueserve.worker.partition import PartitionHost
+from queueserve.worker.pipeline.reader import Reader
 from queueserve.worker.pipeline.runner import ServingRunner
 from queueserve.worker.pipeline.step_executor import StepExecutor
 from tests.support.step_app import Count
@@ -27,7 +28,7 @@ LENT_WAIT_S = 30.0  # how long the reader's bug waits for an executor to borrow 
 
 # QS_TEST_BREAK -> (class, method) run by that thread on every turn of its loop
 TARGETS: dict[str, tuple[type, str]] = {
-    "reader": (ServingRunner, "_housekeeping"),
+    "reader": (Reader, "_housekeeping"),
     "reply": (ServingRunner, "_send"),  # the replier's, or an idle executor's own reply
     "heartbeat": (PartitionHost, "_beat"),
     "cancels": (ServingRunner, "_on_cancel"),  # on each message of the cancel channel
@@ -66,7 +67,7 @@ def _break_when_told() -> None:
 def _wait_for_lent_read(runner: ServingRunner) -> None:
     """Until an executor holds the reader's blocking read (polled: a condition, bounded)."""
     deadline = time.monotonic() + LENT_WAIT_S
-    while not runner._borrowed:
+    while not runner.lease.borrowed:
         if time.monotonic() > deadline:
             raise TimeoutError("no executor took the reader's lent read")
         time.sleep(0.001)

@@ -31,8 +31,8 @@ class ShardsBroker:
 
     def wait_then_read(self, keys: Any, read: WakeRead) -> ReadOutcome:
         assert self.runner is not None
-        with self.runner.cond:
-            self.blocked_with.append((read.budget, self.runner._budget()))
+        with self.runner.ledger.cond:
+            self.blocked_with.append((read.budget, self.runner.reader.budget()))
         return ReadOutcome(b"0-0", 0, False, 0, [])
 
 
@@ -42,12 +42,12 @@ def test_a_reader_blocked_on_an_idle_shard_leaves_room_for_the_others() -> None:
     broker = ShardsBroker()
     runner = ServingRunner(serving, broker, "qsu", "c1", Partition())  # type: ignore[arg-type]
     broker.runner = runner
-    with runner.cond:
-        room = runner._budget()
+    with runner.ledger.cond:
+        room = runner.reader.budget()
     # When each shard's reader reads, finds nothing, and then blocks on its wake stream
     for _ in range(2):
         for keys in runner.shards:
-            runner._read_once(keys)
+            runner.reader._read_once(keys)
     # Then every blocked read reserved a share of the room, and the others kept the rest:
     # reserving it all left the busy shards' readers waiting on the idle ones (3 shards read
     # 15k packed items/s against 150k with 1, bench/cluster.py)

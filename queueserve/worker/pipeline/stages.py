@@ -51,6 +51,7 @@ from queueserve.worker.pipeline.execute import (
     rows_for,
     run_isolated,
 )
+from queueserve.worker.pipeline.ledger import Ledger
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +98,7 @@ class Stages:
     """Prepare, device and finish stages of one serving in one partition.
 
     ``take`` blocks until the Assembler gives a batch (and the slices cancelled in it), or
-    returns None once the partition stops and nothing is left; ``withdraw`` removes slices
+    returns None once the partition stops and nothing is left; the ledger withdraws slices
     cancelled since; ``send`` hands rows to the replier; ``count_delivery`` records a run of a
     redelivered request.
     """
@@ -107,21 +108,19 @@ class Stages:
         serving: Serving,
         partition: Partition,
         middleware: Middleware,
+        ledger: Ledger,
         *,
         take: Callable[[], tuple[TakenBatch, list[Slice]] | None],
-        withdraw: Callable[[TakenBatch], list[Slice]],
         send: Callable[[Handover], None],
         count_delivery: Callable[[Slice], None],
-        cancelled: set[tuple[str, bytes]],
     ) -> None:
         self.serving = serving
         self.partition = partition
         self.middleware = middleware
         self._take = take
-        self._withdraw = withdraw
+        self._ledger = ledger
         self._send = send
         self._count_delivery = count_delivery
-        self._cancelled = cancelled
         self.preparers = serving.prepare_concurrency if serving.has_prepare else 0
         self.bound = self.preparers + 1  # batches taken ahead of the device, at most
         self._cond = threading.Condition()
@@ -225,7 +224,7 @@ class Stages:
 
     def _run(self, staged: Staged) -> None:
         batch = staged.batch
-        withdrawn = self._withdraw(batch) if self.preparers else []
+        withdrawn = self._ledger.withdraw_cancelled_now(batch) if self.preparers else []
         self._drop(withdrawn)
         live, expired = split_expired(batch.slices, time.time())
         if expired:
@@ -248,7 +247,7 @@ class Stages:
         )
         started = time.perf_counter()
         context = BatchContext(
-            self.serving.hooks, live, self._send, self._cancelled, self.serving.name
+            self.serving.hooks, live, self._send, self._ledger.cancelled, self.serving.name
         )
         segments: list[Segment] = []
         with hooks.running(context):

@@ -23,25 +23,26 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
 import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Protocol
+from typing import Any
 
 from queueserve.broker.consumer import Consumer
 from queueserve.errors import RedisCommandError, RedisUnavailable
 from queueserve.hooks import END, NO_OUTPUT
-from queueserve.serving import Partition
+from queueserve.serving import Partition, Serving
 from queueserve.steps import Resume, StepServing
 from queueserve.wire import protocol as P
 from queueserve.wire.error import EXPIRED_GENERATING, error_body
+from queueserve.wire.event import output_event
 from queueserve.wire.timing import CALLER_CHECK_EVERY_S
 from queueserve.worker.middleware import Middleware
 from queueserve.worker.pipeline.batch_context import event_rows
 from queueserve.worker.pipeline.batching import Request
 from queueserve.worker.pipeline.execute import Row, _free_device_memory, is_out_of_memory
+from queueserve.worker.pipeline.ledger import Ledger
 from queueserve.worker.pipeline.prefix_cache import PrefixCache
 from queueserve.worker.pipeline.replies import ReplyQueue
 from queueserve.worker.pipeline.stepping import (
@@ -54,23 +55,6 @@ from queueserve.worker.pipeline.stepping import (
     split_runs,
     too_large,
 )
-
-
-class Runner(Protocol):
-    """What the step executor uses of the serving's runner (``runner.ServingRunner``), named
-    here so that the runner, which starts the executor, is not imported by it."""
-
-    serving: Any
-    broker: Consumer
-    consumer: str
-    partition: Partition
-    middleware: Middleware
-    outbox: ReplyQueue
-    cond: threading.Condition
-    cancelled: set[tuple[str, bytes]]
-
-    @property
-    def reading(self) -> bool: ...
 
 log = logging.getLogger(__name__)
 
@@ -115,12 +99,22 @@ class Member:
 class StepExecutor:
     """Runs one step serving's running set; the runner's only executor for that serving."""
 
-    def __init__(self, runner: Runner, queue: StepQueue) -> None:
-        serving = runner.serving
+    def __init__(
+        self, serving: Serving, queue: StepQueue, ledger: Ledger, outbox: ReplyQueue,
+        broker: Consumer, consumer: str, partition: Partition, middleware: Middleware, *,
+        reading: Callable[[], bool],
+    ) -> None:
         if not isinstance(serving, StepServing):
             raise TypeError(f"StepExecutor runs StepServings, got {type(serving).__name__}")
-        self.runner = runner
-        self.serving: StepServing = serving
+        self.serving: StepServing = serving  # the runner's copy: run-time config changes it
+        self.ledger = ledger
+        self.cond = ledger.cond
+        self.outbox = outbox
+        self.broker = broker
+        self.consumer = consumer
+        self.partition = partition
+        self.middleware = middleware
+        self.reading = reading  # False once the partition stopped reading and all is in
         self.queue = queue
         self.scheduler = Scheduler(Limits.of(serving))
         self.running: list[Member] = []
@@ -142,24 +136,23 @@ class StepExecutor:
             while self._cycle():
                 pass
         finally:
-            self.runner.outbox.put(None)
+            self.outbox.put(None)
 
     def _cycle(self) -> bool:
-        runner = self.runner
-        with runner.cond:
+        with self.cond:
             while not self.running and not self.queue.waiting:
-                if not runner.reading:
+                if not self.reading():
                     return False
-                runner.cond.wait(IDLE_WAIT_S)
+                self.cond.wait(IDLE_WAIT_S)
             watched = self._watched()
             departed = self.queue.departed
         gone = self._gone(watched)
-        with runner.cond:
+        with self.cond:
             self._follow_config()
             rows, left = self._withdraw(gone)
             unmeasured = [w for w in self.queue.waiting if not w.measured]
         rows += self._measure(unmeasured)
-        with runner.cond:
+        with self.cond:
             if self.cache is not None:
                 for w in self.queue.waiting:
                     if w.measured and w.looked != self.cache.version:
@@ -168,17 +161,17 @@ class StepExecutor:
             if self.queue.departed != departed:
                 # Room for the reader (waiting while a running set's worth waits). Only then:
                 # a reader woken for nothing reads Redis again, a round trip per step.
-                runner.cond.notify_all()
+                self.cond.notify_all()
         if rows:
-            runner.outbox.put(rows)
+            self.outbox.put(rows)
         record = _Tally(left=left)
         rows = self._join(joiners, record)
         rows += self._step(record)
         if record.slots or record.joined:
-            runner.middleware.step(self.serving, runner.partition, record.freeze(
+            self.middleware.step(self.serving, self.partition, record.freeze(
                 self.scheduler.tokens + record.released_tokens))
         if rows:
-            runner.outbox.put(rows)
+            self.outbox.put(rows)
         return True
 
     def _follow_config(self) -> None:
@@ -210,7 +203,7 @@ class StepExecutor:
         if channels is None or self.callers is None:
             return set()
         try:
-            counts: dict[str, int] | None = self.runner.broker.subscribers(sorted(channels))
+            counts: dict[str, int] | None = self.broker.subscribers(sorted(channels))
         except (RedisUnavailable, RedisCommandError) as e:
             log.debug("serving %s: could not count subscribers: %s", self.serving.name, e)
             counts = None
@@ -224,7 +217,7 @@ class StepExecutor:
         """Rows for cancelled, abandoned and expired requests, waiting or running (caller
         holds cond), and how many running sequences left."""
         now = time.time()
-        cancelled = self.runner.cancelled
+        cancelled = self.ledger.cancelled
         if (not cancelled and not gone_callers and now < self._next_deadline
                 and self.queue.arrived == self._arrived_seen):
             return [], 0  # nothing cancelled, gone, expired or new since the last look
@@ -281,7 +274,7 @@ class StepExecutor:
                              error_body(e, P.ERR_BAD_REQUEST)))
                 bad.append(w)
         if bad:
-            with self.runner.cond:
+            with self.cond:
                 self.queue.remove(bad)
         return rows
 
@@ -400,7 +393,7 @@ class StepExecutor:
 
     def _count_delivery(self, request: Request) -> None:
         try:
-            self.runner.broker.count_delivery(request.stream, self.runner.consumer,
+            self.broker.count_delivery(request.stream, self.consumer,
                                               request.entry_id)
         except RedisUnavailable as e:
             log.warning("serving %s: could not count a redelivery: %s", self.serving.name, e)
@@ -433,14 +426,14 @@ class StepExecutor:
 
     def _step_key(self, key: str, seqs: list[tuple[Member, int]], record: _Tally) -> list[Row]:
         """One decode call for the running sequences of ``key``; its rows to send."""
-        self.runner.middleware.batch_started(
-            self.serving, key, self.runner.partition, len(seqs), 0.0)
+        self.middleware.batch_started(
+            self.serving, key, self.partition, len(seqs), 0.0)
         call_started = time.perf_counter()
         outcomes = self._isolated(
             partial(self._decode, seqs), list(range(len(seqs))), "decode", key)
         call_seconds = time.perf_counter() - call_started
-        self.runner.middleware.batch_finished(
-            self.serving, key, self.runner.partition, len(seqs), call_seconds)
+        self.middleware.batch_finished(
+            self.serving, key, self.partition, len(seqs), call_seconds)
         record.slots += len(seqs)
         reading = 0  # sequences still reading their prompts in this call, or finishing it
         for (m, i), out in zip(seqs, outcomes, strict=True):
@@ -478,7 +471,7 @@ class StepExecutor:
                 if len(m.states) == 1:  # most requests: one item, one value or none
                     out = outcomes[k]
                     if not isinstance(out, _Failed) and out is not END and out is not NO_OUTPUT:
-                        rows += event_rows(m.request, ["o", P.RESULTS, [out], m.offset, 1])
+                        rows += event_rows(m.request, output_event([out], m.offset))
                 else:
                     rows += self._member_events(m, seqs[k:end], outcomes[k:end])
             k = end
@@ -493,7 +486,7 @@ class StepExecutor:
             if not isinstance(out, _Failed) and out is not END and out is not NO_OUTPUT:
                 values[i], present[i] = out, True
         return [row for start, run in split_runs(values, present)
-                for row in event_rows(m.request, ["o", P.RESULTS, run, m.offset + start, len(run)])]
+                for row in event_rows(m.request, output_event(run, m.offset + start))]
 
     def _finish(self, m: Member) -> list[Row]:
         """The answer of a slice whose items all ended: runs of results, and the errors."""
