@@ -46,7 +46,9 @@ SEED = int(os.environ.get("QS_FUZZ_SEED") or 23)
 # breaks), e.g. QS_FUZZ_ONLY=ready,meta:field:numbers: to reproduce one finding quickly.
 ONLY = [tuple(o.split(":")) for o in os.environ.get("QS_FUZZ_ONLY", "").split(",") if o]
 WRITES_PER_ROUND = 8  # hostile writes, then wait until valid traffic made progress
-HUGE_EVERY_S = 4.0  # at most one 10 MB value this often: the point is one, not a flood
+# At most one 10 MB value per this many writes (the point is one, not a flood); counted in
+# writes, not seconds, so a seed gives the same values in the same order on any machine.
+HUGE_EVERY = 1500
 OPS_EVERY_S = 2.0  # how often the operator's readers (stats, dead-letter list) run
 SERVINGS = (*VALID, VICTIM)
 MEMORY_SLACK = 8 * 1024 * 1024  # used_memory after cleanup over before: one 10 MB value left fails
@@ -96,13 +98,15 @@ class Run:
     written: Counter[str] = field(default_factory=Counter)  # per surface kind
     refused: Counter[str] = field(default_factory=Counter)  # writes Redis itself refused
     ops_runs: int = 0
+    huge: int = 0  # 10 MB values among the writes
     sent: int = 0  # valid requests
     answered: int = 0  # valid requests answered with their own result
     memory_kib: int = 0  # used_memory after the cleanup, over what it was before
 
     def report(self, seed: int) -> str:
         per = ", ".join(f"{k} {n}" for k, n in sorted(self.written.items()))
-        return (f"fuzz seed {seed}: {sum(self.written.values())} hostile writes ({per}); "
+        return (f"fuzz seed {seed}: {sum(self.written.values())} hostile writes ({per}; "
+                f"{self.huge} of them 10 MB); "
                 f"refused by Redis {sum(self.refused.values())}; operator reads {self.ops_runs};"
                 f" valid requests sent {self.sent}, answered correctly {self.answered}; "
                 f"used_memory after cleanup {self.memory_kib:+} KiB")
@@ -118,17 +122,19 @@ class Fuzzer:
         self.rng = random.Random(seed)
         self.run = Run()
         self.recent: deque[tuple[str, str, str, bytes]] = deque(maxlen=16)
-        self._huge_at = 0.0
+        self._writes = 0
+        self._huge_at = 0
         self._ops_at = 0.0
 
     def write_one(self) -> None:
         surface, attack, family = self.rng.choice(self.steps)
-        now = time.monotonic()
+        self._writes += 1
         if family == "huge":
-            if now < self._huge_at:
+            if self._writes < self._huge_at:
                 family = "noise"
             else:
-                self._huge_at = now + HUGE_EVERY_S
+                self._huge_at = self._writes + HUGE_EVERY
+                self.run.huge += 1
         value = b"" if family == WRONG_TYPE else FAMILIES[family](self.rng)
         self.recent.append((surface.kind, attack.name, family, value[:80]))
         try:
