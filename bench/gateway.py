@@ -151,7 +151,7 @@ async def measure(redis_url: str, gateway_port: int, metrics_port: int, gateway_
             out[f"rt_{name}_p99_ms"] = percentile(s, 99) * 1000
         raw.close()
 
-        conns = [RawHttp(gateway_port, "/v1/servings/noop/dispatch") for _ in range(CALLERS)]
+        conns: list[RawHttp] = []
 
         async def one_http(c: int, i: int) -> Any:
             return await conns[c].post(b'{"item": %d}' % i)
@@ -160,6 +160,10 @@ async def measure(redis_url: str, gateway_port: int, metrics_port: int, gateway_
             return await client.dispatch("noop", i)
 
         for name, send in (("direct_64", one_direct), ("http_64", one_http)) * args.repeat:
+            for conn in conns:  # new connections for each phase: the old ones sat idle
+                conn.close()
+            conns[:] = [RawHttp(gateway_port, "/v1/servings/noop/dispatch")
+                        for _ in range(CALLERS)]
             before = batch_totals(metrics_port)
             cpu_before = cpu_s(gateway_pid), cpu_s(os.getpid())
             items_s, items = await rate(send, args.seconds)

@@ -16,6 +16,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 METHODS = frozenset({"GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"})
+MAX_CACHED = 4096  # series kept looked up (serving names are the client's to choose)
 SERVING_ACTIONS = frozenset({"dispatch", "dispatch_many", "stream"})
 # Up to 2 s in fine steps (an HTTP round trip is a millisecond or two), then long generations.
 BUCKETS = (.0005, .001, .002, .005, .01, .025, .05, .1, .25, .5, 1, 2, 5, 10, 30, 60, 300)
@@ -44,6 +45,7 @@ class HttpMetrics:
             "queueserve_http_request_seconds",
             "time from the request's arrival to the end of its response (streams included)",
             ["route", "method"], buckets=BUCKETS, registry=self.registry)
+        self._cache: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
         self.in_flight = Gauge(
             "queueserve_http_requests_in_flight", "HTTP requests being answered",
             registry=self.registry)
@@ -67,12 +69,26 @@ class HttpMetrics:
                 await app(scope, receive, send_noting)
             finally:
                 self.in_flight.dec()
-                route = route_of(scope["path"], self.known)
-                method = scope["method"] if scope["method"] in METHODS else "other"
-                self.requests.labels(route, method, str(status)).inc()
-                self.seconds.labels(route, method).observe(time.perf_counter() - start)
+                count, seconds = self._series(scope["path"], scope["method"], status)
+                count.inc()
+                seconds.observe(time.perf_counter() - start)
 
         return measured
+
+    def _series(self, path: str, method: str, status: int) -> tuple[Counter, Histogram]:
+        """The two series of one request; looked up once per (path, method, status): the
+        labels() calls cost more than the counting (bounded: unknown paths are one key)."""
+        key = (path if path in self.known or path.startswith("/v1/servings/") else "",
+               method, status)
+        series = self._cache.get(key)
+        if series is None:
+            route = route_of(path, self.known)
+            method = method if method in METHODS else "other"
+            series = (self.requests.labels(route, method, str(status)),
+                      self.seconds.labels(route, method))
+            if len(self._cache) < MAX_CACHED:
+                self._cache[key] = series
+        return series
 
     async def endpoint(self, request: Request) -> Response:
         return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
