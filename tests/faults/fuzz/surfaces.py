@@ -377,10 +377,18 @@ def workers_member(t: Target, value: bytes) -> None:
 
 
 def dead_record(t: Target, value: bytes) -> str:
-    """A forged dead letter: fields of a record, one of them hostile."""
+    """A forged dead letter: fields of a record, one of them hostile; its header may claim
+    10**12 items, name another key of the tag, or hold a hostile field of its own."""
+    keys = t.keys()
+    header = t.rng.choice((
+        t.header(), t.header(f2=10**12), t.header(f3=t.rng.choice((keys.wake, keys.meta))),
+        t.header(**{f"f{t.rng.randrange(9)}": hostile_object(t.rng)}),
+    ))
     fields: dict[Any, Any] = {
-        "stream": t.keys().stream("default"), "entry_id": "1-0", "reason": "forged",
-        "deliveries": "1", "at_ms": "0", "field:h": t.header(), "field:p": _valid_payload(),
+        "stream": t.rng.choice((keys.stream("default"), keys.stream("default"), keys.wake,
+                                keys.meta, keys.queued)),
+        "entry_id": "1-0", "reason": "forged", "deliveries": "1", "at_ms": "0",
+        "field:h": header, "field:p": _valid_payload(),
     }
     fields[t.rng.choice([*fields, "field:k", value[:64] or "?"])] = value
     return str(t.r.xadd(t.keys().dead, fields).decode())
