@@ -72,7 +72,8 @@ class Outage:
 
 
 class Retry:
-    """Backoff state of one loop; ``run`` / ``arun`` retry one operation until it succeeds."""
+    """Backoff state of one loop; ``run`` / ``arun`` retry one operation until it succeeds,
+    ``once`` / ``aonce`` make one turn of a loop that goes on."""
 
     def __init__(self, outage: Outage, loop: str) -> None:
         self.outage = outage
@@ -101,6 +102,33 @@ class Retry:
         """The loop stops retrying (its caller's time is up, or it is closing)."""
         self.attempt = 0
         self.outage.abandoned(self.loop)
+
+    def once(
+        self, operation: Callable[[], T], then: Callable[[T], object], *,
+        sleep: Callable[[float], object] = time.sleep, most: float | None = None,
+    ) -> None:
+        """One turn of a long-lived loop: ``then(operation())``; after a failure, the backoff
+        slept instead (at most ``most`` seconds), and the loop's next turn tries again."""
+        try:
+            result = operation()
+        except RedisFailure as e:
+            delay = self.failed(e)
+            sleep(delay if most is None else min(delay, most))
+            return
+        self.succeeded()
+        then(result)
+
+    async def aonce(
+        self, operation: Callable[[], Awaitable[T]], then: Callable[[T], object]
+    ) -> None:
+        """``once`` for coroutines."""
+        try:
+            result = await operation()
+        except RedisFailure as e:
+            await asyncio.sleep(self.failed(e))
+            return
+        self.succeeded()
+        then(result)
 
     def _wait_before_retry(
         self, error: QueueServeError, keep_going: Callable[[], bool], give_up_at: float | None

@@ -43,7 +43,7 @@ class Gateway:
     @property
     def prefix(self) -> str:
         # The client's own: a client handed in may use any prefix.
-        return self.client._base.prefix
+        return self.client.prefix
 
     async def aclose(self) -> None:
         if self.owns_client and self._client is not None:
@@ -60,7 +60,7 @@ class Gateway:
             keys = None
         if keys is not None:
             try:
-                declared = "codec" in await self.client.broker.meta(keys)
+                declared = "codec" in await self.client._broker.meta(keys)
             except QueueServeError as e:
                 raise from_queueserve(e) from None
             if declared:
@@ -74,7 +74,7 @@ class Gateway:
         """Names of the servings workers declared under this prefix (a SCAN of meta keys)."""
         pattern = f"{self.prefix}:{{*}}:meta"
         names = set()
-        broker = self.client.broker
+        broker = self.client._broker
         with redis_errors(broker.url):
             async for key in broker.redis.scan_iter(match=pattern, count=500):
                 text = key.decode(errors="replace")

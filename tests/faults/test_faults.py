@@ -90,7 +90,7 @@ class Run:
 def count_duplicate_slices(client: qs.Client, run: Run) -> None:
     """Wrap the client's reply handling: count reply slices it will drop because every item in
     them was answered already (re-executions), and wake the callers after each reply."""
-    table = client.table
+    table = client._table
     deliver = table.deliver
 
     def counting(message: bytes) -> None:

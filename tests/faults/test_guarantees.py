@@ -223,7 +223,7 @@ def record_replies(client: qs.Client) -> list[tuple[int, int, Any]]:
     """Every reply slice the client receives, as (request id, kind, body), kept even when the
     client drops it (its caller was answered already)."""
     seen: list[tuple[int, int, Any]] = []
-    deliver = client.table.deliver
+    deliver = client._table.deliver
 
     def recording(message: bytes) -> None:
         if message:
@@ -231,7 +231,7 @@ def record_replies(client: qs.Client) -> list[tuple[int, int, Any]]:
                 seen.append((row[0], row[3], row[4]))
         deliver(message)
 
-    client.table.deliver = recording  # type: ignore[method-assign]
+    client._table.deliver = recording  # type: ignore[method-assign]
     return seen
 
 

@@ -74,7 +74,7 @@ class Rig:
     def owners(self) -> list[str]:
         host = self.worker._host
         assert host is not None
-        return [self.client._base.owner, host.broker.outage.owner]
+        return [self.client._owner, host.broker.outage.owner]
 
     def seen_by_all(self) -> bool:
         return all("WARNING" in self.outage_lines(owner) for owner in self.owners)

@@ -212,7 +212,7 @@ def test_a_bug_while_sending_fails_those_callers_and_the_client_sends_on(
 
     async def use(client: qs.AsyncClient) -> Any:
         # Given a client whose next send hits a bug (not a Redis failure)
-        real = client.broker.enqueue
+        real = client._broker.enqueue
         broken = [True]
 
         async def enqueue_once_broken(*args: Any, **kwargs: Any) -> Any:
@@ -220,7 +220,7 @@ def test_a_bug_while_sending_fails_those_callers_and_the_client_sends_on(
                 raise ValueError("a bug")
             return await real(*args, **kwargs)
 
-        client.broker.enqueue = enqueue_once_broken  # type: ignore[method-assign]
+        client._broker.enqueue = enqueue_once_broken  # type: ignore[method-assign]
         # Then its caller gets it as a queueserve error, and the next call is sent
         with pytest.raises(qs.QueueServeError, match="could not be sent: ValueError: a bug"):
             await client.dispatch(serving, "a", timeout=10)

@@ -101,7 +101,7 @@ def test_three_shards_land_on_three_masters_and_share_the_enqueues(
     try:
         with qs.Client(cluster.url, prefix=prefix) as client:
             # When 300 requests are sent by name (the shard count comes from the workers)
-            wait_until(lambda: client.broker.meta(Keys(prefix, "spread")).get("shards") == "3",
+            wait_until(lambda: client._broker.meta(Keys(prefix, "spread")).get("shards") == "3",
                        "the worker to declare the serving")
             for i in range(300):
                 assert client.dispatch("spread", i) == i * i
@@ -258,7 +258,7 @@ def test_a_failed_master_loses_no_durable_request(
         try:
             with qs.Client(cluster.url, prefix=prefix) as client:
                 # one call at a time: each answer comes to this thread's own inbox
-                inboxes.append(client._base.own_inbox(threading.get_ident()))
+                inboxes.append(client._own_inbox(threading.get_ident()))
                 n = first
                 while not stop.is_set():
                     try:

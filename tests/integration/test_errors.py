@@ -304,7 +304,7 @@ def test_a_bug_while_sending_fails_those_callers_at_once_and_the_sender_lives_on
     # Given a client whose next send hits a bug (not a Redis failure)
     serving = Recording(tag_items, name="tag", batch_size=8, batch_timeout=0)
     start_worker(serving)
-    real = client.broker.enqueue
+    real = client._broker.enqueue
     broken = [True]
 
     def enqueue_once_broken(*args: Any, **kwargs: Any) -> Any:
@@ -312,7 +312,7 @@ def test_a_bug_while_sending_fails_those_callers_at_once_and_the_sender_lives_on
             raise ValueError("a bug")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(client.broker, "enqueue", enqueue_once_broken)
+    monkeypatch.setattr(client._broker, "enqueue", enqueue_once_broken)
 
     # When a request goes out through the sender thread
     doomed = client.submit(serving, ["a"], timeout=RESULT_WAIT_S)

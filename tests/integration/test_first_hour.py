@@ -23,7 +23,7 @@ import pytest
 import redis
 
 import queueserve as qs
-import queueserve.client.base as client_base
+import queueserve.client.unserved as client_unserved
 from queueserve.settings import Settings, check_redis_url, redact_url
 from queueserve.wire.codec import get_codec
 from queueserve.wire.protocol import Keys
@@ -368,7 +368,7 @@ def test_waiting_on_a_serving_nobody_serves_warns_once(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, redis_url: str,
     prefix: str,
 ) -> None:
-    monkeypatch.setattr(client_base, "UNSERVED_WARN_AFTER", 0.05)  # 10s in real life
+    monkeypatch.setattr(client_unserved, "UNSERVED_WARN_AFTER", 0.05)  # 10s in real life
     caplog.set_level(logging.WARNING, logger="queueserve.client")
     with qs.Client(redis_url, prefix=prefix) as client:
         for _ in range(2):
@@ -387,7 +387,7 @@ def test_waiting_on_a_served_serving_does_not_warn(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, redis_url: str,
     prefix: str, redis_client: redis.Redis,
 ) -> None:
-    monkeypatch.setattr(client_base, "UNSERVED_WARN_AFTER", 0.05)
+    monkeypatch.setattr(client_unserved, "UNSERVED_WARN_AFTER", 0.05)
     caplog.set_level(logging.WARNING, logger="queueserve.client")
     # A worker's heartbeat, without a worker: the call will wait, but someone serves it
     redis_client.zadd(Keys(prefix, "busy").workers, {"w1": int(time.time() * 1000)})
@@ -401,7 +401,7 @@ def test_async_client_warns_once_too(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, redis_url: str,
     prefix: str,
 ) -> None:
-    monkeypatch.setattr(client_base, "UNSERVED_WARN_AFTER", 0.05)
+    monkeypatch.setattr(client_unserved, "UNSERVED_WARN_AFTER", 0.05)
     caplog.set_level(logging.WARNING, logger="queueserve.client")
 
     async def main() -> None:

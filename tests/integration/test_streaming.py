@@ -309,7 +309,7 @@ def test_forged_events_on_a_clients_channel_are_dropped_and_its_stream_goes_on(
     start_worker(serving)
     caller = Caller(client, serving, ["a"])
     assert caller.next_event() == qs.Hook("start", ["a"], 0, 1)
-    (rid,) = client.table.streamed
+    (rid,) = client._table.streamed
 
     # When someone publishes malformed events for its request on the client's channel: alone,
     # in a list of events, and next to a list's events for nobody

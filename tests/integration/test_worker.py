@@ -55,7 +55,7 @@ def test_entries_pending_for_a_live_worker_without_its_knowing_are_served(
         # When a request becomes pending for it behind its back (as when a Redis restart that
         # lost its last second of writes brings back a delivery the worker never saw): added
         # and delivered in one transaction, so the worker's own read never sees it
-        call = client.table.new(1, keys, "default")
+        call = client._table.new(1, keys, "default")
         header, payload = encode_request(get_codec("msgpack"), call.rid, [2],
                                          inbox_key(prefix, client.client_id), None)
         pipe = redis_client.pipeline(transaction=True)

@@ -7,24 +7,26 @@ from __future__ import annotations
 from typing import Any
 
 import queueserve as qs
-from queueserve.client.base import SPLIT_SEND_ABOVE, ClientBase, Outgoing, enqueue_groups
+from queueserve.client.base import BaseClient
+from queueserve.client.outgoing import Outgoing, enqueue_groups
+from queueserve.client.targets import SPLIT_SEND_ABOVE, plan
 
 
 def noop(xs: list[Any]) -> list[Any]:
     return xs
 
 
-def _base() -> ClientBase:
-    return ClientBase("redis://localhost:6379/0", "qsu")
+def _base() -> BaseClient:
+    return BaseClient("redis://localhost:6379/0", "qsu")
 
 
-def _send(base: ClientBase, serving: qs.Serving, sizes: list[int]) -> list[Outgoing]:
+def _send(base: BaseClient, serving: qs.Serving, sizes: list[int]) -> list[Outgoing]:
     """One send: a request of ``n`` items per size, each through its own Target (as calls
     passing the Serving object make them)."""
     batch = []
     for n in sizes:
-        target = base.remember(serving, {})
-        batch.append(base.request(target, ClientBase.plan(target, list(range(n)), None)[0], None))
+        target = base._remember(serving, {})
+        batch.append(base._request(target, plan(target, list(range(n)), None)[0], None))
     return batch
 
 
@@ -61,14 +63,14 @@ def test_a_small_send_is_one_script_call_on_the_emptiest_shard() -> None:
 def test_every_call_with_the_serving_object_shares_one_spread() -> None:
     base = _base()
     serving = qs.Serving(noop, name="shared", shards=3)
-    first, second = base.remember(serving, {}), base.remember(serving, {})
+    first, second = base._remember(serving, {}), base._remember(serving, {})
     assert first is not second and first.spread is second.spread
     # a serving named by a caller and told its shard count by the workers (on shard 0 and,
     # to confirm it, on the last shard)
     meta = {"codec": "msgpack", "shards": "2"}
-    last = base.last_shard(base.keys_of("named"), meta)
+    last = base._last_shard(base._keys_of("named"), meta)
     assert last is not None and last.shard == 1
-    assert base.remember("unconfirmed", meta, {}).shards[1:] == []
-    named = base.remember("named", meta, {"shards": "2"})
+    assert base._remember("unconfirmed", meta, {}).shards[1:] == []
+    named = base._remember("named", meta, {"shards": "2"})
     assert sorted(k.shard for _ in range(2) for k in named.place([1])) == [0, 1]
     assert named.spread is not None and named.spread.sent == [1, 1]

@@ -1,0 +1,103 @@
+"""The asyncio client's sending: its outbox, combined sends (the task that finds no send in
+progress sends everything queued, in one Lua call), and the durable task that waits for
+replicas apart from the other servings' sends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import time
+
+from queueserve.broker.aio import AsyncProducer
+from queueserve.broker.retry import Retry
+from queueserve.client.base import BaseClient
+from queueserve.client.calls import Call
+from queueserve.client.outgoing import Outgoing, admitted, enqueue_groups, send_window
+from queueserve.errors import NotReplicated, QueueServeError
+
+
+class AsyncSending(BaseClient):
+    """``AsyncClient``'s sending state and tasks (``AsyncClient`` adds the calls)."""
+
+    def __init__(self, url: str | None, prefix: str | None, codec: str | None) -> None:
+        super().__init__(url, prefix, codec)
+        self._broker = AsyncProducer(self.url, owner=self._owner)
+        self._closed = False
+        self._send_retry = Retry(self._broker.outage, "sender")
+        self._outbox: list[Outgoing] = []
+        self._flushing = False
+        # Requests of durable servings wait for a replica (up to DURABLE_WAIT_MS) in a task
+        # of their own, so that wait never holds up the sends of other servings.
+        self._durable_box: list[Outgoing] = []
+        self._durable_task: asyncio.Task[None] | None = None
+        self._durable_retry = Retry(self._broker.outage, "durable sender")
+
+    async def _withdraw(self, call: Call) -> bool:
+        """Cancel ``call``: True when it will never run (see ``Client.withdraw``)."""
+        if not self._cancel_call(call):
+            return False
+        for box in (self._outbox, self._durable_box):
+            for i, outgoing in enumerate(box):
+                if outgoing.call is call:
+                    del box[i]
+                    return True
+        return call.entry_id is not None and await self._broker.cancel(
+            call.keys, call.keys.stream(call.batch_key, call.priority), call.entry_id, call.n
+        )
+
+    async def _flush(self) -> None:
+        self._flushing = True
+        try:
+            while self._outbox:
+                batch, self._outbox = self._outbox, []
+                batch = self._set_aside_durable(batch)
+                if batch:
+                    await self._send_batch(batch, self._send_retry)
+        finally:
+            self._flushing = False
+
+    def _set_aside_durable(self, batch: list[Outgoing]) -> list[Outgoing]:
+        """``batch`` less the requests of durable servings, handed to the durable task."""
+        durable = [o for o in batch if o.target.durable]
+        if not durable:
+            return batch
+        self._durable_box += durable
+        if self._durable_task is None or self._durable_task.done():
+            self._durable_task = asyncio.get_running_loop().create_task(
+                self._send_durable(), name=f"queueserve-send-durable-{self.client_id}"
+            )
+        return [o for o in batch if not o.target.durable]
+
+    async def _send_durable(self) -> None:
+        while self._durable_box:
+            batch, self._durable_box = self._durable_box, []
+            await self._send_batch(batch, self._durable_retry)
+
+    async def _send_batch(self, batch: list[Outgoing], retry: Retry) -> None:
+        """Enqueue ``batch``, retrying transient failures; its callers get any error."""
+        try:
+            await retry.arun(
+                functools.partial(self._enqueue, batch), keep_going=lambda: not self._closed,
+                give_up_at=time.monotonic() + send_window(batch),
+            )
+        except QueueServeError as e:
+            self._fail_batch(batch, e)
+        except Exception as e:
+            self._fail_send(batch, e)
+
+    async def _enqueue(self, batch: list[Outgoing]) -> None:
+        for group, keys, requests, max_queue, durable in enqueue_groups(batch):
+            try:
+                reply = await self._broker.enqueue(keys, requests, max_queue, durable=durable)
+            except NotReplicated as e:  # queued, but not safe: these callers are told so
+                self._fail_batch(group, e)
+                continue
+            admitted(self._table, group, *reply)
+
+    async def _stop_durable(self) -> None:
+        if self._durable_task is not None:
+            self._durable_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+                await asyncio.wait_for(self._durable_task, 2.0)

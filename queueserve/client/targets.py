@@ -1,0 +1,181 @@
+"""Where a client's requests go: a serving's target (keys, codec, limits, shards), the parts a
+call's items are planned into, and how sends spread over a serving's shards."""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from queueserve.errors import BadRequest
+from queueserve.serving import Serving
+from queueserve.wire import protocol as P
+from queueserve.wire.codec import Codec
+
+log = logging.getLogger("queueserve.client")
+
+
+# A send of more items than this is split over the shards (one script call per shard it
+# reaches); a smaller one goes whole to one shard, in one script call.
+SPLIT_SEND_ABOVE = 128
+
+
+class ShardSpread:
+    """The items one client has sent to each shard of one serving, and where the next send
+    goes: the shard with the fewest (ties taken in turn, from a random one: many clients
+    that each started at shard 0 would load it most in short bursts).
+
+    Counted here, so it costs no round trip (asking queue depths would cost one per send),
+    and every worker reads every shard, so no shard waits without workers. Items, not sends,
+    and a large send split: one send carries whatever its callers queued meanwhile, from 1 to
+    hundreds of requests, and with one shard per send (in turn, or even the emptiest) a short
+    run of large sends left one master with 45% of the items (bench/cluster.py). A send of up
+    to SPLIT_SEND_ABOVE items stays one script call on one shard; a larger one costs one
+    script call per shard, which its own size dwarfs."""
+
+    def __init__(self, keys: P.Keys, count: int) -> None:
+        self.shards = keys.sharded(count)
+        self.sent = [0] * count
+        self._turn = random.randrange(count)
+        self._lock = threading.Lock()  # the async client's sends and a sync one's may overlap
+
+    def _fewest(self, items: int) -> int:
+        count = len(self.shards)
+        i = min(range(count), key=lambda s: (self.sent[s], (s - self._turn) % count))
+        self.sent[i] += items
+        self._turn = (i + 1) % count
+        return i
+
+    def place(self, sizes: list[int]) -> list[int]:
+        """The shard (index) of each request of one send, ``sizes`` being their items."""
+        with self._lock:
+            if sum(sizes) <= SPLIT_SEND_ABOVE:
+                return [self._fewest(sum(sizes))] * len(sizes)
+            return [self._fewest(n) for n in sizes]
+
+
+@dataclass(slots=True)
+class Target:
+    """Where and how requests to one serving go."""
+
+    keys: P.Keys
+    codec: Codec
+    serving: Serving | None  # given when the caller passed the Serving object
+    max_queue: int  # admission limit to use until a worker has declared the serving
+    max_payload_bytes: int | None  # known from the Serving object or the workers' declaration
+    batch_size: int | None = None  # likewise; a streamed request holds at most this many items
+    hooks: bool = False  # the serving streams hook events: its requests are never split
+    durable: bool = False  # each enqueue waits for a replica (the serving's durable option)
+    # Where its requests go: the serving's shards, shared by every Target of the serving
+    # in this client (a caller passing the Serving object gets a new Target per call).
+    spread: ShardSpread | None = None
+
+    @property
+    def shards(self) -> list[P.Keys]:
+        return self.spread.shards if self.spread is not None else []
+
+    def place(self, sizes: list[int]) -> list[P.Keys]:
+        """The shard of each request of one send (``ShardSpread.place``)."""
+        if self.spread is None or len(self.spread.shards) <= 1:
+            return [self.keys] * len(sizes)
+        return [self.spread.shards[i] for i in self.spread.place(sizes)]
+
+    def check_payload(self, payload: bytes, n: int) -> None:
+        """Refuse, before sending, a payload the workers would refuse."""
+        if self.hooks and self.batch_size is not None and n > self.batch_size:
+            raise BadRequest(
+                f"serving {self.keys.name!r} streams events, so a request always runs in one "
+                f"batch; this one has {n} items, more than batch_size={self.batch_size}: send "
+                "smaller requests, or use client.stream, which chunks them"
+            )
+        limit = self.max_payload_bytes
+        if limit is not None and len(payload) > limit:
+            raise BadRequest(
+                f"request of {n} items encodes to {len(payload)} bytes, over max_payload_bytes="
+                f"{limit} of serving {self.keys.name!r}; send fewer or smaller items"
+            )
+
+
+@dataclass(slots=True)
+class Part:
+    """Items of one request: the caller's positions and the batch key they share."""
+
+    batch_key: str
+    positions: list[int] | None  # None = all items, in order
+    items: list[Any]
+
+
+def claimed_shards(meta: dict[str, str]) -> int:
+    """The shard count ``meta`` claims, unchecked but for being one (``remember`` logs a bad
+    one); 1 when it claims none."""
+    try:
+        return P.check_shards(int(meta.get("shards") or 1))
+    except ValueError:
+        return 1
+
+
+def confirmed_shards(keys: P.Keys, count: int, confirmation: dict[str, str]) -> int:
+    """``count`` when the last shard's meta hash says the same; else 1, with a warning.
+
+    A count that no worker declared would send requests to shards no worker reads, where
+    they wait for ever; one write to shard 0's meta hash (a stray HSET, a script, a test
+    against the wrong Redis) would be enough. Workers declare the count on their last shard
+    too (ServingRunner.start), and a client sends to the shards only when both agree: shard 0
+    alone is always safe, as every worker reads it.
+    """
+    if count <= 1 or confirmation.get("shards") == str(count):
+        return count
+    log.warning(
+        "serving %s: its meta hash %s says shards=%d, but the last shard's (%s) says %r, so "
+        "no worker declared it; sending to shard 0 only (restart a worker of the serving to "
+        "declare its shards again)", keys.name, keys.meta, count, keys.last_shard(count).meta,
+        confirmation.get("shards"),
+    )
+    return 1
+
+
+def plan(target: Target, items: list[Any], batch_key: str | None) -> list[Part]:
+    """Apply the serving's map_inputs and group items by batch key (one request per key)."""
+    if not items:
+        return []  # nothing to send; the caller gets [] at once
+    serving = target.serving
+    if serving is None:
+        return [Part(batch_key or "default", None, items)]
+    if serving.has_client_maps:
+        items = [serving.prepare_item(x) for x in items]
+    if batch_key is not None or not callable(serving.batch_key):
+        return [Part(serving.key_for(None, batch_key), None, items)]
+    groups: dict[str, Part] = {}
+    for i, item in enumerate(items):
+        key = serving.key_for(item, None)
+        part = groups.get(key)
+        if part is None:
+            part = groups[key] = Part(key, [], [])
+        assert part.positions is not None
+        part.positions.append(i)
+        part.items.append(item)
+    if len(groups) == 1:
+        only = next(iter(groups.values()))
+        return [Part(only.batch_key, None, only.items)]
+    return list(groups.values())
+
+
+def stream_parts(
+    target: Target, items: list[Any], batch_key: str | None
+) -> list[tuple[int, Part]]:
+    """Requests for ``stream``: runs of consecutive items with one batch key, at most
+    batch_size each (streamed requests are never split), with their input offsets."""
+    serving = target.serving
+    if serving is not None and serving.has_client_maps:
+        items = [serving.prepare_item(x) for x in items]
+    size = target.batch_size or max(1, len(items))
+    parts: list[tuple[int, Part]] = []
+    for i, item in enumerate(items):
+        key = serving.key_for(item, batch_key) if serving else batch_key or "default"
+        last = parts[-1][1] if parts else None
+        if last is None or last.batch_key != key or len(last.items) >= size:
+            parts.append((i, Part(key, None, [])))
+        parts[-1][1].items.append(item)
+    return parts
