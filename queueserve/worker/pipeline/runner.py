@@ -45,8 +45,7 @@ from queueserve.worker.pipeline.execute import Row
 from queueserve.worker.pipeline.intake import Intake
 from queueserve.worker.pipeline.ledger import Ledger
 from queueserve.worker.pipeline.reader import Reader
-from queueserve.worker.pipeline.replies import Composed
-from queueserve.worker.pipeline.replies import ReplyQueue, compose
+from queueserve.worker.pipeline.replies import Composed, ReplyQueue, compose
 from queueserve.worker.pipeline.stages import Handover, Reply, Stages
 from queueserve.worker.pipeline.step_executor import StepExecutor
 from queueserve.worker.pipeline.stepping import StepQueue

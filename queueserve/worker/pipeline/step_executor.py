@@ -24,8 +24,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Hashable
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -33,67 +32,29 @@ from queueserve.broker.consumer import Consumer
 from queueserve.errors import RedisCommandError, RedisUnavailable
 from queueserve.hooks import END, NO_OUTPUT
 from queueserve.serving import Partition, Serving
-from queueserve.steps import Resume, StepServing
+from queueserve.steps import StepServing
 from queueserve.wire import protocol as P
 from queueserve.wire.error import EXPIRED_GENERATING, error_body
-from queueserve.wire.event import output_event
 from queueserve.wire.timing import CALLER_CHECK_EVERY_S
 from queueserve.worker.middleware import Middleware
-from queueserve.worker.pipeline.batch_context import event_rows
 from queueserve.worker.pipeline.batching import Request
-from queueserve.worker.pipeline.execute import Row, _free_device_memory, is_out_of_memory
+from queueserve.worker.pipeline.execute import Row
 from queueserve.worker.pipeline.ledger import Ledger
 from queueserve.worker.pipeline.prefix_cache import PrefixCache
 from queueserve.worker.pipeline.replies import ReplyQueue
+from queueserve.worker.pipeline.step_calls import Failed, Member, StepCalls, Tally
 from queueserve.worker.pipeline.stepping import (
     CallerWatch,
     Limits,
     Scheduler,
     StepQueue,
-    StepRecord,
     Waiting,
-    split_runs,
     too_large,
 )
 
 log = logging.getLogger(__name__)
 
 IDLE_WAIT_S = 0.1  # how often an idle executor looks whether it should stop
-
-Outcome = Any  # a value, or an error body (list[str]) wrapped in _Failed
-
-
-class _ContractError(ValueError):
-    """prefill or decode returned other than one entry per sequence."""
-
-
-@dataclass(frozen=True, slots=True)
-class _Failed:
-    error: list[str]
-
-
-@dataclass(eq=False, slots=True)
-class Member:
-    """One waiting slice that joined: its items are sequences of the running set."""
-
-    key: str
-    waiting: Waiting
-    states: list[Any]
-    outputs: list[list[Any]] = field(default_factory=list)
-    ended: list[bool] = field(default_factory=list)
-    errors: list[list[str] | None] = field(default_factory=list)
-    resumes: list[Resume] = field(default_factory=list)  # per item: its prefix-cache offers
-
-    @property
-    def request(self) -> Request:
-        return self.waiting.piece.request
-
-    @property
-    def offset(self) -> int:
-        return self.waiting.piece.offset
-
-    def live(self) -> list[int]:
-        return [i for i, done in enumerate(self.ended) if not done]
 
 
 class StepExecutor:
@@ -119,9 +80,7 @@ class StepExecutor:
         self.scheduler = Scheduler(Limits.of(serving))
         self.running: list[Member] = []
         self.cache = PrefixCache(serving.prefix_cache_bytes) if serving.prefix_cache_bytes else None
-        # Default answers are the step lists themselves: sent as STEPS, a caller's stream can
-        # rebuild steps lost on the way from them. Custom results come as a final Output.
-        self.custom_result = not serving.answers_outputs()
+        self.calls = StepCalls(serving, self.cache)
         gone_after = serving.caller_gone_after
         self.callers = (None if gone_after is None
                         else CallerWatch(gone_after, min(CALLER_CHECK_EVERY_S, gone_after)))
@@ -156,7 +115,7 @@ class StepExecutor:
             if self.cache is not None:
                 for w in self.queue.waiting:
                     if w.measured and w.looked != self.cache.version:
-                        w.cached, w.looked = self._cached_tokens(w), self.cache.version
+                        w.cached, w.looked = self.calls.cached_tokens(w), self.cache.version
             joiners = self.queue.take(self.scheduler)
             if self.queue.departed != departed:
                 # Room for the reader (waiting while a running set's worth waits). Only then:
@@ -164,7 +123,7 @@ class StepExecutor:
                 self.cond.notify_all()
         if rows:
             self.outbox.put(rows)
-        record = _Tally(left=left)
+        record = Tally(left=left)
         rows = self._join(joiners, record)
         rows += self._step(record)
         if record.slots or record.joined:
@@ -265,7 +224,7 @@ class StepExecutor:
         limits = self.scheduler.limits
         for w in waiting:
             try:
-                self._measure_one(w)
+                self.calls.measure(w)
                 reason = too_large(w, limits)
                 if reason is not None:
                     raise ValueError(reason)
@@ -278,54 +237,7 @@ class StepExecutor:
                 self.queue.remove(bad)
         return rows
 
-    def _measure_one(self, w: Waiting) -> None:
-        """``tokens`` (and, with a prefix cache, ``prompt_tokens``) of each item of ``w``;
-        ValueError naming the method and the item's problem (the caller learns which of its
-        calls failed, and nothing the serving returned reaches the cache unchecked)."""
-        budget = prompt = 0
-        for item in w.piece.items:
-            got = self._serving_call("tokens", item)
-            if (not isinstance(got, tuple | list) or len(got) != 2
-                    or not all(isinstance(n, int) and n >= 0 for n in got)):
-                raise ValueError(
-                    f"{type(self.serving).__name__}.tokens(item) returned {_short(got)}; "
-                    "return (prompt tokens, most generated tokens) as ints >= 0"
-                )
-            budget, prompt = budget + got[0] + got[1], prompt + got[0]
-        if self.cache is not None:
-            w.prompts = [self._prompt(item) for item in w.piece.items]
-        w.budget, w.prompt = budget, prompt
-
-    def _serving_call(self, method: str, item: Any) -> Any:
-        try:
-            return getattr(self.serving, method)(item)
-        except Exception as e:
-            raise ValueError(
-                f"{type(self.serving).__name__}.{method}(item) failed for this item: "
-                f"{type(e).__name__}: {e}"
-            ) from None
-
-    def _prompt(self, item: Any) -> tuple[Hashable, ...]:
-        """The item's prompt tokens as the cache's trie keys them: hashable, or ValueError."""
-        tokens = self._serving_call("prompt_tokens", item)
-        if tokens is None:
-            return ()
-        try:
-            key = tuple(tokens)
-            hash(key)  # every token, once: the trie's lookups and puts hash each of them
-        except Exception as e:
-            raise ValueError(
-                f"{type(self.serving).__name__}.prompt_tokens(item) returned "
-                f"{_short(tokens)}, which cannot key the prefix cache ({type(e).__name__}: "
-                f"{e}); return a sequence of hashable tokens (ints, strs, tuples), or None"
-            ) from None
-        return key
-
-    def _cached_tokens(self, w: Waiting) -> int:
-        assert self.cache is not None and w.prompts is not None
-        return sum(self.cache.lookup(tokens)[0] for tokens in w.prompts if tokens)
-
-    def _join(self, joiners: list[Waiting], record: _Tally) -> list[Row]:
+    def _join(self, joiners: list[Waiting], record: Tally) -> list[Row]:
         if not joiners:
             return []
         rows: list[Row] = []
@@ -343,53 +255,32 @@ class StepExecutor:
         record.prefill_seconds += time.perf_counter() - started
         return rows
 
-    def _prefill(self, key: str, group: list[Waiting], record: _Tally) -> list[Row]:
+    def _prefill(self, key: str, group: list[Waiting], record: Tally) -> list[Row]:
         items = [item for w in group for item in w.piece.items]
         prompts = [p for w in group for p in (w.prompts or [()] * w.slots)]
-        resumes = [self._resume(tokens, record) for tokens in prompts]
-        outcomes = self._isolated(
+        resumes = [self.calls.resume(tokens, record) for tokens in prompts]
+        outcomes = self.calls.isolated(
             lambda pos: self.serving.prefill_from([items[i] for i in pos],
                                                   [resumes[i] for i in pos]),
             list(range(len(items))), "prefill", key,
         )
         record.joined += len(items)
         record.prefill_tokens += sum(w.prompt for w in group) - sum(r.start for r in resumes)
-        self._offered(resumes)
+        self.calls.offered(resumes)
         rows: list[Row] = []
         pos = 0
         for w in group:
             n = w.slots
             got = outcomes[pos:pos + n]
             pos += n
-            m = Member(key, w, [None if isinstance(o, _Failed) else o for o in got],
-                       [[] for _ in range(n)], [isinstance(o, _Failed) for o in got],
-                       [o.error if isinstance(o, _Failed) else None for o in got],
+            m = Member(key, w, [None if isinstance(o, Failed) else o for o in got],
+                       [[] for _ in range(n)], [isinstance(o, Failed) for o in got],
+                       [o.error if isinstance(o, Failed) else None for o in got],
                        resumes[pos - n:pos])
             self.running.append(m)
             if all(m.ended):
                 rows += self._finish(m)
         return rows
-
-    def _offered(self, resumes: list[Resume]) -> None:
-        """Put the states offered with ``Resume.keep`` (in prefill, or in decode while a
-        sequence reads its prompt there) into the cache."""
-        for r in resumes:
-            if r.kept:
-                if self.cache is not None:
-                    for length, state, nbytes in r.kept:
-                        self.cache.put(r.tokens, length, state, nbytes)
-                r.kept.clear()
-
-    def _resume(self, tokens: tuple[Hashable, ...], record: _Tally) -> Resume:
-        if self.cache is None or not tokens:
-            return Resume(tokens)
-        start, state = self.cache.lookup(tokens)
-        if start:
-            record.cache_hits += 1
-            record.cache_saved_tokens += start
-        else:
-            record.cache_misses += 1
-        return Resume(tokens, start, state)
 
     def _count_delivery(self, request: Request) -> None:
         try:
@@ -398,8 +289,13 @@ class StepExecutor:
         except RedisUnavailable as e:
             log.warning("serving %s: could not count a redelivery: %s", self.serving.name, e)
 
+    def _finish(self, m: Member) -> list[Row]:
+        """The answer of a slice whose items all ended, which leaves the running set."""
+        self._leave(m)
+        return self.calls.answer(m)
+
     # -- one decode step -----------------------------------------------------------------------
-    def _step(self, record: _Tally) -> list[Row]:
+    def _step(self, record: Tally) -> list[Row]:
         started = time.perf_counter()
         rows: list[Row] = []
         by_key: dict[str, list[tuple[Member, int]]] = {}
@@ -424,20 +320,20 @@ class StepExecutor:
                 record.released_tokens += m.waiting.budget
         return rows
 
-    def _step_key(self, key: str, seqs: list[tuple[Member, int]], record: _Tally) -> list[Row]:
+    def _step_key(self, key: str, seqs: list[tuple[Member, int]], record: Tally) -> list[Row]:
         """One decode call for the running sequences of ``key``; its rows to send."""
         self.middleware.batch_started(
             self.serving, key, self.partition, len(seqs), 0.0)
         call_started = time.perf_counter()
-        outcomes = self._isolated(
-            partial(self._decode, seqs), list(range(len(seqs))), "decode", key)
+        outcomes = self.calls.isolated(
+            partial(self.calls.decode, seqs), list(range(len(seqs))), "decode", key)
         call_seconds = time.perf_counter() - call_started
         self.middleware.batch_finished(
             self.serving, key, self.partition, len(seqs), call_seconds)
         record.slots += len(seqs)
         reading = 0  # sequences still reading their prompts in this call, or finishing it
         for (m, i), out in zip(seqs, outcomes, strict=True):
-            if isinstance(out, _Failed):
+            if isinstance(out, Failed):
                 m.ended[i], m.errors[i] = True, out.error
             elif out is END:
                 m.ended[i] = True
@@ -452,125 +348,5 @@ class StepExecutor:
         record.reading += reading
         record.prefill_seconds += call_seconds * reading / len(seqs)
         if self.cache is not None:
-            self._offered([m.resumes[i] for m, i in seqs])
-        return self._stream(seqs, outcomes)
-
-    def _decode(self, seqs: list[tuple[Member, int]], pos: list[int]) -> list[Any]:
-        return self.serving.decode([seqs[j][0].states[seqs[j][1]] for j in pos])
-
-    def _stream(self, seqs: list[tuple[Member, int]], outcomes: list[Outcome]) -> list[Row]:
-        """This step's output events, per request: one per run of consecutive items."""
-        rows: list[Row] = []
-        k, count = 0, len(seqs)
-        while k < count:  # a member's sequences are consecutive in seqs (see _step)
-            m = seqs[k][0]
-            end = k + 1
-            while end < count and seqs[end][0] is m:
-                end += 1
-            if m.request.events:
-                if len(m.states) == 1:  # most requests: one item, one value or none
-                    out = outcomes[k]
-                    if not isinstance(out, _Failed) and out is not END and out is not NO_OUTPUT:
-                        rows += event_rows(m.request, output_event([out], m.offset))
-                else:
-                    rows += self._member_events(m, seqs[k:end], outcomes[k:end])
-            k = end
-        return rows
-
-    def _member_events(self, m: Member, seqs: list[tuple[Member, int]],
-                       outcomes: list[Outcome]) -> list[Row]:
-        n = len(m.states)
-        values: list[Any] = [None] * n
-        present = [False] * n
-        for (_, i), out in zip(seqs, outcomes, strict=True):
-            if not isinstance(out, _Failed) and out is not END and out is not NO_OUTPUT:
-                values[i], present[i] = out, True
-        return [row for start, run in split_runs(values, present)
-                for row in event_rows(m.request, output_event(run, m.offset + start))]
-
-    def _finish(self, m: Member) -> list[Row]:
-        """The answer of a slice whose items all ended: runs of results, and the errors."""
-        self._leave(m)
-        n = len(m.states)
-        results: list[Any] = []
-        kind = P.RESULTS if self.custom_result else P.STEPS
-        for i in range(n):
-            if m.errors[i] is not None:
-                results.append(None)
-                continue
-            if not self.custom_result:
-                results.append(m.outputs[i])
-                continue
-            try:
-                results.append(self.serving.result(m.states[i], m.outputs[i]))
-            except Exception as e:
-                m.errors[i] = error_body(e)
-                results.append(None)
-        rows: list[Row] = []
-        ok = [e is None for e in m.errors]
-        for start, run in split_runs(results, ok):
-            rows.append((m.request, m.offset + start, len(run), kind, run))
-        for i, error in enumerate(m.errors):
-            if error is not None:
-                rows.append((m.request, m.offset + i, 1, P.ERROR, error))
-        return rows
-
-    # -- failures ------------------------------------------------------------------------------
-    def _isolated(
-        self, call: Callable[[list[int]], list[Any]], pos: list[int], what: str, key: str,
-    ) -> list[Outcome]:
-        """``call`` over positions ``pos``: one outcome each. When it raises, under
-        on_error="isolate" (or out of device memory) retry on halves, so only the culprits
-        get the error."""
-        try:
-            out = call(pos)
-            if not isinstance(out, list | tuple) or len(out) != len(pos):
-                got = len(out) if isinstance(out, list | tuple) else type(out).__name__
-                raise _ContractError(
-                    f"{type(self.serving).__name__}.{what} returned {got} for {len(pos)} "
-                    f"sequences; return a list with one entry per sequence"
-                )
-            return list(out)
-        except Exception as e:
-            oom = is_out_of_memory(e)
-            # A broken contract is the call's, not one sequence's: bisecting would not help.
-            if len(pos) == 1 or isinstance(e, _ContractError) or (
-                    self.serving.on_error == "fail" and not oom):
-                log.warning("serving %s key %s: %s of %d sequences failed: %r",
-                            self.serving.name, key, what, len(pos), e)
-                return [_Failed(error_body(e))] * len(pos)
-            if oom:
-                _free_device_memory()
-            mid = len(pos) // 2
-            return (self._isolated(call, pos[:mid], what, key)
-                    + self._isolated(call, pos[mid:], what, key))
-
-
-@dataclass(slots=True)
-class _Tally:
-    """A step's figures as they are gathered (frozen into a StepRecord)."""
-
-    left: int = 0
-    slots: int = 0
-    joined: int = 0
-    prefill_tokens: int = 0
-    generated: int = 0
-    prefill_seconds: float = 0.0
-    decode_seconds: float = 0.0
-    cache_hits: int = 0
-    cache_misses: int = 0
-    cache_saved_tokens: int = 0
-    reading: int = 0
-    released_tokens: int = 0  # budgets of requests that finished after this step
-
-    def freeze(self, batch_tokens: int) -> StepRecord:
-        return StepRecord(
-            self.slots, batch_tokens, self.joined, self.prefill_tokens, self.left,
-            self.generated, self.prefill_seconds, self.decode_seconds, self.cache_hits,
-            self.cache_misses, self.cache_saved_tokens, self.reading,
-        )
-
-
-def _short(value: Any, most: int = 80) -> str:
-    text = repr(value)
-    return text if len(text) <= most else text[:most] + "..."
+            self.calls.offered([m.resumes[i] for m, i in seqs])
+        return self.calls.events(seqs, outcomes)
