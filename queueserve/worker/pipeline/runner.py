@@ -197,19 +197,15 @@ class ServingRunner:
         assert self._cancels is not None
         retry = Retry(self.broker.outage, "cancel listener")
         try:
+            read = functools.partial(self._cancels.get, timeout=0.5)
             while self._listening.is_set():
-                try:
-                    message = self._cancels.get(timeout=0.5)
-                except RedisFailure as e:
-                    time.sleep(retry.failed(e))
-                    continue
-                retry.succeeded()
-                if message is not None:
-                    self._on_cancel(message)
+                retry.once(read, self._on_cancel)
         finally:
             self._cancels.close()
 
-    def _on_cancel(self, message: bytes) -> None:
+    def _on_cancel(self, message: bytes | None) -> None:
+        if message is None:  # none came within the read's timeout
+            return
         ref = parse_cancel(message)
         if ref is None or not self._is_own_stream(ref[0]):
             if not self._junk_cancel_seen:  # anyone may publish here: say so once
