@@ -18,7 +18,7 @@ from queueserve.broker.urls import redact_url
 from queueserve.errors import QueueServeError
 from queueserve.ops.deadletter import DeadLetters
 from queueserve.ops.stats import stats_command
-from queueserve.options.units import parse_duration
+from queueserve.options.units import parse_duration, problem
 from queueserve.serving import Serving
 from queueserve.settings import Settings, check_prefix, check_redis_url
 from queueserve.wire.options import OPTIONS, parse_assignments
@@ -350,11 +350,6 @@ def _check_environment(command: str) -> None:
         WorkerOptions.of({})
 
 
-def _settings_problem(e: ValidationError) -> str:
-    # pydantic's own text spans lines and echoes the raw value (a URL's password included)
-    return "; ".join(str(err["msg"]).removeprefix("Value error, ") for err in e.errors())
-
-
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "dead-letter": dead_letter_command, "config": config_command, "stats": stats_or_unknown,
     "gateway": gateway_command,
@@ -377,7 +372,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         Settings()
         _check_environment(args.command)
     except ValidationError as e:
-        print(f"queueserve: {_settings_problem(e)}", file=sys.stderr)
+        print(f"queueserve: {problem(e)}", file=sys.stderr)  # one line, no value echoed
         return EXIT_USAGE
     except ValueError as e:
         print(f"queueserve: {e}", file=sys.stderr)

@@ -8,7 +8,6 @@ Text (a flag, an environment variable, a value read from Redis) becomes a value 
 
 from __future__ import annotations
 
-import math
 import re
 import types
 from collections.abc import Callable
@@ -82,11 +81,11 @@ def count(
 
 
 def number(*, above_zero: bool, says: str) -> PlainValidator:
-    """A finite int or float, > 0 (``above_zero``) or >= 0, as a float."""
+    """An int or float (not NaN), > 0 (``above_zero``) or >= 0, as a float."""
 
     def check(value: Any, info: ValidationInfo) -> float:
         if (not isinstance(value, bool) and isinstance(value, int | float)
-                and math.isfinite(value) and (value > 0 if above_zero else value >= 0)):
+                and (value > 0 if above_zero else value >= 0)):  # NaN is neither
             return float(value)
         raise ValueError(f"{info.field_name} must be {says}, got {value!r:.60}")
 
