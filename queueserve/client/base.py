@@ -36,6 +36,7 @@ from queueserve.wire.timing import ALIVE_WITHIN_S, RECONNECT_WITHIN_S
 
 log = logging.getLogger("queueserve.client")
 
+_new_tuple = tuple.__new__
 INBOX_BLOCK_S = 1.0  # a blocked inbox read returns this often, so a closed client is seen
 
 ServingRef = str | Serving
@@ -112,7 +113,9 @@ class BaseClient:
         except BadRequest:
             self._table.forget(call)
             raise
-        return Outgoing(target, part.batch_key, call, header, payload)
+        # tuple.__new__ directly: the NamedTuple's own __new__ is a Python function, which
+        # cost 0.25 µs more per request on the client's hot path.
+        return _new_tuple(Outgoing, (target, part.batch_key, call, header, payload))
 
     def _streamed_request(
         self, target: Target, offset: int, part: Part, deadline: float | None,
