@@ -3,7 +3,9 @@ a real worker and Redis (docs/guarantees.md, "Redis inputs")."""
 
 from __future__ import annotations
 
+import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -12,6 +14,7 @@ import redis
 
 import queueserve as qs
 from queueserve.wire import protocol as P
+from queueserve.wire.timing import DEAD_AFTER_S
 from tests.support.fault_app import RawInbox, header
 from tests.support.helpers import wait_until
 
@@ -96,3 +99,36 @@ def test_requests_in_a_stream_whose_name_is_not_utf8_are_dead_lettered_and_the_r
     assert record[b"stream"] == stream and b"not UTF-8" in record[b"reason"]
     assert redis_client.xlen(stream) == 0
     assert worker._host is not None and worker._host.alive()
+
+
+def test_a_read_taken_in_slowly_is_not_claimed_back_by_its_own_worker_and_run_twice(
+    start_worker: StartWorker, client: qs.Client, redis_client: redis.Redis, prefix: str,
+) -> None:
+    # Given an idle worker (its executor holds the blocking read), and a request whose intake
+    # takes longer than DEAD_AFTER_S: its cost function is slow once (a tokenizer on a long
+    # document; under the fuzzer, a starved CPU)
+    runs: Counter[Any] = Counter()
+    slow_once = threading.Event()
+
+    def cost(item: Any) -> float:
+        if item == "slow" and not slow_once.is_set():
+            slow_once.set()
+            time.sleep(3 * DEAD_AFTER_S)  # the work of the cost function, not a wait
+        return 1.0
+
+    def run(items: list[Any]) -> list[Any]:
+        runs.update(items)
+        return items
+
+    serving = qs.Serving(run, name="slowin", batch_size=4, batch_timeout=0, cost=cost)
+    start_worker(serving)
+    assert client.dispatch(serving, "warm", timeout=WAIT_S) == "warm"
+
+    # When it is read and answered
+    assert client.dispatch(serving, "slow", timeout=WAIT_S) == "slow"
+
+    # Then it ran once: the worker's reclaim did not take it back as "pending without its
+    # knowing" while the read that brought it was still being taken in (it ran twice)
+    stream = P.Keys(prefix, "slowin").stream("default")
+    wait_until(lambda: redis_client.xlen(stream) == 0, "every entry acked")
+    assert runs["slow"] == 1, runs

@@ -1,5 +1,6 @@
 """What a partition takes in: new entries, entries reclaimed from dead consumers, and the
-decisions made before any item may join a batch (decode, reject, dead-letter).
+decisions made before any item may join a batch (decode, reject, dead-letter, split), which
+the reader applies (reader.py): deciding does no I/O.
 
 Reclaiming is what makes a SIGKILLed worker lose nothing. Every live partition checks, every
 ``RECLAIM_EVERY_S``, which consumers hold unacked entries without having sent a heartbeat for
@@ -19,7 +20,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from queueserve.broker.consumer import Consumer
+from queueserve.broker.consumer import Consumer, DeadLetter
 from queueserve.serving import Serving
 from queueserve.wire import protocol as P
 from queueserve.wire.codec import Codec
@@ -49,6 +50,18 @@ class Entry:
 
 
 @dataclass(slots=True)
+class Decisions:
+    """What a read's entries come to. Deciding does no I/O: the reader applies the decisions
+    (reader.py, ``take_in``): splits and dead letters first, in one round trip, then the slices
+    join the assembler and the rows go to the replier."""
+
+    slices: list[tuple[str, Slice]] = field(default_factory=list)  # (batch key, slice)
+    rows: list[Row] = field(default_factory=list)  # errors to answer at once
+    dead: list[DeadLetter] = field(default_factory=list)
+    splits: list[Entry] = field(default_factory=list)  # reclaimed packs, to split (split.lua)
+
+
+@dataclass(slots=True)
 class Intake:
     """Turns stream entries into slices for the assembler and rows for the replier."""
 
@@ -60,17 +73,18 @@ class Intake:
     middleware: Middleware
     inboxes: set[str] = field(default_factory=set)  # reply addresses found valid
 
-    def ingest(self, entries: list[Entry]) -> tuple[list[tuple[str, Slice]], list[Row]]:
-        """(batch key, slice) pairs to assemble and error rows to send at once."""
-        slices: list[tuple[str, Slice]] = []
-        rows: list[Row] = []
+    def ingest(self, entries: list[Entry]) -> Decisions:
+        """What to do with ``entries``: slices to assemble, rows to send at once, dead letters
+        and pack splits to write."""
+        out = Decisions()
+        slices, rows = out.slices, out.rows
         serving, codec, prefix = self.serving, self.codec, self.keys.prefix
         now = time.time()
         key_of: dict[str, str] = {}  # entries come in runs of one stream
         plain = serving.cost is None and serving.input_model is None and serving.hooks is None
         for entry in entries:
             if b"k" in entry.fields:
-                self._ingest_pack(entry, slices, rows, now, plain)
+                self._ingest_pack(entry, out, now, plain)
                 continue
             if plain and not entry.reclaimed:
                 fast = decode_plain(codec, serving.max_payload_bytes, entry.stream,
@@ -86,9 +100,9 @@ class Intake:
                 self.inboxes,
             )
             if entry.reclaimed and entry.deliveries >= serving.max_deliveries:
-                self._dead_letter(entry, decoded, rows)
+                self._dead_letter(entry, decoded, out)
             elif isinstance(decoded, Rejected):
-                self._reject(entry, decoded, rows)
+                self._reject(entry, decoded, out)
             else:
                 decoded.request.redelivered = entry.reclaimed
                 decoded.request.alone = entry.reclaimed and runs_alone(
@@ -102,27 +116,26 @@ class Intake:
                 else:
                     slices += [(key, piece) for piece in decoded.slices]
                 rows += _item_errors(decoded)
-        return slices, rows
+        return out
 
-    def _ingest_pack(
-        self, entry: Entry, slices: list[tuple[str, Slice]], rows: list[Row], now: float,
-        plain: bool,
-    ) -> None:
+    def _ingest_pack(self, entry: Entry, out: Decisions, now: float, plain: bool) -> None:
         """Each request of a pack as if it came alone; they share the entry, acked when the
         last is answered. A reclaimed pack is split instead (split.lua), so that whatever
         killed its worker is blamed on one request, not on its pack."""
         if entry.reclaimed:
-            self._split(entry)
+            out.splits.append(entry)
             return
         try:
             members = pack_members(entry.fields)
         except ValueError as e:
-            self._reject_pack(entry, str(e))
+            out.dead.append(self._rejected_pack(entry, str(e)))
             return
         if len(members) > P.MAX_PACK_REQUESTS:  # enqueue.lua never writes one: forged
-            self._reject_pack(entry, f"it holds {len(members)} requests, more than the "
-                              f"{P.MAX_PACK_REQUESTS} of any pack a client sends")
+            out.dead.append(self._rejected_pack(
+                entry, f"it holds {len(members)} requests, more than the "
+                f"{P.MAX_PACK_REQUESTS} of any pack a client sends"))
             return
+        slices, rows = out.slices, out.rows
         serving, codec = self.serving, self.codec
         key = self.keys.batch_key_of(entry.stream)
         pack = Pack(0, 0)
@@ -141,61 +154,57 @@ class Intake:
                 continue
             _join(decoded.request, pack)
             if isinstance(decoded, Rejected):
-                self._reject(entry, decoded, rows)
+                self._reject(entry, decoded, out)
             else:
                 slices += [(key, piece) for piece in decoded.slices]
                 rows += _item_errors(decoded)
         if orphans:
-            self._dead_letter_orphans(entry, orphans, ack_now=pack.left == 0)
+            out.dead.append(self._orphans(entry, orphans, ack_now=pack.left == 0))
 
-    def _dead_letter_orphans(
+    def _orphans(
         self, entry: Entry, orphans: list[tuple[dict[bytes, bytes], str]], ack_now: bool
-    ) -> None:
-        """Dead-letter the requests of a pack that nobody can be told of, in one round trip
-        (a pack of a thousand forged requests costs the reader one, not a thousand); the pack
-        is acked with them when none of its requests is left to answer (``ack_now``)."""
+    ) -> DeadLetter:
+        """The requests of a pack that nobody can be told of, as one dead letter of a record
+        each (a pack of a thousand forged requests costs the reader one round trip, not a
+        thousand); the pack is acked with them when none of its requests is left to answer
+        (``ack_now``)."""
         log.warning("serving %s: %d requests of pack %s of %s rejected, the first: %s",
                     self.serving.name, len(orphans), entry.entry_id.decode(), entry.stream,
                     orphans[0][1])
-        self.broker.dead_letter(
-            self.keys, entry.stream, entry.entry_id,
-            *({"reason": reason, "deliveries": entry.deliveries,
-               **{f"field:{k.decode()}": v for k, v in fields.items()}}
-              for fields, reason in orphans),
-            ack_now=ack_now,
-        )
+        records = [{"reason": reason, "deliveries": entry.deliveries,
+                    **{f"field:{k.decode()}": v for k, v in fields.items()}}
+                   for fields, reason in orphans]
+        return DeadLetter(entry.stream, entry.entry_id, records, ack_now)
 
-    def _reject_pack(self, entry: Entry, why: str) -> None:
-        """Dead-letter a pack whole, unread: it is not a pack as enqueue.lua writes one."""
-        rejected = Rejected(entry.entry_id, entry.stream, f"malformed pack: {why}",
-                            P.ERR_BAD_REQUEST, None)
-        self._reject(entry, rejected, [])
+    def _rejected_pack(self, entry: Entry, why: str) -> DeadLetter:
+        """A pack dead-lettered whole, unread: it is not a pack as enqueue.lua writes one."""
+        return self._unanswerable(entry, f"malformed pack: {why}")
 
-    def _split(self, entry: Entry) -> None:
-        written = self.broker.split_pack(self.keys, entry.stream, entry.entry_id)
-        if written >= 0:
-            log.warning("serving %s: reclaimed pack %s of %s split into %d entries",
-                        self.serving.name, entry.entry_id.decode(), entry.stream, written)
+    def split_refused(self, entry: Entry) -> DeadLetter:
+        """A reclaimed pack that split.lua could not split (it returned -1)."""
+        return self._rejected_pack(entry, "split.lua could not read its 'k' field as a list of "
+                                   f"at most {P.MAX_PACK_REQUESTS} requests")
+
+    def _unanswerable(self, entry: Entry, reason: str) -> DeadLetter:
+        """An entry rejected with nobody to answer: kept for an operator, with the reason."""
+        log.warning("serving %s: entry %s of %s rejected: %s", self.serving.name,
+                    entry.entry_id.decode(), entry.stream, reason)
+        record = {"reason": reason, "deliveries": entry.deliveries, **_raw(entry)}
+        return DeadLetter(entry.stream, entry.entry_id, [record], True)
+
+    def _reject(self, entry: Entry, rejected: Rejected, out: Decisions) -> None:
+        request = rejected.request
+        if request is None:
+            out.dead.append(self._unanswerable(entry, rejected.reason))
             return
-        self._reject_pack(entry, "split.lua could not read its 'k' field as a list of at "
-                          f"most {P.MAX_PACK_REQUESTS} requests")
-
-    def _reject(self, entry: Entry, rejected: Rejected, rows: list[Row]) -> None:
         log.warning(
             "serving %s: entry %s of %s rejected: %s",
             self.serving.name, entry.entry_id.decode(), entry.stream, rejected.reason,
         )
-        request = rejected.request
-        if request is None:  # nobody to answer: keep it for an operator, with the reason
-            self.broker.dead_letter(
-                self.keys, entry.stream, entry.entry_id,
-                {"reason": rejected.reason, "deliveries": entry.deliveries, **_raw(entry)},
-                ack_now=True,
-            )
-            return
-        rows.append((request, 0, request.n, P.ERROR, bad_request(rejected.reason, rejected.kind)))
+        out.rows.append(
+            (request, 0, request.n, P.ERROR, bad_request(rejected.reason, rejected.kind)))
 
-    def _dead_letter(self, entry: Entry, decoded: Accepted | Rejected, rows: list[Row]) -> None:
+    def _dead_letter(self, entry: Entry, decoded: Accepted | Rejected, out: Decisions) -> None:
         reason = (
             f"delivered {entry.deliveries} times (max_deliveries="
             f"{self.serving.max_deliveries}): each worker holding it died before answering"
@@ -207,21 +216,20 @@ class Intake:
             "serving %s: entry %s of %s moved to %s: %s",
             self.serving.name, entry.entry_id.decode(), entry.stream, dead, reason,
         )
-        self.broker.dead_letter(
-            self.keys, entry.stream, entry.entry_id,
-            {"reason": reason, "deliveries": entry.deliveries, "claimed_by": self.consumer,
-             **_raw(entry)},
-            ack_now=request is None,
-        )
+        record = {"reason": reason, "deliveries": entry.deliveries, "claimed_by": self.consumer,
+                  **_raw(entry)}
+        out.dead.append(DeadLetter(entry.stream, entry.entry_id, [record], request is None))
         if request is not None:  # the replier answers, then acks and releases its items
             message = f"{reason}; it was moved to the dead-letter stream {dead}"
-            rows.append((request, 0, request.n, P.ERROR, dead_lettered(message)))
+            out.rows.append((request, 0, request.n, P.ERROR, dead_lettered(message)))
 
     def reclaim(
-        self, streams: list[str], room: int, held: set[tuple[str, bytes]]
+        self, streams: list[str], room: int, held: set[tuple[str, bytes]],
+        lent_since: float | None = None,
     ) -> list[Entry]:
         """Claim up to ``room`` entries held by dead consumers, and take back entries Redis says
-        this consumer holds but it does not know of (``held``: (stream, id) it knows).
+        this consumer holds but it does not know of (``held``: (stream, id) it knows; a read
+        lent out since ``lent_since``, unix time, may bring more).
         ``streams`` are those read from lately (the only ones that can hold pending entries);
         their pending summaries come in one round trip, however many keys there are."""
         alive = self.broker.alive_consumers(self.keys, DEAD_AFTER_S) | {self.consumer}
@@ -230,7 +238,7 @@ class Intake:
             mine = {entry_id for s, entry_id in held if s == stream}
             for owner, pending in owners:
                 if owner == self.consumer and pending > len(mine) and room > 0:
-                    forgotten = self._forgotten(stream, mine, room)
+                    forgotten = self._forgotten(stream, mine, room, lent_since)
                     claimed += forgotten
                     room -= len(forgotten)
                 if owner in alive or room <= 0:
@@ -248,17 +256,22 @@ class Intake:
                 room -= len(got)
         return claimed
 
-    def _forgotten(self, stream: str, held: set[bytes], room: int) -> list[Entry]:
+    def _forgotten(
+        self, stream: str, held: set[bytes], room: int, lent_since: float | None
+    ) -> list[Entry]:
         """Entries pending for this consumer that it does not hold: a Redis restart that lost
         the last second of writes (AOF everysec) can bring back an acked entry, or a delivery
         the worker never saw. Its owner is alive, so no one else would ever reclaim it.
 
-        Only entries delivered at least DEAD_AFTER_S ago: a read in flight on another thread
-        (an executor's, worker/pipeline/runner.py) has delivered entries it has not taken in
-        yet, and taking those too would run them twice."""
+        Only entries delivered at least DEAD_AFTER_S before the read lent out now (an
+        executor's, worker/pipeline/lease.py) was taken: that read has delivered entries it
+        has not taken in yet, for as long as its taker's intake takes (a slow cost function,
+        a starved CPU), and taking those too would run them twice."""
+        idle_ms = int(DEAD_AFTER_S * 1000)
+        if lent_since is not None:
+            idle_ms += max(0, int((time.time() - lent_since) * 1000))
         got = self.broker.claim(
-            stream, self.consumer, self.consumer, int(DEAD_AFTER_S * 1000), room + len(held),
-            skip=held,
+            stream, self.consumer, self.consumer, idle_ms, room + len(held), skip=held,
         )
         if got:
             log.warning(

@@ -56,6 +56,7 @@ class ReadLease:
         self._batch_s = batch_s  # how long batches take now (the executors' moving average)
         self.drained_at: dict[int, bytes] = {}  # per shard: wake id of a read that left nothing
         self.borrowed = False  # a taker holds the blocking read (shard 0's wake id)
+        self.borrowed_at = 0.0  # when it was taken (unix time): it delivers after that
         self.lent_since = 0.0  # when the blocking read became free to take
         self.reader_wake = threading.Event()  # a waiting reader should look again
 
@@ -86,7 +87,14 @@ class ReadLease:
             return None
         wake_id = self.drained_at.pop(0, None)
         self.borrowed = wake_id is not None
+        self.borrowed_at = time.time()
         return wake_id
+
+    def taken_since(self) -> float | None:
+        """When the read lent out now was taken (unix time), None when none is: what it
+        delivered is not held until its taker took it in, however long that takes (caller
+        holds cond)."""
+        return self.borrowed_at if self.borrowed else None
 
     def wake_read(self, wake_id: bytes) -> WakeRead:
         """A lent blocking read after ``wake_id`` (caller holds cond)."""

@@ -25,7 +25,7 @@ from queueserve.wire import protocol as P
 from queueserve.wire.options import parse_overrides
 from queueserve.wire.timing import FORGET_EVERY_S, RECLAIM_EVERY_S
 from queueserve.worker.pipeline.batching import Assembler
-from queueserve.worker.pipeline.intake import Entry, Intake
+from queueserve.worker.pipeline.intake import Decisions, Entry, Intake
 from queueserve.worker.pipeline.lease import READ_BLOCK_MS, ReadLease
 from queueserve.worker.pipeline.ledger import Ledger
 from queueserve.worker.pipeline.replies import ReplyQueue
@@ -126,9 +126,10 @@ class Reader:
             with self.cond:
                 room = self.budget()
                 held = self.ledger.held_now()
+                lent_since = self.lease.taken_since()
             if room > 0:
                 streams = self.broker.active_streams(keys)
-                self.take_in(self.intake.reclaim(streams, room, held))
+                self.take_in(self.intake.reclaim(streams, room, held, lent_since))
             due["reclaim"] = now + RECLAIM_EVERY_S
         if now >= due.get("config", float("inf")):
             self.apply_config()
@@ -244,6 +245,20 @@ class Reader:
             if keys.issubset(self.assembler.full_keys()):
                 self.cond.wait(FULL_WAIT_S)
 
+    def _write(self, decided: Decisions) -> None:
+        """Split the reclaimed packs (so that whatever killed their worker is blamed on one
+        request each), then write every dead letter in one round trip: before the rows that
+        tell their callers go to the replier, which acks them."""
+        for entry in decided.splits:
+            written = self.broker.split_pack(self.keys, entry.stream, entry.entry_id)
+            if written < 0:
+                decided.dead.append(self.intake.split_refused(entry))
+            else:
+                log.warning("serving %s: reclaimed pack %s of %s split into %d entries",
+                            self.serving.name, entry.entry_id.decode(), entry.stream, written)
+        if decided.dead:
+            self.broker.dead_letters(self.keys, decided.dead)
+
     def take_in_read(self, read: ReadOutcome, yield_gil: bool = True) -> None:
         # Nothing known to wait in Redis: an idle executor may reply itself.
         self.caught_up = read.drained or not (read.entries or read.skipped)
@@ -257,7 +272,10 @@ class Reader:
     def take_in(self, entries: list[Entry], yield_gil: bool = True) -> None:
         if not entries:
             return
-        slices, rows = self.intake.ingest(entries)
+        decided = self.intake.ingest(entries)
+        if decided.dead or decided.splits:
+            self._write(decided)
+        slices, rows = decided.slices, decided.rows
         if slices and self.serving.cost is not None:  # a moving average of an item's cost
             items = sum(len(piece.items) for _, piece in slices)
             weight = max(sum(piece.weight for _, piece in slices) / max(items, 1), 1e-3)
