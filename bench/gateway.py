@@ -1,6 +1,6 @@
 """The HTTP gateway against the direct ``AsyncClient``, in one run (docs/gateway.md).
 
-    python -m bench.gateway [--quick] [--json out.json]
+    python -m bench.gateway [--quick] [--json out.json] [--embed]
 
 One private ``redis-server``, one ``queueserve worker bench.servings:noop`` process (with its
 metrics port) and one ``queueserve gateway`` process. In this process:
@@ -14,6 +14,8 @@ metrics port) and one ``queueserve gateway`` process. In this process:
    keep-alive connection (``http-64``), against 64 coroutines on one ``AsyncClient``
    (``direct-64``); items/s, and the mean batch size the worker ran in each phase (its
    ``queueserve_batch_size`` histogram). The budget is http-64 >= 0.5x direct-64.
+3. ``--embed``: the same with one text per request, ``POST /v1/embeddings`` against
+   ``AsyncClient.dispatch`` to the MiniLM serving (tasks/embed.py) in the same worker.
 
 Callers, gateway, worker and Redis share the machine's cores: on 2 cores the callers' CPU
 is taken from the gateway's and the worker's.
@@ -128,16 +130,25 @@ def cpu_s(pid: int) -> float:
 async def measure(redis_url: str, gateway_port: int, metrics_port: int, gateway_pid: int,
                   args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    async with qs.AsyncClient(redis_url, prefix=PREFIX) as client, httpx.AsyncClient(
-        base_url=f"http://127.0.0.1:{gateway_port}"
-    ) as hx:
-        raw = RawHttp(gateway_port, "/v1/servings/noop/dispatch")
+    async with qs.AsyncClient(redis_url, prefix=PREFIX) as client:
+        await round_trip_phase(client, gateway_port, args, out)
+        await load_phases(client, gateway_port, metrics_port, gateway_pid, args, out)
+        if args.embed:
+            await embed_phases(client, gateway_port, args, out)
+    return out
 
-        async def direct(i: int) -> Any:
-            return await client.dispatch("noop", i)
 
-        async def http(i: int) -> Any:
-            return await raw.post(b'{"item": %d}' % i)
+async def round_trip_phase(client: qs.AsyncClient, gateway_port: int,
+                           args: argparse.Namespace, out: dict[str, Any]) -> None:
+    raw = RawHttp(gateway_port, "/v1/servings/noop/dispatch")
+
+    async def direct(i: int) -> Any:
+        return await client.dispatch("noop", i)
+
+    async def http(i: int) -> Any:
+        return await raw.post(b'{"item": %d}' % i)
+
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{gateway_port}") as hx:
 
         async def via_httpx(i: int) -> Any:
             return (await hx.post("/v1/servings/noop/dispatch", json={"item": i})).json()
@@ -145,52 +156,76 @@ async def measure(redis_url: str, gateway_port: int, metrics_port: int, gateway_
         assert json.loads(await http(7)) == {"result": 7}
         times = await round_trips({"direct": direct, "http": http, "httpx": via_httpx},
                                   args.calls, 250)
-        for name, seconds in times.items():
-            s = sorted(seconds)
-            out[f"rt_{name}_p50_ms"] = percentile(s, 50) * 1000
-            out[f"rt_{name}_p99_ms"] = percentile(s, 99) * 1000
-        raw.close()
+    raw.close()
+    for name, seconds in times.items():
+        s = sorted(seconds)
+        out[f"rt_{name}_p50_ms"] = percentile(s, 50) * 1000
+        out[f"rt_{name}_p99_ms"] = percentile(s, 99) * 1000
 
-        conns: list[RawHttp] = []
 
-        async def one_http(c: int, i: int) -> Any:
-            return await conns[c].post(b'{"item": %d}' % i)
+async def load_phases(client: qs.AsyncClient, gateway_port: int, metrics_port: int,
+                      gateway_pid: int, args: argparse.Namespace, out: dict[str, Any]) -> None:
+    conns: list[RawHttp] = []
 
-        async def one_direct(c: int, i: int) -> Any:
-            return await client.dispatch("noop", i)
+    async def one_http(c: int, i: int) -> Any:
+        return await conns[c].post(b'{"item": %d}' % i)
 
-        for name, send in (("direct_64", one_direct), ("http_64", one_http)) * args.repeat:
-            for conn in conns:  # new connections for each phase: the old ones sat idle
-                conn.close()
-            conns[:] = [RawHttp(gateway_port, "/v1/servings/noop/dispatch")
-                        for _ in range(CALLERS)]
-            before = batch_totals(metrics_port)
-            cpu_before = cpu_s(gateway_pid), cpu_s(os.getpid())
-            items_s, items = await rate(send, args.seconds)
-            after = batch_totals(metrics_port)
-            out.setdefault(f"{name}_gateway_cpu_us", []).append(
-                (cpu_s(gateway_pid) - cpu_before[0]) / items * 1e6)
-            out.setdefault(f"{name}_callers_cpu_us", []).append(
-                (cpu_s(os.getpid()) - cpu_before[1]) / items * 1e6)
-            out.setdefault(f"{name}_items_s", []).append(items_s)
-            out.setdefault(f"{name}_mean_batch", []).append(
-                (after[0] - before[0]) / max(1.0, after[1] - before[1]))
-        for conn in conns:
+    async def one_direct(c: int, i: int) -> Any:
+        return await client.dispatch("noop", i)
+
+    for name, send in (("direct_64", one_direct), ("http_64", one_http)) * args.repeat:
+        for conn in conns:  # new connections for each phase: the old ones sat idle
             conn.close()
-    return out
+        conns[:] = [RawHttp(gateway_port, "/v1/servings/noop/dispatch") for _ in range(CALLERS)]
+        before = batch_totals(metrics_port)
+        cpu_before = cpu_s(gateway_pid), cpu_s(os.getpid())
+        items_s, items = await rate(send, args.seconds)
+        after = batch_totals(metrics_port)
+        out.setdefault(f"{name}_gateway_cpu_us", []).append(
+            (cpu_s(gateway_pid) - cpu_before[0]) / items * 1e6)
+        out.setdefault(f"{name}_callers_cpu_us", []).append(
+            (cpu_s(os.getpid()) - cpu_before[1]) / items * 1e6)
+        out.setdefault(f"{name}_items_s", []).append(items_s)
+        out.setdefault(f"{name}_mean_batch", []).append(
+            (after[0] - before[0]) / max(1.0, after[1] - before[1]))
+    for conn in conns:
+        conn.close()
+
+
+async def embed_phases(client: qs.AsyncClient, gateway_port: int, args: argparse.Namespace,
+                       out: dict[str, Any]) -> None:
+    """POST /v1/embeddings, one text per request from 64 callers, against 64 coroutines
+    dispatching the same texts to the MiniLM serving directly."""
+    conns = [RawHttp(gateway_port, "/v1/embeddings") for _ in range(CALLERS)]
+
+    async def http(c: int, i: int) -> Any:
+        return await conns[c].post(b'{"model": "embed", "input": "a text to embed, number %d"}'
+                                   % i)
+
+    async def direct(c: int, i: int) -> Any:
+        return await client.dispatch("embed", f"a text to embed, number {i}")
+
+    await direct(0, 0)  # the model has loaded
+    for name, send in (("embed_direct_64", direct), ("embed_http_64", http)) * args.repeat:
+        out.setdefault(f"{name}_items_s", []).append((await rate(send, args.seconds))[0])
+    for conn in conns:
+        conn.close()
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer calls, shorter runs")
     parser.add_argument("--json", help="write the figures to this file")
+    parser.add_argument("--embed", action="store_true",
+                        help="also /v1/embeddings against the MiniLM serving called directly")
     args = parser.parse_args()
     args.calls = 1000 if args.quick else 4000
     args.seconds = 2.0 if args.quick else 5.0
     args.repeat = 1 if args.quick else 3
     redis_server = RedisServer().start()
     gateway_port, metrics_port = free_port(), free_port()
-    worker = spawn_module("queueserve", "worker", "bench.servings:noop", "--redis-url",
+    servings = ["bench.servings:noop", *(["tasks.embed:embed"] if args.embed else [])]
+    worker = spawn_module("queueserve", "worker", *servings, "--redis-url",
                           redis_server.url, "--prefix", PREFIX, "--partitions", "1",
                           "--metrics-port", str(metrics_port), "--log-level", "WARNING")
     gateway = spawn_module("queueserve", "gateway", "--port", str(gateway_port), "--redis-url",
@@ -236,6 +271,10 @@ def report(f: dict[str, Any]) -> None:
               f"  runs {[round(r) for r in rates]}")
     ratio = statistics.median(f["http_64_items_s"]) / statistics.median(f["direct_64_items_s"])
     print(f"  http-64 / direct-64: {ratio:.2f}x (budget >= 0.5x)")
+    if "embed_http_64_items_s" in f:
+        direct, http = (statistics.median(f[f"embed_{k}_64_items_s"]) for k in ("direct", "http"))
+        print(f"MiniLM, 64 callers, one text each: direct {direct:.0f}/s, /v1/embeddings "
+              f"{http:.0f}/s ({http / direct:.2f}x)")
 
 
 if __name__ == "__main__":
