@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import redis
 
@@ -18,6 +18,18 @@ from queueserve.broker.core import no_group
 from queueserve.broker.errors import redis_errors
 from queueserve.broker.replies import Replies
 from queueserve.wire.protocol import GROUP, MAX_PACK_REQUESTS, PRIORITY_AGE_MS, Keys, worker_key
+
+
+class DeadLetter(NamedTuple):
+    """An entry to copy to its shard's dead-letter stream, with why (each of ``records``: one
+    for an entry, one per request of a pack that fails). ``ack_now`` acks and deletes the
+    entry too, for entries nobody can be answered for; otherwise the replier acks it after
+    telling the caller."""
+
+    stream: str
+    entry_id: bytes
+    records: Sequence[Mapping[str, Any]]
+    ack_now: bool
 
 
 class Consumer(Replies):
@@ -110,24 +122,24 @@ class Consumer(Replies):
         self, keys: Keys, stream: str, entry_id: bytes, *records: Mapping[str, Any],
         ack_now: bool,
     ) -> None:
-        """Copy an entry to the dead-letter stream of its shard with why (each of ``records``:
-        one for an entry, one per request of a pack that fails), in one round trip however
-        many records there are.
+        """Dead-letter one entry (see DeadLetter)."""
+        self.write_dead_letters(keys, [DeadLetter(stream, entry_id, records, ack_now)])
 
-        ``ack_now`` acks and deletes the entry here, for entries nobody can be answered for;
-        otherwise the replier acks it after telling the caller.
-        """
-        dead = keys.shard_of(stream).dead  # the stream's shard: one slot
+    def write_dead_letters(self, keys: Keys, letters: Sequence[DeadLetter]) -> None:
+        """Copy entries to the dead-letter streams of their shards, in one round trip however
+        many there are (a read's worth of forged entries costs the reader one)."""
         at_ms = int(time.time() * 1000)
         with redis_errors(self.url):
             pipe = self.redis.pipeline(transaction=False)
-            for record in records:
-                fields: dict[Any, Any] = {"stream": stream, "entry_id": entry_id,
-                                          "at_ms": at_ms, **record}
-                pipe.xadd(dead, fields)
-            if ack_now:
-                pipe.xack(stream, GROUP, entry_id)
-                pipe.xdel(stream, entry_id)
+            for stream, entry_id, records, ack_now in letters:
+                dead = keys.shard_of(stream).dead  # the stream's shard: one slot
+                for record in records:
+                    fields: dict[Any, Any] = {"stream": stream, "entry_id": entry_id,
+                                              "at_ms": at_ms, **record}
+                    pipe.xadd(dead, fields)
+                if ack_now:
+                    pipe.xack(stream, GROUP, entry_id)
+                    pipe.xdel(stream, entry_id)
             pipe.execute()
 
     def declare(self, keys: Keys, options: Mapping[str, Any]) -> None:

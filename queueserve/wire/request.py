@@ -30,6 +30,8 @@ from queueserve.wire.codec import Codec, pack_plain
 # Optional header fields the project knows of (the map may carry others: they are ignored).
 FIELDS: Final = ("trace", "job", "tenant")
 _MAX_FIELDS = 64  # a map is a stranger's: its size is bounded like everything else read
+_VERSION: Final = P.WIRE_VERSION
+_unpackb = msgpack.unpackb
 
 
 def encode_request(
@@ -53,25 +55,27 @@ def parse_header(raw: bytes) -> list[Any]:
     """A request header, checked; ValueError saying what is wrong with it. Its addresses are
     checked by the caller (``P.is_inbox``, ``P.is_events_channel``): they depend on the prefix.
     The worker's one-pass decode and its full decode both read headers with this."""
+    # On every request's path: indexes, not unpacking into new lists.
     try:
-        header = msgpack.unpackb(raw, raw=False)
+        header = _unpackb(raw, raw=False)
     except Exception as e:
         raise ValueError(f"header is not msgpack: {e}") from None
-    if type(header) is not list or not 6 <= len(header) <= 9:
+    if type(header) is not list or not 6 <= (size := len(header)) <= 9:
         raise ValueError(f"header must be a list of 6 to 9 fields, got {header!r:.200}")
-    if header[P.H_VERSION] != P.WIRE_VERSION:
+    if header[0] != _VERSION:
         raise ValueError(
-            f"wire version {header[P.H_VERSION]!r} is not supported (this worker speaks "
-            f"{P.WIRE_VERSION}); upgrade the older side"
+            f"wire version {header[0]!r} is not supported (this worker speaks "
+            f"{_VERSION}); upgrade the older side"
         )
-    _, rid, n, reply_to, deadline, _codec, *rest = header
-    if not (isinstance(rid, int) and isinstance(n, int) and n >= 1 and isinstance(reply_to, str)
-            and isinstance(deadline, int) and (not rest or isinstance(rest[0], str))):
+    n = header[2]
+    if not (isinstance(header[1], int) and isinstance(n, int) and n >= 1
+            and isinstance(header[3], str) and isinstance(header[4], int)
+            and (size == 6 or isinstance(header[6], str))):
         raise ValueError(f"header fields have wrong types: {header!r:.200}")
-    if len(rest) > 1:
-        P.check_priority(rest[1])
-        if len(rest) > 2:
-            _check_fields(rest[2])
+    if size > 7:
+        P.check_priority(header[7])
+        if size > 8:
+            _check_fields(header[8])
     return header
 
 

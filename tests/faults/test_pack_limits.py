@@ -5,15 +5,14 @@ each, so a forged pack holds up the reader (and every other caller of the servin
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
 
 import msgpack
 import pytest
 import redis
 
 import queueserve as qs
-from queueserve.broker.consumer import Consumer
+from queueserve.broker.consumer import Consumer, DeadLetter
 from queueserve.wire.protocol import MAX_PACK_REQUESTS, Keys
 from tests.support.broker import RedisBroker
 from tests.support.fault_app import RawInbox, header
@@ -33,16 +32,16 @@ def forged_pack(inbox: RawInbox, orphans: int, answerable: int = 0) -> dict[str,
 
 @pytest.fixture
 def dead_letter_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
-    """How many records each call of the worker's ``Consumer.dead_letter`` wrote: one call
-    is one round trip."""
+    """How many records each call of the worker's ``Consumer.write_dead_letters`` wrote: one
+    call is one round trip."""
     calls: list[int] = []
-    write = Consumer.dead_letter
+    write = Consumer.write_dead_letters
 
-    def counted(self: Consumer, *args: Any, **options: Any) -> None:
-        calls.append(len(args) - 3)  # keys, stream, entry id, then the records
-        write(self, *args, **options)
+    def counted(self: Consumer, keys: Keys, letters: Sequence[DeadLetter]) -> None:
+        calls.append(sum(len(letter.records) for letter in letters))
+        write(self, keys, letters)
 
-    monkeypatch.setattr(Consumer, "dead_letter", counted)
+    monkeypatch.setattr(Consumer, "write_dead_letters", counted)
     yield calls
 
 

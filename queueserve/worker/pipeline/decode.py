@@ -59,16 +59,12 @@ def decode_plain(
         header = parse_header(raw)
     except ValueError:
         return None
-    _, rid, n, reply_to, deadline_ms, codec_name, *rest = header
-    if (reply_to not in inboxes or codec_name != codec.name
+    n, deadline_ms, size = header[2], header[4], len(header)
+    if (header[3] not in inboxes or header[5] != codec.name
             or (deadline_ms and deadline_ms <= now * 1000)
-            or not admitted.isdigit() or len(admitted) > 12):
+            or not admitted.isdigit() or len(admitted) > 12
+            or (size > 6 and header[6] != "")):  # streams events: decode_entry checks it
         return None
-    priority = 0
-    if rest:
-        if rest[0] != "":  # streams events: decode_entry checks its channel
-            return None
-        priority = rest[1] if len(rest) > 1 else 0
     count = int(admitted)
     if count > n or count > len(payload):
         return None
@@ -76,8 +72,8 @@ def decode_plain(
         items = decode_items(codec, payload, n)
     except ValueError:
         return None
-    request = Request(entry_id, stream, rid, reply_to, deadline_ms / 1000.0, n)
-    request.priority = priority
+    request = Request(entry_id, stream, header[1], header[3], deadline_ms / 1000.0, n)
+    request.priority = header[7] if size > 7 else 0
     request.admitted = count
     return request, Slice(request, 0, items)
 

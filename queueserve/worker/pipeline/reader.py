@@ -257,7 +257,7 @@ class Reader:
                 log.warning("serving %s: reclaimed pack %s of %s split into %d entries",
                             self.serving.name, entry.entry_id.decode(), entry.stream, written)
         if decided.dead:
-            self.broker.dead_letters(self.keys, decided.dead)
+            self.broker.write_dead_letters(self.keys, decided.dead)
 
     def take_in_read(self, read: ReadOutcome, yield_gil: bool = True) -> None:
         # Nothing known to wait in Redis: an idle executor may reply itself.

@@ -1,0 +1,77 @@
+"""Intake decides, the reader writes: turning a read's entries into slices, error rows, dead
+letters and pack splits touches no broker (worker/pipeline/intake.py), whatever the entries
+hold."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+
+import queueserve as qs
+from queueserve.broker.consumer import Consumer
+from queueserve.wire import protocol as P
+from queueserve.wire.codec import get_codec
+from queueserve.wire.request import encode_request
+from queueserve.worker.middleware import Middleware
+from queueserve.worker.pipeline.intake import Entry, Intake
+
+MSGPACK = get_codec("msgpack")
+KEYS = P.Keys("qs", "echo")
+STREAM = KEYS.stream("default")
+INBOX = P.inbox_key("qs", "abc")
+
+
+class NoBroker:
+    """Fails the test on any use: deciding must not reach Redis."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise AssertionError(f"intake used the broker ({name}) while deciding")
+
+
+def entry(entry_id: bytes, fields: dict[bytes, bytes], deliveries: int = 1,
+          reclaimed: bool = False) -> Entry:
+    return Entry(STREAM, entry_id, fields, deliveries, reclaimed)
+
+
+def request(rid: int, items: list[Any]) -> dict[bytes, bytes]:
+    header, payload = encode_request(MSGPACK, rid, items, INBOX, None)
+    return {b"h": header, b"p": payload, b"a": str(len(items)).encode()}
+
+
+def pack(*members: dict[bytes, bytes]) -> dict[bytes, bytes]:
+    return {b"a": b"2", b"k": msgpack.packb([[m[b"h"], m[b"p"], m[b"a"]] for m in members])}
+
+
+def test_every_decision_is_returned_and_nothing_is_written() -> None:
+    serving = qs.Serving(lambda xs: xs, name="echo", batch_size=8, max_deliveries=3)
+    broker: Consumer = NoBroker()  # type: ignore[assignment]
+    intake = Intake(serving, MSGPACK, KEYS, broker, "c1", Middleware())
+
+    decided = intake.ingest([
+        entry(b"1-0", request(1, ["a"])),  # runs
+        entry(b"2-0", {b"p": b"\x90"}),  # no header: nobody to tell, dead-lettered and acked
+        entry(b"3-0", {b"a": b"1", b"k": b"not a pack"}),  # a forged pack: the same
+        entry(b"4-0", pack(request(2, ["b"]), request(3, ["c"])), 2, True),  # reclaimed: split
+        entry(b"5-0", request(4, ["d"]), 3, True),  # delivered max_deliveries times
+        entry(b"6-0", request(5, ["e"]), 2, True),  # reclaimed once more: runs again
+    ])
+
+    assert [(key, piece.request.rid) for key, piece in decided.slices] == [
+        ("default", 1), ("default", 5)]
+    assert [e.entry_id for e in decided.splits] == [b"4-0"]
+    assert [(d.entry_id, d.ack_now) for d in decided.dead] == [
+        (b"2-0", True), (b"3-0", True), (b"5-0", False)]
+    assert "malformed pack" in decided.dead[1].records[0]["reason"]
+    # the caller of the dead-lettered request is told (the replier acks it after)
+    [(dead_request, _, _, kind, body)] = decided.rows
+    assert (dead_request.rid, kind, body[3]) == (4, P.ERROR, P.ERR_DEAD_LETTER)
+
+
+def test_a_pack_that_split_lua_refuses_becomes_a_dead_letter_of_the_whole_pack() -> None:
+    serving = qs.Serving(lambda xs: xs, name="echo", batch_size=8)
+    intake = Intake(serving, MSGPACK, KEYS, NoBroker(), "c1", Middleware())  # type: ignore[arg-type]
+    refused = intake.split_refused(entry(b"7-0", {b"a": b"1", b"k": b"x"}, 2, True))
+    assert (refused.stream, refused.entry_id, refused.ack_now) == (STREAM, b"7-0", True)
+    assert "split.lua" in refused.records[0]["reason"]
+    assert refused.records[0]["field:k"] == b"x"
