@@ -280,6 +280,20 @@ def test_stream_of_a_step_serving_sends_each_step(stack: Stack) -> None:
                       ("result", {"outputs": [[0, 1, 2]]})]
 
 
+def test_an_error_mid_stream_is_the_last_event_after_the_outputs_before_it(
+    stack: Stack,
+) -> None:
+    with stack.http() as http, http.stream(
+        "POST", "/v1/servings/ticker/stream", json={"items": [{"n": 5, "fail_at": 2}]}
+    ) as response:
+        assert response.status_code == 200  # sent with the first event
+        events = list(sse(response))
+    assert [name for name, _ in events] == ["output", "output", "error"]
+    assert [data["results"] for _, data in events[:2]] == [[0], [1]]
+    error = events[2][1]["error"]
+    assert error["type"] == "remote_error" and "failed at step 2" in error["message"]
+
+
 def test_stream_errors_before_the_first_event_get_their_status(stack: Stack) -> None:
     with stack.http() as http:
         unknown = http.post("/v1/servings/nosuch/stream", json={"items": [1]})

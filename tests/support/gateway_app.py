@@ -9,7 +9,8 @@ and record into Redis under ``$QS_TEST_PREFIX:gw:*`` on ``$QS_TEST_URL``:
 - ``limited``: ``gated`` with ``max_queue=1`` (the 429 test).
 - ``hooked``: emits ``start`` (the batch's items) and ``done`` (its size), answers ``r:x``.
 - ``ticker``: a step serving; an item ``{"n": N}`` outputs 0..N-1, one per step, every step
-  taking STEP_S: a request of a million steps runs until it is cancelled.
+  taking STEP_S: a request of a million steps runs until it is cancelled; with
+  ``"fail_at": K`` its decode raises at step K.
 - ``vectors`` and ``spell``: cheap stand-ins for the embedding and text models behind the
   OpenAI endpoints (the fuzzer's): a text's vector is ``[len(text), 1.0]``; a completion item
   (tasks/charlm.py's form) spells its prompt's characters over and over, ``max_new`` of them.
@@ -85,10 +86,14 @@ class Ticker(qs.StepServing):
         return 0, int(item["n"])
 
     def prefill(self, items: list[Any]) -> list[dict[str, int]]:
-        return [{"n": int(item["n"]), "at": 0} for item in items]
+        return [{"n": int(item["n"]), "at": 0, "fail_at": int(item.get("fail_at", -1))}
+                for item in items]
 
     def decode(self, states: list[dict[str, int]]) -> list[Any]:
         time.sleep(STEP_S)
+        for s in states:  # the whole step is checked before any state changes
+            if s["at"] == s["fail_at"]:
+                raise ValueError(f"ticker failed at step {s['at']}")
         out: list[Any] = []
         for s in states:
             if s["at"] >= s["n"]:
