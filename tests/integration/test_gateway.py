@@ -26,7 +26,11 @@ import numpy as np
 import openai
 import pytest
 import redis
+from starlette.applications import Starlette
+from starlette.routing import Mount
 
+import queueserve as qs
+from queueserve.gateway import create_app
 from tests.support.fault_app import WorkerProc
 from tests.support.gateway_app import GatewayProc, gateway_stack
 from tests.support.helpers import pending_requests, stream_key, wait_until
@@ -44,6 +48,7 @@ LONG = {"n": 10**6}  # a ticker request that runs until it is cancelled (about 8
 @dataclass
 class Stack:
     redis: redis.Redis
+    redis_url: str
     prefix: str
     worker: WorkerProc
     gateway: GatewayProc
@@ -84,7 +89,7 @@ def stack(redis_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         redis_server, prefix, logs, SERVINGS, NAMES, "--token", TOKEN,
         "--max-body-bytes", str(MAX_BODY),
     ) as (worker, gateway):
-        yield Stack(r, prefix, worker, gateway)
+        yield Stack(r, redis_server, prefix, worker, gateway)
 
 
 def sse(response: httpx.Response) -> Iterator[tuple[str | None, Any]]:
@@ -180,6 +185,16 @@ def test_a_full_queue_is_429_with_retry_after(stack: Stack) -> None:
         assert error_of(refused)["type"] == "queue_full"
         assert int(refused.headers["retry-after"]) >= 1
         assert held.result().json() == {"result": "r:hold:q"}
+
+
+async def test_the_app_mounts_in_another_with_a_client_of_yours(stack: Stack) -> None:
+    async with qs.AsyncClient(stack.redis_url, prefix=stack.prefix) as client:
+        outer = Starlette(routes=[Mount("/qs", app=create_app(client))])
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=outer),
+                                     base_url="http://app") as http:
+            answer = await http.post("/qs/v1/servings/gated/dispatch", json={"item": "m"})
+        assert answer.json() == {"result": "r:m"}
+        assert await client.dispatch("gated", "still open") == "r:still open"  # not closed
 
 
 # --- auth, limits, health, metrics ---------------------------------------------------------
