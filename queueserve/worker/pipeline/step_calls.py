@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 Outcome = Any  # a value, or an error body (list[str]) wrapped in Failed
 
 
-class ContractError(ValueError):
+class _ContractError(ValueError):
     """prefill or decode returned other than one entry per sequence."""
 
 
@@ -206,7 +206,7 @@ class StepCalls:
             out = call(pos)
             if not isinstance(out, list | tuple) or len(out) != len(pos):
                 got = len(out) if isinstance(out, list | tuple) else type(out).__name__
-                raise ContractError(
+                raise _ContractError(
                     f"{type(self.serving).__name__}.{what} returned {got} for {len(pos)} "
                     f"sequences; return a list with one entry per sequence"
                 )
@@ -214,7 +214,7 @@ class StepCalls:
         except Exception as e:
             oom = is_out_of_memory(e)
             # A broken contract is the call's, not one sequence's: bisecting would not help.
-            if len(pos) == 1 or isinstance(e, ContractError) or (
+            if len(pos) == 1 or isinstance(e, _ContractError) or (
                     self.serving.on_error == "fail" and not oom):
                 log.warning("serving %s key %s: %s of %d sequences failed: %r",
                             self.serving.name, key, what, len(pos), e)
