@@ -26,6 +26,8 @@ class Outgoing(NamedTuple):
 
 def by_serving(batch: list[Outgoing]) -> list[list[Outgoing]]:
     """Requests grouped per serving: one enqueue script call each (one Cluster slot)."""
+    if len(batch) == 1:  # a lone dispatch: no grouping to do
+        return [batch]
     groups: dict[str, list[Outgoing]] = {}
     for out in batch:
         groups.setdefault(out.target.keys.name, []).append(out)
