@@ -43,8 +43,10 @@ class RedisServer:
     def __init__(self) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
-            raise RuntimeError("redis-server not found on PATH; install it (apt-get install "
-                               "redis-server) to run the benchmarks")
+            raise RuntimeError(
+                "redis-server not found on PATH; install it (apt-get install "
+                "redis-server) to run the benchmarks"
+            )
         self._binary = binary
         self._dir = Path(tempfile.mkdtemp(prefix="qs-bench-redis-"))
         self.port = 0
@@ -58,10 +60,26 @@ class RedisServer:
         for _ in range(3):  # another process may grab the free port before we bind it
             self.port = free_port()
             self.proc = subprocess.Popen(
-                [self._binary, "--port", str(self.port), "--bind", "127.0.0.1",
-                 "--dir", str(self._dir), "--save", "", "--appendonly", "no",
-                 "--daemonize", "no", "--logfile", str(self._dir / "redis.log")],
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                [
+                    self._binary,
+                    "--port",
+                    str(self.port),
+                    "--bind",
+                    "127.0.0.1",
+                    "--dir",
+                    str(self._dir),
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                    "--daemonize",
+                    "no",
+                    "--logfile",
+                    str(self._dir / "redis.log"),
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.STDOUT,
             )
             if self._wait_ready():
                 return self
@@ -241,5 +259,9 @@ class Rate:
         return statistics.median(self.runs)
 
     def as_json(self) -> dict[str, object]:
-        return {"median": round(self.median), "min": round(min(self.runs)),
-                "max": round(max(self.runs)), "runs": [round(r) for r in self.runs]}
+        return {
+            "median": round(self.median),
+            "min": round(min(self.runs)),
+            "max": round(max(self.runs)),
+            "runs": [round(r) for r in self.runs],
+        }

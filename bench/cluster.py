@@ -67,10 +67,12 @@ def _noop(xs: list[Any]) -> list[Any]:
 # Served by ``queueserve worker bench.cluster:<name>`` processes.
 noop1 = qs.Serving(_noop, name="noop1", batch_size=256, batch_timeout=0, shards=1)
 noop3 = qs.Serving(_noop, name="noop3", batch_size=256, batch_timeout=0, shards=3)
-durable1 = qs.Serving(_noop, name="durable1", batch_size=256, batch_timeout=0, shards=1,
-                      durable=True)
-durable3 = qs.Serving(_noop, name="durable3", batch_size=256, batch_timeout=0, shards=3,
-                      durable=True)
+durable1 = qs.Serving(
+    _noop, name="durable1", batch_size=256, batch_timeout=0, shards=1, durable=True
+)
+durable3 = qs.Serving(
+    _noop, name="durable3", batch_size=256, batch_timeout=0, shards=3, durable=True
+)
 SERVINGS = {"noop1": noop1, "noop3": noop3, "durable1": durable1, "durable3": durable3}
 WINDOW = 512
 # Producers: each client's reply inbox lands on one master, as its random id hashes. A real
@@ -118,8 +120,14 @@ def packed(clients: list[qs.Client], serving: qs.Serving, n: int) -> None:
     got: list[int] = []
 
     def body(client: qs.Client) -> None:
-        got.append(sum(1 for _ in client.map(serving, range(n // len(clients)), chunk_size=256,
-                                              max_in_flight=8, timeout=120)))
+        got.append(
+            sum(
+                1
+                for _ in client.map(
+                    serving, range(n // len(clients)), chunk_size=256, max_in_flight=8, timeout=120
+                )
+            )
+        )
 
     threads = [threading.Thread(target=body, args=(c,)) for c in clients]
     for t in threads:
@@ -148,8 +156,14 @@ def spread(cpu: dict[int, float]) -> float:
     return min(cpu.values()) / max(cpu.values()) if max(cpu.values()) > 0 else 0.0
 
 
-def measure(cluster: Cluster, clients: list[qs.Client], serving: qs.Serving, path: str,
-            n: int, idle: dict[int, float]) -> dict[str, Any]:
+def measure(
+    cluster: Cluster,
+    clients: list[qs.Client],
+    serving: qs.Serving,
+    path: str,
+    n: int,
+    idle: dict[int, float],
+) -> dict[str, Any]:
     before = master_cpu(cluster)
     t0 = time.perf_counter()
     if path == "single":
@@ -161,7 +175,10 @@ def measure(cluster: Cluster, clients: list[qs.Client], serving: qs.Serving, pat
     cpu = {port: max(0.0, after[port] - before[port] - idle[port] * took) for port in after}
     even = spread(cpu)
     return {
-        "serving": serving.name, "shards": serving.shards, "path": path, "items": n,
+        "serving": serving.name,
+        "shards": serving.shards,
+        "path": path,
+        "items": n,
         "items_per_s": n / took,
         "redis_cpu_us_per_item": 1e6 * sum(cpu.values()) / n,
         "per_master_us_per_item": [round(1e6 * c / n, 2) for c in cpu.values()],
@@ -179,8 +196,10 @@ def round_trip(client: qs.Client, serving: qs.Serving, n: int = 400) -> dict[str
         client.dispatch(serving, i)
         times.append(time.perf_counter() - t0)
     times.sort()
-    return {"p50_ms": 1000 * statistics.median(times),
-            "p99_ms": 1000 * times[int(0.99 * (len(times) - 1))]}
+    return {
+        "p50_ms": 1000 * statistics.median(times),
+        "p99_ms": 1000 * times[int(0.99 * (len(times) - 1))],
+    }
 
 
 def run(n: int, names: list[str], clients_n: int = CLIENTS) -> dict[str, Any]:
@@ -188,17 +207,26 @@ def run(n: int, names: list[str], clients_n: int = CLIENTS) -> dict[str, Any]:
     trips: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory() as tmp, redis_cluster(Path(tmp)) as cluster:
         idle = idle_cpu(cluster)
-        print("idle Redis CPU per master (ms/s):",
-              {port: round(1000 * v, 2) for port, v in idle.items()}, flush=True)
+        print(
+            "idle Redis CPU per master (ms/s):",
+            {port: round(1000 * v, 2) for port, v in idle.items()},
+            flush=True,
+        )
         for name in names:
             serving = SERVINGS[name]
             prefix = f"bc{name}"
-            worker = spawn_module("queueserve", "worker", f"bench.cluster:{name}",
-                                  "--redis-url", cluster.url, "--prefix", prefix)
+            worker = spawn_module(
+                "queueserve",
+                "worker",
+                f"bench.cluster:{name}",
+                "--redis-url",
+                cluster.url,
+                "--prefix",
+                prefix,
+            )
             try:
                 clients = [qs.Client(cluster.url, prefix=prefix) for _ in range(clients_n)]
-                inboxes = Counter(cluster.node_of_slot(key_slot(c._inbox)).port
-                                  for c in clients)
+                inboxes = Counter(cluster.node_of_slot(key_slot(c._inbox)).port for c in clients)
                 print(f"{name}: client inboxes per master {dict(inboxes)}", flush=True)
                 with contextlib.ExitStack() as stack:
                     for c in clients:
@@ -210,34 +238,52 @@ def run(n: int, names: list[str], clients_n: int = CLIENTS) -> dict[str, Any]:
                         results.append(row)
                         print(_line(row), flush=True)
                     trips[name] = round_trip(client, serving)
-                    print(f"{name:<9} round trip p50 {trips[name]['p50_ms']:.2f} ms, p99 "
-                          f"{trips[name]['p99_ms']:.2f} ms", flush=True)
+                    print(
+                        f"{name:<9} round trip p50 {trips[name]['p50_ms']:.2f} ms, p99 "
+                        f"{trips[name]['p99_ms']:.2f} ms",
+                        flush=True,
+                    )
             finally:
                 stop_process(worker)
     sharded = [r for r in results if r["shards"] == len(cluster.masters)]
     if sharded:
-        print("spread over the masters with one shard per master: " + ", ".join(
-            f"{r['serving']} {r['path']} {r['spread_min_over_max']:.2f} "
-            f"({'within' if r['within_20pct'] else 'NOT within'} 20%)" for r in sharded))
+        print(
+            "spread over the masters with one shard per master: "
+            + ", ".join(
+                f"{r['serving']} {r['path']} {r['spread_min_over_max']:.2f} "
+                f"({'within' if r['within_20pct'] else 'NOT within'} 20%)"
+                for r in sharded
+            )
+        )
     return {"runs": results, "round_trips": trips}
 
 
 def _line(row: dict[str, Any]) -> str:
-    return (f"{row['serving']:<9} {row['path']:<7} {row['items_per_s']:>9.0f} items/s  Redis "
-            f"{row['redis_cpu_us_per_item']:.2f} us/item, per master "
-            f"{row['per_master_us_per_item']}, spread (min/max) {row['spread_min_over_max']:.2f}"
-            f"{'' if row['within_20pct'] else ' (not within 20%)'}")
+    return (
+        f"{row['serving']:<9} {row['path']:<7} {row['items_per_s']:>9.0f} items/s  Redis "
+        f"{row['redis_cpu_us_per_item']:.2f} us/item, per master "
+        f"{row['per_master_us_per_item']}, spread (min/max) {row['spread_min_over_max']:.2f}"
+        f"{'' if row['within_20pct'] else ' (not within 20%)'}"
+    )
 
 
-def _send(url: str, serving: qs.Serving, log: dict[int, tuple[float, str]],
-          stop: threading.Event, first: int, step: int) -> None:
+def _send(
+    url: str,
+    serving: qs.Serving,
+    log: dict[int, tuple[float, str]],
+    stop: threading.Event,
+    first: int,
+    step: int,
+) -> None:
     """Send windows of 64 one-item requests until ``stop``; record each one's send time and
     outcome."""
     with qs.Client(url, prefix="bf") as client:
         n = first
         while not stop.is_set():
-            tickets = [(m, time.monotonic(), client.submit(serving, [m], timeout=FAILOVER_TIMEOUT))
-                       for m in range(n, n + 64 * step, step)]
+            tickets = [
+                (m, time.monotonic(), client.submit(serving, [m], timeout=FAILOVER_TIMEOUT))
+                for m in range(n, n + 64 * step, step)
+            ]
             for m, sent, ticket in tickets:
                 try:
                     kind = "answered" if ticket.result()[0] == m + 1 else "wrong"
@@ -286,9 +332,12 @@ def replica_lag(port: int, seconds: float = 1.0) -> dict[str, float]:
     last, _ = _replication(port)
     rate = (last - first) / (time.monotonic() - t0)
     samples.sort()
-    return {"write_kb_s": round(rate / 1000, 1),
-            "behind_bytes_p50": samples[len(samples) // 2], "behind_bytes_max": samples[-1],
-            "window_ms_max": round(1000 * samples[-1] / rate, 2) if rate else 0.0}
+    return {
+        "write_kb_s": round(rate / 1000, 1),
+        "behind_bytes_p50": samples[len(samples) // 2],
+        "behind_bytes_max": samples[-1],
+        "window_ms_max": round(1000 * samples[-1] / rate, 2) if rate else 0.0,
+    }
 
 
 def _victim_port(kind: str, topology: Any, name: str) -> int:
@@ -340,19 +389,25 @@ def failover(kind: str, durable: bool, after_s: float = 10.0) -> dict[str, Any]:
         return [x + 1 for x in xs]
 
     shards = 1 if kind == "sentinel" else 3
-    serving = qs.Serving(record, name="failover", batch_size=64, batch_timeout=0.001,
-                         shards=shards, durable=durable)
+    serving = qs.Serving(
+        record, name="failover", batch_size=64, batch_timeout=0.001, shards=shards, durable=durable
+    )
     log: dict[int, tuple[float, str]] = {}
     ANSWERED_AT.clear()
     stop = threading.Event()
-    with tempfile.TemporaryDirectory() as tmp, (
-        sentinel_set(Path(tmp)) if kind == "sentinel" else redis_cluster(Path(tmp))
-    ) as topology:
-        worker = qs.Worker([serving], redis_url=topology.url, prefix="bf",
-                           handle_signals=False).start()
-        threads = [threading.Thread(target=_send, args=(topology.url, serving, log, stop, i,
-                                                        SENDERS), daemon=True)
-                   for i in range(SENDERS)]
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        sentinel_set(Path(tmp)) if kind == "sentinel" else redis_cluster(Path(tmp)) as topology,
+    ):
+        worker = qs.Worker(
+            [serving], redis_url=topology.url, prefix="bf", handle_signals=False
+        ).start()
+        threads = [
+            threading.Thread(
+                target=_send, args=(topology.url, serving, log, stop, i, SENDERS), daemon=True
+            )
+            for i in range(SENDERS)
+        ]
         for t in threads:
             t.start()
         while len(log) < 3000:
@@ -369,11 +424,16 @@ def failover(kind: str, durable: bool, after_s: float = 10.0) -> dict[str, Any]:
     around = sorted(t for t in ANSWERED_AT if t > at - 1)
     stalled = max((b - a for a, b in itertools.pairwise(around)), default=0.0)
     out = {
-        "topology": kind, "durable": durable, "sent": len(log),
-        "answered": counts["answered"], "refused": counts["refused"], "lost": counts["lost"],
+        "topology": kind,
+        "durable": durable,
+        "sent": len(log),
+        "answered": counts["answered"],
+        "refused": counts["refused"],
+        "lost": counts["lost"],
         "wrong": counts["wrong"],
         "executed_twice": sum(1 for m in log if executed[m] > 1),
-        "promoted_after_s": round(promoted_s, 2), "answers_stalled_s": round(stalled, 2),
+        "promoted_after_s": round(promoted_s, 2),
+        "answers_stalled_s": round(stalled, 2),
         "lost_sent_ms_from_failure": [round(lost_at[0]), round(lost_at[-1])] if lost_at else [],
         "lost_but_executed": sum(1 for m, (_, k) in log.items() if k == "lost" and executed[m]),
         "replica_lag_before": lag,
@@ -382,46 +442,79 @@ def failover(kind: str, durable: bool, after_s: float = 10.0) -> dict[str, Any]:
     return out
 
 
-def failovers(repeat: int, after_s: float, kinds: list[str],
-              modes: list[bool]) -> list[dict[str, Any]]:
-    rows = [failover(kind, durable, after_s)
-            for _ in range(repeat) for kind in kinds for durable in modes]
-    print("\ntopology  durable    sent  answered  refused  lost  twice  promoted  stalled  "
-          "replica lag max (bytes, ms)  lost sent at (ms from failure)")
+def failovers(
+    repeat: int, after_s: float, kinds: list[str], modes: list[bool]
+) -> list[dict[str, Any]]:
+    rows = [
+        failover(kind, durable, after_s)
+        for _ in range(repeat)
+        for kind in kinds
+        for durable in modes
+    ]
+    print(
+        "\ntopology  durable    sent  answered  refused  lost  twice  promoted  stalled  "
+        "replica lag max (bytes, ms)  lost sent at (ms from failure)"
+    )
     for r in rows:
         lag = r["replica_lag_before"]
-        print(f"{r['topology']:<9} {r['durable']!s:<7} {r['sent']:>7} {r['answered']:>9} "
-              f"{r['refused']:>8} {r['lost']:>5} {r['executed_twice']:>6} "
-              f"{r['promoted_after_s']:>7}s {r['answers_stalled_s']:>7}s  "
-              f"{lag['behind_bytes_max']:>8} B {lag['window_ms_max']:>6} ms        "
-              f"{r['lost_sent_ms_from_failure'] or '-'}")
+        print(
+            f"{r['topology']:<9} {r['durable']!s:<7} {r['sent']:>7} {r['answered']:>9} "
+            f"{r['refused']:>8} {r['lost']:>5} {r['executed_twice']:>6} "
+            f"{r['promoted_after_s']:>7}s {r['answers_stalled_s']:>7}s  "
+            f"{lag['behind_bytes_max']:>8} B {lag['window_ms_max']:>6} ms        "
+            f"{r['lost_sent_ms_from_failure'] or '-'}"
+        )
     return rows
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--items", type=int, default=40_960)
-    parser.add_argument("--clients", type=int, default=CLIENTS,
-                        help="producer clients (one sending thread each)")
-    parser.add_argument("--servings", nargs="+", choices=sorted(SERVINGS), default=list(SERVINGS),
-                        help="which servings to run (default: all)")
+    parser.add_argument(
+        "--clients", type=int, default=CLIENTS, help="producer clients (one sending thread each)"
+    )
+    parser.add_argument(
+        "--servings",
+        nargs="+",
+        choices=sorted(SERVINGS),
+        default=list(SERVINGS),
+        help="which servings to run (default: all)",
+    )
     parser.add_argument("--json", type=Path)
-    parser.add_argument("--failover", action="store_true",
-                        help="fail a master under load instead (see the module docstring)")
+    parser.add_argument(
+        "--failover",
+        action="store_true",
+        help="fail a master under load instead (see the module docstring)",
+    )
     parser.add_argument("--repeat", type=int, default=1, help="with --failover: rounds")
-    parser.add_argument("--topology", nargs="+", choices=["cluster", "takeover", "sentinel"],
-                        default=["cluster", "sentinel"],
-                        help="with --failover: cluster (master SIGKILLed), takeover (CLUSTER "
-                             "FAILOVER TAKEOVER on its replica, the master left running), "
-                             "sentinel (SENTINEL FAILOVER)")
-    parser.add_argument("--durable", choices=["both", "yes", "no"], default="both",
-                        help="with --failover: with durable=True, without, or both")
-    parser.add_argument("--after", type=float, default=10.0,
-                        help="with --failover: seconds of sending after the failure")
+    parser.add_argument(
+        "--topology",
+        nargs="+",
+        choices=["cluster", "takeover", "sentinel"],
+        default=["cluster", "sentinel"],
+        help="with --failover: cluster (master SIGKILLed), takeover (CLUSTER "
+        "FAILOVER TAKEOVER on its replica, the master left running), "
+        "sentinel (SENTINEL FAILOVER)",
+    )
+    parser.add_argument(
+        "--durable",
+        choices=["both", "yes", "no"],
+        default="both",
+        help="with --failover: with durable=True, without, or both",
+    )
+    parser.add_argument(
+        "--after",
+        type=float,
+        default=10.0,
+        help="with --failover: seconds of sending after the failure",
+    )
     args = parser.parse_args(argv)
     modes = {"both": [False, True], "yes": [True], "no": [False]}[args.durable]
-    out: Any = (failovers(args.repeat, args.after, args.topology, modes) if args.failover
-                else run(args.items, args.servings, args.clients))
+    out: Any = (
+        failovers(args.repeat, args.after, args.topology, modes)
+        if args.failover
+        else run(args.items, args.servings, args.clients)
+    )
     if args.json:
         args.json.write_text(json.dumps(out, indent=2))
     return 0

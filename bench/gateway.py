@@ -58,8 +58,10 @@ class RawHttp:
 
     def __init__(self, port: int, path: str) -> None:
         self.port = port
-        self.head = (f"POST {path} HTTP/1.1\r\nhost: 127.0.0.1\r\n"
-                     "content-type: application/json\r\ncontent-length: ").encode()
+        self.head = (
+            f"POST {path} HTTP/1.1\r\nhost: 127.0.0.1\r\n"
+            "content-type: application/json\r\ncontent-length: "
+        ).encode()
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
 
@@ -90,8 +92,9 @@ def batch_totals(metrics_port: int) -> tuple[float, float]:
     return total, count
 
 
-async def round_trips(calls: dict[str, Callable[[int], Awaitable[Any]]], n: int,
-                      block: int) -> dict[str, list[float]]:
+async def round_trips(
+    calls: dict[str, Callable[[int], Awaitable[Any]]], n: int, block: int
+) -> dict[str, list[float]]:
     """Seconds of each call, one at a time, in alternating blocks (after a warm-up)."""
     for call in calls.values():
         for i in range(block):
@@ -127,8 +130,9 @@ def cpu_s(pid: int) -> float:
     return sum(cpu_times(pid))
 
 
-async def measure(redis_url: str, gateway_port: int, metrics_port: int, gateway_pid: int,
-                  args: argparse.Namespace) -> dict[str, Any]:
+async def measure(
+    redis_url: str, gateway_port: int, metrics_port: int, gateway_pid: int, args: argparse.Namespace
+) -> dict[str, Any]:
     out: dict[str, Any] = {}
     async with qs.AsyncClient(redis_url, prefix=PREFIX) as client:
         await round_trip_phase(client, gateway_port, args, out)
@@ -138,8 +142,9 @@ async def measure(redis_url: str, gateway_port: int, metrics_port: int, gateway_
     return out
 
 
-async def round_trip_phase(client: qs.AsyncClient, gateway_port: int,
-                           args: argparse.Namespace, out: dict[str, Any]) -> None:
+async def round_trip_phase(
+    client: qs.AsyncClient, gateway_port: int, args: argparse.Namespace, out: dict[str, Any]
+) -> None:
     raw = RawHttp(gateway_port, "/v1/servings/noop/dispatch")
 
     async def direct(i: int) -> Any:
@@ -154,8 +159,9 @@ async def round_trip_phase(client: qs.AsyncClient, gateway_port: int,
             return (await hx.post("/v1/servings/noop/dispatch", json={"item": i})).json()
 
         assert json.loads(await http(7)) == {"result": 7}
-        times = await round_trips({"direct": direct, "http": http, "httpx": via_httpx},
-                                  args.calls, 250)
+        times = await round_trips(
+            {"direct": direct, "http": http, "httpx": via_httpx}, args.calls, 250
+        )
     raw.close()
     for name, seconds in times.items():
         s = sorted(seconds)
@@ -163,8 +169,14 @@ async def round_trip_phase(client: qs.AsyncClient, gateway_port: int,
         out[f"rt_{name}_p99_ms"] = percentile(s, 99) * 1000
 
 
-async def load_phases(client: qs.AsyncClient, gateway_port: int, metrics_port: int,
-                      gateway_pid: int, args: argparse.Namespace, out: dict[str, Any]) -> None:
+async def load_phases(
+    client: qs.AsyncClient,
+    gateway_port: int,
+    metrics_port: int,
+    gateway_pid: int,
+    args: argparse.Namespace,
+    out: dict[str, Any],
+) -> None:
     conns: list[RawHttp] = []
 
     async def one_http(c: int, i: int) -> Any:
@@ -182,25 +194,28 @@ async def load_phases(client: qs.AsyncClient, gateway_port: int, metrics_port: i
         items_s, items = await rate(send, args.seconds)
         after = batch_totals(metrics_port)
         out.setdefault(f"{name}_gateway_cpu_us", []).append(
-            (cpu_s(gateway_pid) - cpu_before[0]) / items * 1e6)
+            (cpu_s(gateway_pid) - cpu_before[0]) / items * 1e6
+        )
         out.setdefault(f"{name}_callers_cpu_us", []).append(
-            (cpu_s(os.getpid()) - cpu_before[1]) / items * 1e6)
+            (cpu_s(os.getpid()) - cpu_before[1]) / items * 1e6
+        )
         out.setdefault(f"{name}_items_s", []).append(items_s)
         out.setdefault(f"{name}_mean_batch", []).append(
-            (after[0] - before[0]) / max(1.0, after[1] - before[1]))
+            (after[0] - before[0]) / max(1.0, after[1] - before[1])
+        )
     for conn in conns:
         conn.close()
 
 
-async def embed_phases(client: qs.AsyncClient, gateway_port: int, args: argparse.Namespace,
-                       out: dict[str, Any]) -> None:
+async def embed_phases(
+    client: qs.AsyncClient, gateway_port: int, args: argparse.Namespace, out: dict[str, Any]
+) -> None:
     """POST /v1/embeddings, one text per request from 64 callers, against 64 coroutines
     dispatching the same texts to the MiniLM serving directly."""
     conns = [RawHttp(gateway_port, "/v1/embeddings") for _ in range(CALLERS)]
 
     async def http(c: int, i: int) -> Any:
-        return await conns[c].post(b'{"model": "embed", "input": "a text to embed, number %d"}'
-                                   % i)
+        return await conns[c].post(b'{"model": "embed", "input": "a text to embed, number %d"}' % i)
 
     async def direct(c: int, i: int) -> Any:
         return await client.dispatch("embed", f"a text to embed, number {i}")
@@ -216,8 +231,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer calls, shorter runs")
     parser.add_argument("--json", help="write the figures to this file")
-    parser.add_argument("--embed", action="store_true",
-                        help="also /v1/embeddings against the MiniLM serving called directly")
+    parser.add_argument(
+        "--embed",
+        action="store_true",
+        help="also /v1/embeddings against the MiniLM serving called directly",
+    )
     args = parser.parse_args()
     args.calls = 1000 if args.quick else 4000
     args.seconds = 2.0 if args.quick else 5.0
@@ -225,15 +243,38 @@ def main() -> int:
     redis_server = RedisServer().start()
     gateway_port, metrics_port = free_port(), free_port()
     servings = ["bench.servings:noop", *(["tasks.embed:embed"] if args.embed else [])]
-    worker = spawn_module("queueserve", "worker", *servings, "--redis-url",
-                          redis_server.url, "--prefix", PREFIX, "--partitions", "1",
-                          "--metrics-port", str(metrics_port), "--log-level", "WARNING")
-    gateway = spawn_module("queueserve", "gateway", "--port", str(gateway_port), "--redis-url",
-                           redis_server.url, "--prefix", PREFIX, "--log-level", "warning")
+    worker = spawn_module(
+        "queueserve",
+        "worker",
+        *servings,
+        "--redis-url",
+        redis_server.url,
+        "--prefix",
+        PREFIX,
+        "--partitions",
+        "1",
+        "--metrics-port",
+        str(metrics_port),
+        "--log-level",
+        "WARNING",
+    )
+    gateway = spawn_module(
+        "queueserve",
+        "gateway",
+        "--port",
+        str(gateway_port),
+        "--redis-url",
+        redis_server.url,
+        "--prefix",
+        PREFIX,
+        "--log-level",
+        "warning",
+    )
     try:
         wait_for(lambda: _answers(gateway_port), 60, "the gateway and the worker")
-        figures = asyncio.run(measure(redis_server.url, gateway_port, metrics_port, gateway.pid,
-                                      args))
+        figures = asyncio.run(
+            measure(redis_server.url, gateway_port, metrics_port, gateway.pid, args)
+        )
     finally:
         stop_process(gateway)
         stop_process(worker)
@@ -247,8 +288,9 @@ def main() -> int:
 
 def _answers(port: int) -> bool:
     try:
-        r = httpx.post(f"http://127.0.0.1:{port}/v1/servings/noop/dispatch", json={"item": 1},
-                       timeout=5)
+        r = httpx.post(
+            f"http://127.0.0.1:{port}/v1/servings/noop/dispatch", json={"item": 1}, timeout=5
+        )
     except httpx.HTTPError:
         return False
     return r.status_code == 200
@@ -260,21 +302,29 @@ def report(f: dict[str, Any]) -> None:
         print(f"  {name:<36} {f[f'rt_{name}_p50_ms']:7.3f}  {f[f'rt_{name}_p99_ms']:7.3f}")
     over = f["rt_http_p50_ms"] - f["rt_direct_p50_ms"]
     print(f"  http p50 over direct: {over:+.3f} ms (budget <= +1 ms)")
-    print(f"{CALLERS} concurrent callers, one item each: items/s (median), mean batch, CPU us "
-          "per item of the gateway and of the callers' process")
+    print(
+        f"{CALLERS} concurrent callers, one item each: items/s (median), mean batch, CPU us "
+        "per item of the gateway and of the callers' process"
+    )
     for name in ("direct_64", "http_64"):
         rates = f[f"{name}_items_s"]
-        med = {k: statistics.median(f[f"{name}_{k}"])
-               for k in ("mean_batch", "gateway_cpu_us", "callers_cpu_us")}
-        print(f"  {name:<10} {statistics.median(rates):9.0f}/s  batch {med['mean_batch']:5.1f}  "
-              f"gateway {med['gateway_cpu_us']:5.1f} us  callers {med['callers_cpu_us']:5.1f} us"
-              f"  runs {[round(r) for r in rates]}")
+        med = {
+            k: statistics.median(f[f"{name}_{k}"])
+            for k in ("mean_batch", "gateway_cpu_us", "callers_cpu_us")
+        }
+        print(
+            f"  {name:<10} {statistics.median(rates):9.0f}/s  batch {med['mean_batch']:5.1f}  "
+            f"gateway {med['gateway_cpu_us']:5.1f} us  callers {med['callers_cpu_us']:5.1f} us"
+            f"  runs {[round(r) for r in rates]}"
+        )
     ratio = statistics.median(f["http_64_items_s"]) / statistics.median(f["direct_64_items_s"])
     print(f"  http-64 / direct-64: {ratio:.2f}x (budget >= 0.5x)")
     if "embed_http_64_items_s" in f:
         direct, http = (statistics.median(f[f"embed_{k}_64_items_s"]) for k in ("direct", "http"))
-        print(f"MiniLM, 64 callers, one text each: direct {direct:.0f}/s, /v1/embeddings "
-              f"{http:.0f}/s ({http / direct:.2f}x)")
+        print(
+            f"MiniLM, 64 callers, one text each: direct {direct:.0f}/s, /v1/embeddings "
+            f"{http:.0f}/s ({http / direct:.2f}x)"
+        )
 
 
 if __name__ == "__main__":

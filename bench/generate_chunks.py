@@ -38,8 +38,10 @@ def main() -> None:
             print(f"{count} requests at {rate:g}/s")
             for _ in range(args.repeat):
                 for name in names:
-                    summarize(name.removeprefix("charlm_"),
-                              *run_load(client, name, workload(count, rate, 0)))
+                    summarize(
+                        name.removeprefix("charlm_"),
+                        *run_load(client, name, workload(count, rate, 0)),
+                    )
 
 
 if __name__ == "__main__":

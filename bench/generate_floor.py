@@ -59,10 +59,12 @@ class NullStatic(StaticCharLM):
 charlm_cold = CharLM(name="charlm_cold", prefix_cache_bytes=0)
 null_cold = NullLM(name="null_cold", prefix_cache_bytes=0)
 null_static = NullStatic()
-SERVINGS = {"charlm_static": "tasks.charlm:charlm_static",
-            "charlm_cold": "bench.generate_floor:charlm_cold",
-            "null_static": "bench.generate_floor:null_static",
-            "null_cold": "bench.generate_floor:null_cold"}
+SERVINGS = {
+    "charlm_static": "tasks.charlm:charlm_static",
+    "charlm_cold": "bench.generate_floor:charlm_cold",
+    "null_static": "bench.generate_floor:null_static",
+    "null_cold": "bench.generate_floor:null_cold",
+}
 
 
 def cpu_seconds(pid: int) -> float:
@@ -92,12 +94,17 @@ def main() -> None:
         for _ in range(args.repeat):
             print(f"load average {os.getloadavg()[0]:.2f}")
             for serving in SERVINGS:
-                before: list[Any] = [cpu_seconds(worker.pid),
-                                     cpu_seconds(server.proc.pid), time.process_time()]
+                before: list[Any] = [
+                    cpu_seconds(worker.pid),
+                    cpu_seconds(server.proc.pid),
+                    time.process_time(),
+                ]
                 summarize(serving[:11], *run_load(client, serving, load))
-                print(f"{'':11} CPU s: worker {cpu_seconds(worker.pid) - before[0]:.2f}, redis "
-                      f"{cpu_seconds(server.proc.pid) - before[1]:.2f}, callers "
-                      f"{time.process_time() - before[2]:.2f}")
+                print(
+                    f"{'':11} CPU s: worker {cpu_seconds(worker.pid) - before[0]:.2f}, redis "
+                    f"{cpu_seconds(server.proc.pid) - before[1]:.2f}, callers "
+                    f"{time.process_time() - before[2]:.2f}"
+                )
 
 
 if __name__ == "__main__":

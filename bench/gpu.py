@@ -52,8 +52,9 @@ def model_alone_rate(model: Any, texts: list[str], batch: int) -> float:
     as the served device thread queues them)."""
     import queueserve as qs
 
-    prepared = [model.prepare_batch(qs.Batch(texts[i : i + batch]))
-                for i in range(0, len(texts), batch)]
+    prepared = [
+        model.prepare_batch(qs.Batch(texts[i : i + batch])) for i in range(0, len(texts), batch)
+    ]
     model.forward(prepared[0])
     _sync(model)
     started = time.perf_counter()
@@ -77,27 +78,52 @@ def caller_tokenized_rate(client: Any, texts: list[str], batch: int) -> float:
     tokenize = CallerTokenizer()
     tokenize(texts[0])  # load the tokenizer outside the timed run
     marks: list[float] = []
-    results = client.map("embed_bench", (tokenize(t) for t in texts), chunk_size=batch,
-                         max_in_flight=8, timeout=600)
+    results = client.map(
+        "embed_bench", (tokenize(t) for t in texts), chunk_size=batch, max_in_flight=8, timeout=600
+    )
     for done, _ in enumerate(results, 1):
         if done == batch:
             marks.append(time.perf_counter())
     return (len(texts) - batch) / (time.perf_counter() - marks[0])
 
 
-def run_size(url: str, device: str, batch: int, batches: int, reps: int, bucket: str,
-             dtype: str, threads: int) -> dict[str, Any]:
+def run_size(
+    url: str,
+    device: str,
+    batch: int,
+    batches: int,
+    reps: int,
+    bucket: str,
+    dtype: str,
+    threads: int,
+) -> dict[str, Any]:
     import queueserve as qs
     from tasks.embed import Embed
 
     texts = bench_texts(bucket, batches, batch)
     prefix = f"{PREFIX}{batch}"
     port = free_port()
-    os.environ.update(QS_BENCH_THREADS=str(threads), QS_BENCH_BATCH=str(batch),
-                      QS_BENCH_URL=url, QS_BENCH_DTYPE=dtype)
-    worker = spawn_module("queueserve", "worker", "bench.model_servings:BenchEmbed",
-                          "--redis-url", url, "--prefix", prefix, "--partitions", "1",
-                          "--metrics-port", str(port), "--log-level", "WARNING")
+    os.environ.update(
+        QS_BENCH_THREADS=str(threads),
+        QS_BENCH_BATCH=str(batch),
+        QS_BENCH_URL=url,
+        QS_BENCH_DTYPE=dtype,
+    )
+    worker = spawn_module(
+        "queueserve",
+        "worker",
+        "bench.model_servings:BenchEmbed",
+        "--redis-url",
+        url,
+        "--prefix",
+        prefix,
+        "--partitions",
+        "1",
+        "--metrics-port",
+        str(port),
+        "--log-level",
+        "WARNING",
+    )
     client = qs.Client(url, prefix=prefix)
     try:
         model = Embed(dtype=dtype)
@@ -119,12 +145,20 @@ def run_size(url: str, device: str, batch: int, batches: int, reps: int, bucket:
         client.close()
         stop_process(worker, timeout=60)
     a, d, s, c = Rate(alone), Rate(direct), Rate(served), Rate(caller)
-    return {"batch_size": batch, "bucket": bucket, "device": device, "dtype": dtype,
-            "model_alone": _rate_json(a), "direct": _rate_json(d), "served": _rate_json(s),
-            "served_caller_tokenized": _rate_json(c),
-            "served_vs_alone": s.median / a.median, "served_vs_direct": s.median / d.median,
-            "direct_vs_alone": d.median / a.median,
-            "device_thread_busy": statistics.median(busy)}
+    return {
+        "batch_size": batch,
+        "bucket": bucket,
+        "device": device,
+        "dtype": dtype,
+        "model_alone": _rate_json(a),
+        "direct": _rate_json(d),
+        "served": _rate_json(s),
+        "served_caller_tokenized": _rate_json(c),
+        "served_vs_alone": s.median / a.median,
+        "served_vs_direct": s.median / d.median,
+        "direct_vs_alone": d.median / a.median,
+        "device_thread_busy": statistics.median(busy),
+    }
 
 
 def main() -> None:
@@ -133,19 +167,24 @@ def main() -> None:
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--markdown", help="write the results here as a Markdown table")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    parser.add_argument("--sizes", default=None,
-                        help="batch sizes, comma-separated (default 32,128,512,2048 on cuda, "
-                             "32 on cpu)")
+    parser.add_argument(
+        "--sizes",
+        default=None,
+        help="batch sizes, comma-separated (default 32,128,512,2048 on cuda, 32 on cpu)",
+    )
     parser.add_argument("--bucket", default="t128", help="length bucket of the texts")
-    parser.add_argument("--dtype", default=None,
-                        help="model dtype on cuda (default float16; cpu is float32)")
+    parser.add_argument(
+        "--dtype", default=None, help="model dtype on cuda (default float16; cpu is float32)"
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch threads on cpu")
     args = parser.parse_args()
     import torch
 
     if args.device == "cuda" and not torch.cuda.is_available():
-        print("bench.gpu: skipped, no CUDA device is visible (run it on a GPU machine, or "
-              "with --device cpu)")
+        print(
+            "bench.gpu: skipped, no CUDA device is visible (run it on a GPU machine, or "
+            "with --device cpu)"
+        )
         sys.exit(0)
     dtype = "float32" if args.device == "cpu" else (args.dtype or "float16")
     default_sizes = "32,128,512,2048" if args.device == "cuda" else "32"
@@ -158,36 +197,52 @@ def main() -> None:
     try:
         for batch in sizes:
             # Enough batches for a steady state: about 20 on a GPU, fewer of the slow CPU ones.
-            batches = (6 if args.quick else 20) if args.device == "cuda" else (4 if args.quick
-                                                                               else 10)
-            r = run_size(server.url, args.device, batch, batches, reps, args.bucket, dtype,
-                         args.threads)
+            batches = (
+                (6 if args.quick else 20) if args.device == "cuda" else (4 if args.quick else 10)
+            )
+            r = run_size(
+                server.url, args.device, batch, batches, reps, args.bucket, dtype, args.threads
+            )
             results.append(r)
-            print(f"batch {batch:5d}  model alone {r['model_alone']['median']:9.1f}/s  direct "
-                  f"{r['direct']['median']:9.1f}/s  served {r['served']['median']:9.1f}/s  "
-                  f"served/alone {r['served_vs_alone']:.3f}  served/direct "
-                  f"{r['served_vs_direct']:.3f}  device thread busy "
-                  f"{r['device_thread_busy']:.2f}  served, caller tokenizes "
-                  f"{r['served_caller_tokenized']['median']:9.1f}/s", flush=True)
+            print(
+                f"batch {batch:5d}  model alone {r['model_alone']['median']:9.1f}/s  direct "
+                f"{r['direct']['median']:9.1f}/s  served {r['served']['median']:9.1f}/s  "
+                f"served/alone {r['served_vs_alone']:.3f}  served/direct "
+                f"{r['served_vs_direct']:.3f}  device thread busy "
+                f"{r['device_thread_busy']:.2f}  served, caller tokenizes "
+                f"{r['served_caller_tokenized']['median']:9.1f}/s",
+                flush=True,
+            )
             # Written after every size: a run cut short by its time limit keeps what it measured.
             write_results(args, name, dtype, reps, results)
     finally:
         server.stop()
 
 
-def write_results(args: argparse.Namespace, device: str, dtype: str, reps: int,
-                  results: list[dict[str, Any]]) -> None:
+def write_results(
+    args: argparse.Namespace, device: str, dtype: str, reps: int, results: list[dict[str, Any]]
+) -> None:
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": device, "dtype": dtype, "results": results,
-                       "loadavg": os.getloadavg(), "cores": os.cpu_count()}, f, indent=2)
+            json.dump(
+                {
+                    "device": device,
+                    "dtype": dtype,
+                    "results": results,
+                    "loadavg": os.getloadavg(),
+                    "cores": os.cpu_count(),
+                },
+                f,
+                indent=2,
+            )
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write(markdown_table(device, dtype, args.bucket, reps, results))
 
 
-def markdown_table(device: str, dtype: str, bucket: str, reps: int,
-                   results: list[dict[str, Any]]) -> str:
+def markdown_table(
+    device: str, dtype: str, bucket: str, reps: int, results: list[dict[str, Any]]
+) -> str:
     """The results as docs/benchmarks.md shows them: items/s medians, then the ratios."""
     lines = [
         f"MiniLM on {device}, {dtype}, {bucket} texts, median of {reps} runs "

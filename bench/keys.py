@@ -52,8 +52,18 @@ QUIET_SAMPLES = 9  # quiet requests sent one after another during the backlog
 
 
 def start_worker(url: str, serving: str, *extra: str) -> tuple[object, redis.Redis]:
-    proc = spawn_module("queueserve", "worker", f"bench.keys_servings:{serving}",
-                        "--redis-url", url, "--prefix", PREFIX, "--log-level", "WARNING", *extra)
+    proc = spawn_module(
+        "queueserve",
+        "worker",
+        f"bench.keys_servings:{serving}",
+        "--redis-url",
+        url,
+        "--prefix",
+        PREFIX,
+        "--log-level",
+        "WARNING",
+        *extra,
+    )
     r = redis.Redis.from_url(url)
     name = {"noop": "knoop", "timed": "ktimed"}[serving]
     wait_until(lambda: r.zcard(f"{PREFIX}:{{{name}}}:workers") > 0, 30, "the worker")
@@ -63,7 +73,7 @@ def start_worker(url: str, serving: str, *extra: str) -> tuple[object, redis.Red
 def make_known(client: qs.Client, serving: str, keys: list[str], window: int = 5_000) -> None:
     """One request on each key, so the worker and Redis know them all; each answer checked."""
     for start in range(0, len(keys), window):
-        tickets = [client.submit(serving, [0], batch_key=k) for k in keys[start:start + window]]
+        tickets = [client.submit(serving, [0], batch_key=k) for k in keys[start : start + window]]
         for t in tickets:
             answer = t.result(WAIT_S)
             if answer != [0]:
@@ -102,8 +112,9 @@ def _answered(ticket: qs.client.sync.Ticket) -> int:
     return CHUNK
 
 
-def pump(client: qs.Client, serving: str, busy: list[str], n: int = 0,
-         seconds: float = 0.0) -> float:
+def pump(
+    client: qs.Client, serving: str, busy: list[str], n: int = 0, seconds: float = 0.0
+) -> float:
     """Items/s answered in CHUNK-item requests over the ``busy`` keys from THREADS threads:
     ``n`` items, or as many as ``seconds`` allow."""
     per_thread = n // THREADS // CHUNK
@@ -136,15 +147,21 @@ def throughput(url: str, n: int, repeats: int) -> dict[str, float]:
     out: dict[str, float] = {}
     try:
         pump(client, "knoop", ["default"], n // 4)  # warm up
-        cases = {1: ["default"], 10: [f"t{i}" for i in range(10)],
-                 1000: [f"m{i}" for i in range(1000)]}
+        cases = {
+            1: ["default"],
+            10: [f"t{i}" for i in range(10)],
+            1000: [f"m{i}" for i in range(1000)],
+        }
         for known, keys in cases.items():
             make_known(client, "knoop", keys)
             busy = keys[: max(1, known // 2)]
             rates = [pump(client, "knoop", busy, n) for _ in range(repeats)]
             out[f"keys_{known}"] = statistics.median(rates)
-            print(f"{known:>5} known keys, {len(busy):>3} busy: {out[f'keys_{known}']:>10,.0f} "
-                  f"items/s (runs: {', '.join(f'{x:,.0f}' for x in rates)})", flush=True)
+            print(
+                f"{known:>5} known keys, {len(busy):>3} busy: {out[f'keys_{known}']:>10,.0f} "
+                f"items/s (runs: {', '.join(f'{x:,.0f}' for x in rates)})",
+                flush=True,
+            )
     finally:
         client.close()
         r.close()
@@ -158,12 +175,17 @@ def quiet_latency(url: str, backlog: int) -> dict[str, float]:
     try:
         make_known(client, "ktimed", ["busy", "quiet"])
         t0 = time.perf_counter()
-        tickets = [client.submit("ktimed", list(range(CHUNK)), batch_key="busy")
-                   for _ in range(backlog // CHUNK)]
+        tickets = [
+            client.submit("ktimed", list(range(CHUNK)), batch_key="busy")
+            for _ in range(backlog // CHUNK)
+        ]
         stream = f"{PREFIX}:{{ktimed}}:in:busy"
         # all of it in Redis: the client's sender must not be busy when the quiet one goes
-        wait_until(lambda: int(r.xinfo_stream(stream)["entries-added"]) > len(tickets), 60,
-                   "the backlog enqueued")
+        wait_until(
+            lambda: int(r.xinfo_stream(stream)["entries-added"]) > len(tickets),
+            60,
+            "the backlog enqueued",
+        )
         latencies = []
         for _ in range(QUIET_SAMPLES):
             time.sleep(3 * BATCH_S)  # the busy key runs batches back to back meanwhile
@@ -176,13 +198,20 @@ def quiet_latency(url: str, backlog: int) -> dict[str, float]:
             t.result(WAIT_S)
         drained = time.perf_counter() - t0
         batch_s = drained / len(tickets)
-        print(f"quiet key under a {backlog:,}-item backlog: median {latency * 1000:.1f} ms = "
-              f"{latency / batch_s:.2f} batch times, max {max(latencies) / batch_s:.2f} (busy "
-              f"batch {batch_s * 1000:.1f} ms; {left} busy requests still queued after the last "
-              "quiet one)", flush=True)
-        return {"quiet_latency_ms": latency * 1000, "batch_ms": batch_s * 1000,
-                "quiet_in_batches": latency / batch_s,
-                "quiet_max_in_batches": max(latencies) / batch_s, "backlog_left_requests": left}
+        print(
+            f"quiet key under a {backlog:,}-item backlog: median {latency * 1000:.1f} ms = "
+            f"{latency / batch_s:.2f} batch times, max {max(latencies) / batch_s:.2f} (busy "
+            f"batch {batch_s * 1000:.1f} ms; {left} busy requests still queued after the last "
+            "quiet one)",
+            flush=True,
+        )
+        return {
+            "quiet_latency_ms": latency * 1000,
+            "batch_ms": batch_s * 1000,
+            "quiet_in_batches": latency / batch_s,
+            "quiet_max_in_batches": max(latencies) / batch_s,
+            "backlog_left_requests": left,
+        }
     finally:
         client.close()
         r.close()
@@ -207,20 +236,26 @@ def cpu_seconds(pid: int) -> float:
     return total / 1e9
 
 
-def idle_costs(url: str, redis_pid: int, port: int, client: qs.Client, seconds: float,
-               repeats: int) -> dict[str, float]:
+def idle_costs(
+    url: str, redis_pid: int, port: int, client: qs.Client, seconds: float, repeats: int
+) -> dict[str, float]:
     """Redis CPU while the worker idles, one scrape, and one key's items/s (median)."""
     rates = [pump(client, "knoop", ["default"], seconds=seconds) for _ in range(repeats)]
     cpu0, t0 = cpu_seconds(redis_pid), time.perf_counter()
     time.sleep(seconds)  # the worker idles: what its sweeps and reads cost Redis
     cpu = (cpu_seconds(redis_pid) - cpu0) / (time.perf_counter() - t0)
     size, took = scrape(port)  # the first scrape since the worker started: nothing cached
-    return {"redis_cpu_pct": 100 * cpu, "metrics_bytes": size, "metrics_s": took,
-            "items_per_s": statistics.median(rates)}
+    return {
+        "redis_cpu_pct": 100 * cpu,
+        "metrics_bytes": size,
+        "metrics_s": took,
+        "items_per_s": statistics.median(rates),
+    }
 
 
-def idle_keys(url: str, redis_pid: int, count: int, seconds: float,
-              repeats: int) -> dict[str, float]:
+def idle_keys(
+    url: str, redis_pid: int, count: int, seconds: float, repeats: int
+) -> dict[str, float]:
     """idle_costs with no idle keys, then with ``count`` of them, in one worker's life."""
     port = free_port()
     proc, r = start_worker(url, "noop", "--metrics-port", str(port))
@@ -232,16 +267,21 @@ def idle_keys(url: str, redis_pid: int, count: int, seconds: float,
             if known:
                 t0 = time.perf_counter()
                 make_known(client, "knoop", [f"idle{i}" for i in range(known)])
-                wait_until(lambda: r.zcard(f"{PREFIX}:{{knoop}}:active") == 0, WAIT_S,
-                           "every idle key's request acked")
-                print(f"{known:,} idle keys made in {time.perf_counter() - t0:.1f} s",
-                      flush=True)
+                wait_until(
+                    lambda: r.zcard(f"{PREFIX}:{{knoop}}:active") == 0,
+                    WAIT_S,
+                    "every idle key's request acked",
+                )
+                print(f"{known:,} idle keys made in {time.perf_counter() - t0:.1f} s", flush=True)
             figures = idle_costs(url, redis_pid, port, client, seconds, repeats)
             out.update({f"{name}_{phase}": value for name, value in figures.items()})
-            print(f"{known:>7,} idle keys: Redis CPU {figures['redis_cpu_pct']:5.2f}% idle, "
-                  f"/metrics {figures['metrics_bytes']:,} bytes in "
-                  f"{figures['metrics_s'] * 1000:.0f} ms, one key "
-                  f"{figures['items_per_s']:,.0f} items/s", flush=True)
+            print(
+                f"{known:>7,} idle keys: Redis CPU {figures['redis_cpu_pct']:5.2f}% idle, "
+                f"/metrics {figures['metrics_bytes']:,} bytes in "
+                f"{figures['metrics_s'] * 1000:.0f} ms, one key "
+                f"{figures['items_per_s']:,.0f} items/s",
+                flush=True,
+            )
     finally:
         client.close()
         r.close()
@@ -251,12 +291,22 @@ def idle_keys(url: str, redis_pid: int, count: int, seconds: float,
 
 def idle_verdict(results: dict[str, float], count: int) -> bool:
     checks = [
-        (f"idle Redis CPU, {count:,} keys - 0 keys",
-         results["redis_cpu_pct_n"] - results["redis_cpu_pct_0"], "<= 2 points", 2.0, False),
+        (
+            f"idle Redis CPU, {count:,} keys - 0 keys",
+            results["redis_cpu_pct_n"] - results["redis_cpu_pct_0"],
+            "<= 2 points",
+            2.0,
+            False,
+        ),
         (f"/metrics bytes, {count:,} keys", results["metrics_bytes_n"], "< 1 MB", 1e6, False),
         (f"/metrics seconds, {count:,} keys", results["metrics_s_n"], "< 1 s", 1.0, False),
-        (f"one key's items/s, {count:,} keys / 0 keys",
-         results["items_per_s_n"] / results["items_per_s_0"], ">= 0.9", 0.9, True),
+        (
+            f"one key's items/s, {count:,} keys / 0 keys",
+            results["items_per_s_n"] / results["items_per_s_0"],
+            ">= 0.9",
+            0.9,
+            True,
+        ),
     ]
     ok = True
     for name, value, budget, bound, at_least in checks:
@@ -270,10 +320,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.keys", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="fewer items: a fast check")
     parser.add_argument("--json", help="also write the figures to this file")
-    parser.add_argument("--idle-keys", type=int, default=0, metavar="N",
-                        help="measure what N idle keys cost instead (issue 23)")
-    parser.add_argument("--seconds", type=float, default=3.0,
-                        help="--idle-keys: seconds per measurement (default 3)")
+    parser.add_argument(
+        "--idle-keys",
+        type=int,
+        default=0,
+        metavar="N",
+        help="measure what N idle keys cost instead (issue 23)",
+    )
+    parser.add_argument(
+        "--seconds",
+        type=float,
+        default=3.0,
+        help="--idle-keys: seconds per measurement (default 3)",
+    )
     args = parser.parse_args(argv)
     if args.idle_keys:
         return idle_main(args.idle_keys, args.seconds, 1 if args.quick else 3, args.json)
@@ -294,8 +353,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{known} keys / 1 key: {ratio:.2f} (budget >= 0.9): {'ok' if passed else 'MISS'}")
     passed = results["quiet_in_batches"] <= 3
     ok &= passed
-    print(f"quiet key: {results['quiet_in_batches']:.2f} batch times (budget <= 3): "
-          f"{'ok' if passed else 'MISS'}")
+    print(
+        f"quiet key: {results['quiet_in_batches']:.2f} batch times (budget <= 3): "
+        f"{'ok' if passed else 'MISS'}"
+    )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)

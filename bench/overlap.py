@@ -47,8 +47,10 @@ def _busy_seconds(port: int, serving: str) -> tuple[float, float]:
         elif line.startswith("queueserve_batch_execution_seconds_count{") and serving in line:
             batches.append(float(line.rsplit(" ", 1)[1]))
     if not busy or not batches:  # never 0: a renamed metric would read as an idle device
-        raise RuntimeError(f"the worker's /metrics lacks queueserve_partition_busy_seconds_total"
-                           f" or queueserve_batch_execution_seconds_count for {serving!r}")
+        raise RuntimeError(
+            f"the worker's /metrics lacks queueserve_partition_busy_seconds_total"
+            f" or queueserve_batch_execution_seconds_count for {serving!r}"
+        )
     return sum(busy), sum(batches)
 
 
@@ -62,8 +64,7 @@ def _measure(
         busy0, batches0 = _busy_seconds(port, serving)
         items = batches * batch
         started = time.perf_counter()
-        for _ in client.map(serving, range(items), chunk_size=max(1, batch // 4),
-                            max_in_flight=64):
+        for _ in client.map(serving, range(items), chunk_size=max(1, batch // 4), max_in_flight=64):
             pass
         wall = time.perf_counter() - started
         busy1, batches1 = _busy_seconds(port, serving)
@@ -78,9 +79,19 @@ def run_case(url: str, serving: str, t: float, batch: int, batches: int) -> dict
     r.delete("bench:matmul_t")
     port = free_port()
     worker = spawn_module(
-        "queueserve", "worker", f"bench.overlap_servings:{serving.capitalize()}",
-        "--redis-url", url, "--prefix", f"ov{serving}", "--partitions", "1",
-        "--metrics-port", str(port), "--log-level", "WARNING",
+        "queueserve",
+        "worker",
+        f"bench.overlap_servings:{serving.capitalize()}",
+        "--redis-url",
+        url,
+        "--prefix",
+        f"ov{serving}",
+        "--partitions",
+        "1",
+        "--metrics-port",
+        str(port),
+        "--log-level",
+        "WARNING",
     )
     try:
         rate, busy, ran = _measure(url, serving, batches, batch, port)
@@ -93,9 +104,15 @@ def run_case(url: str, serving: str, t: float, batch: int, batches: int) -> dict
     in_run_t = busy / max(ran, 1)
     r.close()
     ideal = batch / device_t
-    return {"T_ms": device_t * 1000, "T_in_run_ms": in_run_t * 1000, "batch_size": batch,
-            "items_per_s": rate, "ideal": ideal, "ratio": rate / ideal,
-            "busy": rate / (batch / in_run_t)}
+    return {
+        "T_ms": device_t * 1000,
+        "T_in_run_ms": in_run_t * 1000,
+        "batch_size": batch,
+        "items_per_s": rate,
+        "ideal": ideal,
+        "ratio": rate / ideal,
+        "busy": rate / (batch / in_run_t),
+    }
 
 
 def main() -> None:
@@ -110,9 +127,12 @@ def main() -> None:
         for serving, t, batch in CASES:
             r = run_case(server.url, serving, t, batch, batches)
             results.append({"device": serving, **r})
-            print(f"{serving:>7}  T={r['T_ms']:6.2f} ms (in run {r['T_in_run_ms']:6.2f})  "
-                  f"batch={batch:3d}  {r['items_per_s']:9.0f} items/s  ideal {r['ideal']:9.0f}  "
-                  f"ratio {r['ratio']:.3f}  busy {r['busy']:.3f}  (budget >= 0.95)", flush=True)
+            print(
+                f"{serving:>7}  T={r['T_ms']:6.2f} ms (in run {r['T_in_run_ms']:6.2f})  "
+                f"batch={batch:3d}  {r['items_per_s']:9.0f} items/s  ideal {r['ideal']:9.0f}  "
+                f"ratio {r['ratio']:.3f}  busy {r['busy']:.3f}  (budget >= 0.95)",
+                flush=True,
+            )
     finally:
         server.stop()
     if args.json:

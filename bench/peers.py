@@ -66,8 +66,9 @@ SYSTEMS = (
     System("queueserve-map", "queueserve map (256/request)"),
     System("loop", "hand-written redis-py loop"),
     System("celery-solo", "Celery (solo pool)", "bench.peers_runners.celery_runner", "solo"),
-    System("celery-prefork", "Celery (prefork pool)", "bench.peers_runners.celery_runner",
-           "prefork"),
+    System(
+        "celery-prefork", "Celery (prefork pool)", "bench.peers_runners.celery_runner", "prefork"
+    ),
     System("celery-batches", "celery-batches", "bench.peers_runners.celery_runner", "batches"),
     System("arq", "arq", "bench.peers_runners.arq_runner"),
     System("rq", "rq (default worker, fork per job)", "bench.peers_runners.rq_runner", "fork"),
@@ -81,16 +82,28 @@ def measure_queueserve(url: str, args: argparse.Namespace) -> list[dict[str, Any
     """The no-op serving (batch_size 256, batch_timeout 0) in one ``queueserve worker``."""
     import queueserve as qs
 
-    worker = spawn_module("queueserve", "worker", "bench.servings:noop", "--redis-url", url,
-                          "--prefix", PREFIX, "--log-level", "WARNING")
+    worker = spawn_module(
+        "queueserve",
+        "worker",
+        "bench.servings:noop",
+        "--redis-url",
+        url,
+        "--prefix",
+        PREFIX,
+        "--log-level",
+        "WARNING",
+    )
     client: qs.Client | None = None
     try:
         import redis
 
         probe = redis.Redis.from_url(url)
         try:
-            wait_until(lambda: probe.zcard(f"{PREFIX}:{{{SERVING}}}:workers") > 0, 30,
-                       "the queueserve worker to register")
+            wait_until(
+                lambda: probe.zcard(f"{PREFIX}:{{{SERVING}}}:workers") > 0,
+                30,
+                "the queueserve worker to register",
+            )
         finally:
             probe.close()
         client = qs.Client(url, prefix=PREFIX)
@@ -109,10 +122,12 @@ def measure_queueserve(url: str, args: argparse.Namespace) -> list[dict[str, Any
         run_window(range(args.window * 4))  # warm-up
         versions = {"queueserve": metadata.version("queueserve"), "redis": redis.__version__}
         meter = _measure.cpu_meter(url, worker.pid)
-        single = _measure.rate(run_window, args.fast_items, args.window, args.repeats,
-                               args.seconds, meter)
-        packed = _measure.rate(run_map, args.map_items, args.map_items, args.repeats,
-                               args.seconds, meter)
+        single = _measure.rate(
+            run_window, args.fast_items, args.window, args.repeats, args.seconds, meter
+        )
+        packed = _measure.rate(
+            run_map, args.map_items, args.map_items, args.repeats, args.seconds, meter
+        )
         lat = _measure.latency(call, args.rt_calls, args.rt_warmup, args.seconds)
         if worker.poll() is not None:
             raise RuntimeError(f"the queueserve worker exited with code {worker.returncode}")
@@ -121,11 +136,20 @@ def measure_queueserve(url: str, args: argparse.Namespace) -> list[dict[str, Any
             client.close()
         stop_process(worker)
     return [
-        {"key": "queueserve", "versions": versions, **single, **lat,
-         "setup": "one worker, noop serving, batch_size 256, batch_timeout 0; one submit per "
-                  "item"},
-        {"key": "queueserve-map", "versions": versions, **packed,
-         "setup": f"client.map over {args.map_items:,} items, chunk_size 256, max_in_flight 16"},
+        {
+            "key": "queueserve",
+            "versions": versions,
+            **single,
+            **lat,
+            "setup": "one worker, noop serving, batch_size 256, batch_timeout 0; one submit per "
+            "item",
+        },
+        {
+            "key": "queueserve-map",
+            "versions": versions,
+            **packed,
+            "setup": f"client.map over {args.map_items:,} items, chunk_size 256, max_in_flight 16",
+        },
     ]
 
 
@@ -154,8 +178,14 @@ def measure_loop(url: str, args: argparse.Namespace) -> list[dict[str, Any]]:
             return [w.wait() for w in c.submit_window(part)]
 
         run_window(range(args.window * 4))
-        rate = _measure.rate(run_window, args.fast_items, args.window, args.repeats, args.seconds,
-                             _measure.cpu_meter(url, consumer.pid))
+        rate = _measure.rate(
+            run_window,
+            args.fast_items,
+            args.window,
+            args.repeats,
+            args.seconds,
+            _measure.cpu_meter(url, consumer.pid),
+        )
         lat = _measure.latency(c.call, args.rt_calls, args.rt_warmup, args.seconds)
         if consumer.poll() is not None:
             raise RuntimeError(f"the baseline consumer exited with code {consumer.returncode}")
@@ -163,11 +193,21 @@ def measure_loop(url: str, args: argparse.Namespace) -> list[dict[str, Any]]:
         if client is not None:
             client.close()
         stop_process(consumer)
-    versions = {"redis": redis.__version__, "hiredis": hiredis.__version__,
-                "msgpack": ".".join(map(str, msgpack.version))}
-    return [{"key": "loop", "versions": versions, **rate, **lat,
-             "setup": "bench/baseline.py: an XADD per item, a window's XADDs in one pipeline; "
-                      "one consumer process, XREADGROUP COUNT 256, one RPUSH per (client, batch)"}]
+    versions = {
+        "redis": redis.__version__,
+        "hiredis": hiredis.__version__,
+        "msgpack": ".".join(map(str, msgpack.version)),
+    }
+    return [
+        {
+            "key": "loop",
+            "versions": versions,
+            **rate,
+            **lat,
+            "setup": "bench/baseline.py: an XADD per item, a window's XADDs in one pipeline; "
+            "one consumer process, XREADGROUP COUNT 256, one RPUSH per (client, batch)",
+        }
+    ]
 
 
 def kill_tree(proc: subprocess.Popen[bytes]) -> None:
@@ -182,29 +222,50 @@ def run_peer(system: System, url: str, args: argparse.Namespace) -> dict[str, An
     """One runner in .venv-peers; its last line of stdout is the result."""
     python = Path(args.peers_python)
     if not python.exists():
-        return {"key": system.key, "skipped": f"{python} does not exist: run {COMMAND} "
-                f"(it makes .venv-peers from bench/peers-requirements.txt)"}
-    argv = [str(python), "-m", system.runner, "--redis-url", url, "--items", str(args.items),
-            "--window", str(args.window), "--repeats", str(args.repeats),
-            "--rt-calls", str(args.rt_calls), "--rt-warmup", str(args.rt_warmup),
-            "--seconds", str(args.seconds)]
+        return {
+            "key": system.key,
+            "skipped": f"{python} does not exist: run {COMMAND} "
+            f"(it makes .venv-peers from bench/peers-requirements.txt)",
+        }
+    argv = [
+        str(python),
+        "-m",
+        system.runner,
+        "--redis-url",
+        url,
+        "--items",
+        str(args.items),
+        "--window",
+        str(args.window),
+        "--repeats",
+        str(args.repeats),
+        "--rt-calls",
+        str(args.rt_calls),
+        "--rt-warmup",
+        str(args.rt_warmup),
+        "--seconds",
+        str(args.seconds),
+    ]
     if system.variant:
         argv += ["--variant", system.variant]
-    proc = subprocess.Popen(argv, cwd=REPO_ROOT, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE)
+    proc = subprocess.Popen(argv, cwd=REPO_ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
     try:
         out, _ = proc.communicate(timeout=2 * args.seconds + GRACE_S)
     except subprocess.TimeoutExpired:
         kill_tree(proc)
-        raise RuntimeError(f"{system.key}: the runner took over {2 * args.seconds + GRACE_S:g}s"
-                           f" and was killed with its workers") from None
+        raise RuntimeError(
+            f"{system.key}: the runner took over {2 * args.seconds + GRACE_S:g}s"
+            f" and was killed with its workers"
+        ) from None
     finally:
         if proc.poll() is None:  # interrupted here: take the runner's worker down with it
             kill_tree(proc)
     lines = out.decode(errors="replace").strip().splitlines()
     if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"{system.key}: {' '.join(argv)} exited with code {proc.returncode}; "
-                           f"its stderr is above")
+        raise RuntimeError(
+            f"{system.key}: {' '.join(argv)} exited with code {proc.returncode}; "
+            f"its stderr is above"
+        )
     return {"key": system.key, **json.loads(lines[-1])}
 
 
@@ -251,10 +312,15 @@ def line(result: dict[str, Any]) -> str:
     """One system's result as a console line."""
     if "items_per_s" not in result:
         return f"{label(result):<30} {not_measured(result)}"
-    lat = (f"  p50 {result['p50_ms']:.2f} ms  p99 {result['p99_ms']:.2f} ms"
-           if "p50_ms" in result else "")
-    return (f"{label(result):<30} {result['items_per_s']:>10,} items/s{lat}  CPU µs/item "
-            f"{cpu_text(result)}  ({versions_text(result)})")
+    lat = (
+        f"  p50 {result['p50_ms']:.2f} ms  p99 {result['p99_ms']:.2f} ms"
+        if "p50_ms" in result
+        else ""
+    )
+    return (
+        f"{label(result):<30} {result['items_per_s']:>10,} items/s{lat}  CPU µs/item "
+        f"{cpu_text(result)}  ({versions_text(result)})"
+    )
 
 
 def not_measured(result: dict[str, Any]) -> str:
@@ -283,14 +349,18 @@ def cell(text: str) -> str:
 
 def table(results: Sequence[dict[str, Any]]) -> str:
     """Markdown: one row per system, fastest first; skipped systems last, with the reason."""
-    rows = ["| system | items/s | p50 ms | p99 ms | CPU µs/item: client / worker / Redis "
-            "| versions | setup |",
-            "|---|---:|---:|---:|---:|---|---|"]
+    rows = [
+        "| system | items/s | p50 ms | p99 ms | CPU µs/item: client / worker / Redis "
+        "| versions | setup |",
+        "|---|---:|---:|---:|---:|---|---|",
+    ]
     for r in measured(results):
         p50 = f"{r['p50_ms']:.2f}" if "p50_ms" in r else "—"
         p99 = f"{r['p99_ms']:.2f}" if "p99_ms" in r else "—"
-        rows.append(f"| {label(r)} | {r['items_per_s']:,} | {p50} | {p99} | {cpu_text(r)} | "
-                    f"{versions_text(r)} | {cell(r.get('setup', ''))} |")
+        rows.append(
+            f"| {label(r)} | {r['items_per_s']:,} | {p50} | {p99} | {cpu_text(r)} | "
+            f"{versions_text(r)} | {cell(r.get('setup', ''))} |"
+        )
     for r in results:
         if "items_per_s" not in r:
             rows.append(f"| {label(r)} | — | — | — | — | — | {cell(not_measured(r))} |")
@@ -299,19 +369,21 @@ def table(results: Sequence[dict[str, Any]]) -> str:
 
 def docs_block(results: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str:
     """The generated part of docs/benchmarks.md's Peers section."""
-    return "\n".join([
-        BEGIN,
-        f"Run of {meta['date']}, {meta['cores']} cores ({meta['platform']}), Python "
-        f"{meta['python']}, Redis {meta['redis_server']} on loopback, load average "
-        f"{meta['loadavg'][0]:.1f} at the start, commit `{meta['git']}`; "
-        f"`{meta['command']}`. Throughput: {meta['items']:,} items per run for the peers, "
-        f"{meta['fast_items']:,} for queueserve submit and the loop, "
-        f"{meta['map_items']:,} for map; {meta['window']} calls in flight; median of up to "
-        f"{meta['repeats']} runs. Latency: {meta['rt_calls']} calls one at a time.",
-        "",
-        table(results),
-        END,
-    ])
+    return "\n".join(
+        [
+            BEGIN,
+            f"Run of {meta['date']}, {meta['cores']} cores ({meta['platform']}), Python "
+            f"{meta['python']}, Redis {meta['redis_server']} on loopback, load average "
+            f"{meta['loadavg'][0]:.1f} at the start, commit `{meta['git']}`; "
+            f"`{meta['command']}`. Throughput: {meta['items']:,} items per run for the peers, "
+            f"{meta['fast_items']:,} for queueserve submit and the loop, "
+            f"{meta['map_items']:,} for map; {meta['window']} calls in flight; median of up to "
+            f"{meta['repeats']} runs. Latency: {meta['rt_calls']} calls one at a time.",
+            "",
+            table(results),
+            END,
+        ]
+    )
 
 
 def replace_block(doc: str, block: str) -> str:
@@ -320,14 +392,17 @@ def replace_block(doc: str, block: str) -> str:
     start, end = doc.find(BEGIN), doc.find(END)
     if start == -1 or end == -1 or end < start:
         return doc.rstrip("\n") + "\n\n## Peers\n\n" + block + "\n"
-    return doc[:start] + block + doc[end + len(END):]
+    return doc[:start] + block + doc[end + len(END) :]
 
 
-def chart_rows(results: Sequence[dict[str, Any]]) -> list[tuple[str, float, float | None,
-                                                                 float | None]]:
+def chart_rows(
+    results: Sequence[dict[str, Any]],
+) -> list[tuple[str, float, float | None, float | None]]:
     """(label, items/s, p50 ms, p99 ms) per measured system, fastest first."""
-    return [(label(r), float(r["items_per_s"]), r.get("p50_ms"), r.get("p99_ms"))
-            for r in measured(results)]
+    return [
+        (label(r), float(r["items_per_s"]), r.get("p50_ms"), r.get("p99_ms"))
+        for r in measured(results)
+    ]
 
 
 def color(name: str) -> str:
@@ -346,16 +421,23 @@ def render_chart(results: Sequence[dict[str, Any]], path: Path, subtitle: str) -
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise SystemExit("matplotlib is missing: pip install -c constraints.txt -e '.[peers]' "
-                         "(scripts/bench-peers does)") from None
+        raise SystemExit(
+            "matplotlib is missing: pip install -c constraints.txt -e '.[peers]' "
+            "(scripts/bench-peers does)"
+        ) from None
     rows = chart_rows(results)
     if not rows:
         raise ValueError("no measured system to chart: every one was skipped")
     names = [r[0] for r in rows]
     ys = list(range(len(rows)))
     colors = [color(n) for n in names]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 0.55 * len(rows) + 1.8), sharey=True,
-                                      gridspec_kw={"width_ratios": [1.25, 1]})
+    fig, (left, right) = plt.subplots(
+        1,
+        2,
+        figsize=(11, 0.55 * len(rows) + 1.8),
+        sharey=True,
+        gridspec_kw={"width_ratios": [1.25, 1]},
+    )
     rates = [r[1] for r in rows]
     left.barh(ys, rates, color=colors)
     left.set_xscale("log")
@@ -370,16 +452,22 @@ def render_chart(results: Sequence[dict[str, Any]], path: Path, subtitle: str) -
         p50s = [p for _, p, _ in lat]
         p99s = [p99 if p99 is not None else p for _, p, p99 in lat]
         right.barh([y for y, _, _ in lat], p50s, color=[colors[y] for y, _, _ in lat])
-        right.scatter(p99s, [y for y, _, _ in lat], marker="|", s=200, color="black",
-                      zorder=3)
+        right.scatter(p99s, [y for y, _, _ in lat], marker="|", s=200, color="black", zorder=3)
         right.set_xscale("log")
         right.set_xlim(min(p50s) / 2, max(p99s) * 8)
         for (y, p, _), p99 in zip(lat, p99s, strict=True):
             right.text(p99 * 1.15, y, f"{p:.2f} / {p99:.2f} ms", va="center", fontsize=9)
     for y, r in zip(ys, rows, strict=True):
         if r[2] is None:
-            right.text(0.02, y, "(one call: as submit)", va="center", fontsize=8, color="#666666",
-                       transform=right.get_yaxis_transform())
+            right.text(
+                0.02,
+                y,
+                "(one call: as submit)",
+                va="center",
+                fontsize=8,
+                color="#666666",
+                transform=right.get_yaxis_transform(),
+            )
     right.set_xlabel("one idle call, ms: p50 bar, p99 tick (log; less is better)")
     for ax in (left, right):
         ax.grid(axis="x", which="major", alpha=0.3)
@@ -393,19 +481,23 @@ def render_chart(results: Sequence[dict[str, Any]], path: Path, subtitle: str) -
 
 
 def subtitle(meta: dict[str, Any]) -> str:
-    return (f"{meta['date'][:10]}, {meta['cores']} cores (shared, noisy), Redis "
-            f"{meta['redis_server']}, one worker per system, {meta['window']} calls in flight; "
-            f"regenerate: {meta['command']}")
+    return (
+        f"{meta['date'][:10]}, {meta['cores']} cores (shared, noisy), Redis "
+        f"{meta['redis_server']}, one worker per system, {meta['window']} calls in flight; "
+        f"regenerate: {meta['command']}"
+    )
 
 
 # -- the run --------------------------------------------------------------------------------------
 def git_state() -> str:
     def git(*a: str) -> str:
-        return subprocess.run(["git", *a], cwd=REPO_ROOT, capture_output=True, text=True,
-                              check=False).stdout.strip()
+        return subprocess.run(
+            ["git", *a], cwd=REPO_ROOT, capture_output=True, text=True, check=False
+        ).stdout.strip()
 
     return (git("rev-parse", "--short", "HEAD") or "unknown") + (
-        "+dirty" if git("status", "--porcelain", "queueserve", "bench") else "")
+        "+dirty" if git("status", "--porcelain", "queueserve", "bench") else ""
+    )
 
 
 def machine(args: argparse.Namespace) -> dict[str, Any]:
@@ -416,37 +508,64 @@ def machine(args: argparse.Namespace) -> dict[str, Any]:
         server.stop()
     return {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "cores": os.cpu_count(), "platform": platform.platform(),
-        "python": platform.python_version(), "redis_server": redis_version,
-        "loadavg": os.getloadavg(), "git": git_state(), "command": COMMAND,
-        "items": args.items, "fast_items": args.fast_items, "map_items": args.map_items,
-        "window": args.window, "repeats": args.repeats, "rt_calls": args.rt_calls,
+        "cores": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "redis_server": redis_version,
+        "loadavg": os.getloadavg(),
+        "git": git_state(),
+        "command": COMMAND,
+        "items": args.items,
+        "fast_items": args.fast_items,
+        "map_items": args.map_items,
+        "window": args.window,
+        "repeats": args.repeats,
+        "rt_calls": args.rt_calls,
     }
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench.peers", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m bench.peers",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--only", action="append", choices=KEYS, help="this system (repeatable)")
     p.add_argument("--quick", action="store_true", help="10x fewer items, one run (smoke)")
     p.add_argument("--items", type=int, help="items per run for the peers (default 5,000)")
-    p.add_argument("--fast-items", type=int,
-                   help="items per run for queueserve submit and the loop (default 50,000)")
+    p.add_argument(
+        "--fast-items",
+        type=int,
+        help="items per run for queueserve submit and the loop (default 50,000)",
+    )
     p.add_argument("--map-items", type=int, help="items per map run (default 1,000,000)")
     p.add_argument("--window", type=int, default=256, help="calls in flight (default 256)")
     p.add_argument("--repeats", type=int, help="throughput runs (default 3, 1 with --quick)")
     p.add_argument("--rt-calls", type=int, help="timed one-at-a-time calls (default 500)")
     p.add_argument("--rt-warmup", type=int, default=20)
-    p.add_argument("--seconds", type=float, default=60.0,
-                   help="time bound of each measurement of each system (default 60)")
-    p.add_argument("--peers-python", default=str(PEERS_PYTHON),
-                   help="the python of the peers' venv (default .venv-peers/bin/python)")
+    p.add_argument(
+        "--seconds",
+        type=float,
+        default=60.0,
+        help="time bound of each measurement of each system (default 60)",
+    )
+    p.add_argument(
+        "--peers-python",
+        default=str(PEERS_PYTHON),
+        help="the python of the peers' venv (default .venv-peers/bin/python)",
+    )
     p.add_argument("--json", type=Path, help="write the results here")
     p.add_argument("--from-json", type=Path, help="report a saved run instead of measuring")
-    p.add_argument("--png", type=Path, help=f"the chart (default {CHART.relative_to(REPO_ROOT)}"
-                   ", except with --quick or --only)")
-    p.add_argument("--docs", action="store_true",
-                   help=f"replace the table in {DOCS.relative_to(REPO_ROOT)}'s Peers section")
+    p.add_argument(
+        "--png",
+        type=Path,
+        help=f"the chart (default {CHART.relative_to(REPO_ROOT)}, except with --quick or --only)",
+    )
+    p.add_argument(
+        "--docs",
+        action="store_true",
+        help=f"replace the table in {DOCS.relative_to(REPO_ROOT)}'s Peers section",
+    )
     args = p.parse_args(argv)
     scale = 10 if args.quick else 1
     args.items = args.items or 5_000 // scale
@@ -467,8 +586,11 @@ def main(argv: list[str] | None = None) -> int:
     else:
         meta = machine(args)
         systems = [s for s in SYSTEMS if not args.only or s.key in args.only]
-        print(f"peers benchmark, {meta['cores']} cores, Redis {meta['redis_server']}, load "
-              f"average {meta['loadavg'][0]:.1f}; a private redis-server per system", flush=True)
+        print(
+            f"peers benchmark, {meta['cores']} cores, Redis {meta['redis_server']}, load "
+            f"average {meta['loadavg'][0]:.1f}; a private redis-server per system",
+            flush=True,
+        )
         started = time.perf_counter()
         results = measure(systems, args)
         print(f"({time.perf_counter() - started:.0f} s)")

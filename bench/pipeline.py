@@ -32,14 +32,25 @@ CASES = [  # (P seconds, T seconds, prepare_concurrency, batch)
 
 
 def run_case(url: str, p: float, t: float, c: int, batch: int, batches: int) -> dict[str, float]:
-    os.environ.update(QS_BENCH_P=str(p), QS_BENCH_T=str(t), QS_BENCH_PREP=str(c),
-                      QS_BENCH_BATCH=str(batch))
+    os.environ.update(
+        QS_BENCH_P=str(p), QS_BENCH_T=str(t), QS_BENCH_PREP=str(c), QS_BENCH_BATCH=str(batch)
+    )
     port = free_port()
     prefix = f"pl{int(p * 1000)}-{int(t * 1000)}-{c}"
     worker = spawn_module(
-        "queueserve", "worker", "bench.pipeline_servings:Staged", "--redis-url", url,
-        "--prefix", prefix, "--partitions", "1", "--metrics-port", str(port),
-        "--log-level", "WARNING",
+        "queueserve",
+        "worker",
+        "bench.pipeline_servings:Staged",
+        "--redis-url",
+        url,
+        "--prefix",
+        prefix,
+        "--partitions",
+        "1",
+        "--metrics-port",
+        str(port),
+        "--log-level",
+        "WARNING",
     )
     client = qs.Client(url, prefix=prefix)
     try:
@@ -47,8 +58,9 @@ def run_case(url: str, p: float, t: float, c: int, batch: int, batches: int) -> 
         busy0, ran0 = _busy_seconds(port, "staged")
         items = batches * batch
         started = time.perf_counter()
-        for _ in client.map("staged", range(items), chunk_size=max(1, batch // 4),
-                            max_in_flight=64):
+        for _ in client.map(
+            "staged", range(items), chunk_size=max(1, batch // 4), max_in_flight=64
+        ):
             pass
         wall = time.perf_counter() - started
         busy1, ran1 = _busy_seconds(port, "staged")
@@ -57,10 +69,18 @@ def run_case(url: str, p: float, t: float, c: int, batch: int, batches: int) -> 
         stop_process(worker, timeout=60)
     rate = items / wall
     ideal = batch / max(t, p / c)
-    return {"P_ms": p * 1000, "T_ms": t * 1000, "prepare_concurrency": c, "batch_size": batch,
-            "items_per_s": rate, "ideal": ideal, "ratio": rate / ideal,
-            "serial": batch / (p + t), "device_busy": (busy1 - busy0) / wall,
-            "mean_batch": items / max(ran1 - ran0, 1)}
+    return {
+        "P_ms": p * 1000,
+        "T_ms": t * 1000,
+        "prepare_concurrency": c,
+        "batch_size": batch,
+        "items_per_s": rate,
+        "ideal": ideal,
+        "ratio": rate / ideal,
+        "serial": batch / (p + t),
+        "device_busy": (busy1 - busy0) / wall,
+        "mean_batch": items / max(ran1 - ran0, 1),
+    }
 
 
 def main() -> None:
@@ -75,17 +95,27 @@ def main() -> None:
         for p, t, c, batch in CASES:
             r = run_case(server.url, p, t, c, batch, batches)
             results.append(r)
-            print(f"P={r['P_ms']:4.0f} ms  T={r['T_ms']:4.0f} ms  c={c}  batch={batch}  "
-                  f"{r['items_per_s']:7.0f} items/s  ideal {r['ideal']:7.0f}  "
-                  f"ratio {r['ratio']:.3f} (budget >= 0.9)  in series {r['serial']:6.0f}  "
-                  f"device busy {r['device_busy']:.3f}  mean batch {r['mean_batch']:.1f}",
-                  flush=True)
+            print(
+                f"P={r['P_ms']:4.0f} ms  T={r['T_ms']:4.0f} ms  c={c}  batch={batch}  "
+                f"{r['items_per_s']:7.0f} items/s  ideal {r['ideal']:7.0f}  "
+                f"ratio {r['ratio']:.3f} (budget >= 0.9)  in series {r['serial']:6.0f}  "
+                f"device busy {r['device_busy']:.3f}  mean batch {r['mean_batch']:.1f}",
+                flush=True,
+            )
     finally:
         server.stop()
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"pipeline": results, "batches": batches,
-                       "loadavg": os.getloadavg(), "cores": os.cpu_count()}, f, indent=2)
+            json.dump(
+                {
+                    "pipeline": results,
+                    "batches": batches,
+                    "loadavg": os.getloadavg(),
+                    "cores": os.cpu_count(),
+                },
+                f,
+                indent=2,
+            )
 
 
 if __name__ == "__main__":

@@ -44,7 +44,8 @@ def main() -> None:
         raw.run(connections, [("PING",), ("PEXPIRE", key, 1000)])
 
     ways: dict[str, Callable[[], None]] = {
-        "redis-py pipeline": pipeline, "redis-py, two commands": single_commands,
+        "redis-py pipeline": pipeline,
+        "redis-py, two commands": single_commands,
         "queueserve.broker.raw": raw_run,
     }
     try:

@@ -30,16 +30,31 @@ from bench.baseline import BaselineClient
 def worker(root: Path, url: str, prefix: str) -> subprocess.Popen[bytes]:
     env = dict(os.environ, PYTHONPATH=str(root), PYTHONUNBUFFERED="1")
     return subprocess.Popen(
-        [sys.executable, "-m", "queueserve", "worker", "bench.servings:noop", "--redis-url", url,
-         "--prefix", prefix, "--partitions", "1"],
-        cwd=root, env=env, stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "queueserve",
+            "worker",
+            "bench.servings:noop",
+            "--redis-url",
+            url,
+            "--prefix",
+            prefix,
+            "--partitions",
+            "1",
+        ],
+        cwd=root,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
 
 
 def partition_of(proc: subprocess.Popen[bytes]) -> int:
     """The pid of a worker's partition process (its spawned child)."""
-    children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True,
-                              check=False).stdout.split()
+    children = subprocess.run(
+        ["pgrep", "-P", str(proc.pid)], capture_output=True, text=True, check=False
+    ).stdout.split()
     for pid in children:
         if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_text():
             return int(pid)
@@ -53,9 +68,15 @@ def main() -> None:
     parser.add_argument("--block", type=int, default=200)
     args = parser.parse_args()
     server = RedisServer().start()
-    procs = [worker(args.base.resolve(), server.url, "a"), worker(REPO_ROOT, server.url, "b"),
-             subprocess.Popen([sys.executable, "-m", "bench.baseline", server.url, "bl"],
-                              cwd=REPO_ROOT, stderr=subprocess.DEVNULL)]
+    procs = [
+        worker(args.base.resolve(), server.url, "a"),
+        worker(REPO_ROOT, server.url, "b"),
+        subprocess.Popen(
+            [sys.executable, "-m", "bench.baseline", server.url, "bl"],
+            cwd=REPO_ROOT,
+            stderr=subprocess.DEVNULL,
+        ),
+    ]
     clients = [qs.Client(server.url, prefix="a"), qs.Client(server.url, prefix="b")]
     loop = BaselineClient(server.url, "bl")
     calls: dict[str, Callable[[int], Any]] = {
@@ -68,8 +89,11 @@ def main() -> None:
             for i in range(300):
                 call(i)
         time.sleep(0.5)
-        pids = {"base": partition_of(procs[0]), "this": partition_of(procs[1]),
-                "loop": procs[2].pid}
+        pids = {
+            "base": partition_of(procs[0]),
+            "this": partition_of(procs[1]),
+            "loop": procs[2].pid,
+        }
         times: dict[str, list[float]] = {name: [] for name in calls}
         cpu = dict.fromkeys(calls, 0.0)
         for _ in range(0, args.calls, args.block):
@@ -80,13 +104,17 @@ def main() -> None:
                     call(i)
                     times[name].append(time.perf_counter() - start)
                 cpu[name] += sum(cpu_times(pids[name])) - before
-        print(f"{args.calls} idle round trips each, blocks of {args.block}, load average "
-              f"{os.getloadavg()[0]:.1f}")
+        print(
+            f"{args.calls} idle round trips each, blocks of {args.block}, load average "
+            f"{os.getloadavg()[0]:.1f}"
+        )
         for name, t in times.items():
             t.sort()
-            print(f"  {name:5} p50 {percentile(t, 50) * 1e3:.3f}  p90 {percentile(t, 90) * 1e3:.3f}"
-                  f"  p99 {percentile(t, 99) * 1e3:.3f} ms   worker CPU "
-                  f"{cpu[name] / len(t) * 1e6:.0f} µs per call")
+            print(
+                f"  {name:5} p50 {percentile(t, 50) * 1e3:.3f}  p90 {percentile(t, 90) * 1e3:.3f}"
+                f"  p99 {percentile(t, 99) * 1e3:.3f} ms   worker CPU "
+                f"{cpu[name] / len(t) * 1e6:.0f} µs per call"
+            )
     finally:
         for client in clients:
             client.close()

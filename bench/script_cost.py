@@ -111,8 +111,12 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         server.stop()
     print("Redis CPU µs per item")
-    for name, us in (*ours.items(), ("queueserve, all", sum(ours.values())),
-                     *theirs.items(), ("hand-written loop, all", sum(theirs.values()))):
+    for name, us in (
+        *ours.items(),
+        ("queueserve, all", sum(ours.values())),
+        *theirs.items(),
+        ("hand-written loop, all", sum(theirs.values())),
+    ):
         print(f"  {name:<24} {us:6.2f}")
     return 0
 

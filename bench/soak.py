@@ -95,8 +95,10 @@ class Load:
         right = sum(g == s for g, s in zip(got, sent, strict=False))
         self.add(right)
         if right != len(sent) or len(got) != len(sent):
-            self.fail(f"{what}: {len(sent) - right} of {len(sent)} items answered wrong "
-                      f"({len(got)} answers)")
+            self.fail(
+                f"{what}: {len(sent) - right} of {len(sent)} items answered wrong "
+                f"({len(got)} answers)"
+            )
 
 
 MAP_ITEMS = list(range(20_000))
@@ -107,14 +109,19 @@ def packed(load: Load) -> Callable[[qs.Client], None]:
     def body(client: qs.Client) -> None:
         got = list(client.map("noop", MAP_ITEMS, chunk_size=256, timeout=CALL_TIMEOUT_S))
         load.check("map", got, MAP_ITEMS)
-        load.check("dispatch_many", client.dispatch_many("noop", MANY_ITEMS,
-                                                         timeout=CALL_TIMEOUT_S), MANY_ITEMS)
+        load.check(
+            "dispatch_many",
+            client.dispatch_many("noop", MANY_ITEMS, timeout=CALL_TIMEOUT_S),
+            MANY_ITEMS,
+        )
+
     return body
 
 
 def single(load: Load) -> Callable[[qs.Client], None]:
     def body(client: qs.Client) -> None:
         load.check("dispatch", [client.dispatch("noop", "x", timeout=CALL_TIMEOUT_S)], ["x"])
+
     return body
 
 
@@ -126,8 +133,17 @@ def main() -> None:
     args = parser.parse_args()
     server = RedisServer().start()
     worker = spawn_module(
-        "queueserve", "worker", "bench.servings:noop", "--redis-url", server.url,
-        "--prefix", PREFIX, "--partitions", "1", "--log-level", "WARNING",
+        "queueserve",
+        "worker",
+        "bench.servings:noop",
+        "--redis-url",
+        server.url,
+        "--prefix",
+        PREFIX,
+        "--partitions",
+        "1",
+        "--log-level",
+        "WARNING",
     )
     load = Load()
     duration = args.minutes * 60
@@ -168,8 +184,10 @@ def sample(
             load.fail(f"the partition process {partition} is gone: {e}")
             break
         samples.append((elapsed, rss, load.answered))
-        print(f"{elapsed:7.0f}s  rss {samples[-1][1]:7.1f} MiB  "
-              f"answered {samples[-1][2]:,}", flush=True)
+        print(
+            f"{elapsed:7.0f}s  rss {samples[-1][1]:7.1f} MiB  answered {samples[-1][2]:,}",
+            flush=True,
+        )
         if elapsed >= duration:
             break
         load.stop.wait(min(every, duration - elapsed))
@@ -177,27 +195,42 @@ def sample(
 
 
 def report(
-    load: Load, samples: list[tuple[float, float, int]], duration: float,
+    load: Load,
+    samples: list[tuple[float, float, int]],
+    duration: float,
     args: argparse.Namespace,
 ) -> int:
     """Print the figure and every error; the exit code (0: answered right, within budget)."""
     for error in load.errors:
         print(f"ERROR {error}", flush=True)
     if not samples or samples[-1][0] < duration:
-        print(f"MISS: the run stopped after {samples[-1][0] if samples else 0:.0f}s of "
-              f"{duration:.0f}s, {load.answered:,} items answered", flush=True)
+        print(
+            f"MISS: the run stopped after {samples[-1][0] if samples else 0:.0f}s of "
+            f"{duration:.0f}s, {load.answered:,} items answered",
+            flush=True,
+        )
         return 1
     warm = [s for s in samples if s[0] >= duration / 10]
     base, end = warm[0][1], samples[-1][1]
     growth = (end - base) / base
     ok = abs(growth) <= BUDGET and not load.errors
-    print(f"partition RSS after warm-up {base:.1f} MiB, at the end {end:.1f} MiB: growth "
-          f"{growth * 100:+.1f}% over {args.minutes:g} min, {load.answered:,} items answered, "
-          f"{len(load.errors)} errors (budget within {BUDGET:.0%}: {'ok' if ok else 'MISS'})")
+    print(
+        f"partition RSS after warm-up {base:.1f} MiB, at the end {end:.1f} MiB: growth "
+        f"{growth * 100:+.1f}% over {args.minutes:g} min, {load.answered:,} items answered, "
+        f"{len(load.errors)} errors (budget within {BUDGET:.0%}: {'ok' if ok else 'MISS'})"
+    )
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"samples": samples, "growth": growth, "minutes": args.minutes,
-                       "answered": load.answered, "errors": load.errors}, f)
+            json.dump(
+                {
+                    "samples": samples,
+                    "growth": growth,
+                    "minutes": args.minutes,
+                    "answered": load.answered,
+                    "errors": load.errors,
+                },
+                f,
+            )
     return 0 if ok else 1
 
 

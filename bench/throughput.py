@@ -77,8 +77,9 @@ SECTIONS = ("single", "packed", "rt")
 T = TypeVar("T")
 WAIT_S = 60.0  # a result that takes longer means the benchmark is broken: fail, never hang
 # Commands queueserve only ever calls from its Lua scripts (counted inside EVALSHA's time).
-SCRIPT_INNER = frozenset({"xadd", "xack", "xdel", "sadd", "incrby", "decrby", "get", "hget",
-                          "xpending"})
+SCRIPT_INNER = frozenset(
+    {"xadd", "xack", "xdel", "sadd", "incrby", "decrby", "get", "hget", "xpending"}
+)
 
 
 # -- load shapes ----------------------------------------------------------------------------------
@@ -182,8 +183,9 @@ async def dispatch_from_tasks(
 def qs_map(client: qs.Client, n: int, chunk_size: int, max_in_flight: int) -> float:
     t0 = time.perf_counter()
     count = last = 0
-    for result in client.map(SERVING, range(n), chunk_size=chunk_size,
-                             max_in_flight=max_in_flight, timeout=WAIT_S):
+    for result in client.map(
+        SERVING, range(n), chunk_size=chunk_size, max_in_flight=max_in_flight, timeout=WAIT_S
+    ):
         count += 1
         last = result
     elapsed = time.perf_counter() - t0
@@ -238,14 +240,18 @@ def per_item(calls: dict[str, tuple[int, int]], items: int) -> dict[str, float]:
     ``redis_exec_us`` counts top-level commands only: an EVALSHA's time includes the commands its
     script calls, which commandstats lists again under their own names (``us_xadd`` ...).
     """
+
     def count(cmd: str) -> int:
         return calls.get(cmd, (0, 0))[0]
 
     scripted = SCRIPT_INNER if "evalsha" in calls else frozenset()
     top_level = sum(us for cmd, (_, us) in calls.items() if cmd not in scripted)
     out = {"redis_exec_us": top_level / items}
-    for label, cmd in (("per_enqueue_call", "sadd"), ("per_read", "xreadgroup"),
-                       ("per_reply", "rpush")):
+    for label, cmd in (
+        ("per_enqueue_call", "sadd"),
+        ("per_read", "xreadgroup"),
+        ("per_reply", "rpush"),
+    ):
         if count(cmd):
             out[f"items_{label}"] = items / count(cmd)
     out |= {f"us_{cmd}": us / items for cmd, (_, us) in calls.items() if us / items >= 0.05}
@@ -268,8 +274,15 @@ class Bench:
         self.server = RedisServer().start()
         self.url = self.server.url
         self.worker = spawn_module(
-            "queueserve", "worker", "bench.servings:noop", "--redis-url", self.url,
-            "--prefix", PREFIX, "--log-level", "WARNING",
+            "queueserve",
+            "worker",
+            "bench.servings:noop",
+            "--redis-url",
+            self.url,
+            "--prefix",
+            PREFIX,
+            "--log-level",
+            "WARNING",
         )
         self.consumer = spawn_module("bench.baseline", self.url, BASELINE_STREAM)
         self.redis = redis.Redis.from_url(self.url)
@@ -281,16 +294,19 @@ class Bench:
         # An event loop that runs for the whole benchmark, as an asyncio service's does: the
         # clients' reader tasks keep reading between runs.
         self.loop = asyncio.new_event_loop()
-        self.loop_thread = threading.Thread(target=self.loop.run_forever, name="bench-asyncio",
-                                            daemon=True)
+        self.loop_thread = threading.Thread(
+            target=self.loop.run_forever, name="bench-asyncio", daemon=True
+        )
         self.loop_thread.start()
         self.aclient, self.abaseline = self.in_loop(self._async_clients())
         assert self.server.proc is not None
         self.pids = {"bench": os.getpid(), "redis": self.server.proc.pid}
 
     async def _async_clients(self) -> tuple[qs.AsyncClient, AsyncBaselineClient]:
-        return (qs.AsyncClient(self.url, prefix=PREFIX),
-                AsyncBaselineClient(self.url, BASELINE_STREAM))
+        return (
+            qs.AsyncClient(self.url, prefix=PREFIX),
+            AsyncBaselineClient(self.url, BASELINE_STREAM),
+        )
 
     def in_loop(self, coroutine: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
@@ -314,9 +330,14 @@ class Bench:
             return False
 
     def close(self) -> None:
-        for closer in (self.client.close, self.baseline.close, self.redis.close,
-                       lambda: self.in_loop(self.aclient.aclose()),
-                       lambda: self.in_loop(self.abaseline.close()), self._stop_loop):
+        for closer in (
+            self.client.close,
+            self.baseline.close,
+            self.redis.close,
+            lambda: self.in_loop(self.aclient.aclose()),
+            lambda: self.in_loop(self.abaseline.close()),
+            self._stop_loop,
+        ):
             try:
                 closer()
             except Exception as e:  # keep stopping the processes
@@ -368,25 +389,29 @@ class Bench:
             self.timed("baseline", bl, n, lambda: baseline_windows(self.baseline, n, 8, 512))
             self.timed("qs_submit_window", w, n, lambda: qs_windows(self.client, n, 8, 512))
             self.timed("qs_dispatch_64", w, n, lambda: qs_dispatch(self.client, n, 64))
-            self.timed("baseline_dispatch_64", bl, k,
-                       lambda: baseline_dispatch(self.baseline, k, 64))
-            self.timed("baseline_dispatch_async_64", bl, k,
-                       lambda: self.async_baseline_dispatch(k))
+            self.timed(
+                "baseline_dispatch_64", bl, k, lambda: baseline_dispatch(self.baseline, k, 64)
+            )
+            self.timed("baseline_dispatch_async_64", bl, k, lambda: self.async_baseline_dispatch(k))
             self.timed("qs_dispatch_async_64", w, k, lambda: self.async_dispatch(k))
 
     def packed(self) -> None:
         n = self.n_packed
         for _ in range(self.repeats):
             for m in self.max_in_flight:
-                self.timed(f"qs_map_256_mif{m}", self.worker, n,
-                           lambda m=m: qs_map(self.client, n, 256, m))  # type: ignore[misc]
+                self.timed(
+                    f"qs_map_256_mif{m}", self.worker, n, lambda m=m: qs_map(self.client, n, 256, m)
+                )  # type: ignore[misc]
 
     def round_trip(self) -> None:
         time.sleep(0.5)  # let the worker go idle
         rts = interleaved_round_trips(
-            {"rt_qs": lambda i: self.client.dispatch(SERVING, i, timeout=WAIT_S),
-             "rt_baseline": self.baseline.call},
-            self.n_rt, self.rt_warmup,
+            {
+                "rt_qs": lambda i: self.client.dispatch(SERVING, i, timeout=WAIT_S),
+                "rt_baseline": self.baseline.call,
+            },
+            self.n_rt,
+            self.rt_warmup,
         )
         for name, times in rts.items():
             self.results[name] = {
@@ -413,10 +438,24 @@ class Bench:
             ]
             spies = [
                 subprocess.Popen(
-                    [spy, "record", "--pid", str(pid), "--rate", str(PROFILE_RATE),
-                     "--format", "raw", "--threads", "--gil", "--nonblocking", *extra,
-                     "-o", str(directory / f"{who}_{shape}.txt")],
-                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                    [
+                        spy,
+                        "record",
+                        "--pid",
+                        str(pid),
+                        "--rate",
+                        str(PROFILE_RATE),
+                        "--format",
+                        "raw",
+                        "--threads",
+                        "--gil",
+                        "--nonblocking",
+                        *extra,
+                        "-o",
+                        str(directory / f"{who}_{shape}.txt"),
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
                 )
                 for who, pid, extra in targets
             ]
@@ -482,12 +521,8 @@ def checks(out: dict[str, Any], max_in_flight: tuple[int, ...]) -> dict[str, boo
         )
         ok["packed (best max_in_flight) >= 500k/s"] = best >= BUDGET_PACKED
     if "rt_qs" in out:
-        ok[f"round trip p50 <= {BUDGET_RT_P50_MS} ms"] = (
-            out["rt_qs"]["p50_ms"] <= BUDGET_RT_P50_MS
-        )
-        ok[f"round trip p99 <= {BUDGET_RT_P99_MS} ms"] = (
-            out["rt_qs"]["p99_ms"] <= BUDGET_RT_P99_MS
-        )
+        ok[f"round trip p50 <= {BUDGET_RT_P50_MS} ms"] = out["rt_qs"]["p50_ms"] <= BUDGET_RT_P50_MS
+        ok[f"round trip p99 <= {BUDGET_RT_P99_MS} ms"] = out["rt_qs"]["p99_ms"] <= BUDGET_RT_P99_MS
     return ok
 
 
@@ -502,43 +537,65 @@ def _rate(out: dict[str, Any], name: str) -> str:
 
 
 def _throughput_lines(out: dict[str, Any], max_in_flight: tuple[int, ...]) -> list[str]:
-    lines = ["throughput (items/s, median [min .. max])      CPU µs/item: client (its GC) "
-             "worker redis"]
+    lines = [
+        "throughput (items/s, median [min .. max])      CPU µs/item: client (its GC) worker redis"
+    ]
     if "baseline" in out:
-        lines.append(f"  {'baseline (hand-written, 8 thr x 512)':<37}  {_rate(out, 'baseline')}"
-                     f"   {_cpu(out, 'baseline')}")
-        for name, label in (("qs_submit_window", "submit, 8 thr x 512 window"),
-                            ("qs_dispatch_64", "dispatch, 64 threads")):
+        lines.append(
+            f"  {'baseline (hand-written, 8 thr x 512)':<37}  {_rate(out, 'baseline')}"
+            f"   {_cpu(out, 'baseline')}"
+        )
+        for name, label in (
+            ("qs_submit_window", "submit, 8 thr x 512 window"),
+            ("qs_dispatch_64", "dispatch, 64 threads"),
+        ):
             ratio = out[name]["ratio_to_baseline"]
-            lines.append(f"  {label:<37}  {_rate(out, name)}   {_cpu(out, name)}"
-                         f"   {ratio:.2f}x baseline")
+            lines.append(
+                f"  {label:<37}  {_rate(out, name)}   {_cpu(out, name)}   {ratio:.2f}x baseline"
+            )
         ratio = out["qs_dispatch_64"]["ratio_to_baseline_dispatch_64"]
-        lines.append(f"  {'baseline, 64 thr x 1 XADD':<37}  "
-                     f"{_rate(out, 'baseline_dispatch_64')}   "
-                     f"{_cpu(out, 'baseline_dispatch_64')}   (dispatch-64 = {ratio:.2f}x this)")
+        lines.append(
+            f"  {'baseline, 64 thr x 1 XADD':<37}  "
+            f"{_rate(out, 'baseline_dispatch_64')}   "
+            f"{_cpu(out, 'baseline_dispatch_64')}   (dispatch-64 = {ratio:.2f}x this)"
+        )
         ratio = out["qs_dispatch_async_64"]["ratio_to_baseline_dispatch_async_64"]
-        lines.append(f"  {'baseline, 64 coroutines x 1 XADD':<37}  "
-                     f"{_rate(out, 'baseline_dispatch_async_64')}   "
-                     f"{_cpu(out, 'baseline_dispatch_async_64')}")
-        lines.append(f"  {'dispatch, 64 coroutines (asyncio)':<37}  "
-                     f"{_rate(out, 'qs_dispatch_async_64')}   "
-                     f"{_cpu(out, 'qs_dispatch_async_64')}   {ratio:.2f}x the line above")
+        lines.append(
+            f"  {'baseline, 64 coroutines x 1 XADD':<37}  "
+            f"{_rate(out, 'baseline_dispatch_async_64')}   "
+            f"{_cpu(out, 'baseline_dispatch_async_64')}"
+        )
+        lines.append(
+            f"  {'dispatch, 64 coroutines (asyncio)':<37}  "
+            f"{_rate(out, 'qs_dispatch_async_64')}   "
+            f"{_cpu(out, 'qs_dispatch_async_64')}   {ratio:.2f}x the line above"
+        )
     for m in max_in_flight:
         name = f"qs_map_256_mif{m}"
         if name in out:
             label = f"map chunk 256, max_in_flight {m}"
             lines.append(f"  {label:<37}  {_rate(out, name)}   {_cpu(out, name)}")
-    lines.append("round trips carried (items per ...)   enqueue call    read   reply"
-                 "   Redis exec µs/item")
-    for name in ("baseline", "qs_submit_window", "qs_dispatch_64", "baseline_dispatch_64",
-                 "qs_dispatch_async_64", "baseline_dispatch_async_64", "qs_map_256_mif16"):
+    lines.append(
+        "round trips carried (items per ...)   enqueue call    read   reply   Redis exec µs/item"
+    )
+    for name in (
+        "baseline",
+        "qs_submit_window",
+        "qs_dispatch_64",
+        "baseline_dispatch_64",
+        "qs_dispatch_async_64",
+        "baseline_dispatch_async_64",
+        "qs_map_256_mif16",
+    ):
         if name not in out:
             continue
         r = out[name]["redis_per_item"]
         enq = r.get("items_per_enqueue_call")
-        lines.append(f"  {name:<36} {'-' if enq is None else f'{enq:,.1f}':>12}"
-                     f"  {r.get('items_per_read', 0):6.1f}  {r.get('items_per_reply', 0):6.1f}"
-                     f"   {r['redis_exec_us']:6.2f}")
+        lines.append(
+            f"  {name:<36} {'-' if enq is None else f'{enq:,.1f}':>12}"
+            f"  {r.get('items_per_read', 0):6.1f}  {r.get('items_per_reply', 0):6.1f}"
+            f"   {r['redis_exec_us']:6.2f}"
+        )
     return lines
 
 
@@ -550,8 +607,10 @@ def table(out: dict[str, Any], ok: dict[str, bool], max_in_flight: tuple[int, ..
         lines.append("round trip (ms)            p50     p90     p99   p99.9")
         for name, label in (("rt_qs", "queueserve dispatch"), ("rt_baseline", "XADD + BLPOP")):
             r = out[name]
-            lines.append(f"  {label:<22} {r['p50_ms']:6.3f}  {r['p90_ms']:6.3f}"
-                         f"  {r['p99_ms']:6.3f}  {r['p99.9_ms']:6.3f}")
+            lines.append(
+                f"  {label:<22} {r['p50_ms']:6.3f}  {r['p90_ms']:6.3f}"
+                f"  {r['p99_ms']:6.3f}  {r['p99.9_ms']:6.3f}"
+            )
     lines.append("budgets (docs/design.md §8)")
     lines += [f"  [{'ok' if passed else 'MISS'}] {name}" for name, passed in ok.items()]
     return "\n".join(lines)
@@ -572,9 +631,11 @@ def machine(bench: Bench) -> dict[str, Any]:
 
 def git_state() -> str:
     """The commit measured, marked dirty when queueserve/ has uncommitted changes."""
+
     def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True,
-                              check=False).stdout.strip()
+        return subprocess.run(
+            ["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, check=False
+        ).stdout.strip()
 
     commit = git("rev-parse", "--short", "HEAD") or "unknown"
     return commit + ("+dirty" if git("status", "--porcelain", "queueserve") else "")
@@ -583,13 +644,22 @@ def git_state() -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.throughput", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="10x fewer items (smoke run)")
-    parser.add_argument("--repeats", type=int, help="runs per throughput figure (default 3, "
-                        "1 with --quick)")
+    parser.add_argument(
+        "--repeats", type=int, help="runs per throughput figure (default 3, 1 with --quick)"
+    )
     parser.add_argument("--json", type=Path, help="write the results here as JSON")
-    parser.add_argument("--profile", type=Path, metavar="DIR",
-                        help="also py-spy the worker and client during single-item runs")
-    parser.add_argument("--only", choices=SECTIONS, action="append",
-                        help="run only this section (repeatable); default: all")
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        metavar="DIR",
+        help="also py-spy the worker and client during single-item runs",
+    )
+    parser.add_argument(
+        "--only",
+        choices=SECTIONS,
+        action="append",
+        help="run only this section (repeatable); default: all",
+    )
     args = parser.parse_args(argv)
     sections = args.only or list(SECTIONS)
     repeats = args.repeats or (1 if args.quick else 3)
@@ -611,15 +681,22 @@ def main(argv: list[str] | None = None) -> int:
     out = summarise(bench)
     ok = checks(out, bench.max_in_flight)
     print(table(out, ok, bench.max_in_flight))
-    print(f"({time.perf_counter() - started:.0f} s, {info['cores']} cores, {info['git']}, "
-          f"Redis {info['redis_server']}, loadavg at start {info['loadavg_at_start'][0]:.2f})")
+    print(
+        f"({time.perf_counter() - started:.0f} s, {info['cores']} cores, {info['git']}, "
+        f"Redis {info['redis_server']}, loadavg at start {info['loadavg_at_start'][0]:.2f})"
+    )
     if args.json:
         doc = {
             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "machine": info,
-            "params": {"quick": args.quick, "repeats": repeats, "sections": sections,
-                       "single_items": bench.n_single,
-                       "packed_items": bench.n_packed, "round_trips": bench.n_rt},
+            "params": {
+                "quick": args.quick,
+                "repeats": repeats,
+                "sections": sections,
+                "single_items": bench.n_single,
+                "packed_items": bench.n_packed,
+                "round_trips": bench.n_rt,
+            },
             "results": out,
             "budgets": ok,
         }

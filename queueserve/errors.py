@@ -50,10 +50,9 @@ class RemoteError(QueueServeError):
         return (type(self), (self.remote_type, self.remote_message, self.remote_traceback))
 
     def __eq__(self, other: object) -> bool:
-        return (
-            isinstance(other, RemoteError)
-            and (self.remote_type, self.remote_message)
-            == (other.remote_type, other.remote_message)
+        return isinstance(other, RemoteError) and (self.remote_type, self.remote_message) == (
+            other.remote_type,
+            other.remote_message,
         )
 
     __hash__ = Exception.__hash__

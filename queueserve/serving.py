@@ -38,7 +38,10 @@ class Batch(list[Any]):
     __slots__ = ("key", "partition", "prepared")
 
     def __init__(
-        self, items: Iterable[Any], key: str = "default", partition: Partition | None = None,
+        self,
+        items: Iterable[Any],
+        key: str = "default",
+        partition: Partition | None = None,
         prepared: Any = None,
     ) -> None:
         super().__init__(items)
@@ -139,16 +142,23 @@ class Serving:
         self.finish_fn: FinishFn | None = _check_optional_callable("finish", finish)
         self.name = _name(cls, fn, name)
         given = {
-            "batch_size": batch_size, "batch_timeout": batch_timeout, "max_queue": max_queue,
-            "codec": codec, "on_error": on_error, "max_deliveries": max_deliveries,
-            "max_payload_bytes": max_payload_bytes, "max_reply_bytes": max_reply_bytes,
-            "key_idle_ttl": key_idle_ttl, "shards": shards, "durable": durable,
+            "batch_size": batch_size,
+            "batch_timeout": batch_timeout,
+            "max_queue": max_queue,
+            "codec": codec,
+            "on_error": on_error,
+            "max_deliveries": max_deliveries,
+            "max_payload_bytes": max_payload_bytes,
+            "max_reply_bytes": max_reply_bytes,
+            "key_idle_ttl": key_idle_ttl,
+            "shards": shards,
+            "durable": durable,
             "prepare_concurrency": prepare_concurrency,
         }
         # Plain attributes: the hot path reads them per batch, validated once here.
-        vars(self).update(resolve(
-            ServingOptions, cls, {k: v for k, v in given.items() if v is not None}
-        ))
+        vars(self).update(
+            resolve(ServingOptions, cls, {k: v for k, v in given.items() if v is not None})
+        )
         # Given as arguments they shadow the class's; a subclass's own cost()/batch_key()
         # methods are found through the class, so nothing bound is stored on the instance.
         if cost is not None:
@@ -337,7 +347,8 @@ class Serving:
                 with hooks.running(None):  # qs.emit has no callers to reach here
                     ran = self.run_batch(Batch(chunk, key))
                     results = (
-                        ran.as_list() if isinstance(ran, BatchResults)
+                        ran.as_list()
+                        if isinstance(ran, BatchResults)
                         else collect_steps(ran, len(chunk), self.name)
                     )
                 for pos, result in zip(positions[done : done + len(chunk)], results, strict=True):
@@ -380,9 +391,7 @@ def collect_steps(steps: Iterator[Any], size: int, serving: str) -> list[list[An
     return values
 
 
-def serving(
-    fn: BatchFn | None = None, **options: Any
-) -> Callable[[BatchFn], Serving] | Serving:
+def serving(fn: BatchFn | None = None, **options: Any) -> Callable[[BatchFn], Serving] | Serving:
     """Decorator form: ``@qs.serving(name="square", batch_size=10)`` over a batch function."""
 
     def wrap(f: BatchFn) -> Serving:

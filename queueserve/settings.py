@@ -16,8 +16,15 @@ from queueserve.broker.urls import has_unencoded_userinfo, redact_url
 from queueserve.options.units import parse_duration
 
 _PREFIX = re.compile(r"[A-Za-z0-9_.\-]+")
-REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster", "redis+sentinel",
-                 "rediss+sentinel")
+REDIS_SCHEMES = (
+    "redis",
+    "rediss",
+    "unix",
+    "redis+cluster",
+    "rediss+cluster",
+    "redis+sentinel",
+    "rediss+sentinel",
+)
 
 
 class Settings(BaseSettings):
@@ -25,8 +32,9 @@ class Settings(BaseSettings):
 
     # hide_input_in_errors: a ValidationError would otherwise print the raw value, a Redis
     # URL with its password included
-    model_config = SettingsConfigDict(env_prefix="QUEUESERVE_", extra="forbid",
-                                      hide_input_in_errors=True)
+    model_config = SettingsConfigDict(
+        env_prefix="QUEUESERVE_", extra="forbid", hide_input_in_errors=True
+    )
 
     redis_url: str = Field(
         default="redis://127.0.0.1:6379/0",

@@ -132,9 +132,12 @@ class StepServing(Serving):
         if "batch_size" in options:
             raise TypeError("a StepServing's batch size is max_slots: pass max_slots=")
         given = {
-            "max_slots": max_slots, "max_batch_tokens": max_batch_tokens,
-            "max_prefill_tokens": max_prefill_tokens, "waiting_served_ratio": waiting_served_ratio,
-            "max_waiting_steps": max_waiting_steps, "prefix_cache_bytes": prefix_cache_bytes,
+            "max_slots": max_slots,
+            "max_batch_tokens": max_batch_tokens,
+            "max_prefill_tokens": max_prefill_tokens,
+            "waiting_served_ratio": waiting_served_ratio,
+            "max_waiting_steps": max_waiting_steps,
+            "prefix_cache_bytes": prefix_cache_bytes,
         }
         chosen: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
         if caller_gone_after is not ...:  # None is a value here: never look
@@ -252,7 +255,9 @@ class _FunctionSteps(StepServing):
     """A step serving made of functions (``qs.step_serving``)."""
 
     def __init__(
-        self, decode: Callable[[list[Any]], list[Any]], *,
+        self,
+        decode: Callable[[list[Any]], list[Any]],
+        *,
         prefill: Callable[[list[Any]], list[Any]],
         result: Callable[[Any, list[Any]], Any] | None = None,
         tokens: Callable[[Any], tuple[int, int]] | None = None,

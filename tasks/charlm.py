@@ -63,8 +63,10 @@ class Request:
             raise TypeError(f"a charlm item is a prompt string or a dict, got {item!r:.80}")
         unknown = set(item) - {"prompt", "max_new", "temperature", "seed", "stop"}
         if unknown:
-            raise ValueError(f"unknown charlm options {sorted(unknown)}; use prompt, max_new, "
-                             "temperature, seed, stop")
+            raise ValueError(
+                f"unknown charlm options {sorted(unknown)}; use prompt, max_new, "
+                "temperature, seed, stop"
+            )
         req = cls(**item)
         if not isinstance(req.prompt, str):
             raise TypeError(f"prompt must be a string, got {req.prompt!r:.80}")
@@ -154,8 +156,7 @@ class CharLM(qs.StepServing):
             rng = None
             if req.temperature > 0:
                 rng = torch.Generator(device=self.device).manual_seed(req.seed)
-            states.append(State(req, h, ids[resume.start:], resume.start, len(ids), rng,
-                                resume))
+            states.append(State(req, h, ids[resume.start :], resume.start, len(ids), rng, resume))
         return states
 
     def reading_chunk(self, rows: int) -> int:
@@ -185,8 +186,9 @@ class CharLM(qs.StepServing):
         if most == 1:
             sizes = [1] * len(going)
         else:
-            order = sorted(((states[j].chunk(most), j) for j in going), key=_first,
-                           reverse=True)  # stable: equal chunks keep their order
+            order = sorted(
+                ((states[j].chunk(most), j) for j in going), key=_first, reverse=True
+            )  # stable: equal chunks keep their order
             sizes, going = [n for n, _ in order], [j for _, j in order]
         rows = [states[j] for j in going]
         h, kept = self._read(rows, sizes)
@@ -234,8 +236,10 @@ class CharLM(qs.StepServing):
         if longest == 1:  # the common step: each sequence reads one character
             ids = torch.tensor([s.feed[0] for s in rows], device=self.device)
         else:
-            ids = torch.tensor([s.feed[:n] + [0] * (longest - n)
-                                for s, n in zip(rows, sizes, strict=True)], device=self.device)
+            ids = torch.tensor(
+                [s.feed[:n] + [0] * (longest - n) for s, n in zip(rows, sizes, strict=True)],
+                device=self.device,
+            )
         kept = []
         active = len(rows)
         for t in range(longest):

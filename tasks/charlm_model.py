@@ -61,8 +61,9 @@ class Stepper:
     def __init__(self, model: CharGRU) -> None:
         weights = {name: p.detach() for name, p in model.named_parameters()}
         with torch.inference_mode():
-            self.table = (weights["embed.weight"] @ weights["gru.weight_ih_l0"].T
-                          + weights["gru.bias_ih_l0"]).contiguous()
+            self.table = (
+                weights["embed.weight"] @ weights["gru.weight_ih_l0"].T + weights["gru.bias_ih_l0"]
+            ).contiguous()
             self.w_hh = weights["gru.weight_hh_l0"].T.contiguous()
             self.b_hh = weights["gru.bias_hh_l0"].clone()
             self.w_out = weights["head.weight"].T.contiguous()
@@ -98,6 +99,4 @@ def load(path: Path = WEIGHTS, device: str = "cpu") -> CharGRU:
 
 def save(model: CharGRU, path: Path = WEIGHTS) -> None:
     state = {k: v.detach().to("cpu", torch.float16) for k, v in model.state_dict().items()}
-    torch.save(
-        {"embed": model.embed.embedding_dim, "hidden": model.hidden, "state": state}, path
-    )
+    torch.save({"embed": model.embed.embedding_dim, "hidden": model.hidden, "state": state}, path)

@@ -39,8 +39,9 @@ def held_out_loss(model: CharGRU, ids: torch.Tensor, gen: torch.Generator) -> fl
     with torch.no_grad():
         x, y = batches(ids, gen)
         logits, _ = model(x)
-        return float(nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                                 y.reshape(-1)))
+        return float(
+            nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+        )
 
 
 def train(minutes: float, out: Path) -> None:
@@ -71,9 +72,12 @@ def train(minutes: float, out: Path) -> None:
         opt.step()
         step += 1
         if step % 100 == 0:
-            print(f"step {step}: train {loss.item():.3f}, held out "
-                  f"{held_out_loss(model, test_ids, gen):.3f} nats/char "
-                  f"({time.monotonic() - started:.0f}s)", flush=True)
+            print(
+                f"step {step}: train {loss.item():.3f}, held out "
+                f"{held_out_loss(model, test_ids, gen):.3f} nats/char "
+                f"({time.monotonic() - started:.0f}s)",
+                flush=True,
+            )
     print(f"{step} steps; held out {held_out_loss(model, test_ids, gen):.3f} nats/char")
     save(model, out)
     print(f"saved {out} ({out.stat().st_size / 1e6:.2f} MB)")

@@ -95,8 +95,9 @@ class Processes:
         self.seen: set[int] = set()
         self.captured: dict[int, Path] = {}  # pid -> its output, shown only when it failed
 
-    def start(self, name: str, *args: str, urgent: signal.Signals = signal.SIGTERM,
-              capture: bool = False) -> subprocess.Popen[bytes]:
+    def start(
+        self, name: str, *args: str, urgent: signal.Signals = signal.SIGTERM, capture: bool = False
+    ) -> subprocess.Popen[bytes]:
         """``capture``: the process's output goes to a file, shown only if it fails (Celery
         prints "worker: Warm shutdown (MainProcess)" on every stop, whatever its log level)."""
         output = None
@@ -105,9 +106,15 @@ class Processes:
             output = path.open("wb")
         # Own process group: a Ctrl-C reaches the demo alone, which then stops these in order.
         try:
-            proc = subprocess.Popen([sys.executable, *args], cwd=ROOT, env=self.env,
-                                    stdin=subprocess.DEVNULL, process_group=0,
-                                    stdout=output, stderr=output)
+            proc = subprocess.Popen(
+                [sys.executable, *args],
+                cwd=ROOT,
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                process_group=0,
+                stdout=output,
+                stderr=output,
+            )
         finally:
             if output is not None:
                 output.close()  # the child holds its own descriptor
@@ -236,8 +243,11 @@ def size_histogram(per_key: dict[str, list[tuple[float, float]]]) -> list[tuple[
     prev_le, prev = 0.0, 0.0
     for le in sorted(cumulative):
         lo = int(prev_le) + 1
-        label = f">{int(prev_le)}" if le == float("inf") else (
-            str(int(le)) if lo == int(le) else f"{lo}-{int(le)}")
+        label = (
+            f">{int(prev_le)}"
+            if le == float("inf")
+            else (str(int(le)) if lo == int(le) else f"{lo}-{int(le)}")
+        )
         rows.append((label, int(cumulative[le] - prev)))
         prev_le, prev = le, cumulative[le]
     while rows and rows[-1][1] == 0:
@@ -258,8 +268,10 @@ def _print_batch_sizes(port: int, capacity: int) -> None:
     widest = max((n for _, n in rows), default=1) or 1
     for label, n in rows:
         print(f"  {label:>7} items {n:5d}  {'#' * round(40 * n / widest)}")
-    by_key = ", ".join(f"{key} {int(buckets[-1][1])}" for key, buckets in sorted(
-        per_key.items(), key=lambda kv: (len(kv[0]), kv[0])))
+    by_key = ", ".join(
+        f"{key} {int(buckets[-1][1])}"
+        for key, buckets in sorted(per_key.items(), key=lambda kv: (len(kv[0]), kv[0]))
+    )
     print(f"  batches per length bucket: {by_key}")
 
 
@@ -267,15 +279,24 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="scripts/demo",
         description="Index the Python standard library's docstrings with a real embedding model "
-        "(Celery triggers it, queueserve batches it), then search them.")
+        "(Celery triggers it, queueserve batches it), then search them.",
+    )
     size = parser.add_mutually_exclusive_group()
-    size.add_argument("--limit", type=int, default=DEFAULT_LIMIT,
-                      help=f"passages to index, taken across all modules (default {DEFAULT_LIMIT})")
+    size.add_argument(
+        "--limit",
+        type=int,
+        default=DEFAULT_LIMIT,
+        help=f"passages to index, taken across all modules (default {DEFAULT_LIMIT})",
+    )
     size.add_argument("--all", action="store_true", help="index every passage (about 5,400)")
     parser.add_argument("--query", action="append", help="query to search (repeatable)")
     parser.add_argument("-k", type=int, default=3, help="hits per query (default 3)")
-    parser.add_argument("--partitions", type=int, default=2,
-                        help="queueserve partitions; each gets cores / partitions torch threads")
+    parser.add_argument(
+        "--partitions",
+        type=int,
+        default=2,
+        help="queueserve partitions; each gets cores / partitions torch threads",
+    )
     return parser.parse_args(argv)
 
 
@@ -290,8 +311,12 @@ def run(args: argparse.Namespace, stack: contextlib.ExitStack, problems: list[st
     prefix = given_prefix or f"demo-{os.getpid()}"
     index_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="qs-demo-index-"))
     # Set here, before the Celery app is first used: it reads them (tasks.celery_app).
-    os.environ.update(QUEUESERVE_REDIS_URL=url, QUEUESERVE_PREFIX=prefix, HF_HUB_OFFLINE="1",
-                      EMBED_INDEX_DIR=index_dir)
+    os.environ.update(
+        QUEUESERVE_REDIS_URL=url,
+        QUEUESERVE_PREFIX=prefix,
+        HF_HUB_OFFLINE="1",
+        EMBED_INDEX_DIR=index_dir,
+    )
     if not given_prefix:
         stack.callback(_delete_keys, url, prefix)
     port = _free_port()
@@ -299,23 +324,51 @@ def run(args: argparse.Namespace, stack: contextlib.ExitStack, problems: list[st
     procs = Processes(dict(os.environ, PYTHONUNBUFFERED="1"), logs)
     stack.push(lambda exc_type, *_: problems.extend(procs.stop(urgent=exc_type is not None)))
     worker = procs.start(
-        "queueserve worker", "-m", "queueserve", "worker", "tasks.embed:embed",
-        "--partitions", str(args.partitions), "--metrics-port", str(port),
+        "queueserve worker",
+        "-m",
+        "queueserve",
+        "worker",
+        "tasks.embed:embed",
+        "--partitions",
+        str(args.partitions),
+        "--metrics-port",
+        str(port),
         # Idle at a normal stop; after an interrupt, held batches get 10s to be answered.
-        "--shutdown-timeout", "10s", "--log-level", "WARNING",
+        "--shutdown-timeout",
+        "10s",
+        "--log-level",
+        "WARNING",
     )
     procs.start(
         # Celery warns at length when run as root (containers, CI); the demo is not the place.
-        "celery worker", "-W", "ignore:You're running the worker with superuser privileges",
-        "-m", "celery", "--quiet", "-A", "tasks.celery_app", "worker", "--pool", "solo",
-        "--loglevel", "WARNING", "--hostname", f"demo-{os.getpid()}@%h",
-        "--without-gossip", "--without-mingle", "--without-heartbeat",
+        "celery worker",
+        "-W",
+        "ignore:You're running the worker with superuser privileges",
+        "-m",
+        "celery",
+        "--quiet",
+        "-A",
+        "tasks.celery_app",
+        "worker",
+        "--pool",
+        "solo",
+        "--loglevel",
+        "WARNING",
+        "--hostname",
+        f"demo-{os.getpid()}@%h",
+        "--without-gossip",
+        "--without-mingle",
+        "--without-heartbeat",
         # After an interrupt: a solo pool cannot cancel its running task (a cold shutdown
         # raises NotImplementedError into it), and the task's message is acked already.
-        urgent=signal.SIGKILL, capture=True,
+        urgent=signal.SIGKILL,
+        capture=True,
     )
-    print(f"started queueserve worker ({args.partitions} partitions, metrics on :{port}) and "
-          "a Celery worker; loading the model ...", flush=True)
+    print(
+        f"started queueserve worker ({args.partitions} partitions, metrics on :{port}) and "
+        "a Celery worker; loading the model ...",
+        flush=True,
+    )
     print(f"model loaded in every partition after {_wait_ready(port, worker):.1f}s")
     procs.remember_tree()
     try:
@@ -332,14 +385,18 @@ def _index_and_search(args: argparse.Namespace, port: int) -> None:
     from tasks.embed import Embed
 
     limit = None if args.all else args.limit
-    print(f"indexing {'all' if limit is None else limit} stdlib docstring passages through "
-          "Celery -> queueserve ...", flush=True)
+    print(
+        f"indexing {'all' if limit is None else limit} stdlib docstring passages through "
+        "Celery -> queueserve ...",
+        flush=True,
+    )
     summary = _show_progress(index_corpus.apply_async(kwargs={"limit": limit}), 1800)
     buckets = sorted(summary["buckets"].items(), key=lambda kv: (len(kv[0]), kv[0]))
-    print(f"indexed {summary['count']} passages in {summary['seconds']:.1f}s: "
-          f"{summary['items_per_s']:.1f} passages/s with {args.partitions} partitions")
-    print(f"  passages per length bucket (batch key): "
-          f"{', '.join(f'{k} {n}' for k, n in buckets)}")
+    print(
+        f"indexed {summary['count']} passages in {summary['seconds']:.1f}s: "
+        f"{summary['items_per_s']:.1f} passages/s with {args.partitions} partitions"
+    )
+    print(f"  passages per length bucket (batch key): {', '.join(f'{k} {n}' for k, n in buckets)}")
     _print_batch_sizes(port, Embed.batch_size)
     for query in args.query or QUERIES:
         hits = search.apply_async(args=(query,), kwargs={"k": args.k}).get(timeout=120)
@@ -390,8 +447,10 @@ def main(argv: list[str] | None = None) -> int:
     for problem in problems:
         print(f"shutdown problem: {problem}", file=sys.stderr)
     if not problems:
-        print(f"stopped everything it started, no process left behind "
-              f"(the demo took {time.monotonic() - started:.0f}s)")
+        print(
+            f"stopped everything it started, no process left behind "
+            f"(the demo took {time.monotonic() - started:.0f}s)"
+        )
     return code or (1 if problems else 0)
 
 

@@ -44,8 +44,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from tasks.charlm import CharLM
 
-    items = [{"prompt": p, "max_new": args.max_new, "temperature": args.temperature, "seed": i}
-             for i, p in enumerate(args.prompts)]
+    items = [
+        {"prompt": p, "max_new": args.max_new, "temperature": args.temperature, "seed": i}
+        for i, p in enumerate(args.prompts)
+    ]
     texts = ["" for _ in items]
     first: list[float | None] = [None for _ in items]
     with contextlib.ExitStack() as stack:

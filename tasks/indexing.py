@@ -67,8 +67,14 @@ class Index:
         fd, tmp = tempfile.mkstemp(prefix=".index-", suffix=".npz", dir=directory)
         try:
             with os.fdopen(fd, "wb") as f:
-                np.savez(f, vectors=self.vectors, ids=ids, id_offsets=id_offsets,
-                         texts=texts, text_offsets=text_offsets)
+                np.savez(
+                    f,
+                    vectors=self.vectors,
+                    ids=ids,
+                    id_offsets=id_offsets,
+                    texts=texts,
+                    text_offsets=text_offsets,
+                )
             target = directory / INDEX_FILE
             os.replace(tmp, target)
         except BaseException:
@@ -85,8 +91,11 @@ class Index:
                 "index_dir it wrote to)"
             )
         with np.load(path, allow_pickle=False) as z:
-            return cls(_unpack(z["ids"], z["id_offsets"]),
-                       _unpack(z["texts"], z["text_offsets"]), z["vectors"])
+            return cls(
+                _unpack(z["ids"], z["id_offsets"]),
+                _unpack(z["texts"], z["text_offsets"]),
+                z["vectors"],
+            )
 
     def top(self, vector: np.ndarray, k: int) -> list[tuple[str, float, str]]:
         """The k passages most similar to ``vector`` (cosine: all vectors are unit length),
@@ -118,14 +127,22 @@ class Progress:
             return
         self._last = now
         elapsed = max(now - self.started, 1e-9)
-        self.task.update_state(state="PROGRESS", meta={
-            "done": done, "total": self.total, "items_per_s": round(done / elapsed, 2),
-        })
+        self.task.update_state(
+            state="PROGRESS",
+            meta={
+                "done": done,
+                "total": self.total,
+                "items_per_s": round(done / elapsed, 2),
+            },
+        )
 
 
 def index_corpus(
-    task: Any, limit: int | None = None, index_dir: str | None = None,
-    chunk_size: int = 128, timeout: float = 600.0,
+    task: Any,
+    limit: int | None = None,
+    index_dir: str | None = None,
+    chunk_size: int = 128,
+    timeout: float = 600.0,
 ) -> dict[str, Any]:
     """Embed the standard library's docstring passages (the first ``limit`` of them, taken
     across all modules) through queueserve and store the index; returns a summary."""
@@ -134,8 +151,9 @@ def index_corpus(
     progress = Progress(task, len(texts))
     progress(0)
     vectors = np.empty((len(texts), DIM), dtype=np.float32)
-    results = client().map(embed, texts, chunk_size=chunk_size, timeout=timeout,
-                           on_progress=progress)
+    results = client().map(
+        embed, texts, chunk_size=chunk_size, timeout=timeout, on_progress=progress
+    )
     for i, vector in enumerate(results):
         vectors[i] = vector
     seconds = time.perf_counter() - progress.started
@@ -166,7 +184,10 @@ def load_index(directory: Path) -> Index:
 
 
 def search(
-    query: str, k: int = 5, index_dir: str | None = None, timeout: float = 60.0,
+    query: str,
+    k: int = 5,
+    index_dir: str | None = None,
+    timeout: float = 60.0,
 ) -> list[tuple[str, float, str]]:
     """The top ``k`` passages for ``query`` as (id, score, text), best first; the query is
     embedded by the same queueserve serving as the passages were."""

@@ -42,8 +42,12 @@ def check(results: Sequence[Any], items: range) -> None:
 
 
 def rate(
-    run_window: Callable[[range], Sequence[Any]], items: int, window: int, repeats: int,
-    seconds: float, meter: CpuMeter | None = None,
+    run_window: Callable[[range], Sequence[Any]],
+    items: int,
+    window: int,
+    repeats: int,
+    seconds: float,
+    meter: CpuMeter | None = None,
 ) -> dict[str, Any]:
     """Items/s of ``run_window`` (send the items of a range, one call each, and return their
     results) over ``repeats`` runs of ``items`` items cut into windows; with a ``meter``, also
@@ -69,11 +73,16 @@ def rate(
             used = meter.stop()
             cpu.append({name: used[name] * 1e6 / done for name in meter.pids})
     rates = [done / elapsed for done, elapsed in runs]
-    out = {"items_per_s": round(statistics.median(rates)), "runs": [round(r) for r in rates],
-           "items": [done for done, _ in runs], "window": window}
+    out = {
+        "items_per_s": round(statistics.median(rates)),
+        "runs": [round(r) for r in rates],
+        "items": [done for done, _ in runs],
+        "window": window,
+    }
     if cpu:
-        out["cpu_us_per_item"] = {name: round(statistics.median(run[name] for run in cpu), 1)
-                                  for name in cpu[0]}
+        out["cpu_us_per_item"] = {
+            name: round(statistics.median(run[name] for run in cpu), 1) for name in cpu[0]
+        }
     return out
 
 
@@ -84,8 +93,10 @@ def cpu_meter(redis_url: str, worker_pid: int) -> CpuMeter:
         redis_pid = int(client.info("server")["process_id"])
     finally:
         client.close()
-    return CpuMeter({"client": os.getpid(), "worker": worker_pid, "redis": redis_pid},
-                    trees=frozenset({"worker"}))
+    return CpuMeter(
+        {"client": os.getpid(), "worker": worker_pid, "redis": redis_pid},
+        trees=frozenset({"worker"}),
+    )
 
 
 def latency(call: Callable[[int], Any], calls: int, warmup: int, seconds: float) -> dict[str, Any]:
@@ -103,12 +114,16 @@ def latency(call: Callable[[int], Any], calls: int, warmup: int, seconds: float)
         times.append(clock() - t0)
         check([result], range(i, i + 1))
     times.sort()
-    return {"p50_ms": round(percentile(times, 50) * 1e3, 3),
-            "p99_ms": round(percentile(times, 99) * 1e3, 3), "calls": len(times)}
+    return {
+        "p50_ms": round(percentile(times, 50) * 1e3, 3),
+        "p99_ms": round(percentile(times, 99) * 1e3, 3),
+        "calls": len(times),
+    }
 
 
-def parse_args(description: str, argv: list[str] | None = None,
-               variants: Sequence[str] = ()) -> argparse.Namespace:
+def parse_args(
+    description: str, argv: list[str] | None = None, variants: Sequence[str] = ()
+) -> argparse.Namespace:
     """The arguments bench/peers.py gives every runner."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--redis-url", required=True, help="the private Redis to use")
@@ -117,8 +132,9 @@ def parse_args(description: str, argv: list[str] | None = None,
     parser.add_argument("--repeats", type=int, default=3, help="throughput runs")
     parser.add_argument("--rt-calls", type=int, default=500, help="timed one-at-a-time calls")
     parser.add_argument("--rt-warmup", type=int, default=20, help="untimed calls before those")
-    parser.add_argument("--seconds", type=float, default=60.0,
-                        help="time bound of each of the two measurements")
+    parser.add_argument(
+        "--seconds", type=float, default=60.0, help="time bound of each of the two measurements"
+    )
     if variants:
         parser.add_argument("--variant", choices=variants, default=variants[0])
     return parser.parse_args(argv)
@@ -139,8 +155,12 @@ def pinned(distribution: str) -> str:
 
 def skip(distribution: str) -> None:
     """Say how to install a peer that is missing, as the runner's JSON line, and exit."""
-    emit({"skipped": f"{distribution} is not installed in {sys.prefix}: run scripts/bench-peers "
-                     f"(or {sys.executable} -m pip install '{pinned(distribution)}')"})
+    emit(
+        {
+            "skipped": f"{distribution} is not installed in {sys.prefix}: run scripts/bench-peers "
+            f"(or {sys.executable} -m pip install '{pinned(distribution)}')"
+        }
+    )
     sys.exit(0)
 
 
@@ -158,8 +178,13 @@ class WorkerProcess:
     def __init__(self, argv: list[str], env: dict[str, str] | None = None) -> None:
         self.log = tempfile.NamedTemporaryFile(prefix="qs-peer-", suffix=".log", delete=False)  # noqa: SIM115
         self.proc = subprocess.Popen(
-            argv, cwd=REPO_ROOT, env=dict(os.environ, **(env or {}), PYTHONUNBUFFERED="1"),
-            stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT, process_group=0,
+            argv,
+            cwd=REPO_ROOT,
+            env=dict(os.environ, **(env or {}), PYTHONUNBUFFERED="1"),
+            stdin=subprocess.DEVNULL,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            process_group=0,
         )
 
     def __enter__(self) -> WorkerProcess:
@@ -167,8 +192,9 @@ class WorkerProcess:
 
     def alive(self) -> None:
         if self.proc.poll() is not None:
-            raise RuntimeError(f"worker {self.proc.args!r} exited with code "
-                               f"{self.proc.returncode}:\n{self.tail()}")
+            raise RuntimeError(
+                f"worker {self.proc.args!r} exited with code {self.proc.returncode}:\n{self.tail()}"
+            )
 
     def tail(self, lines: int = 30) -> str:
         return "\n".join(Path(self.log.name).read_text(errors="replace").splitlines()[-lines:])

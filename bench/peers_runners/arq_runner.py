@@ -29,8 +29,11 @@ def main() -> None:
 
     async def window(part: range) -> list[Any]:
         jobs = [await pool.enqueue_job("identity", x) for x in part]
-        return [await job.result(timeout=_measure.WAIT_S, poll_delay=POLL_DELAY_S)
-                for job in jobs if job is not None]
+        return [
+            await job.result(timeout=_measure.WAIT_S, poll_delay=POLL_DELAY_S)
+            for job in jobs
+            if job is not None
+        ]
 
     def run_window(part: range) -> list[Any]:
         return loop.run_until_complete(window(part))
@@ -44,8 +47,9 @@ def main() -> None:
             run_window(range(args.window))
             worker.alive()
             meter = _measure.cpu_meter(args.redis_url, worker.proc.pid)
-            rate = _measure.rate(run_window, args.items, args.window, args.repeats, args.seconds,
-                                 meter)
+            rate = _measure.rate(
+                run_window, args.items, args.window, args.repeats, args.seconds, meter
+            )
             worker.alive()
             lat = _measure.latency(call, args.rt_calls, args.rt_warmup, args.seconds)
             worker.alive()

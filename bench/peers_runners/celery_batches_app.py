@@ -16,8 +16,11 @@ from celery_batches import Batches
 URL = os.environ["PEERS_REDIS_URL"]
 
 app = Celery("peers_batches", broker=URL, backend=URL)
-app.conf.update(broker_connection_retry_on_startup=True, worker_hijack_root_logger=False,
-                worker_prefetch_multiplier=0)
+app.conf.update(
+    broker_connection_retry_on_startup=True,
+    worker_hijack_root_logger=False,
+    worker_prefetch_multiplier=0,
+)
 
 
 @app.task(name="identity_batch", base=Batches, flush_every=256, flush_interval=0.01)

@@ -36,10 +36,25 @@ def main() -> None:
     pool = "solo" if args.variant == "solo" else "prefork"
     concurrency = 1 if pool == "solo" else os.cpu_count() or 1
     app_module = f"{__package__}.{'celery_batches_app' if batches else 'celery_app'}"
-    argv = [sys.executable, "-m", "celery", "-A", app_module, "worker",
-            "--pool", pool, "--concurrency", str(concurrency), "--loglevel", "WARNING",
-            "--without-gossip", "--without-mingle", "--without-heartbeat"]
+    argv = [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        app_module,
+        "worker",
+        "--pool",
+        pool,
+        "--concurrency",
+        str(concurrency),
+        "--loglevel",
+        "WARNING",
+        "--without-gossip",
+        "--without-mingle",
+        "--without-heartbeat",
+    ]
     with _measure.WorkerProcess(argv) as worker:
+
         def call(x: int) -> Any:
             return task.delay(x).get(timeout=_measure.WAIT_S)
 
@@ -53,16 +68,17 @@ def main() -> None:
         run_window(range(args.window))  # the worker is up once these come back
         worker.alive()
         meter = _measure.cpu_meter(args.redis_url, worker.proc.pid)
-        rate = _measure.rate(run_window, args.items, args.window, args.repeats, args.seconds,
-                             meter)
+        rate = _measure.rate(run_window, args.items, args.window, args.repeats, args.seconds, meter)
         worker.alive()
         lat = _measure.latency(call, args.rt_calls, args.rt_warmup, args.seconds)
         worker.alive()
         gc.collect()  # finalize the last results now, not at interpreter exit
     names = ("celery", "kombu", "redis") + (("celery-batches",) if batches else ())
-    setup = (f"pool {pool}, concurrency {concurrency}"
-             + (", flush_every 256, flush_interval 10 ms, prefetch multiplier 0" if batches
-                else ", prefetch multiplier 4 (default)"))
+    setup = f"pool {pool}, concurrency {concurrency}" + (
+        ", flush_every 256, flush_interval 10 ms, prefetch multiplier 0"
+        if batches
+        else ", prefetch multiplier 4 (default)"
+    )
     _measure.emit({"versions": _measure.versions(*names), "setup": setup, **rate, **lat})
 
 

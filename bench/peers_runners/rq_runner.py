@@ -42,21 +42,22 @@ def main() -> None:
     def call(x: int) -> Any:
         return result(queue.enqueue(identity, x))
 
-    argv = [sys.executable, "-m", "rq.cli", "worker", "--url", args.redis_url,
-            "--quiet", QUEUE]
+    argv = [sys.executable, "-m", "rq.cli", "worker", "--url", args.redis_url, "--quiet", QUEUE]
     if args.variant == "simple":
         argv[-1:-1] = ["--worker-class", "rq.worker.SimpleWorker"]
     with _measure.WorkerProcess(argv) as worker:
         run_window(range(min(args.window, 32)))
         worker.alive()
         meter = _measure.cpu_meter(args.redis_url, worker.proc.pid)
-        rate = _measure.rate(run_window, args.items, args.window, args.repeats, args.seconds,
-                             meter)
+        rate = _measure.rate(run_window, args.items, args.window, args.repeats, args.seconds, meter)
         worker.alive()
         lat = _measure.latency(call, args.rt_calls, args.rt_warmup, args.seconds)
         worker.alive()
-    setup = ("one worker (default Worker: a forked work horse per job)" if args.variant == "fork"
-             else "one SimpleWorker (jobs run in the worker process, no fork)")
+    setup = (
+        "one worker (default Worker: a forked work horse per job)"
+        if args.variant == "fork"
+        else "one SimpleWorker (jobs run in the worker process, no fork)"
+    )
     _measure.emit({"versions": _measure.versions("rq", "redis"), "setup": setup, **rate, **lat})
 
 

@@ -28,8 +28,11 @@ def _streams_with_work(
     """(batch key, stream) of the streams named by a shard's ready members (``<N><K>``) and
     active set, in name order; members anyone could have written that name no request
     stream of this shard are left out."""
-    names = {keys.stream(m[1:], int(m[0])) for m in (text(r, "replace") for r in ready)
-             if m[:1].isascii() and m[:1].isdigit()}
+    names = {
+        keys.stream(m[1:], int(m[0]))
+        for m in (text(r, "replace") for r in ready)
+        if m[:1].isascii() and m[:1].isdigit()
+    }
     names.update(text(a, "replace") for a in active)
     found = []
     for name in sorted(names):
@@ -68,8 +71,11 @@ def _add_stream(row: KeyStats, length: Any, groups: Any, first: Any, now_ms: int
     """Add one priority stream's XLEN, XINFO GROUPS and first entry to a key's row."""
     if not isinstance(length, int) or not length:
         return
-    group = next((g for g in groups if text(g["name"], "replace") == GROUP), None) if (
-        isinstance(groups, list)) else None
+    group = (
+        next((g for g in groups if text(g["name"], "replace") == GROUP), None)
+        if (isinstance(groups, list))
+        else None
+    )
     pending = int(group["pending"]) if group else 0
     row.pending += pending
     row.waiting += length - pending
@@ -77,7 +83,6 @@ def _add_stream(row: KeyStats, length: Any, groups: Any, first: Any, now_ms: int
     if isinstance(first, list) and first:
         born = int(text(first[0][0]).split("-")[0])
         row.oldest_age_ms = max(row.oldest_age_ms, now_ms - born)
-
 
 
 class Admin(BrokerCore):
@@ -181,8 +186,11 @@ class Admin(BrokerCore):
                 confirmed = self.redis.hget(keys.last_shard(count).meta, "shards") == raw
             count = count if confirmed else 0
         if count == 0:
-            log.warning("serving %s: ignored shards=%r in its meta hash (not a count its "
-                        "workers declared)", keys.name, raw)
+            log.warning(
+                "serving %s: ignored shards=%r in its meta hash (not a count its workers declared)",
+                keys.name,
+                raw,
+            )
         return keys.sharded(max(1, count))
 
     def summed_key_stats(self, shards: Sequence[Keys]) -> list[KeyStats]:
@@ -234,8 +242,7 @@ class Admin(BrokerCore):
         args: list[Any] = [dead_id, GROUP, batch_key, priority, PRIORITY_AGE_MS]
         for header, payload, n in requests:
             args += [header, payload, n]
-        script_keys = [keys.dead, stream, keys.queued, keys.seen, keys.ready, keys.wake,
-                       keys.depth]
+        script_keys = [keys.dead, stream, keys.queued, keys.seen, keys.ready, keys.wake, keys.depth]
         with redis_errors(self.url):
             new_ids = self._replay(keys=script_keys, args=args)
         return [text(i) for i in new_ids] if new_ids else None

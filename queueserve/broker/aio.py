@@ -72,8 +72,7 @@ def hiredis_packing(client: Any) -> Any:
     or Sentinel client keeps redis-py's own connections)."""
     if isinstance(client, aioredis.Redis):
         pool = client.connection_pool
-        pool.connection_class = _HIREDIS_CLASSES.get(pool.connection_class,
-                                                      pool.connection_class)
+        pool.connection_class = _HIREDIS_CLASSES.get(pool.connection_class, pool.connection_class)
     return client
 
 
@@ -89,8 +88,9 @@ class AsyncSubscription:
     """One pub/sub channel, read with ``await get``; resubscribes after a reconnect, on a new
     pub/sub connection after a failure (a cluster's stays bound to a node that may be gone)."""
 
-    def __init__(self, client: aioredis.Redis | aioredis.RedisCluster, url: str,
-                 channel: str) -> None:
+    def __init__(
+        self, client: aioredis.Redis | aioredis.RedisCluster, url: str, channel: str
+    ) -> None:
         self.url = url
         self.channel = channel
         self.confirmed = False
@@ -216,7 +216,8 @@ class AsyncProducer:
                 return inbox_messages(await self.redis.execute_command(*command))
             async with self._routed(inbox):
                 reply = await self.redis.execute_command(
-                    *command, target_nodes=self.redis.get_node_from_key(inbox))
+                    *command, target_nodes=self.redis.get_node_from_key(inbox)
+                )
             return inbox_messages(reply)
 
     def subscribe(self, channel: str) -> AsyncSubscription:

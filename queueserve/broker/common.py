@@ -106,8 +106,7 @@ def enqueue_and_wait_commands(
     """A durable enqueue: enqueue.lua then ``WAIT 1``, to be sent on one connection (WAIT
     counts the replicas holding that connection's writes; on a cluster, a connection to the
     shard's master). The sync and asyncio producers both send these."""
-    return [("EVALSHA", sha, len(script_keys), *script_keys, *args),
-            ("WAIT", 1, DURABLE_WAIT_MS)]
+    return [("EVALSHA", sha, len(script_keys), *script_keys, *args), ("WAIT", 1, DURABLE_WAIT_MS)]
 
 
 def durable_replies(out: Sequence[Any], first_try: bool) -> tuple[Any, int] | None:
@@ -136,8 +135,10 @@ def cancel_arguments(
     keys: Keys, stream: str, entry_id: bytes, n: int
 ) -> tuple[list[str], list[Any]]:
     """KEYS and ARGV of cancel.lua."""
-    return ([stream, keys.queued, keys.cancel, keys.depth],
-            [GROUP, entry_id, n, keys.batch_key_of(stream)])
+    return (
+        [stream, keys.queued, keys.cancel, keys.depth],
+        [GROUP, entry_id, n, keys.batch_key_of(stream)],
+    )
 
 
 def inbox_command(inbox: str, timeout: float) -> tuple[Any, ...]:

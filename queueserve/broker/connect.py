@@ -106,8 +106,17 @@ def parse_url(url: str) -> Topology:
         db = _db(url, path[1]) if len(path) > 1 else 0
     elif path and _db(url, path[0]) != 0:
         raise ValueError(f"{redact_url(url)!r}: a Redis Cluster has only database 0")
-    return Topology("sentinel" if kind == "sentinel" else "cluster", url, hosts, service, db,
-                    base == "rediss", username, password, sentinel_auth)
+    return Topology(
+        "sentinel" if kind == "sentinel" else "cluster",
+        url,
+        hosts,
+        service,
+        db,
+        base == "rediss",
+        username,
+        password,
+        sentinel_auth,
+    )
 
 
 def _host_port(url: str, text: str, default: int) -> tuple[str, int]:
@@ -162,15 +171,18 @@ def connect(url: str) -> redis.Redis | redis.RedisCluster:
         if not url.startswith("unix:") and _is_cluster_node(url):
             log.info("%s is a Redis Cluster node: using the cluster client", redact_url(url))
             return redis.RedisCluster.from_url(url, health_check_interval=HEALTH_CHECK_S)
-        return redis.Redis.from_url(url, health_check_interval=HEALTH_CHECK_S,
-                                    command_packer=HiredisPacker())
+        return redis.Redis.from_url(
+            url, health_check_interval=HEALTH_CHECK_S, command_packer=HiredisPacker()
+        )
     if t.kind == "cluster":
         nodes = [ClusterNode(h, p) for h, p in t.hosts]  # type: ignore[no-untyped-call]
         return redis.RedisCluster(startup_nodes=nodes, **_common(t))
     sentinel = Sentinel(  # type: ignore[no-untyped-call]
-        list(t.hosts), sentinel_kwargs=dict(t.sentinel_auth), **_server_auth(t))
+        list(t.hosts), sentinel_kwargs=dict(t.sentinel_auth), **_server_auth(t)
+    )
     master: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
-        t.service, db=t.db, health_check_interval=HEALTH_CHECK_S)
+        t.service, db=t.db, health_check_interval=HEALTH_CHECK_S
+    )
     return master
 
 
@@ -186,9 +198,11 @@ def connect_async(url: str) -> aioredis.Redis | aioredis.RedisCluster:
         nodes = [AsyncClusterNode(h, p) for h, p in t.hosts]
         return aioredis.RedisCluster(startup_nodes=nodes, **_common(t))
     sentinel = AsyncSentinel(  # type: ignore[no-untyped-call]
-        list(t.hosts), sentinel_kwargs=dict(t.sentinel_auth), **_server_auth(t))
-    master: aioredis.Redis = sentinel.master_for(t.service, db=t.db,
-                                                 health_check_interval=HEALTH_CHECK_S)
+        list(t.hosts), sentinel_kwargs=dict(t.sentinel_auth), **_server_auth(t)
+    )
+    master: aioredis.Redis = sentinel.master_for(
+        t.service, db=t.db, health_check_interval=HEALTH_CHECK_S
+    )
     return master
 
 

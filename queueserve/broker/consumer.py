@@ -36,7 +36,12 @@ class Consumer(Replies):
     """The stream operations of a worker."""
 
     def claim(
-        self, stream: str, owner: str, claimer: str, min_idle_ms: int, count: int,
+        self,
+        stream: str,
+        owner: str,
+        claimer: str,
+        min_idle_ms: int,
+        count: int,
         skip: AbstractSet[bytes] = frozenset(),
     ) -> list[tuple[bytes, dict[bytes, bytes], int]]:
         """Move up to ``count`` of ``owner``'s entries idle for ``min_idle_ms`` to ``claimer``.
@@ -50,7 +55,12 @@ class Consumer(Replies):
         with redis_errors(self.url):
             try:
                 pending = self.redis.xpending_range(
-                    stream, GROUP, min="-", max="+", count=count, consumername=owner,
+                    stream,
+                    GROUP,
+                    min="-",
+                    max="+",
+                    count=count,
+                    consumername=owner,
                     idle=min_idle_ms,
                 )
             except redis.ResponseError as e:
@@ -66,17 +76,18 @@ class Consumer(Replies):
             }
             if not deliveries:
                 return []
-            claimed = cast(list[bytes], self.redis.xclaim(
-                stream, GROUP, claimer, min_idle_ms, list(deliveries), justid=True
-            ))
+            claimed = cast(
+                list[bytes],
+                self.redis.xclaim(
+                    stream, GROUP, claimer, min_idle_ms, list(deliveries), justid=True
+                ),
+            )
             pipe = self.redis.pipeline(transaction=False)
             for entry_id in claimed:
                 pipe.xrange(stream, entry_id, entry_id)
             found = pipe.execute()
         return [
-            (entry[0][0], entry[0][1], deliveries.get(entry[0][0], 1))
-            for entry in found
-            if entry
+            (entry[0][0], entry[0][1], deliveries.get(entry[0][0], 1)) for entry in found if entry
         ]
 
     def split_pack(self, keys: Keys, stream: str, entry_id: bytes) -> int:
@@ -89,10 +100,12 @@ class Consumer(Replies):
         batch_key, priority = shard.parse_stream(stream)
         score = int(time.time() * 1000) - priority * PRIORITY_AGE_MS
         with redis_errors(self.url):
-            return int(self._split(
-                keys=[stream, shard.ready, shard.wake],
-                args=[GROUP, entry_id, f"{priority}{batch_key}", score, MAX_PACK_REQUESTS],
-            ))
+            return int(
+                self._split(
+                    keys=[stream, shard.ready, shard.wake],
+                    args=[GROUP, entry_id, f"{priority}{batch_key}", score, MAX_PACK_REQUESTS],
+                )
+            )
 
     def count_delivery(self, stream: str, consumer: str, entry_id: bytes) -> None:
         """Count one more delivery of an entry this consumer is about to run."""
@@ -119,7 +132,11 @@ class Consumer(Replies):
             self.redis.xgroup_delconsumer(stream, GROUP, consumer)
 
     def dead_letter(
-        self, keys: Keys, stream: str, entry_id: bytes, *records: Mapping[str, Any],
+        self,
+        keys: Keys,
+        stream: str,
+        entry_id: bytes,
+        *records: Mapping[str, Any],
         ack_now: bool,
     ) -> None:
         """Dead-letter one entry (see DeadLetter)."""
@@ -134,8 +151,12 @@ class Consumer(Replies):
             for stream, entry_id, records, ack_now in letters:
                 dead = keys.shard_of(stream).dead  # the stream's shard: one slot
                 for record in records:
-                    fields: dict[Any, Any] = {"stream": stream, "entry_id": entry_id,
-                                              "at_ms": at_ms, **record}
+                    fields: dict[Any, Any] = {
+                        "stream": stream,
+                        "entry_id": entry_id,
+                        "at_ms": at_ms,
+                        **record,
+                    }
                     pipe.xadd(dead, fields)
                 if ack_now:
                     pipe.xack(stream, GROUP, entry_id)

@@ -35,8 +35,7 @@ class Subscription:
     After a failure the pub/sub connection is made anew: a cluster's pub/sub client stays
     bound to the node it picked, which may be the one that died."""
 
-    def __init__(self, client: redis.Redis | redis.RedisCluster, url: str,
-                 *channels: str) -> None:
+    def __init__(self, client: redis.Redis | redis.RedisCluster, url: str, *channels: str) -> None:
         self.url = url
         self.channels = channels
         self.confirmed = False  # Redis confirmed the subscription at least once
@@ -46,7 +45,8 @@ class Subscription:
     def _subscribed(self) -> Any:
         if self._pubsub is None:
             self._pubsub = self._client.pubsub(  # type: ignore[no-untyped-call]
-                ignore_subscribe_messages=False)
+                ignore_subscribe_messages=False
+            )
         if not self._pubsub.subscribed:
             self._pubsub.subscribe(*self.channels)
         return self._pubsub
@@ -86,7 +86,6 @@ class Subscription:
                 pubsub.close()
 
 
-
 class BrokerCore:
     """One Redis deployment: its client, the scripts, routing and the raw fast path."""
 
@@ -108,8 +107,9 @@ class BrokerCore:
         # The hot path's round trips go straight onto a pooled connection (broker/raw.py),
         # except on a cluster, whose client routes each command to its slot's master.
         plain = not is_cluster(self.redis)
-        self._raw = (raw.Connections(cast(redis.Redis, self.redis).connection_pool)
-                      if plain else None)
+        self._raw = (
+            raw.Connections(cast(redis.Redis, self.redis).connection_pool) if plain else None
+        )
 
     def close(self) -> None:
         if self._raw is not None:

@@ -59,9 +59,24 @@ class EmbeddedRedis:
         self._dir = tempfile.mkdtemp(prefix=f"{_DIR_PREFIX}{os.getpid()}-")
         socket = Path(self._dir) / "redis.sock"
         self._proc = subprocess.Popen(
-            [path, "--port", "0", "--unixsocket", str(socket), "--unixsocketperm", "700",
-             "--save", "", "--appendonly", "no", "--dir", self._dir],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=_dies_with_owner(),
+            [
+                path,
+                "--port",
+                "0",
+                "--unixsocket",
+                str(socket),
+                "--unixsocketperm",
+                "700",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                self._dir,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            preexec_fn=_dies_with_owner(),
         )
         self.url = f"unix://{socket}"
         try:
@@ -90,7 +105,9 @@ class EmbeddedRedis:
             client.close()
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
         if self._proc is not None:

@@ -21,26 +21,41 @@ from queueserve.broker.urls import redact_url
 from queueserve.errors import QueueServeError, RedisCommandError, RedisUnavailable
 
 # Error codes redis-py leaves as a plain ResponseError whose cause passes.
-TRANSIENT_CODES = frozenset({"UNBLOCKED", "NOGROUP", "LOADING", "MASTERDOWN", "TRYAGAIN",
-                             "CLUSTERDOWN", "OOM", "READONLY", "BUSY"})
+TRANSIENT_CODES = frozenset(
+    {
+        "UNBLOCKED",
+        "NOGROUP",
+        "LOADING",
+        "MASTERDOWN",
+        "TRYAGAIN",
+        "CLUSTERDOWN",
+        "OOM",
+        "READONLY",
+        "BUSY",
+    }
+)
 _TRANSIENT_TYPES: tuple[type[Exception], ...] = (
-    rx.OutOfMemoryError, rx.ReadOnlyError, rx.BusyLoadingError, rx.MasterDownError,
-    rx.TryAgainError, rx.ClusterDownError,
+    rx.OutOfMemoryError,
+    rx.ReadOnlyError,
+    rx.BusyLoadingError,
+    rx.MasterDownError,
+    rx.TryAgainError,
+    rx.ClusterDownError,
 )
 _PIPELINE_PREFIX = "of pipeline caused error: "
 
 _ADVICE = {
     "NOPERM": "grant the Redis ACL user the commands and keys queueserve uses "
-              "(see docs/usage.md), or use another user",
+    "(see docs/usage.md), or use another user",
     "WRONGTYPE": "a key under queueserve's prefix holds another type: use a prefix no other "
-                 "application writes to, or delete the key",
+    "application writes to, or delete the key",
     "AUTH": "check the user name and password in the Redis URL",
     "MOVED": "this Redis is a Redis Cluster node that was not reachable when the client or "
-             "worker started, so it was not detected: use a redis+cluster://host:port URL",
+    "worker started, so it was not detected: use a redis+cluster://host:port URL",
     "CROSSSLOT": "a command touched keys of several cluster slots; this is a bug: report it "
-                 "with this message",
+    "with this message",
     "SCRIPT": "a queueserve Lua script failed; this is a bug or a key of the wrong type: "
-              "report it with this message",
+    "report it with this message",
 }
 
 
@@ -94,8 +109,9 @@ def translate(error: redis.RedisError, url: str) -> QueueServeError:
     else:
         code = error_code(error)
         script = "script" in str(error).lower() or isinstance(error, rx.NoScriptError)
-        advice = _ADVICE.get(code) or (_ADVICE["SCRIPT"] if script else
-                                       "this will fail again as sent: report it if unexpected")
+        advice = _ADVICE.get(code) or (
+            _ADVICE["SCRIPT"] if script else "this will fail again as sent: report it if unexpected"
+        )
     return RedisCommandError(f"{where} refused a command ({detail}): {advice}")
 
 

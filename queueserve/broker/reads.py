@@ -35,7 +35,11 @@ class ReadOutcome:
     __slots__ = ("entries", "left", "more", "skipped", "wake_id")
 
     def __init__(
-        self, wake_id: bytes, skipped: int, more: bool, left: int,
+        self,
+        wake_id: bytes,
+        skipped: int,
+        more: bool,
+        left: int,
         entries: list[tuple[str, StreamEntries]],
     ) -> None:
         self.wake_id = wake_id  # block on the wake stream after this id when nothing came
@@ -85,12 +89,10 @@ class PendingRead:
         self._sent.abandon()
 
 
-
 def _fields(flat: list[bytes]) -> dict[bytes, bytes]:
     if len(flat) == 6:  # an entry as enqueue.lua writes it (h, p, a): no slicing
         return {flat[0]: flat[1], flat[2]: flat[3], flat[4]: flat[5]}
     return dict(zip(flat[::2], flat[1::2], strict=True))
-
 
 
 Unnamed = list[tuple[bytes, StreamEntries]]
@@ -169,8 +171,10 @@ class Reads(BrokerCore):
         keys_, args = self._read_arguments(
             keys, read.consumer, read.budget, read.per_key, read.full
         )
-        return [("XREAD", "COUNT", 1, "BLOCK", read.block_ms, "STREAMS", keys.wake, read.after),
-                ("EVALSHA", self._read.sha, len(keys_), *keys_, *args)]
+        return [
+            ("XREAD", "COUNT", 1, "BLOCK", read.block_ms, "STREAMS", keys.wake, read.after),
+            ("EVALSHA", self._read.sha, len(keys_), *keys_, *args),
+        ]
 
     def _wake_read_outcome(self, keys: Keys, read: WakeRead, out: Any) -> ReadOutcome:
         """read.lua's reply to a wake read (the caller maps redis-py's errors)."""
@@ -197,15 +201,23 @@ class Reads(BrokerCore):
             pipe = self.redis.pipeline(transaction=False)
             for stream, entries in unnamed:
                 for entry_id, fields in entries:
-                    record: dict[Any, Any] = {"stream": stream, "entry_id": entry_id,
-                                              "at_ms": now_ms, "reason": reason}
+                    record: dict[Any, Any] = {
+                        "stream": stream,
+                        "entry_id": entry_id,
+                        "at_ms": now_ms,
+                        "reason": reason,
+                    }
                     record.update((b"field:" + name, value) for name, value in fields.items())
                     pipe.xadd(keys.dead, record)
                 pipe.xack(stream, GROUP, *(e[0] for e in entries))
                 pipe.xdel(stream, *(e[0] for e in entries))
             pipe.execute()
-        log.warning("serving %s: dead-lettered %d entries: %s", keys.name,
-                    sum(len(e) for _, e in unnamed), reason)
+        log.warning(
+            "serving %s: dead-lettered %d entries: %s",
+            keys.name,
+            sum(len(e) for _, e in unnamed),
+            reason,
+        )
         return outcome
 
     @staticmethod
@@ -214,12 +226,22 @@ class Reads(BrokerCore):
     ) -> tuple[list[str], list[Any]]:
         stream_prefix, priority_prefix = keys.stream_prefixes
         return [keys.ready, keys.active, keys.wake], [
-            GROUP, consumer, PRIORITY_AGE_MS, budget, per_key, stream_prefix, priority_prefix,
+            GROUP,
+            consumer,
+            PRIORITY_AGE_MS,
+            budget,
+            per_key,
+            stream_prefix,
+            priority_prefix,
             *full,
         ]
 
     def sweep(
-        self, keys: Keys, idle_ttl_ms: int, declared: Sequence[str], start: int = 0,
+        self,
+        keys: Keys,
+        idle_ttl_ms: int,
+        declared: Sequence[str],
+        start: int = 0,
         chunk: int = SWEEP_KEYS,
     ) -> tuple[int, int, int]:
         """One step of the pass over the known batch keys (sweep.lua): the ``chunk`` keys from
@@ -234,8 +256,17 @@ class Reads(BrokerCore):
         with redis_errors(self.url):
             looked, gone, marked = self._sweep(
                 keys=[keys.seen, keys.ready, keys.active, keys.depth, keys.wake],
-                args=[GROUP, PRIORITY_AGE_MS, idle_ttl_ms, stream_prefix, priority_prefix,
-                      start, chunk, SWEEP_STREAMS, *declared],
+                args=[
+                    GROUP,
+                    PRIORITY_AGE_MS,
+                    idle_ttl_ms,
+                    stream_prefix,
+                    priority_prefix,
+                    start,
+                    chunk,
+                    SWEEP_STREAMS,
+                    *declared,
+                ],
             )
         after = 0 if int(looked) < chunk else start + int(looked) - int(gone)
         return int(gone), int(marked), after

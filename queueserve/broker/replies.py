@@ -83,8 +83,9 @@ class Replies(Reads):
             self._push_replicated(replies, inbox_ttl_ms)
             replies = {}
 
-        commands: list[tuple[Any, ...]] = [("PUBLISH", channel, message)
-                                           for channel, message in events]
+        commands: list[tuple[Any, ...]] = [
+            ("PUBLISH", channel, message) for channel, message in events
+        ]
         commands += _pushes(replies, inbox_ttl_ms)
         scripted = len(commands)
         commands += self._ack_commands(keys, acks)
@@ -135,8 +136,18 @@ class Replies(Reads):
             args: list[Any] = [GROUP, shard.batch_key_of(stream)]
             for admitted, ids in runs.items():  # entries admitted with the same count
                 args += (admitted, len(ids), *ids)
-            commands.append(("EVALSHA", self._ack.sha, 4, stream, shard.queued, shard.depth,
-                             shard.active, *args))
+            commands.append(
+                (
+                    "EVALSHA",
+                    self._ack.sha,
+                    4,
+                    stream,
+                    shard.queued,
+                    shard.depth,
+                    shard.active,
+                    *args,
+                )
+            )
         return commands
 
     def _send_commands(self, commands: list[tuple[Any, ...]], scripted: int) -> list[Any]:

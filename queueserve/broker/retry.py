@@ -50,8 +50,12 @@ class Outage:
                 return
             self._failing.add(loop)
             self._since = time.monotonic()
-        log.warning("%s: Redis unavailable (%s, first seen by the %s); retrying with backoff",
-                    self.owner, error, loop)
+        log.warning(
+            "%s: Redis unavailable (%s, first seen by the %s); retrying with backoff",
+            self.owner,
+            error,
+            loop,
+        )
 
     def recovered(self, loop: str) -> None:
         self._leave(loop, "Redis is reachable again after %.1fs unavailable")
@@ -104,8 +108,12 @@ class Retry:
         self.outage.abandoned(self.loop)
 
     def once(
-        self, operation: Callable[[], T], then: Callable[[T], object], *,
-        sleep: Callable[[float], object] = time.sleep, most: float | None = None,
+        self,
+        operation: Callable[[], T],
+        then: Callable[[T], object],
+        *,
+        sleep: Callable[[float], object] = time.sleep,
+        most: float | None = None,
     ) -> None:
         """One turn of a long-lived loop: ``then(operation())``; after a failure, the backoff
         slept instead (at most ``most`` seconds), and the loop's next turn tries again."""
@@ -142,8 +150,12 @@ class Retry:
         return None
 
     def run(
-        self, operation: Callable[[], T], *, keep_going: Callable[[], bool] = lambda: True,
-        give_up_at: float | None = None, sleep: Callable[[float], object] = time.sleep,
+        self,
+        operation: Callable[[], T],
+        *,
+        keep_going: Callable[[], bool] = lambda: True,
+        give_up_at: float | None = None,
+        sleep: Callable[[float], object] = time.sleep,
     ) -> T:
         """``operation()``, retried while ``keep_going()`` and until ``give_up_at`` (monotonic);
         then its last error is raised. ``sleep`` may be an Event's wait, to stop sooner."""
@@ -159,8 +171,11 @@ class Retry:
             return result
 
     async def arun(
-        self, operation: Callable[[], Awaitable[T]], *,
-        keep_going: Callable[[], bool] = lambda: True, give_up_at: float | None = None,
+        self,
+        operation: Callable[[], Awaitable[T]],
+        *,
+        keep_going: Callable[[], bool] = lambda: True,
+        give_up_at: float | None = None,
     ) -> T:
         """``run`` for coroutines."""
         while True:

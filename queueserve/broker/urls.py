@@ -62,8 +62,11 @@ def has_unencoded_userinfo(url: str) -> bool:
     path_end = min((i for i in map(after.find, "?#") if i >= 0), default=len(after))
     path, tail = after[:path_end], after[path_end:]
     query, _, fragment = tail.partition("#")
-    return not _is_hosts(netloc) or "@" in path or "@" in fragment or (
-        "@" in query and "=" not in query.partition("@")[0]
+    return (
+        not _is_hosts(netloc)
+        or "@" in path
+        or "@" in fragment
+        or ("@" in query and "=" not in query.partition("@")[0])
     )
 
 

@@ -59,8 +59,13 @@ class AsyncTicket:
     __slots__ = ("_calls", "_client", "_futures", "_parts", "_target", "_timeout")
 
     def __init__(
-        self, client: AsyncClient, target: Target, parts: list[Part], calls: list[Call],
-        futures: list[asyncio.Future[None]], timeout: float | None,
+        self,
+        client: AsyncClient,
+        target: Target,
+        parts: list[Part],
+        calls: list[Call],
+        futures: list[asyncio.Future[None]],
+        timeout: float | None,
     ) -> None:
         self._client = client
         self._target = target
@@ -79,8 +84,10 @@ class AsyncTicket:
     async def result(
         self, timeout: float | None = None, *, return_exceptions: bool = False
     ) -> list[Any]:
-        limit = self._timeout if timeout is None else (
-            timeout if self._timeout is None else min(timeout, self._timeout)
+        limit = (
+            self._timeout
+            if timeout is None
+            else (timeout if self._timeout is None else min(timeout, self._timeout))
         )
         try:
             futures = self._futures
@@ -116,8 +123,13 @@ class AsyncClient(AsyncSending):
         self._events: asyncio.Task[None] | None = None
 
     async def dispatch(
-        self, serving: ServingRef, item: Any, *, batch_key: str | None = None,
-        timeout: float | None = None, priority: int = 0,
+        self,
+        serving: ServingRef,
+        item: Any,
+        *,
+        batch_key: str | None = None,
+        timeout: float | None = None,
+        priority: int = 0,
     ) -> Any:
         ticket = await self.submit(
             serving, [item], batch_key=batch_key, timeout=timeout, priority=priority
@@ -125,8 +137,14 @@ class AsyncClient(AsyncSending):
         return (await ticket.result())[0]
 
     async def dispatch_many(
-        self, serving: ServingRef, items: Iterable[Any], *, batch_key: str | None = None,
-        timeout: float | None = None, priority: int = 0, return_exceptions: bool = False,
+        self,
+        serving: ServingRef,
+        items: Iterable[Any],
+        *,
+        batch_key: str | None = None,
+        timeout: float | None = None,
+        priority: int = 0,
+        return_exceptions: bool = False,
     ) -> list[Any]:
         ticket = await self.submit(
             serving, items, batch_key=batch_key, timeout=timeout, priority=priority
@@ -134,16 +152,20 @@ class AsyncClient(AsyncSending):
         return await ticket.result(return_exceptions=return_exceptions)
 
     async def submit(
-        self, serving: ServingRef, items: Iterable[Any], *, batch_key: str | None = None,
-        timeout: float | None = None, priority: int = 0,
+        self,
+        serving: ServingRef,
+        items: Iterable[Any],
+        *,
+        batch_key: str | None = None,
+        timeout: float | None = None,
+        priority: int = 0,
     ) -> AsyncTicket:
         if self._closed:
             raise self._closed_error("AsyncClient")
         timeout = self._timeout_for(timeout)
         priority = P.check_priority(priority)
         target = await self._target(serving)
-        parts = plan(target, items if isinstance(items, list) else list(items),
-                                batch_key)
+        parts = plan(target, items if isinstance(items, list) else list(items), batch_key)
         deadline = deadline_after(timeout)
         self._ensure_reader()
         loop = asyncio.get_running_loop()
@@ -160,9 +182,17 @@ class AsyncClient(AsyncSending):
         return AsyncTicket(self, target, parts, calls, futures, timeout)
 
     async def map(
-        self, serving: ServingRef, items: Iterable[Any], *, chunk_size: int = 256,
-        batch_key: str | None = None, timeout: float | None = None, priority: int = 0,
-        max_in_flight: int = 16, return_exceptions: bool = False, progress: bool = False,
+        self,
+        serving: ServingRef,
+        items: Iterable[Any],
+        *,
+        chunk_size: int = 256,
+        batch_key: str | None = None,
+        timeout: float | None = None,
+        priority: int = 0,
+        max_in_flight: int = 16,
+        return_exceptions: bool = False,
+        progress: bool = False,
         on_progress: ProgressCallback | None = None,
     ) -> AsyncIterator[Any]:
         """Results in input order, ``chunk_size`` items per request, bounded in flight;
@@ -174,8 +204,9 @@ class AsyncClient(AsyncSending):
             while True:
                 for chunk in window.chunks():
                     window.in_flight.append(
-                        await self.submit(serving, chunk, batch_key=batch_key, timeout=timeout,
-                                       priority=priority)
+                        await self.submit(
+                            serving, chunk, batch_key=batch_key, timeout=timeout, priority=priority
+                        )
                     )
                 if not window.in_flight:
                     return
@@ -186,8 +217,14 @@ class AsyncClient(AsyncSending):
             window.meter.close()
 
     async def stream(
-        self, serving: ServingRef, items: Iterable[Any], *, batch_key: str | None = None,
-        timeout: float | None = None, priority: int = 0, max_in_flight: int = 4,
+        self,
+        serving: ServingRef,
+        items: Iterable[Any],
+        *,
+        batch_key: str | None = None,
+        timeout: float | None = None,
+        priority: int = 0,
+        max_in_flight: int = 4,
     ) -> AsyncIterator[Event]:
         """``Client.stream`` for asyncio: ``async for event in client.stream(...)``."""
         timeout = self._timeout_for(timeout)
@@ -218,8 +255,12 @@ class AsyncClient(AsyncSending):
                 await self._withdraw(rs.call)
 
     async def _stream_events(
-        self, target: Target, rs: RequestStream, events: asyncio.Queue[Any],
-        deadline: float | None, timeout: float | None,
+        self,
+        target: Target,
+        rs: RequestStream,
+        events: asyncio.Queue[Any],
+        deadline: float | None,
+        timeout: float | None,
     ) -> AsyncIterator[Event]:
         pacer = StreamPacer(rs, deadline)
         try:

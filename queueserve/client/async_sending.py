@@ -79,7 +79,8 @@ class AsyncSending(BaseClient):
         """Enqueue ``batch``, retrying transient failures; its callers get any error."""
         try:
             await retry.arun(
-                functools.partial(self._enqueue, batch), keep_going=lambda: not self._closed,
+                functools.partial(self._enqueue, batch),
+                keep_going=lambda: not self._closed,
                 give_up_at=time.monotonic() + send_window(batch),
             )
         except QueueServeError as e:

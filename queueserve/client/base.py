@@ -97,16 +97,26 @@ class BaseClient:
         return keys
 
     def _request(
-        self, target: Target, part: Part, deadline: float | None, priority: int = 0,
-        streamed: bool = False, reply_to: str | None = None,
+        self,
+        target: Target,
+        part: Part,
+        deadline: float | None,
+        priority: int = 0,
+        streamed: bool = False,
+        reply_to: str | None = None,
     ) -> Outgoing:
         """A new call for ``part``, encoded and checked; what the sender sends. Its answer
         goes to the client's inbox, or to ``reply_to`` (a caller's own inbox)."""
         call = self._table.new(len(part.items), target.keys, part.batch_key, priority)
         call.deadline = deadline
         header, payload = encode_request(
-            target.codec, call.rid, part.items, reply_to or self._inbox, deadline,
-            self._events_channel if streamed else "", priority,
+            target.codec,
+            call.rid,
+            part.items,
+            reply_to or self._inbox,
+            deadline,
+            self._events_channel if streamed else "",
+            priority,
         )
         try:
             target.check_payload(payload, call.n)
@@ -118,8 +128,13 @@ class BaseClient:
         return _new_tuple(Outgoing, (target, part.batch_key, call, header, payload))
 
     def _streamed_request(
-        self, target: Target, offset: int, part: Part, deadline: float | None,
-        put: Callable[[Any], object], priority: int = 0,
+        self,
+        target: Target,
+        offset: int,
+        part: Part,
+        deadline: float | None,
+        put: Callable[[Any], object],
+        priority: int = 0,
     ) -> tuple[RequestStream, Outgoing]:
         """A request of ``stream``: its events and its end (None) go to ``put``."""
         outgoing = self._request(target, part, deadline, priority, streamed=True)
@@ -200,7 +215,9 @@ class BaseClient:
         return None if keys is None or count <= 1 else keys.last_shard(count)
 
     def _remember(
-        self, serving: ServingRef, meta: dict[str, str],
+        self,
+        serving: ServingRef,
+        meta: dict[str, str],
         confirmation: dict[str, str] | None = None,
     ) -> Target:
         """The target for ``serving``, given the options its workers declared (maybe none)
@@ -217,8 +234,10 @@ class BaseClient:
             target.batch_size = declared.get("batch_size")
             target.hooks = declared.get("streaming", False)
             target.durable = declared.get("durable", False)
-            target.spread = self._spread(target.keys, confirmed_shards(
-                target.keys, declared.get("shards", 1), confirmation or {}))
+            target.spread = self._spread(
+                target.keys,
+                confirmed_shards(target.keys, declared.get("shards", 1), confirmation or {}),
+            )
         if isinstance(serving, str) and "codec" in meta:
             self._targets[serving] = target
         self._table.accept(target.codec)
@@ -252,7 +271,6 @@ class BaseClient:
                 "every writer of this Redis"
             )
         return Target(self._keys_of(serving), get_codec(codec), None, 0, None)
-
 
     @staticmethod
     def _timeout_message(target: Target, timeout: float | None, alive: int | None) -> str:

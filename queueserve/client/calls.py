@@ -48,9 +48,7 @@ class Call:
         "state",
     )
 
-    def __init__(
-        self, rid: int, n: int, keys: P.Keys, batch_key: str, priority: int = 0
-    ) -> None:
+    def __init__(self, rid: int, n: int, keys: P.Keys, batch_key: str, priority: int = 0) -> None:
         self.rid = rid
         self.n = n
         self.keys = keys

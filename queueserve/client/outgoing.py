@@ -43,9 +43,7 @@ def admitted(
     for (_, _, call, _, _), entry_id in zip(group, ids, strict=True):
         if entry_id == 0:
             table.forget(call)
-            call.fail(QueueFull(
-                full_message(target, limit, queued, call.n, call.keys.shard)
-            ))
+            call.fail(QueueFull(full_message(target, limit, queued, call.n, call.keys.shard)))
         else:
             call.entry_id = entry_id
 
@@ -59,8 +57,9 @@ def send_window(batch: list[Outgoing]) -> float:
     return max(0.0, min(RECONNECT_WITHIN_S, min(deadlines) - time.time()))
 
 
-def enqueue_groups(batch: list[Outgoing]) -> Iterator[tuple[list[Outgoing], P.Keys, list[Any],
-                                                            int, bool]]:
+def enqueue_groups(
+    batch: list[Outgoing],
+) -> Iterator[tuple[list[Outgoing], P.Keys, list[Any], int, bool]]:
     """Per serving and shard: the requests of ``batch``, the keys of the shard they go to,
     enqueue arguments, max_queue (per shard) and whether the enqueue must wait for a replica.
 
@@ -89,8 +88,11 @@ def _by_shard(target: Target, group: list[Outgoing]) -> list[tuple[P.Keys, list[
 
 
 def full_message(target: Target, limit: int, queued: int, n: int, shard: int = 0) -> str:
-    where = f" (shard {shard} of {len(target.shards)}; max_queue counts per shard)" if (
-        len(target.shards) > 1) else ""
+    where = (
+        f" (shard {shard} of {len(target.shards)}; max_queue counts per shard)"
+        if (len(target.shards) > 1)
+        else ""
+    )
     return (
         f"serving {target.keys.name!r} is full{where}: {queued} items queued, "
         f"max_queue={limit}, this request has {n}; retry later, add workers, or raise "

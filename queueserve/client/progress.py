@@ -22,8 +22,9 @@ class Progress:
             try:
                 from tqdm import tqdm
             except ImportError:
-                raise ImportError("progress=True needs tqdm: pip install queueserve[progress]") \
-                    from None
+                raise ImportError(
+                    "progress=True needs tqdm: pip install queueserve[progress]"
+                ) from None
             self._bar = tqdm(total=total, unit="item", dynamic_ncols=True)
 
     def advance(self, n: int) -> None:

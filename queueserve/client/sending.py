@@ -101,7 +101,8 @@ class Sending(BaseClient):
             self._durable_box += durable
             if self._durable_sender is None:
                 self._durable_sender = threading.Thread(
-                    target=self._durable_loop, name=f"queueserve-send-durable-{self.client_id}",
+                    target=self._durable_loop,
+                    name=f"queueserve-send-durable-{self.client_id}",
                     daemon=True,
                 )
                 self._durable_sender.start()
@@ -121,7 +122,8 @@ class Sending(BaseClient):
         """Enqueue ``batch``, retrying transient failures; its callers get any error."""
         try:
             retry.run(
-                lambda: self._enqueue(batch), keep_going=lambda: not self._closed,
+                lambda: self._enqueue(batch),
+                keep_going=lambda: not self._closed,
                 give_up_at=time.monotonic() + send_window(batch),
             )
         except QueueServeError as e:
@@ -140,7 +142,9 @@ class Sending(BaseClient):
 
     def _start_sender(self) -> None:
         self._sender = threading.Thread(
-            target=self._sender_loop, name=f"queueserve-send-{self.client_id}", daemon=True,
+            target=self._sender_loop,
+            name=f"queueserve-send-{self.client_id}",
+            daemon=True,
         )
         self._sender.start()
 

@@ -115,8 +115,13 @@ class Client(Sending):
 
     # -- public API ------------------------------------------------------------------------
     def dispatch(
-        self, serving: ServingRef, item: Any, *, batch_key: str | None = None,
-        timeout: float | None = None, priority: int = 0,
+        self,
+        serving: ServingRef,
+        item: Any,
+        *,
+        batch_key: str | None = None,
+        timeout: float | None = None,
+        priority: int = 0,
     ) -> Any:
         """Run one item; returns its result or raises its error."""
         # The only call in flight: its caller reads the answer itself, from an inbox of its
@@ -124,22 +129,38 @@ class Client(Sending):
         # Among many concurrent calls the shared inbox and its reader batch the answers.
         alone = not self._table.calls
         ticket = self._submit(
-            serving, [item], batch_key, timeout, inline=True, priority=priority,
+            serving,
+            [item],
+            batch_key,
+            timeout,
+            inline=True,
+            priority=priority,
             reply_to=self._own_inbox(threading.get_ident()) if alone else None,
         )
         return ticket.result()[0]
 
     def dispatch_many(
-        self, serving: ServingRef, items: Iterable[Any], *, batch_key: str | None = None,
-        timeout: float | None = None, priority: int = 0, return_exceptions: bool = False,
+        self,
+        serving: ServingRef,
+        items: Iterable[Any],
+        *,
+        batch_key: str | None = None,
+        timeout: float | None = None,
+        priority: int = 0,
+        return_exceptions: bool = False,
     ) -> list[Any]:
         """Run items as one request; results in item order."""
         ticket = self._submit(serving, items, batch_key, timeout, inline=True, priority=priority)
         return ticket.result(return_exceptions=return_exceptions)
 
     def submit(
-        self, serving: ServingRef, items: Iterable[Any], *, batch_key: str | None = None,
-        timeout: float | None = None, priority: int = 0,
+        self,
+        serving: ServingRef,
+        items: Iterable[Any],
+        *,
+        batch_key: str | None = None,
+        timeout: float | None = None,
+        priority: int = 0,
     ) -> Ticket:
         """Send items as one request (one per batch key) without waiting; returns a Ticket.
 
@@ -148,16 +169,21 @@ class Client(Sending):
         return self._submit(serving, items, batch_key, timeout, inline=False, priority=priority)
 
     def _submit(
-        self, serving: ServingRef, items: Iterable[Any], batch_key: str | None,
-        timeout: float | None, inline: bool, priority: int = 0, reply_to: str | None = None,
+        self,
+        serving: ServingRef,
+        items: Iterable[Any],
+        batch_key: str | None,
+        timeout: float | None,
+        inline: bool,
+        priority: int = 0,
+        reply_to: str | None = None,
     ) -> Ticket:
         if self._closed:
             raise self._closed_error("Client")
         timeout = self._timeout_for(timeout)
         priority = P.check_priority(priority)
         target = self._target(serving)
-        parts = plan(target, items if isinstance(items, list) else list(items),
-                                batch_key)
+        parts = plan(target, items if isinstance(items, list) else list(items), batch_key)
         deadline = deadline_after(timeout)
         self._ensure_reader()
         if len(parts) != 1:
@@ -170,9 +196,17 @@ class Client(Sending):
         return Ticket(self, target, parts, calls, timeout, reply_to)
 
     def map(
-        self, serving: ServingRef, items: Iterable[Any], *, chunk_size: int = 256,
-        batch_key: str | None = None, timeout: float | None = None, priority: int = 0,
-        max_in_flight: int = 16, return_exceptions: bool = False, progress: bool = False,
+        self,
+        serving: ServingRef,
+        items: Iterable[Any],
+        *,
+        chunk_size: int = 256,
+        batch_key: str | None = None,
+        timeout: float | None = None,
+        priority: int = 0,
+        max_in_flight: int = 16,
+        return_exceptions: bool = False,
+        progress: bool = False,
         on_progress: ProgressCallback | None = None,
     ) -> Iterator[Any]:
         """Results of ``items`` in input order, sending ``chunk_size`` items per request and
@@ -187,23 +221,31 @@ class Client(Sending):
         try:
             for chunk in window.chunks():
                 window.in_flight.append(
-                    self.submit(serving, chunk, batch_key=batch_key, timeout=timeout,
-                                priority=priority)
+                    self.submit(
+                        serving, chunk, batch_key=batch_key, timeout=timeout, priority=priority
+                    )
                 )
             while window.in_flight:
                 ticket = window.in_flight.popleft()
                 yield from window.done(ticket.result(return_exceptions=return_exceptions))
                 for chunk in window.chunks():
                     window.in_flight.append(
-                        self.submit(serving, chunk, batch_key=batch_key, timeout=timeout,
-                                priority=priority)
+                        self.submit(
+                            serving, chunk, batch_key=batch_key, timeout=timeout, priority=priority
+                        )
                     )
         finally:
             window.meter.close()
 
     def stream(
-        self, serving: ServingRef, items: Iterable[Any], *, batch_key: str | None = None,
-        timeout: float | None = None, priority: int = 0, max_in_flight: int = 4,
+        self,
+        serving: ServingRef,
+        items: Iterable[Any],
+        *,
+        batch_key: str | None = None,
+        timeout: float | None = None,
+        priority: int = 0,
+        max_in_flight: int = 4,
     ) -> Iterator[Event]:
         """Events of ``items`` as they are produced: ``qs.Hook`` (from ``qs.emit`` in the batch
         function) and ``qs.Output`` (results, or each step of a generator batch function), in
@@ -234,8 +276,12 @@ class Client(Sending):
                 self._withdraw(rs.call)
 
     def _stream_events(
-        self, target: Target, rs: RequestStream, events: queue.SimpleQueue[Any],
-        deadline: float | None, timeout: float | None,
+        self,
+        target: Target,
+        rs: RequestStream,
+        events: queue.SimpleQueue[Any],
+        deadline: float | None,
+        timeout: float | None,
     ) -> Iterator[Event]:
         pacer = StreamPacer(rs, deadline)
         try:
@@ -263,8 +309,10 @@ class Client(Sending):
             if self._events is None:
                 subscribed = threading.Event()
                 thread = threading.Thread(
-                    target=self._read_events, args=(subscribed,),
-                    name=f"queueserve-events-{self.client_id}", daemon=True,
+                    target=self._read_events,
+                    args=(subscribed,),
+                    name=f"queueserve-events-{self.client_id}",
+                    daemon=True,
                 )
                 thread.start()
                 if not subscribed.wait(RECONNECT_WITHIN_S):

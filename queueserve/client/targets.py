@@ -130,7 +130,11 @@ def confirmed_shards(keys: P.Keys, count: int, confirmation: dict[str, str]) -> 
     log.warning(
         "serving %s: its meta hash %s says shards=%d, but the last shard's (%s) says %r, so "
         "no worker declared it; sending to shard 0 only (restart a worker of the serving to "
-        "declare its shards again)", keys.name, keys.meta, count, keys.last_shard(count).meta,
+        "declare its shards again)",
+        keys.name,
+        keys.meta,
+        count,
+        keys.last_shard(count).meta,
         confirmation.get("shards"),
     )
     return 1
@@ -162,9 +166,7 @@ def plan(target: Target, items: list[Any], batch_key: str | None) -> list[Part]:
     return list(groups.values())
 
 
-def stream_parts(
-    target: Target, items: list[Any], batch_key: str | None
-) -> list[tuple[int, Part]]:
+def stream_parts(target: Target, items: list[Any], batch_key: str | None) -> list[tuple[int, Part]]:
     """Requests for ``stream``: runs of consecutive items with one batch key, at most
     batch_size each (streamed requests are never split), with their input offsets."""
     serving = target.serving

@@ -47,5 +47,11 @@ class UnservedWatch:
             "heartbeat in the last %gs) on Redis %s, prefix %r. Start one with `queueserve "
             "worker module:attr --redis-url %s%s`; the call keeps waiting (pass timeout= or set "
             "QUEUESERVE_DEFAULT_TIMEOUT to bound calls)",
-            name, self.after, ALIVE_WITHIN_S, url, self._prefix, url, prefix,
+            name,
+            self.after,
+            ALIVE_WITHIN_S,
+            url,
+            self._prefix,
+            url,
+            prefix,
         )

@@ -27,13 +27,16 @@ class MapWindow(Generic[TicketT]):
     """``map``'s bookkeeping: the chunks to send next and the tickets in flight, oldest first."""
 
     def __init__(
-        self, items: Iterable[Any], chunk_size: int, max_in_flight: int, progress: bool,
+        self,
+        items: Iterable[Any],
+        chunk_size: int,
+        max_in_flight: int,
+        progress: bool,
         on_progress: ProgressCallback | None,
     ) -> None:
         if chunk_size < 1 or max_in_flight < 1:
             raise ValueError(
-                f"chunk_size and max_in_flight must be >= 1, got {chunk_size} and "
-                f"{max_in_flight}"
+                f"chunk_size and max_in_flight must be >= 1, got {chunk_size} and {max_in_flight}"
             )
         self.meter = Progress(total_of(items), progress, on_progress)
         self._items = iter(items)
@@ -87,7 +90,6 @@ class StreamPacer:
 
     def finish(self) -> tuple[list[Event], QueueServeError | None]:
         return self.rs.complete()
-
 
 
 def kept_parts(parts: list[Part]) -> list[Part] | None:

@@ -22,13 +22,15 @@ from queueserve.gateway.core import Gateway
 from queueserve.gateway.errors import ApiError, error_response
 from queueserve.gateway.metrics import HttpMetrics
 
-KNOWN_PATHS = frozenset({"/healthz", "/metrics", "/v1/models", "/v1/embeddings",
-                        "/v1/completions"})
+KNOWN_PATHS = frozenset({"/healthz", "/metrics", "/v1/models", "/v1/embeddings", "/v1/completions"})
 
 
 def create_app(
-    client_or_url: AsyncClient | str | None = None, *, prefix: str | None = None,
-    token: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    client_or_url: AsyncClient | str | None = None,
+    *,
+    prefix: str | None = None,
+    token: str | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     models: Mapping[str, str] | None = None,
 ) -> Starlette:
     """The gateway's ASGI app.
@@ -41,11 +43,15 @@ def create_app(
     >>> app = create_app("redis://localhost:6379/0", token="s3cret")
     >>> # uvicorn.run(app, port=8000), or: outer_app.mount("/qs", app)
     """
-    if isinstance(max_body_bytes, bool) or not isinstance(max_body_bytes, int) \
-            or max_body_bytes < 1:
+    if (
+        isinstance(max_body_bytes, bool)
+        or not isinstance(max_body_bytes, int)
+        or max_body_bytes < 1
+    ):
         raise ValueError(f"max_body_bytes must be an int >= 1, got {max_body_bytes!r}")
-    gw = Gateway(client_or_url, prefix, max_body_bytes,
-                 {**openai_api.DEFAULT_MODELS, **(models or {})})
+    gw = Gateway(
+        client_or_url, prefix, max_body_bytes, {**openai_api.DEFAULT_MODELS, **(models or {})}
+    )
     metrics = HttpMetrics(KNOWN_PATHS)
 
     @asynccontextmanager
@@ -60,12 +66,19 @@ def create_app(
     if token is not None:
         middleware.append(Middleware(BearerAuth, token=token))
     app = Starlette(
-        routes=[Route("/healthz", healthz, methods=["GET"]),
-                Route("/metrics", metrics.endpoint, methods=["GET"]),
-                *servings.routes(gw), *openai_api.routes(gw)],
-        middleware=middleware, lifespan=lifespan,
-        exception_handlers={ApiError: api_error, HTTPException: http_error,
-                            Exception: internal_error},
+        routes=[
+            Route("/healthz", healthz, methods=["GET"]),
+            Route("/metrics", metrics.endpoint, methods=["GET"]),
+            *servings.routes(gw),
+            *openai_api.routes(gw),
+        ],
+        middleware=middleware,
+        lifespan=lifespan,
+        exception_handlers={
+            ApiError: api_error,
+            HTTPException: http_error,
+            Exception: internal_error,
+        },
     )
     app.state.gateway = gw
     return app
@@ -90,13 +103,17 @@ async def http_error(request: Request, exc: Exception) -> Response:
     """Starlette's own 404 and 405, in the gateway's error shape."""
     assert isinstance(exc, HTTPException)
     kind = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-    return error_response(ApiError(exc.status_code, kind, f"{exc.detail}: {request.method} "
-                                   f"{request.url.path[:200]}", dict(exc.headers or {})))
+    return error_response(
+        ApiError(
+            exc.status_code,
+            kind,
+            f"{exc.detail}: {request.method} {request.url.path[:200]}",
+            dict(exc.headers or {}),
+        )
+    )
 
 
 async def internal_error(request: Request, exc: Exception) -> Response:
-    return error_response(ApiError(500, "internal_error",
-                                   f"{type(exc).__name__} in the gateway (see its log)"))
-
-
-
+    return error_response(
+        ApiError(500, "internal_error", f"{type(exc).__name__} in the gateway (see its log)")
+    )

@@ -26,10 +26,13 @@ class BearerAuth:
         if scope["type"] != "http" or scope["path"] in OPEN_PATHS or self._allowed(scope):
             await self.app(scope, receive, send)
             return
-        refused = ApiError(401, "unauthorized",
-                           "missing or wrong bearer token: send 'Authorization: Bearer <token>' "
-                           "with the gateway's --token",
-                           {"WWW-Authenticate": "Bearer"})
+        refused = ApiError(
+            401,
+            "unauthorized",
+            "missing or wrong bearer token: send 'Authorization: Bearer <token>' "
+            "with the gateway's --token",
+            {"WWW-Authenticate": "Bearer"},
+        )
         await error_response(refused)(scope, receive, send)
 
     def _allowed(self, scope: Scope) -> bool:

@@ -37,9 +37,12 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 
 def too_large(limit: int) -> ApiError:
-    return ApiError(413, "body_too_large",
-                    f"the request body is larger than {limit} bytes (the gateway's "
-                    "--max-body-bytes); send fewer items per request")
+    return ApiError(
+        413,
+        "body_too_large",
+        f"the request body is larger than {limit} bytes (the gateway's "
+        "--max-body-bytes); send fewer items per request",
+    )
 
 
 async def parse(request: Request, model: type[M], limit: int) -> M:
@@ -71,8 +74,7 @@ def plain(value: Any) -> Any:
 
 
 def dumps(value: Any) -> bytes:
-    return pydantic_core.to_json(value, fallback=plain, bytes_mode="base64",
-                                 inf_nan_mode="null")
+    return pydantic_core.to_json(value, fallback=plain, bytes_mode="base64", inf_nan_mode="null")
 
 
 class JSON(Response):

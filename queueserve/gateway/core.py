@@ -24,8 +24,13 @@ class Gateway:
     """The state of one app: its client (made on first use when given a URL, so a mounted
     app, whose lifespan never runs, works too), and the servings known to exist."""
 
-    def __init__(self, client_or_url: AsyncClient | str | None, prefix: str | None,
-                 max_body_bytes: int, models: dict[str, str]) -> None:
+    def __init__(
+        self,
+        client_or_url: AsyncClient | str | None,
+        prefix: str | None,
+        max_body_bytes: int,
+        models: dict[str, str],
+    ) -> None:
         self._client = client_or_url if isinstance(client_or_url, AsyncClient) else None
         self._url = None if isinstance(client_or_url, AsyncClient) else client_or_url
         self._prefix = prefix
@@ -66,9 +71,12 @@ class Gateway:
             if declared:
                 self._known.add(name)
                 return
-        raise ApiError(404, "unknown_serving",
-                       f"no worker has declared {what} {name[:MAX_NAME]!r} under prefix "
-                       f"{self.prefix!r}; GET /v1/models lists the servings there are")
+        raise ApiError(
+            404,
+            "unknown_serving",
+            f"no worker has declared {what} {name[:MAX_NAME]!r} under prefix "
+            f"{self.prefix!r}; GET /v1/models lists the servings there are",
+        )
 
     async def servings(self) -> list[str]:
         """Names of the servings workers declared under this prefix (a SCAN of meta keys)."""
@@ -78,21 +86,30 @@ class Gateway:
         with redis_errors(broker.url):
             async for key in broker.redis.scan_iter(match=pattern, count=500):
                 text = key.decode(errors="replace")
-                names.add(text[text.index("{") + 1: text.rindex("}")])
+                names.add(text[text.index("{") + 1 : text.rindex("}")])
         return sorted(n for n in names if "#" not in n)  # S#i: a shard's own meta hash
 
-    def stream(self, serving: str, items: list[Any], **options: Any
-               ) -> AsyncGenerator[Event, None]:
+    def stream(self, serving: str, items: list[Any], **options: Any) -> AsyncGenerator[Event, None]:
         """``AsyncClient.stream``, typed as what it is: closing it withdraws its requests."""
         return cast(AsyncGenerator[Event, None], self.client.stream(serving, items, **options))
 
-    async def call(self, request: Request, serving: str, items: Iterable[Any], options: Any,
-                   return_exceptions: bool = False) -> list[Any]:
+    async def call(
+        self,
+        request: Request,
+        serving: str,
+        items: Iterable[Any],
+        options: Any,
+        return_exceptions: bool = False,
+    ) -> list[Any]:
         """``items``' results, the request withdrawn if the HTTP client disconnects first."""
         try:
             ticket = await self.client.submit(
-                serving, items, batch_key=options.batch_key, timeout=options.timeout,
-                priority=options.priority)
+                serving,
+                items,
+                batch_key=options.batch_key,
+                timeout=options.timeout,
+                priority=options.priority,
+            )
         except QueueServeError as e:
             raise from_queueserve(e) from None
         except (TypeError, ValueError, OverflowError) as e:  # an item the codec cannot carry

@@ -45,8 +45,9 @@ STATUS: tuple[tuple[type[QueueServeError], int, str], ...] = (
 class ApiError(Exception):
     """An error the gateway itself answers with (bad body, unknown serving, no token)."""
 
-    def __init__(self, status: int, kind: str, message: str,
-                 headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, status: int, kind: str, message: str, headers: dict[str, str] | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.kind = kind

@@ -19,7 +19,7 @@ METHODS = frozenset({"GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"}
 MAX_CACHED = 4096  # series kept looked up (serving names are the client's to choose)
 SERVING_ACTIONS = frozenset({"dispatch", "dispatch_many", "stream"})
 # Up to 2 s in fine steps (an HTTP round trip is a millisecond or two), then long generations.
-BUCKETS = (.0005, .001, .002, .005, .01, .025, .05, .1, .25, .5, 1, 2, 5, 10, 30, 60, 300)
+BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300)
 
 
 def route_of(path: str, known: frozenset[str]) -> str:
@@ -39,16 +39,24 @@ class HttpMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self.known = known_paths
         self.requests = Counter(
-            "queueserve_http_requests", "HTTP requests answered, by route, method and status",
-            ["route", "method", "status"], registry=self.registry)
+            "queueserve_http_requests",
+            "HTTP requests answered, by route, method and status",
+            ["route", "method", "status"],
+            registry=self.registry,
+        )
         self.seconds = Histogram(
             "queueserve_http_request_seconds",
             "time from the request's arrival to the end of its response (streams included)",
-            ["route", "method"], buckets=BUCKETS, registry=self.registry)
+            ["route", "method"],
+            buckets=BUCKETS,
+            registry=self.registry,
+        )
         self._cache: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
         self.in_flight = Gauge(
-            "queueserve_http_requests_in_flight", "HTTP requests being answered",
-            registry=self.registry)
+            "queueserve_http_requests_in_flight",
+            "HTTP requests being answered",
+            registry=self.registry,
+        )
 
     def middleware(self, app: ASGIApp) -> ASGIApp:
         async def measured(scope: Scope, receive: Receive, send: Send) -> None:
@@ -78,14 +86,19 @@ class HttpMetrics:
     def _series(self, path: str, method: str, status: int) -> tuple[Counter, Histogram]:
         """The two series of one request; looked up once per (path, method, status): the
         labels() calls cost more than the counting (bounded: unknown paths are one key)."""
-        key = (path if path in self.known or path.startswith("/v1/servings/") else "",
-               method, status)
+        key = (
+            path if path in self.known or path.startswith("/v1/servings/") else "",
+            method,
+            status,
+        )
         series = self._cache.get(key)
         if series is None:
             route = route_of(path, self.known)
             method = method if method in METHODS else "other"
-            series = (self.requests.labels(route, method, str(status)),
-                      self.seconds.labels(route, method))
+            series = (
+                self.requests.labels(route, method, str(status)),
+                self.seconds.labels(route, method),
+            )
             if len(self._cache) < MAX_CACHED:
                 self._cache[key] = series
         return series

@@ -69,50 +69,81 @@ class Completions(OpenAIBody):
     def items(self) -> list[dict[str, Any]]:
         prompts = [self.prompt] if isinstance(self.prompt, str) else self.prompt
         stop = self.stop[0] if isinstance(self.stop, list) and self.stop else self.stop
-        return [{"prompt": p, "max_new": 16 if self.max_tokens is None else self.max_tokens,
-                 "temperature": 1.0 if self.temperature is None else self.temperature,
-                 "seed": self.seed or 0, "stop": stop or None} for p in prompts]
+        return [
+            {
+                "prompt": p,
+                "max_new": 16 if self.max_tokens is None else self.max_tokens,
+                "temperature": 1.0 if self.temperature is None else self.temperature,
+                "seed": self.seed or 0,
+                "stop": stop or None,
+            }
+            for p in prompts
+        ]
 
 
 def routes(gw: Gateway) -> list[Route]:
     async def models(request: Request) -> Response:
         names = await gw.servings()
         aliases = [alias for alias, serving in gw.models.items() if serving in names]
-        return JSON({"object": "list", "data": [
-            {"id": n, "object": "model", "created": 0, "owned_by": "queueserve"}
-            for n in [*names, *aliases]]})
+        return JSON(
+            {
+                "object": "list",
+                "data": [
+                    {"id": n, "object": "model", "created": 0, "owned_by": "queueserve"}
+                    for n in [*names, *aliases]
+                ],
+            }
+        )
 
     async def embeddings(request: Request) -> Response:
         body = await parse(request, Embeddings, gw.max_body_bytes)
         if body.dimensions is not None:
-            raise bad_request("dimensions is not supported: leave it out (a serving's vectors "
-                              "have the width its model makes)")
+            raise bad_request(
+                "dimensions is not supported: leave it out (a serving's vectors "
+                "have the width its model makes)"
+            )
         serving = await serving_of(gw, body.model)
         texts = [body.input] if isinstance(body.input, str) else body.input
         vectors = await gw.call(request, serving, texts, Options())
-        return encoded({
-            "object": "list", "model": body.model,
-            "data": [{"object": "embedding", "index": i,
-                      "embedding": vector_as(v, body.encoding_format)}
-                     for i, v in enumerate(vectors)],
-            "usage": {"prompt_tokens": 0, "total_tokens": 0}})
+        return encoded(
+            {
+                "object": "list",
+                "model": body.model,
+                "data": [
+                    {
+                        "object": "embedding",
+                        "index": i,
+                        "embedding": vector_as(v, body.encoding_format),
+                    }
+                    for i, v in enumerate(vectors)
+                ],
+                "usage": {"prompt_tokens": 0, "total_tokens": 0},
+            }
+        )
 
     async def completions(request: Request) -> Response | EventStream:
         body = await parse(request, Completions, gw.max_body_bytes)
         serving = await serving_of(gw, body.model)
         items = body.items()
-        head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
-                "created": int(time.time()), "model": body.model}
+        head = {
+            "id": f"cmpl-{uuid.uuid4().hex}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": body.model,
+        }
         if body.stream:
             return EventStream(completion_frames(gw, serving, items, head), openai_error)
         answers = await gw.call(request, serving, items, Options())
         texts = ["".join(map(str, a)) for a in answers]
-        return encoded({**head, "choices": [choice(i, t, finish(items[i], t))
-                                            for i, t in enumerate(texts)]})
+        return encoded(
+            {**head, "choices": [choice(i, t, finish(items[i], t)) for i, t in enumerate(texts)]}
+        )
 
-    return [Route("/v1/models", models, methods=["GET"]),
-            Route("/v1/embeddings", embeddings, methods=["POST"]),
-            Route("/v1/completions", completions, methods=["POST"])]
+    return [
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/embeddings", embeddings, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+    ]
 
 
 async def serving_of(gw: Gateway, model: str) -> str:
@@ -127,11 +158,15 @@ def vector_as(vector: Any, encoding: str) -> Any:
     try:
         array = np.asarray(vector, dtype="<f4")
     except (TypeError, ValueError) as e:
-        raise ApiError(502, "unencodable_result",
-                       f"the serving's result is not a vector of numbers: {e}") from None
+        raise ApiError(
+            502, "unencodable_result", f"the serving's result is not a vector of numbers: {e}"
+        ) from None
     if array.ndim != 1:
-        raise ApiError(502, "unencodable_result",
-                       f"the serving's result has shape {array.shape}, not a vector's")
+        raise ApiError(
+            502,
+            "unencodable_result",
+            f"the serving's result has shape {array.shape}, not a vector's",
+        )
     if encoding == "base64":
         return base64.b64encode(array.tobytes()).decode()
     return array.tolist()
@@ -151,8 +186,9 @@ def openai_error(error: ApiError) -> bytes:
     return frame(error_body(error))
 
 
-async def completion_frames(gw: Gateway, serving: str, items: list[dict[str, Any]],
-                            head: dict[str, Any]) -> AsyncGenerator[bytes, None]:
+async def completion_frames(
+    gw: Gateway, serving: str, items: list[dict[str, Any]], head: dict[str, Any]
+) -> AsyncGenerator[bytes, None]:
     """A chunk per step of the prompts (one choice per prompt that produced text), then a
     chunk per prompt with its finish reason, then ``[DONE]``."""
     texts = [""] * len(items)
@@ -160,15 +196,23 @@ async def completion_frames(gw: Gateway, serving: str, items: list[dict[str, Any
     async with contextlib.aclosing(events):
         async for event in events:
             if isinstance(event, Restart):
-                raise ApiError(502, "restarted",
-                               "the worker generating this completion died and another runs it "
-                               "again from the start: what was streamed is void; ask again")
+                raise ApiError(
+                    502,
+                    "restarted",
+                    "the worker generating this completion died and another runs it "
+                    "again from the start: what was streamed is void; ask again",
+                )
             if isinstance(event, Output):
                 pieces = [str(r) for r in event.results]
                 for i, piece in enumerate(pieces, event.start):
                     texts[i] += piece
-                yield frame({**head, "choices": [choice(i, p, None) for i, p in
-                                                 enumerate(pieces, event.start)]})
-    yield frame({**head, "choices": [choice(i, "", finish(items[i], t))
-                                     for i, t in enumerate(texts)]})
+                yield frame(
+                    {
+                        **head,
+                        "choices": [choice(i, p, None) for i, p in enumerate(pieces, event.start)],
+                    }
+                )
+    yield frame(
+        {**head, "choices": [choice(i, "", finish(items[i], t)) for i, t in enumerate(texts)]}
+    )
     yield DONE

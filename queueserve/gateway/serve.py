@@ -26,17 +26,28 @@ def models_of(pairs: list[str]) -> dict[str, str]:
 
 
 def gateway_command(args: argparse.Namespace) -> int:
-    app = create_app(args.redis_url, prefix=args.prefix,
-                     token=args.token or os.environ.get(TOKEN_ENV) or None,
-                     max_body_bytes=args.max_body_bytes, models=models_of(args.models))
+    app = create_app(
+        args.redis_url,
+        prefix=args.prefix,
+        token=args.token or os.environ.get(TOKEN_ENV) or None,
+        max_body_bytes=args.max_body_bytes,
+        models=models_of(args.models),
+    )
     # Everything loaded so far lives as long as the process: frozen, the cyclic collector's full
     # passes stop walking it (bench/gateway.py: a fifth of the CPU per HTTP request before).
     gc.collect()
     gc.freeze()
     # uvicorn logs the address it bound (with --port 0, the port it was given) at INFO.
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level.lower(),
-                access_log=False, lifespan="on", timeout_graceful_shutdown=args.shutdown_timeout,
-                # Longer than load balancers keep idle connections (60 s is common): one that
-                # the gateway closed first would be answered with a 502 by the balancer.
-                timeout_keep_alive=KEEP_ALIVE_S)
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level.lower(),
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=args.shutdown_timeout,
+        # Longer than load balancers keep idle connections (60 s is common): one that
+        # the gateway closed first would be answered with a 502 by the balancer.
+        timeout_keep_alive=KEEP_ALIVE_S,
+    )
     return 0

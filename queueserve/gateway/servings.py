@@ -63,8 +63,9 @@ def routes(gw: Gateway) -> list[Route]:
         body = await parse(request, DispatchMany, gw.max_body_bytes)
         await gw.require(name)
         results = await gw.call(request, name, body.items, body, body.return_exceptions)
-        return encoded({"results": [
-            item_error(r) if isinstance(r, QueueServeError) else r for r in results]})
+        return encoded(
+            {"results": [item_error(r) if isinstance(r, QueueServeError) else r for r in results]}
+        )
 
     async def stream(request: Request) -> EventStream:
         name = request.path_params["name"]
@@ -73,17 +74,25 @@ def routes(gw: Gateway) -> list[Route]:
         return EventStream(serving_frames(gw, name, body))
 
     path = "/v1/servings/{name}/"
-    return [Route(path + "dispatch", dispatch, methods=["POST"]),
-            Route(path + "dispatch_many", dispatch_many, methods=["POST"]),
-            Route(path + "stream", stream, methods=["POST"])]
+    return [
+        Route(path + "dispatch", dispatch, methods=["POST"]),
+        Route(path + "dispatch_many", dispatch_many, methods=["POST"]),
+        Route(path + "stream", stream, methods=["POST"]),
+    ]
 
 
 async def serving_frames(gw: Gateway, name: str, body: Stream) -> AsyncGenerator[bytes, None]:
     """``hook``, ``output`` and ``restart`` events in the order the client yields them, then
     ``result``: each item's outputs, in order (what a restart voided left out)."""
     outputs: list[list[Any]] = [[] for _ in body.items]
-    events = gw.stream(name, body.items, batch_key=body.batch_key, timeout=body.timeout,
-                              priority=body.priority, max_in_flight=body.max_in_flight)
+    events = gw.stream(
+        name,
+        body.items,
+        batch_key=body.batch_key,
+        timeout=body.timeout,
+        priority=body.priority,
+        max_in_flight=body.max_in_flight,
+    )
     async with contextlib.aclosing(events):
         try:
             async for event in events:
@@ -95,14 +104,19 @@ async def serving_frames(gw: Gateway, name: str, body: Stream) -> AsyncGenerator
 
 def event_frame(event: Hook | Output | Restart, outputs: list[list[Any]]) -> bytes:
     if isinstance(event, Hook):
-        return frame({"name": event.name, "payload": event.payload, "start": event.start,
-                      "size": event.size}, "hook")
+        return frame(
+            {
+                "name": event.name,
+                "payload": event.payload,
+                "start": event.start,
+                "size": event.size,
+            },
+            "hook",
+        )
     if isinstance(event, Restart):
         for i in range(event.start, event.start + event.size):
             outputs[i] = []
         return frame({"start": event.start, "size": event.size}, "restart")
     for i, value in enumerate(event.results, event.start):
         outputs[i].append(value)
-    return frame({"results": event.results, "start": event.start, "size": event.size},
-                 "output")
-
+    return frame({"results": event.results, "start": event.start, "size": event.size}, "output")

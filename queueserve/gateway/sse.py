@@ -55,7 +55,8 @@ class EventStream:
     """``frames`` as an SSE response; ``error_frame`` renders an error met mid-stream."""
 
     def __init__(
-        self, frames: AsyncGenerator[bytes, None],
+        self,
+        frames: AsyncGenerator[bytes, None],
         error_frame: Callable[[ApiError], bytes] = named_error,
     ) -> None:
         self.frames = frames
@@ -67,8 +68,7 @@ class EventStream:
         try:
             while (data := await self._next(gone)) is not None:
                 if not started:
-                    await send({"type": "http.response.start", "status": 200,
-                                "headers": HEADERS})
+                    await send({"type": "http.response.start", "status": 200, "headers": HEADERS})
                     started = True
                 await send({"type": "http.response.body", "body": data, "more_body": True})
         except ClientGone:
@@ -78,8 +78,9 @@ class EventStream:
             if not started:
                 await error_response(error)(scope, receive, send)
                 return
-            await send({"type": "http.response.body", "body": self.error_frame(error),
-                        "more_body": True})
+            await send(
+                {"type": "http.response.body", "body": self.error_frame(error), "more_body": True}
+            )
         finally:
             gone.cancel()
             await self.frames.aclose()

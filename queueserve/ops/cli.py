@@ -96,17 +96,30 @@ def _add_worker_options(w: argparse.ArgumentParser) -> None:
             default = f"{default:g}s"
         more = f" (default {default}; env {ENV_PREFIX}{name.upper()})"
         if name == "batch_keys":
-            w.add_argument("--batch-key", action="append", dest=name, default=argparse.SUPPRESS,
-                           metavar="KEY", help=f"{field.description}{more}")
+            w.add_argument(
+                "--batch-key",
+                action="append",
+                dest=name,
+                default=argparse.SUPPRESS,
+                metavar="KEY",
+                help=f"{field.description}{more}",
+            )
             continue
-        w.add_argument(f"--{name.replace('_', '-')}", type=_worker_option(name),
-                       default=argparse.SUPPRESS, metavar=name.upper(),
-                       help=f"{field.description}{more}")
+        w.add_argument(
+            f"--{name.replace('_', '-')}",
+            type=_worker_option(name),
+            default=argparse.SUPPRESS,
+            metavar=name.upper(),
+            help=f"{field.description}{more}",
+        )
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="queueserve", description=DESCRIPTION, epilog=EPILOG, allow_abbrev=False,
+        prog="queueserve",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        allow_abbrev=False,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True)
@@ -115,45 +128,79 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--redis-url", help=URL_HELP)
     w.add_argument("--prefix", help=PREFIX_HELP)
     _add_worker_options(w)
-    w.add_argument("--check", action="store_true",
-                   help="exit 0 when a live worker serves every named serving, else 1")
+    w.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 0 when a live worker serves every named serving, else 1",
+    )
     w.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
     d = sub.add_parser("dead-letter", help="list, replay or drop a serving's dead letters")
     d.add_argument("action", choices=["list", "replay", "drop"])
     # nargs="?"/"*" positionals: argparse would list a plain one as "required" even for list.
-    d.add_argument("serving", nargs="?",
-                   help="the serving (list: default every serving; replay/drop: required)")
-    d.add_argument("ids", nargs="*", metavar="ID",
-                   help="dead-letter ids to replay or drop; or --all")
+    d.add_argument(
+        "serving",
+        nargs="?",
+        help="the serving (list: default every serving; replay/drop: required)",
+    )
+    d.add_argument(
+        "ids", nargs="*", metavar="ID", help="dead-letter ids to replay or drop; or --all"
+    )
     d.add_argument("--all", action="store_true", help="replay or drop every dead letter")
     d.add_argument("--limit", type=_positive_int, default=100, help="how many to list")
     c = sub.add_parser("config", help="show or change a serving's options at run time")
     c.add_argument("action", choices=["get", "set"])
-    c.add_argument("serving", nargs="?",
-                   help="the serving (get: default every serving; set: required)")
-    c.add_argument("assignments", nargs="*", metavar="option=value",
-                   help=f"with set: {', '.join(OPTIONS)}")
-    c.add_argument("--force", action="store_true",
-                   help="set options of a serving no worker has declared yet")
+    c.add_argument(
+        "serving", nargs="?", help="the serving (get: default every serving; set: required)"
+    )
+    c.add_argument(
+        "assignments", nargs="*", metavar="option=value", help=f"with set: {', '.join(OPTIONS)}"
+    )
+    c.add_argument(
+        "--force", action="store_true", help="set options of a serving no worker has declared yet"
+    )
     s = sub.add_parser("stats", help="queues, consumers, lag, throughput and dead letters")
     s.add_argument("servings", nargs="*", help="servings to show (default: all found)")
-    s.add_argument("--interval", type=_duration, default=1.0,
-                   help="how long to sample throughput (default 1s)")
-    g = sub.add_parser("gateway", help="serve HTTP (JSON, SSE, OpenAI API) in front of servings "
-                       "(the gateway extra; docs/gateway.md)")
-    g.add_argument("--host", default="127.0.0.1",
-                   help="address to listen on (default 127.0.0.1; 0.0.0.0 for every interface)")
+    s.add_argument(
+        "--interval", type=_duration, default=1.0, help="how long to sample throughput (default 1s)"
+    )
+    g = sub.add_parser(
+        "gateway",
+        help="serve HTTP (JSON, SSE, OpenAI API) in front of servings "
+        "(the gateway extra; docs/gateway.md)",
+    )
+    g.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1; 0.0.0.0 for every interface)",
+    )
     g.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: any free one)")
-    g.add_argument("--token", default=None,
-                   help="require 'Authorization: Bearer TOKEN' (default: "
-                        "$QUEUESERVE_GATEWAY_TOKEN, else no auth)")
-    g.add_argument("--max-body-bytes", type=_positive_int, default=1 << 20,
-                   help="largest request body, in bytes (default 1048576)")
-    g.add_argument("--model", action="append", default=[], dest="models",
-                   metavar="MODEL=SERVING", help="OpenAI model name served by a serving "
-                   "(repeatable; other names are taken as serving names)")
-    g.add_argument("--shutdown-timeout", type=_duration, default=10.0,
-                   help="how long SIGTERM waits for open requests (default 10s)")
+    g.add_argument(
+        "--token",
+        default=None,
+        help="require 'Authorization: Bearer TOKEN' (default: "
+        "$QUEUESERVE_GATEWAY_TOKEN, else no auth)",
+    )
+    g.add_argument(
+        "--max-body-bytes",
+        type=_positive_int,
+        default=1 << 20,
+        help="largest request body, in bytes (default 1048576)",
+    )
+    g.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        dest="models",
+        metavar="MODEL=SERVING",
+        help="OpenAI model name served by a serving "
+        "(repeatable; other names are taken as serving names)",
+    )
+    g.add_argument(
+        "--shutdown-timeout",
+        type=_duration,
+        default=10.0,
+        help="how long SIGTERM waits for open requests (default 10s)",
+    )
     for p in (d, c, s, g):
         p.add_argument("--redis-url", help=URL_HELP)
         p.add_argument("--prefix", help=PREFIX_HELP)
@@ -179,12 +226,17 @@ def unknown_servings(broker: Admin, prefix: str, names: Sequence[str]) -> str | 
 
 def config_command(args: argparse.Namespace) -> int:
     if args.action == "set" and (args.serving is None or not args.assignments):
-        print("queueserve: config set takes a serving and option=value pairs, e.g. "
-              "`queueserve config set square batch_size=64`", file=sys.stderr)
+        print(
+            "queueserve: config set takes a serving and option=value pairs, e.g. "
+            "`queueserve config set square batch_size=64`",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     if args.action == "get" and args.assignments:
-        print("queueserve: config get takes only a serving; use config set to change options",
-              file=sys.stderr)
+        print(
+            "queueserve: config get takes only a serving; use config set to change options",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     assignments = parse_assignments(args.assignments) if args.action == "set" else {}
     settings = Settings()
@@ -198,8 +250,11 @@ def config_command(args: argparse.Namespace) -> int:
         if not (args.action == "set" and args.force):
             problem = unknown_servings(broker, prefix, names)
             if problem is not None:
-                hint = " (or pass --force to set it before any worker runs)" \
-                    if args.action == "set" else ""
+                hint = (
+                    " (or pass --force to set it before any worker runs)"
+                    if args.action == "set"
+                    else ""
+                )
                 print(f"queueserve: {problem}{hint}", file=sys.stderr)
                 return EXIT_ERROR
         for name in names:
@@ -219,8 +274,11 @@ def config_command(args: argparse.Namespace) -> int:
 
 def dead_letter_command(args: argparse.Namespace) -> int:
     if args.action != "list" and args.serving is None:
-        print(f"queueserve: dead-letter {args.action} takes a serving and ids (or --all), e.g. "
-              f"`queueserve dead-letter {args.action} square --all`", file=sys.stderr)
+        print(
+            f"queueserve: dead-letter {args.action} takes a serving and ids (or --all), e.g. "
+            f"`queueserve dead-letter {args.action} square --all`",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     settings = Settings()
     prefix = args.prefix or settings.prefix
@@ -274,11 +332,16 @@ def _list_dead_letters(broker: Admin, prefix: str, serving: str | None, limit: i
         for r in DeadLetters(broker, prefix, name).records(limit):
             shown += 1
             column = "" if serving is not None else f"{name}  "
-            print(f"{column}{r.id}  from {r.stream} {r.entry_id}  deliveries={r.deliveries}  "
-                  f"{r.reason}")
+            print(
+                f"{column}{r.id}  from {r.stream} {r.entry_id}  deliveries={r.deliveries}  "
+                f"{r.reason}"
+            )
     if not shown:  # said on stderr: stdout stays a list a script can read (empty)
-        where = f"serving {serving!r}" if serving is not None else \
-            f"any serving under prefix {prefix!r}"
+        where = (
+            f"serving {serving!r}"
+            if serving is not None
+            else f"any serving under prefix {prefix!r}"
+        )
         print(f"no dead letters for {where}", file=sys.stderr)
     return EXIT_OK
 
@@ -287,7 +350,8 @@ def _check(servings: Sequence[Serving], url: str, prefix: str) -> int:
     broker = Admin(url)
     try:
         missing = [
-            s.name for s in servings
+            s.name
+            for s in servings
             if broker.alive_workers(Keys(prefix, s.name), ALIVE_WITHIN_S) == 0
         ]
     finally:
@@ -331,8 +395,11 @@ def gateway_command(args: argparse.Namespace) -> int:
     try:  # the gateway extra is optional: the rest of the CLI works without it
         from queueserve.gateway.serve import gateway_command as serve
     except ImportError as e:
-        print(f"queueserve: the gateway needs the gateway extra ({e}); "
-              "pip install 'queueserve[gateway]'", file=sys.stderr)
+        print(
+            f"queueserve: the gateway needs the gateway extra ({e}); "
+            "pip install 'queueserve[gateway]'",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     return serve(args)
 
@@ -344,14 +411,18 @@ def _check_environment(command: str) -> None:
     if misspelled:
         raise ValueError("; ".join(misspelled))
     if unknown:
-        log.warning("ignoring %s: no queueserve variable (docs/operations.md lists them)",
-                    ", ".join(unknown))
+        log.warning(
+            "ignoring %s: no queueserve variable (docs/operations.md lists them)",
+            ", ".join(unknown),
+        )
     if command == "worker":
         WorkerOptions.of({})
 
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
-    "dead-letter": dead_letter_command, "config": config_command, "stats": stats_or_unknown,
+    "dead-letter": dead_letter_command,
+    "config": config_command,
+    "stats": stats_or_unknown,
     "gateway": gateway_command,
 }
 

@@ -171,11 +171,15 @@ def _replayable(
     count, reply_to, codec = header[P.H_COUNT], header[P.H_REPLY_TO], header[P.H_CODEC]
     events = header_events(header)
     if not P.is_inbox(keys.prefix, reply_to):
-        raise ValueError(f"its reply address {reply_to!r:.100} is not an inbox of prefix "
-                         f"{keys.prefix!r} ({keys.prefix}:inbox:<client id>)")
+        raise ValueError(
+            f"its reply address {reply_to!r:.100} is not an inbox of prefix "
+            f"{keys.prefix!r} ({keys.prefix}:inbox:<client id>)"
+        )
     if events and not P.is_events_channel(keys.prefix, events):
-        raise ValueError(f"its events channel {events!r:.100} is not a client channel of "
-                         f"prefix {keys.prefix!r} ({keys.prefix}:events:<client id>)")
+        raise ValueError(
+            f"its events channel {events!r:.100} is not a client channel of "
+            f"prefix {keys.prefix!r} ({keys.prefix}:events:<client id>)"
+        )
     own = header_priority(header)
     if own != priority:
         raise ValueError(f"its header says priority {own}, its stream priority {priority}")
@@ -184,8 +188,10 @@ def _replayable(
     if payload is None:
         raise ValueError("it has no payload ('field:p')")
     if count > len(payload):
-        raise ValueError(f"its header claims {count} items, more than its payload of "
-                         f"{len(payload)} bytes can hold")
+        raise ValueError(
+            f"its header claims {count} items, more than its payload of "
+            f"{len(payload)} bytes can hold"
+        )
     if codec == MsgpackCodec.name:
         check_msgpack_items(payload, count)
     return without_deadline(header), payload, count
@@ -199,6 +205,7 @@ def _entry_order(dead_id: str) -> tuple[int, int]:
 def _record(entry_id: bytes, fields: dict[bytes, bytes], suffix: str = "") -> DeadLetter:
     """A record as written, whatever it holds: fields are shown, never trusted (replay checks
     them), so a forged one is listed and can be dropped."""
+
     def field(name: str) -> str:
         return fields.get(name.encode(), b"").decode(errors="replace")
 

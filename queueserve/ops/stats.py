@@ -14,8 +14,10 @@ from queueserve.settings import Settings
 from queueserve.wire.protocol import Keys
 from queueserve.wire.timing import ALIVE_WITHIN_S
 
-HEADER = (f"{'serving':<16} {'key':<12} {'items':>8} {'waiting':>8} {'pending':>8} "
-          f"{'oldest':>8} {'seen':>8} {'req/s':>9} {'workers':>8} {'dead':>6}")
+HEADER = (
+    f"{'serving':<16} {'key':<12} {'items':>8} {'waiting':>8} {'pending':>8} "
+    f"{'oldest':>8} {'seen':>8} {'req/s':>9} {'workers':>8} {'dead':>6}"
+)
 
 
 def ago(ms: int) -> str:
@@ -28,12 +30,13 @@ def ago(ms: int) -> str:
     return f"{seconds / 60:.1f}m" if seconds < 3600 else f"{seconds / 3600:.1f}h"
 
 
-def format_row(name: str, row: KeyStats, rate: float, workers: int, dead: int,
-               now_ms: int) -> str:
+def format_row(name: str, row: KeyStats, rate: float, workers: int, dead: int, now_ms: int) -> str:
     oldest = ago(row.oldest_age_ms) if row.oldest_age_ms else "-"
     seen = ago(max(0, now_ms - row.last_seen_ms)) if row.last_seen_ms else "-"
-    return (f"{name:<16} {row.key:<12} {row.queued_items:>8} {row.waiting:>8} "
-            f"{row.pending:>8} {oldest:>8} {seen:>8} {rate:>9.1f} {workers:>8} {dead:>6}")
+    return (
+        f"{name:<16} {row.key:<12} {row.queued_items:>8} {row.waiting:>8} "
+        f"{row.pending:>8} {oldest:>8} {seen:>8} {rate:>9.1f} {workers:>8} {dead:>6}"
+    )
 
 
 def stats_command(args: argparse.Namespace) -> int:
@@ -47,8 +50,10 @@ def stats_command(args: argparse.Namespace) -> int:
             return 0
         # A serving's shards are summed: one row per serving and batch key, however many.
         shards = {k.name: broker.shards(k) for k in servings}
-        before = {name: {row.key: row.read for row in broker.summed_key_stats(of)}
-                  for name, of in shards.items()}
+        before = {
+            name: {row.key: row.read for row in broker.summed_key_stats(of)}
+            for name, of in shards.items()
+        }
         time.sleep(args.interval)  # throughput = entries read over this interval
         print(HEADER)
         for keys in servings:

@@ -46,33 +46,50 @@ class ServingOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     batch_size: Annotated[int, count(1, MAX_BATCH_SIZE, type_error=True)] = Field(
-        32, description="Most items (or cost units) in one batch.")
+        32, description="Most items (or cost units) in one batch."
+    )
     batch_timeout: Annotated[float, duration(MAX_BATCH_TIMEOUT_S)] = Field(
-        0.01, description="How long a batch waits to fill, e.g. 10ms.")
+        0.01, description="How long a batch waits to fill, e.g. 10ms."
+    )
     max_queue: Annotated[int, count(0, MAX_QUEUE, says=f"from 0 (unlimited) to {MAX_QUEUE}")] = (
-        Field(0, description="Requests waiting per batch key before QueueFull; 0: no limit."))
+        Field(0, description="Requests waiting per batch key before QueueFull; 0: no limit.")
+    )
     codec: Annotated[str, checked_by(lambda v: get_codec(v).name)] = Field(
-        "msgpack", description="How items and results are encoded.")
+        "msgpack", description="How items and results are encoded."
+    )
     on_error: Annotated[OnError, PlainValidator(_on_error)] = Field(
-        "isolate", description="'isolate': a failed batch is retried on halves; 'fail'.")
+        "isolate", description="'isolate': a failed batch is retried on halves; 'fail'."
+    )
     max_deliveries: Annotated[int, count(1, MAX_DELIVERIES)] = Field(
-        3, description="Runs of a request before it is dead-lettered.")
+        3, description="Runs of a request before it is dead-lettered."
+    )
     max_payload_bytes: Annotated[int, count(1, MAX_PAYLOAD_BYTES)] = Field(
-        16 * 1024 * 1024, description="Largest request the client sends.")
-    max_reply_bytes: Annotated[int, count(
-        1024, REPLY_BYTES_CEILING,
-        says=f"from 1024 to {REPLY_BYTES_CEILING} (Redis refuses values over 512 MiB)",
-    )] = Field(64 * 1024 * 1024, description="Largest reply a worker sends.")
+        16 * 1024 * 1024, description="Largest request the client sends."
+    )
+    max_reply_bytes: Annotated[
+        int,
+        count(
+            1024,
+            REPLY_BYTES_CEILING,
+            says=f"from 1024 to {REPLY_BYTES_CEILING} (Redis refuses values over 512 MiB)",
+        ),
+    ] = Field(64 * 1024 * 1024, description="Largest reply a worker sends.")
     key_idle_ttl: Annotated[float, duration(MAX_KEY_IDLE_TTL_S)] = Field(
-        3600.0, description="Time without a request before a batch key is forgotten; 0: "
-        "never (a forgotten key comes back with its next request).")
+        3600.0,
+        description="Time without a request before a batch key is forgotten; 0: "
+        "never (a forgotten key comes back with its next request).",
+    )
     shards: Annotated[int, checked_by(check_shards)] = Field(
-        1, description="Hash tags the requests spread over (Redis Cluster only); max_queue "
-        "applies per shard.")
+        1,
+        description="Hash tags the requests spread over (Redis Cluster only); max_queue "
+        "applies per shard.",
+    )
     durable: Flag = Field(
-        False, description="Each enqueue waits until a replica holds the request (WAIT 1).")
+        False, description="Each enqueue waits until a replica holds the request (WAIT 1)."
+    )
     prepare_concurrency: Annotated[int, count(1)] = Field(
-        1, description="Threads running prepare_batch ahead of the device.")
+        1, description="Threads running prepare_batch ahead of the device."
+    )
 
 
 class StepOptions(BaseModel):
@@ -86,14 +103,28 @@ class StepOptions(BaseModel):
     waiting_served_ratio: Annotated[float, number(above_zero=False, says="a number >= 0")] = 0.3
     max_waiting_steps: Annotated[int, count(1)] = 20
     prefix_cache_bytes: Annotated[int, count(0)] = 0
-    caller_gone_after: Annotated[float, number(
-        above_zero=True, says="a number of seconds > 0, or None to never look",
-    )] | None = CALLER_GONE_AFTER_S
+    caller_gone_after: (
+        Annotated[
+            float,
+            number(
+                above_zero=True,
+                says="a number of seconds > 0, or None to never look",
+            ),
+        ]
+        | None
+    ) = CALLER_GONE_AFTER_S
 
 
 # Options an operator may change at run time (``queueserve config set``, ``P:{S}:config``).
-RUNTIME = ("batch_size", "batch_timeout", "max_queue", "max_deliveries", "max_payload_bytes",
-           "max_reply_bytes", "key_idle_ttl")
+RUNTIME = (
+    "batch_size",
+    "batch_timeout",
+    "max_queue",
+    "max_deliveries",
+    "max_payload_bytes",
+    "max_reply_bytes",
+    "key_idle_ttl",
+)
 
 
 def validated(model: type[M], values: Mapping[str, Any]) -> M:

@@ -17,8 +17,15 @@ from pydantic import PlainValidator, ValidationError, ValidationInfo
 
 _UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 _PATTERN = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(us|ms|s|m|h)?\s*$")
-_BYTE_UNITS = {"kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10**3, "mb": 10**6,
-               "gb": 10**9, "b": 1}
+_BYTE_UNITS = {
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "b": 1,
+}
 
 
 def parse_duration(value: str | float | int, *, what: str = "duration") -> float:
@@ -71,8 +78,10 @@ def count(
     def check(value: Any, info: ValidationInfo) -> int:
         if isinstance(value, bool) or not isinstance(value, int):
             if type_error:
-                raise TypeError(f"{info.field_name} must be an int {span}, got {value!r:.60} "
-                                f"({type(value).__name__})")
+                raise TypeError(
+                    f"{info.field_name} must be an int {span}, got {value!r:.60} "
+                    f"({type(value).__name__})"
+                )
         elif low <= value and (high is None or value <= high):
             return value
         raise ValueError(f"{info.field_name} must be an int {span}, got {value!r:.60}")
@@ -84,8 +93,11 @@ def number(*, above_zero: bool, says: str) -> PlainValidator:
     """An int or float (not NaN), > 0 (``above_zero``) or >= 0, as a float."""
 
     def check(value: Any, info: ValidationInfo) -> float:
-        if (not isinstance(value, bool) and isinstance(value, int | float)
-                and (value > 0 if above_zero else value >= 0)):  # NaN is neither
+        if (
+            not isinstance(value, bool)
+            and isinstance(value, int | float)
+            and (value > 0 if above_zero else value >= 0)
+        ):  # NaN is neither
             return float(value)
         raise ValueError(f"{info.field_name} must be {says}, got {value!r:.60}")
 

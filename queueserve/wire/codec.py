@@ -37,9 +37,7 @@ def _encode_ndarray(arr: np.ndarray[Any, Any]) -> msgpack.ExtType:
         )
     if not arr.flags.c_contiguous:  # np.ascontiguousarray would also make 0-d arrays 1-d
         arr = arr.copy(order="C")
-    return msgpack.ExtType(
-        _EXT_NDARRAY, msgpack.packb([arr.dtype.str, arr.shape, arr.tobytes()])
-    )
+    return msgpack.ExtType(_EXT_NDARRAY, msgpack.packb([arr.dtype.str, arr.shape, arr.tobytes()]))
 
 
 def _encode_tensor(tensor: Any) -> msgpack.ExtType:
@@ -87,8 +85,11 @@ def _array_header(data: bytes, what: str) -> tuple[str, tuple[int, ...], bytes]:
         raise ValueError(f"malformed {what}: expected [dtype, shape, bytes], got {header!r:.100}")
     dtype, shape, raw = header
     if not (
-        isinstance(dtype, str) and isinstance(raw, bytes) and isinstance(shape, list | tuple)
-        and len(shape) <= 64 and all(type(d) is int and d >= 0 for d in shape)
+        isinstance(dtype, str)
+        and isinstance(raw, bytes)
+        and isinstance(shape, list | tuple)
+        and len(shape) <= 64
+        and all(type(d) is int and d >= 0 for d in shape)
     ):
         raise ValueError(f"malformed {what} header: dtype {dtype!r:.40}, shape {shape!r:.100}")
     return dtype, tuple(shape), raw
@@ -189,9 +190,7 @@ def get_codec(name: str) -> Codec:
     try:
         return CODECS[name]
     except KeyError:
-        raise ValueError(
-            f"unknown codec {name!r}; choose one of {sorted(CODECS)}"
-        ) from None
+        raise ValueError(f"unknown codec {name!r}; choose one of {sorted(CODECS)}") from None
 
 
 def codec_for_tag(tag: int) -> Codec:

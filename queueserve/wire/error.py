@@ -24,10 +24,16 @@ RAISED: Final[dict[str, type[QueueServeError]]] = {
 
 # A request whose deadline passed before its batch ran, or before it finished generating.
 EXPIRED: Final[ErrorBody] = [
-    "Timeout", "the request's deadline passed before its batch ran", "", P.ERR_TIMEOUT,
+    "Timeout",
+    "the request's deadline passed before its batch ran",
+    "",
+    P.ERR_TIMEOUT,
 ]
 EXPIRED_GENERATING: Final[ErrorBody] = [
-    "Timeout", "the request's deadline passed before it finished generating", "", P.ERR_TIMEOUT,
+    "Timeout",
+    "the request's deadline passed before it finished generating",
+    "",
+    P.ERR_TIMEOUT,
 ]
 
 

@@ -63,12 +63,12 @@ def encode_events(
             try:
                 data = codec.dumps(event)
             except Exception as e:
-                log.warning("dropped a streamed event that codec %r cannot encode: %s",
-                            codec.name, e)
+                log.warning(
+                    "dropped a streamed event that codec %r cannot encode: %s", codec.name, e
+                )
                 continue
             if len(data) >= max_bytes:
-                log.warning("dropped a streamed event of %d bytes, over max_reply_bytes",
-                            len(data))
+                log.warning("dropped a streamed event of %d bytes, over max_reply_bytes", len(data))
                 continue
             yield channel, tag + data
 
@@ -87,8 +87,9 @@ def event_problem(event: Any, n: int | None) -> str | None:
     whether it names a request)."""
     if type(event) is not list or not event or type(event[0]) is not int:
         return f"an event must start with a request id, got {event!r:.200}"
-    if n is None or (len(event) >= 3 and type(event[1]) is int and event[1] >= 0
-                     and _body_ok(event[2:], n)):
+    if n is None or (
+        len(event) >= 3 and type(event[1]) is int and event[1] >= 0 and _body_ok(event[2:], n)
+    ):
         return None
     return f"malformed event for request {event[0]}: {event!r:.200}"
 
@@ -107,8 +108,14 @@ def _body_ok(body: list[Any], n: int) -> bool:
         return type(body[1]) is str and type(body[3]) is int and type(body[4]) is int
     if kind == "o":
         values, first, count = body[2:]
-        return (type(values) is list and type(first) is int and type(count) is int
-                and len(values) == count and first >= 0 and first + count <= n)
+        return (
+            type(values) is list
+            and type(first) is int
+            and type(count) is int
+            and len(values) == count
+            and first >= 0
+            and first + count <= n
+        )
     return False
 
 

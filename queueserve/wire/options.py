@@ -66,8 +66,12 @@ def parse_declared(raw: Mapping[str, str], keys: Keys) -> dict[str, Any]:
 
 
 def _read(
-    raw: Mapping[str, str], options: tuple[str, ...], serving: str, where: str,
-    *, unknown: bool,
+    raw: Mapping[str, str],
+    options: tuple[str, ...],
+    serving: str,
+    where: str,
+    *,
+    unknown: bool,
 ) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, text in raw.items():
@@ -93,5 +97,10 @@ def _refused(serving: str, where: str, name: str, text: str, why: str) -> None:
     _REPORTED.add(seen)
     log.warning(
         "serving %s: ignored %s=%r in %s: %s; remove it (HDEL) or set it with `queueserve "
-        "config set`", serving, name[:60], text[:80], where, why,
+        "config set`",
+        serving,
+        name[:60],
+        text[:80],
+        where,
+        why,
     )

@@ -88,10 +88,22 @@ GROUP: Final = "qs"
 # priority streams). tests/faults/fuzz/surfaces.py must attack each one: a new key or channel
 # goes here, in the table, and in the fuzzer (tests/unit/test_fuzz_registry.py checks all three).
 LAYOUT: Final = (
-    ("in", "stream"), ("pN", "stream"), ("seen", "zset"), ("ready", "zset"),
-    ("active", "zset"), ("wake", "stream"), ("depth", "hash"), ("keys", "set"),
-    ("queued", "string"), ("meta", "hash"), ("config", "hash"), ("workers", "zset"),
-    ("dead", "stream"), ("cancel", "channel"), ("inbox", "list"), ("events", "channel"),
+    ("in", "stream"),
+    ("pN", "stream"),
+    ("seen", "zset"),
+    ("ready", "zset"),
+    ("active", "zset"),
+    ("wake", "stream"),
+    ("depth", "hash"),
+    ("keys", "set"),
+    ("queued", "string"),
+    ("meta", "hash"),
+    ("config", "hash"),
+    ("workers", "zset"),
+    ("dead", "stream"),
+    ("cancel", "channel"),
+    ("inbox", "list"),
+    ("events", "channel"),
     ("worker", "hash"),
 )
 # The fields of a request stream entry: one request (h, p, a) or a pack of them (a, k).
@@ -122,8 +134,10 @@ PRIORITY_AGE_MS: Final = 1000
 
 def check_priority(priority: object) -> int:
     """``priority`` if it is an int from 0 to 9, else ValueError saying so."""
-    if isinstance(priority, bool) or not isinstance(priority, int) or not (
-        0 <= priority <= MAX_PRIORITY
+    if (
+        isinstance(priority, bool)
+        or not isinstance(priority, int)
+        or not (0 <= priority <= MAX_PRIORITY)
     ):
         raise ValueError(
             f"priority must be an int from 0 (the default) to {MAX_PRIORITY} (most urgent), "
@@ -193,9 +207,25 @@ class Keys:
     """Key names of one shard of one serving under one prefix (shard 0 unless ``shard``)."""
 
     __slots__ = (
-        "_priority_prefix", "_shards", "_stream_prefix", "_tag", "active", "cancel", "config",
-        "dead", "depth", "keys", "meta", "name", "prefix", "queued", "ready", "seen", "shard",
-        "wake", "workers",
+        "_priority_prefix",
+        "_shards",
+        "_stream_prefix",
+        "_tag",
+        "active",
+        "cancel",
+        "config",
+        "dead",
+        "depth",
+        "keys",
+        "meta",
+        "name",
+        "prefix",
+        "queued",
+        "ready",
+        "seen",
+        "shard",
+        "wake",
+        "workers",
     )
 
     def __init__(self, prefix: str, serving: str, shard: int = 0, tag: str | None = None) -> None:
@@ -274,8 +304,10 @@ class Keys:
         if stream.startswith(self._stream_prefix):
             return stream[len(self._stream_prefix) :], 0
         rest = stream[len(self._priority_prefix) :]
-        if not stream.startswith(self._priority_prefix) or rest[1:2] != ":" or not (
-            rest[:1].isascii() and rest[:1].isdigit()
+        if (
+            not stream.startswith(self._priority_prefix)
+            or rest[1:2] != ":"
+            or not (rest[:1].isascii() and rest[:1].isdigit())
         ):
             raise ValueError(f"{stream!r} is not a request stream of serving {self.name!r}")
         return rest[2:], int(rest[0])

@@ -58,8 +58,14 @@ class ReplyEncoder:
             return [self.tag + self.codec.dumps([self._item_error(row)])]
         half = count // 2
         first = [rid, offset, half, kind, _cut(kind, body, 0, half), *events_total]
-        rest = [rid, offset + half, count - half, kind, _cut(kind, body, half, count),
-                *events_total]
+        rest = [
+            rid,
+            offset + half,
+            count - half,
+            kind,
+            _cut(kind, body, half, count),
+            *events_total,
+        ]
         return self.messages([first]) + self.messages([rest])
 
     def _item_error(self, row: Message) -> Message:
@@ -68,8 +74,7 @@ class ReplyEncoder:
             size = len(self.codec.dumps(body))
         except Exception as e:
             problem: Exception = TypeError(
-                f"the result of item {offset} cannot be encoded with codec "
-                f"{self.codec.name!r}: {e}"
+                f"the result of item {offset} cannot be encoded with codec {self.codec.name!r}: {e}"
             )
         else:
             problem = ValueError(
@@ -79,8 +84,14 @@ class ReplyEncoder:
             )
         if kind == P.ERROR:  # an error too large to send: send it without its traceback
             remote_type, message, _tb, error_kind = body
-            return [rid, offset, 1, P.ERROR, [remote_type, message[:10_000], "", error_kind],
-                    *events_total]
+            return [
+                rid,
+                offset,
+                1,
+                P.ERROR,
+                [remote_type, message[:10_000], "", error_kind],
+                *events_total,
+            ]
         self.errors[P.ERR_REMOTE] = self.errors.get(P.ERR_REMOTE, 0) + 1
         log.warning("%s", problem)
         return [rid, offset, 1, P.ERROR, error_body(problem), *events_total]

@@ -35,13 +35,25 @@ _unpackb = msgpack.unpackb
 
 
 def encode_request(
-    codec: Codec, rid: int, items: list[Any], reply_to: str, deadline: float | None,
-    events: str = "", priority: int = 0, fields: Mapping[str, Any] | None = None,
+    codec: Codec,
+    rid: int,
+    items: list[Any],
+    reply_to: str,
+    deadline: float | None,
+    events: str = "",
+    priority: int = 0,
+    fields: Mapping[str, Any] | None = None,
 ) -> tuple[bytes, bytes]:
     """(header, payload) of one request. ``fields``: optional header fields; send them only to
     workers that read them (docs/architecture.md, "Wire versions")."""
-    header = [P.WIRE_VERSION, rid, len(items), reply_to,
-              0 if deadline is None else int(deadline * 1000), codec.name]
+    header = [
+        P.WIRE_VERSION,
+        rid,
+        len(items),
+        reply_to,
+        0 if deadline is None else int(deadline * 1000),
+        codec.name,
+    ]
     if events or priority or fields:
         header.append(events)
     if priority or fields:  # left out at 0: such headers stay readable by older workers
@@ -68,9 +80,14 @@ def parse_header(raw: bytes) -> list[Any]:
             f"{_VERSION}); upgrade the older side"
         )
     n = header[2]
-    if not (isinstance(header[1], int) and isinstance(n, int) and n >= 1
-            and isinstance(header[3], str) and isinstance(header[4], int)
-            and (size == 6 or isinstance(header[6], str))):
+    if not (
+        isinstance(header[1], int)
+        and isinstance(n, int)
+        and n >= 1
+        and isinstance(header[3], str)
+        and isinstance(header[4], int)
+        and (size == 6 or isinstance(header[6], str))
+    ):
         raise ValueError(f"header fields have wrong types: {header!r:.200}")
     if size > 7:
         P.check_priority(header[7])
@@ -80,8 +97,10 @@ def parse_header(raw: bytes) -> list[Any]:
 
 
 def _check_fields(fields: Any) -> None:
-    if type(fields) is not dict or len(fields) > _MAX_FIELDS or not all(
-        type(k) is str for k in fields
+    if (
+        type(fields) is not dict
+        or len(fields) > _MAX_FIELDS
+        or not all(type(k) is str for k in fields)
     ):
         raise ValueError(
             f"header's optional fields must be a map of at most {_MAX_FIELDS} string keys, "
@@ -126,7 +145,7 @@ def check_msgpack_items(payload: bytes, count: int) -> None:
 
 def without_deadline(header: list[Any]) -> bytes:
     """A checked header encoded again with no deadline (a dead letter replayed)."""
-    return pack_plain([*header[:P.H_DEADLINE], 0, *header[P.H_DEADLINE + 1:]])
+    return pack_plain([*header[: P.H_DEADLINE], 0, *header[P.H_DEADLINE + 1 :]])
 
 
 def pack_members(fields: dict[bytes, bytes]) -> list[dict[bytes, bytes]]:
@@ -140,8 +159,10 @@ def pack_members(fields: dict[bytes, bytes]) -> list[dict[bytes, bytes]]:
         raise ValueError(f"its 'k' field must be a list of requests, got {members!r:.200}")
     out = []
     for member in members:
-        if type(member) is not list or len(member) != 3 or not all(
-            type(value) is bytes for value in member
+        if (
+            type(member) is not list
+            or len(member) != 3
+            or not all(type(value) is bytes for value in member)
         ):
             raise ValueError(
                 f"each request of a pack must be [header, payload, items] (3 byte strings), "

@@ -45,6 +45,8 @@ BACKOFF_MAX_S = 2.0
 def backoff(attempt: int) -> float:
     """Seconds to wait before retry ``attempt`` (0, 1, ...) against a Redis that cannot serve."""
     return min(BACKOFF_FIRST_S * 2.0 ** min(attempt, 32), BACKOFF_MAX_S)
+
+
 # How long a durable enqueue waits for a replica to acknowledge it (WAIT 1 <ms>) before the
 # caller gets NotReplicated. Replicas on a LAN answer in about a millisecond; a second covers a
 # replica catching up after a pause without holding callers for long.

@@ -91,55 +91,96 @@ class PrometheusMiddleware(Middleware):
     """Records batching metrics of the partition it runs in."""
 
     def __init__(
-        self, registry: Any = None, *, declared: Iterable[str] = ("default",),
+        self,
+        registry: Any = None,
+        *,
+        declared: Iterable[str] = ("default",),
         key_labels: int = KEY_LABELS,
     ) -> None:
         pc = _prometheus()
         kw = {} if registry is None else {"registry": registry}
         self.key_label = KeyLabels(declared, key_labels)
         self.batch_size = pc.Histogram(
-            "queueserve_batch_size", "Items per executed batch", ["serving", "key"],
-            buckets=_SIZE_BUCKETS, **kw)
+            "queueserve_batch_size",
+            "Items per executed batch",
+            ["serving", "key"],
+            buckets=_SIZE_BUCKETS,
+            **kw,
+        )
         self.utilization = pc.Histogram(
-            "queueserve_batch_utilization", "Batch size / batch_size capacity", ["serving"],
-            buckets=_RATIO_BUCKETS, **kw)
+            "queueserve_batch_utilization",
+            "Batch size / batch_size capacity",
+            ["serving"],
+            buckets=_RATIO_BUCKETS,
+            **kw,
+        )
         self.wait = pc.Histogram(
-            "queueserve_batch_wait_seconds", "From a batch's first item to its execution",
-            ["serving"], buckets=_TIME_BUCKETS, **kw)
+            "queueserve_batch_wait_seconds",
+            "From a batch's first item to its execution",
+            ["serving"],
+            buckets=_TIME_BUCKETS,
+            **kw,
+        )
         self.execution = pc.Histogram(
-            "queueserve_batch_execution_seconds", "Time in the batch function", ["serving"],
-            buckets=_TIME_BUCKETS, **kw)
+            "queueserve_batch_execution_seconds",
+            "Time in the batch function",
+            ["serving"],
+            buckets=_TIME_BUCKETS,
+            **kw,
+        )
         self.busy = pc.Counter(
-            "queueserve_partition_busy_seconds", "Seconds a partition spent executing batches",
-            ["serving", "partition"], **kw)
-        self.items = pc.Counter(
-            "queueserve_items", "Items answered", ["serving"], **kw)
+            "queueserve_partition_busy_seconds",
+            "Seconds a partition spent executing batches",
+            ["serving", "partition"],
+            **kw,
+        )
+        self.items = pc.Counter("queueserve_items", "Items answered", ["serving"], **kw)
         self.requests = pc.Counter(
-            "queueserve_requests", "Requests answered completely", ["serving"], **kw)
+            "queueserve_requests", "Requests answered completely", ["serving"], **kw
+        )
         self.errors = pc.Counter(
-            "queueserve_errors", "Items answered with an error, by kind", ["serving", "kind"], **kw)
+            "queueserve_errors", "Items answered with an error, by kind", ["serving", "kind"], **kw
+        )
         self.redeliveries = pc.Counter(
-            "queueserve_redeliveries", "Entries reclaimed from dead consumers", ["serving"], **kw)
+            "queueserve_redeliveries", "Entries reclaimed from dead consumers", ["serving"], **kw
+        )
         self.step_slots = pc.Histogram(
-            "queueserve_step_slots", "Sequences decoded per step of a step serving",
-            ["serving"], buckets=_SIZE_BUCKETS, **kw)
+            "queueserve_step_slots",
+            "Sequences decoded per step of a step serving",
+            ["serving"],
+            buckets=_SIZE_BUCKETS,
+            **kw,
+        )
         self.generated = pc.Counter(
-            "queueserve_generated_tokens", "Outputs produced by step servings", ["serving"], **kw)
+            "queueserve_generated_tokens", "Outputs produced by step servings", ["serving"], **kw
+        )
         self.prefill_tokens = pc.Counter(
-            "queueserve_prefill_tokens", "Prompt tokens prefilled (prefix-cache hits excluded)",
-            ["serving"], **kw)
+            "queueserve_prefill_tokens",
+            "Prompt tokens prefilled (prefix-cache hits excluded)",
+            ["serving"],
+            **kw,
+        )
         self.prefill_seconds = pc.Counter(
-            "queueserve_prefill_seconds", "Seconds step servings spent in prefill", ["serving"],
-            **kw)
+            "queueserve_prefill_seconds",
+            "Seconds step servings spent in prefill",
+            ["serving"],
+            **kw,
+        )
         self.cache_lookups = pc.Counter(
-            "queueserve_prefix_cache_lookups", "Prefix-cache lookups, by result (hit, miss)",
-            ["serving", "result"], **kw)
+            "queueserve_prefix_cache_lookups",
+            "Prefix-cache lookups, by result (hit, miss)",
+            ["serving", "result"],
+            **kw,
+        )
         self.cache_saved = pc.Counter(
-            "queueserve_prefix_cache_saved_tokens", "Prompt tokens not prefilled thanks to the "
-            "prefix cache", ["serving"], **kw)
+            "queueserve_prefix_cache_saved_tokens",
+            "Prompt tokens not prefilled thanks to the prefix cache",
+            ["serving"],
+            **kw,
+        )
         self.dead_letters = pc.Counter(
-            "queueserve_dead_letters", "Entries moved to the dead-letter stream", ["serving"],
-            **kw)
+            "queueserve_dead_letters", "Entries moved to the dead-letter stream", ["serving"], **kw
+        )
 
     def batch_started(
         self, serving: Serving, key: str, partition: Partition, size: int, waited: float
@@ -154,9 +195,7 @@ class PrometheusMiddleware(Middleware):
         self.execution.labels(serving.name).observe(seconds)
         self.busy.labels(serving.name, str(partition.index)).inc(seconds)
 
-    def replied(
-        self, serving: Serving, items: int, requests: int, errors: dict[str, int]
-    ) -> None:
+    def replied(self, serving: Serving, items: int, requests: int, errors: dict[str, int]) -> None:
         self.items.labels(serving.name).inc(items)
         self.requests.labels(serving.name).inc(requests)
         for kind, n in errors.items():
@@ -188,8 +227,13 @@ class QueueCollector:
     under ``key="other"``. Only streams holding entries are read."""
 
     def __init__(
-        self, broker: Admin, prefix: str, servings: Sequence[str], *,
-        declared: Iterable[str] = ("default",), key_labels: int = KEY_LABELS,
+        self,
+        broker: Admin,
+        prefix: str,
+        servings: Sequence[str],
+        *,
+        declared: Iterable[str] = ("default",),
+        key_labels: int = KEY_LABELS,
     ) -> None:
         self.broker = broker
         self.keys = [P.Keys(prefix, s) for s in servings]
@@ -201,12 +245,14 @@ class QueueCollector:
         from prometheus_client.core import GaugeMetricFamily
 
         depth = GaugeMetricFamily(
-            "queueserve_queue_depth", "Entries waiting to be read", labels=["serving", "key"])
+            "queueserve_queue_depth", "Entries waiting to be read", labels=["serving", "key"]
+        )
         pending = GaugeMetricFamily(
-            "queueserve_pending", "Entries read and not yet acked", labels=["serving", "key"])
+            "queueserve_pending", "Entries read and not yet acked", labels=["serving", "key"]
+        )
         dead = GaugeMetricFamily(
-            "queueserve_dead_letter_depth", "Entries in the dead-letter stream",
-            labels=["serving"])
+            "queueserve_dead_letter_depth", "Entries in the dead-letter stream", labels=["serving"]
+        )
         waiting: dict[str, dict[str, list[int]]] = {k.name: {} for k in self.keys}
         dead_letters: dict[str, int] = {}
         try:
@@ -252,8 +298,11 @@ class _BoundedHTTPServer(ThreadingHTTPServer):
 
     def process_request(self, request: Any, client_address: Any) -> None:
         if not self._slots.acquire(blocking=False):
-            log.warning("metrics http: %d connections open already; closed one from %s",
-                        MAX_CONNECTIONS, client_address)
+            log.warning(
+                "metrics http: %d connections open already; closed one from %s",
+                MAX_CONNECTIONS,
+                client_address,
+            )
             self.shutdown_request(request)
             return
         try:
@@ -313,7 +362,11 @@ class MetricsServer:
     """Serves /metrics, /healthz and /readyz on ``host``:``port`` from a background thread."""
 
     def __init__(
-        self, port: int, registry: Any, healthy: Callable[[], bool], ready: Callable[[], bool],
+        self,
+        port: int,
+        registry: Any,
+        healthy: Callable[[], bool],
+        ready: Callable[[], bool],
         host: str = DEFAULT_HOST,
     ) -> None:
         pc = _prometheus()

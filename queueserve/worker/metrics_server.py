@@ -52,14 +52,21 @@ class _MetricsConfig(Protocol):
 
 
 __all__ = [
-    "DEFAULT_HOST", "KEY_LABELS", "MetricsServer", "in_process_metrics", "supervisor_metrics",
+    "DEFAULT_HOST",
+    "KEY_LABELS",
+    "MetricsServer",
+    "in_process_metrics",
+    "supervisor_metrics",
 ]
 
 
 def _collector(worker: Worker, broker: Admin) -> QueueCollector:
     return QueueCollector(
-        broker, worker.prefix, [s.name for s in worker.servings],
-        declared=worker.declared_keys, key_labels=worker.options.metrics_keys,
+        broker,
+        worker.prefix,
+        [s.name for s in worker.servings],
+        declared=worker.declared_keys,
+        key_labels=worker.options.metrics_keys,
     )
 
 
@@ -87,7 +94,9 @@ def supervisor_metrics(worker: Worker, supervisor: Supervisor) -> Iterator[Metri
         registry.register(_collector(worker, broker))
         assert worker.metrics_port is not None
         server = MetricsServer(
-            worker.metrics_port, registry, healthy=supervisor.all_alive,
+            worker.metrics_port,
+            registry,
+            healthy=supervisor.all_alive,
             ready=lambda: broker.ping() and supervisor.all_registered(broker, worker),
             host=worker.metrics_host,
         )
@@ -111,11 +120,12 @@ def in_process_metrics(
 
     assert worker.metrics_port is not None
     server = MetricsServer(
-        worker.metrics_port, registry, healthy=healthy, ready=lambda: healthy() and broker.ping(),
+        worker.metrics_port,
+        registry,
+        healthy=healthy,
+        ready=lambda: healthy() and broker.ping(),
         host=worker.metrics_host,
     )
     return server, PrometheusMiddleware(
         registry, declared=worker.declared_keys, key_labels=worker.options.metrics_keys
     )
-
-

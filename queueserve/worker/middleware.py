@@ -35,9 +35,7 @@ class Middleware:
     ) -> None:
         """The batch function returned (or failed) after ``seconds``."""
 
-    def replied(
-        self, serving: Serving, items: int, requests: int, errors: dict[str, int]
-    ) -> None:
+    def replied(self, serving: Serving, items: int, requests: int, errors: dict[str, int]) -> None:
         """Answers were written: ``items`` answered, ``requests`` finished, errors by kind."""
 
     def redelivered(self, serving: Serving, entries: int) -> None:
@@ -77,9 +75,7 @@ class Middlewares(Middleware):
     ) -> None:
         self._each("batch_finished", serving, key, partition, size, seconds)
 
-    def replied(
-        self, serving: Serving, items: int, requests: int, errors: dict[str, int]
-    ) -> None:
+    def replied(self, serving: Serving, items: int, requests: int, errors: dict[str, int]) -> None:
         self._each("replied", serving, items, requests, errors)
 
     def redelivered(self, serving: Serving, entries: int) -> None:

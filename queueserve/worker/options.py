@@ -24,8 +24,11 @@ from queueserve.worker.supervisor import check_partitions
 ENV_PREFIX = "QUEUESERVE_"
 # Variables read elsewhere: the client's settings (queueserve.settings), the gateway's token,
 # the test suite's Redis.
-OTHER_VARIABLES = (*(f"{ENV_PREFIX}{n.upper()}" for n in Settings.model_fields),
-                   "QUEUESERVE_GATEWAY_TOKEN", "QUEUESERVE_TEST_REDIS_URL")
+OTHER_VARIABLES = (
+    *(f"{ENV_PREFIX}{n.upper()}" for n in Settings.model_fields),
+    "QUEUESERVE_GATEWAY_TOKEN",
+    "QUEUESERVE_TEST_REDIS_URL",
+)
 
 
 class WorkerOptions(BaseModel):
@@ -35,38 +38,62 @@ class WorkerOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     partitions: Annotated[int | str, checked_by(check_partitions)] = Field(
-        "auto", description="'auto' (one per visible CUDA device, else 1) or a number")
+        "auto", description="'auto' (one per visible CUDA device, else 1) or a number"
+    )
     batch_size: Annotated[int, count(1, MAX_BATCH_SIZE)] | None = Field(
-        None, description="override every serving's batch_size")
+        None, description="override every serving's batch_size"
+    )
     batch_timeout: Annotated[float, duration(MAX_BATCH_TIMEOUT_S)] | None = Field(
-        None, description="override every serving's batch_timeout, e.g. 10ms")
+        None, description="override every serving's batch_timeout, e.g. 10ms"
+    )
     batch_keys: tuple[str, ...] = Field(
-        (), description="batch keys to consume from the start (flag repeatable; variable "
-        "comma-separated); others are found")
+        (),
+        description="batch keys to consume from the start (flag repeatable; variable "
+        "comma-separated); others are found",
+    )
     max_concurrent_batches: Annotated[int, count(1)] = Field(
-        1, description="batches prefetched while one executes")
+        1, description="batches prefetched while one executes"
+    )
     shutdown_timeout: Annotated[float, duration()] = Field(
-        30.0, description="how long SIGTERM may take to finish held work")
+        30.0, description="how long SIGTERM may take to finish held work"
+    )
     max_restarts: Annotated[int, count(1)] = Field(
-        5, description="partition deaths tolerated within restart_window")
+        5, description="partition deaths tolerated within restart_window"
+    )
     restart_window: Annotated[float, duration()] = Field(
-        60.0, description="window for max_restarts")
+        60.0, description="window for max_restarts"
+    )
     max_batch_seconds: Annotated[float, duration()] | None = Field(
-        None, description="abandon a batch running longer: its partition is restarted and "
-        "its requests retried under max_deliveries")
+        None,
+        description="abandon a batch running longer: its partition is restarted and "
+        "its requests retried under max_deliveries",
+    )
     max_batches_per_partition: Annotated[int, count(1)] | None = Field(
-        None, description="recycle a partition (drain, restart) after this many batches")
+        None, description="recycle a partition (drain, restart) after this many batches"
+    )
     max_partition_memory: ByteSize | None = Field(
-        None, description="recycle a partition whose resident memory passes this, e.g. 4GiB")
+        None, description="recycle a partition whose resident memory passes this, e.g. 4GiB"
+    )
     metrics_port: Annotated[int, count(0, 65535)] | None = Field(
-        None, description="serve Prometheus /metrics, /healthz and /readyz on this port")
+        None, description="serve Prometheus /metrics, /healthz and /readyz on this port"
+    )
     metrics_host: str = Field(
-        DEFAULT_HOST, description="address the metrics port listens on (0.0.0.0 to be scraped "
-        "from other hosts or containers)")
-    metrics_keys: Annotated[int, count(0, says=">= 0 (batch keys with a metrics label of "
-                                       "their own; the rest are summed under key=\"other\")")] = (
-        Field(KEY_LABELS, description="batch keys labelled by name in metrics besides declared "
-              "ones, the deepest first; the rest are summed under key=\"other\""))
+        DEFAULT_HOST,
+        description="address the metrics port listens on (0.0.0.0 to be scraped "
+        "from other hosts or containers)",
+    )
+    metrics_keys: Annotated[
+        int,
+        count(
+            0,
+            says=">= 0 (batch keys with a metrics label of "
+            'their own; the rest are summed under key="other")',
+        ),
+    ] = Field(
+        KEY_LABELS,
+        description="batch keys labelled by name in metrics besides declared "
+        'ones, the deepest first; the rest are summed under key="other"',
+    )
 
     @classmethod
     def of(
@@ -116,16 +143,17 @@ def unknown_variables(environ: Mapping[str, str] | None = None) -> tuple[list[st
     """(misspelled, unknown): a ``QUEUESERVE_*`` variable close to an option's name is
     misspelled (said with the name meant); one that is not is only unknown (another
     program's, or a newer queueserve's)."""
-    known = [*(f"{ENV_PREFIX}{n.upper()}" for n in WorkerOptions.model_fields),
-             *OTHER_VARIABLES]
+    known = [*(f"{ENV_PREFIX}{n.upper()}" for n in WorkerOptions.model_fields), *OTHER_VARIABLES]
     misspelled, unknown = [], []
     for name in sorted(os.environ if environ is None else environ):
         if not name.startswith(ENV_PREFIX) or name in known:
             continue
         meant = difflib.get_close_matches(name, known, n=1, cutoff=0.85)
         if meant:
-            misspelled.append(f"{name} is not a queueserve variable: did you mean {meant[0]}? "
-                              "(docs/operations.md lists every QUEUESERVE_* variable)")
+            misspelled.append(
+                f"{name} is not a queueserve variable: did you mean {meant[0]}? "
+                "(docs/operations.md lists every QUEUESERVE_* variable)"
+            )
         else:
             unknown.append(name)
     return misspelled, unknown

@@ -46,9 +46,7 @@ class Tally(Middleware):
         with self._lock:
             self.batches += 1
 
-    def replied(
-        self, serving: Serving, items: int, requests: int, errors: dict[str, int]
-    ) -> None:
+    def replied(self, serving: Serving, items: int, requests: int, errors: dict[str, int]) -> None:
         with self._lock:
             self.requests += requests
             self.items += items
@@ -108,9 +106,15 @@ class PartitionHost:
         self._on_fatal = on_fatal
         self.runners = [
             ServingRunner(
-                s, self.broker, prefix, self.consumer, partition,
-                batch_keys=batch_keys, max_concurrent_batches=max_concurrent_batches,
-                middleware=self.middleware, on_fatal=self._thread_died,
+                s,
+                self.broker,
+                prefix,
+                self.consumer,
+                partition,
+                batch_keys=batch_keys,
+                max_concurrent_batches=max_concurrent_batches,
+                middleware=self.middleware,
+                on_fatal=self._thread_died,
             )
             for s in self.servings
         ]
@@ -156,16 +160,24 @@ class PartitionHost:
         for runner in self.runners:
             self._ride_out(runner.start)
         self._heart = threading.Thread(
-            target=run_guarded, name="queueserve-heartbeat", daemon=True,
-            args=(f"partition {self.partition.index}: heartbeat", self._heartbeat_loop,
-                  self._thread_died, self._stopped.is_set),
+            target=run_guarded,
+            name="queueserve-heartbeat",
+            daemon=True,
+            args=(
+                f"partition {self.partition.index}: heartbeat",
+                self._heartbeat_loop,
+                self._thread_died,
+                self._stopped.is_set,
+            ),
         )
         self._heart.start()
         self.middleware.partition_started([r.serving for r in self.runners], self.partition)
         log.info(
             "partition %d (%s) serving %s as consumer %s",
-            self.partition.index, self.partition.device,
-            ", ".join(s.name for s in self.servings), self.consumer,
+            self.partition.index,
+            self.partition.device,
+            ", ".join(s.name for s in self.servings),
+            self.consumer,
         )
 
     def stop_reading(self) -> None:
@@ -178,8 +190,11 @@ class PartitionHost:
         deadline = None if timeout is None else time.monotonic() + timeout
         at_stop = self.tally.snapshot()
         self.stop_reading()
-        log.info("partition %d draining: stopped reading, finishing what it holds%s",
-                 self.partition.index, "" if timeout is None else f" (up to {timeout:g}s)")
+        log.info(
+            "partition %d draining: stopped reading, finishing what it holds%s",
+            self.partition.index,
+            "" if timeout is None else f" (up to {timeout:g}s)",
+        )
         finished = all(
             r.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
             for r in self.runners
@@ -194,13 +209,15 @@ class PartitionHost:
         if not finished:
             log.warning(
                 "partition %d: shutdown timeout passed with work unfinished; it stays pending "
-                "for other workers to reclaim", self.partition.index,
+                "for other workers to reclaim",
+                self.partition.index,
             )
         self.broker.close()
         self.summary = self.tally.snapshot()
         drained = {k: v - at_stop[k] for k, v in self.summary.items()}
-        log.info("partition %d stopped: %s", self.partition.index,
-                 drained_line(drained, self.summary))
+        log.info(
+            "partition %d stopped: %s", self.partition.index, drained_line(drained, self.summary)
+        )
         self.drained = drained
         return finished
 

@@ -173,8 +173,10 @@ class Supervisor:
             _add(totals, slot.totals)
         counts = {"batches": 0, "requests": 0, "items": 0}
         log.info(
-            "worker stopped (%s): partitions %s; exit code %d", self._why_stop,
-            drained_line({**counts, **drained}, {**counts, **totals}), code,
+            "worker stopped (%s): partitions %s; exit code %d",
+            self._why_stop,
+            drained_line({**counts, **drained}, {**counts, **totals}),
+            code,
         )
         return code
 
@@ -194,7 +196,9 @@ class Supervisor:
         slot.process, slot.reports = process, reader
         log.info(
             "partition %d (%s) started as pid %s",
-            slot.partition.index, slot.partition.device, process.pid,
+            slot.partition.index,
+            slot.partition.device,
+            process.pid,
         )
 
     def _wait_for_change(self) -> None:
@@ -238,12 +242,16 @@ class Supervisor:
                     log.error(
                         "partition %d could not start: %s. Stopping the worker (exit code %d) "
                         "without restarts: fix the cause and start it again (--log-level DEBUG "
-                        "shows the traceback)", slot.partition.index, slot.failure, EXIT_ERROR,
+                        "shows the traceback)",
+                        slot.partition.index,
+                        slot.failure,
+                        EXIT_ERROR,
                     )
                     slot.process = None
                     return EXIT_ERROR
                 if process.exitcode != EXIT_THREAD_DIED and self._restart_without_charge(
-                        slot, process, now):
+                    slot, process, now
+                ):
                     continue
                 if self._record_crash(slot, process, now):
                     self._why_stop = "a partition kept crashing"
@@ -267,7 +275,10 @@ class Supervisor:
                 log.error(
                     "partition %d (pid %s): a batch has run for %.1fs, over max_batch_seconds="
                     "%g: killing the partition; its requests are retried elsewhere (each run "
-                    "counts against max_deliveries)", slot.partition.index, process.pid, ran,
+                    "counts against max_deliveries)",
+                    slot.partition.index,
+                    process.pid,
+                    ran,
                     self.max_batch_seconds,
                 )
                 slot.abandoned = True
@@ -286,8 +297,11 @@ class Supervisor:
         slot.process = None
         slot.restart_at = now if recycled else now + 0.5
         if recycled:
-            log.info("partition %d (pid %s) recycled; starting a fresh one",
-                     slot.partition.index, process.pid)
+            log.info(
+                "partition %d (pid %s) recycled; starting a fresh one",
+                slot.partition.index,
+                process.pid,
+            )
         elif not slot.abandoned:
             code = process.exitcode
             assert code is not None
@@ -295,7 +309,9 @@ class Supervisor:
             log.warning(
                 "partition %d (pid %s) died while running a batch (%s): charged to that "
                 "batch's requests, not counted as a crash; restarting",
-                slot.partition.index, process.pid, how,
+                slot.partition.index,
+                process.pid,
+                how,
             )
         return True
 
@@ -319,7 +335,10 @@ class Supervisor:
         if len(slot.crashes) > self.max_restarts:
             log.error(
                 "partition %d %s; it died %d times within %gs: stopping the worker (exit %d)",
-                slot.partition.index, why, len(slot.crashes), self.restart_window,
+                slot.partition.index,
+                why,
+                len(slot.crashes),
+                self.restart_window,
                 EXIT_CRASH_LOOP,
             )
             return True
@@ -327,7 +346,10 @@ class Supervisor:
         slot.restart_at = now + delay
         log.warning(
             "partition %d (pid %s) %s; restarting in %.1fs",
-            slot.partition.index, process.pid, why, delay,
+            slot.partition.index,
+            process.pid,
+            why,
+            delay,
         )
         return False
 
@@ -349,8 +371,12 @@ class Supervisor:
         self._signals += 1
         if self._signals > 1:
             name = signal.Signals(signum).name
-            log.warning("second %s: killing partitions and exiting now (exit code %d); "
-                        "unfinished work stays pending for other workers", name, EXIT_FORCED)
+            log.warning(
+                "second %s: killing partitions and exiting now (exit code %d); "
+                "unfinished work stays pending for other workers",
+                name,
+                EXIT_FORCED,
+            )
             for slot in self._slots:
                 if slot.process is not None and slot.process.is_alive():
                     slot.process.kill()

@@ -60,9 +60,7 @@ class BatchClock(Middleware):
     once ``max_batches`` have finished, stops the partition taking work (``on_limit``) on the
     thread that finished the last one, and sets ``wake`` for the main thread to drain it."""
 
-    def __init__(
-        self, shared: Any, wake: threading.Event, max_batches: int | None = None
-    ) -> None:
+    def __init__(self, shared: Any, wake: threading.Event, max_batches: int | None = None) -> None:
         self._shared = shared
         self._wake = wake
         self._max_batches = max_batches
@@ -98,7 +96,9 @@ class BatchClock(Middleware):
 
 
 def run_guarded(
-    what: str, loop: Callable[[], None], on_death: Callable[[], None],
+    what: str,
+    loop: Callable[[], None],
+    on_death: Callable[[], None],
     may_end: Callable[[], bool],
 ) -> None:
     """Run the loop of one of a partition's long-lived threads (``what`` names it in the log).
@@ -147,4 +147,3 @@ def running_for(shared: Any, now: float) -> float | None:
     """Supervisor side: seconds the partition's oldest running batch has run, None if idle."""
     since = float(shared[_SINCE])
     return None if since == 0.0 else now - since
-

@@ -133,9 +133,9 @@ class Worker:
     ) -> None:
         sources = [servings] if isinstance(servings, Serving | str) else list(servings)
         keywords = locals()  # those named as WorkerOptions fields (test_options holds it)
-        options = self.options = WorkerOptions.of({
-            k: v for k, v in keywords.items() if k in WorkerOptions.model_fields and v is not None
-        })
+        options = self.options = WorkerOptions.of(
+            {k: v for k, v in keywords.items() if k in WorkerOptions.model_fields and v is not None}
+        )
         settings = Settings()
         if redis_url:
             self.redis_source = "given"
@@ -192,8 +192,11 @@ class Worker:
             self.config, threads_per_partition=max(1, (os.cpu_count() or 1) // count)
         )
         log.info(
-            "partitions: %d (%s), %s each", count, ", ".join(p.device for p in partitions),
-            "1 torch thread" if config.threads_per_partition == 1
+            "partitions: %d (%s), %s each",
+            count,
+            ", ".join(p.device for p in partitions),
+            "1 torch thread"
+            if config.threads_per_partition == 1
             else f"{config.threads_per_partition} torch threads",
         )
         self._supervisor = Supervisor(
@@ -218,21 +221,33 @@ class Worker:
     def _release_dead_partition(self, pid: int) -> None:
         """Off the supervisor's thread: Redis may be away, and the restart must not wait."""
         threading.Thread(
-            target=release_consumers_of, name=f"queueserve-release-{pid}", daemon=True,
+            target=release_consumers_of,
+            name=f"queueserve-release-{pid}",
+            daemon=True,
             args=(self.redis_url, [Keys(self.prefix, s.name) for s in self.servings], pid),
         ).start()
 
     def _log_start(self) -> None:
-        log.info("queueserve %s worker starting (pid %d, Python %s)", _version(), os.getpid(),
-                 platform.python_version())
-        log.info("Redis: %s (%s), key prefix %r", redact_url(self.redis_url), self.redis_source,
-                 self.prefix)
+        log.info(
+            "queueserve %s worker starting (pid %d, Python %s)",
+            _version(),
+            os.getpid(),
+            platform.python_version(),
+        )
+        log.info(
+            "Redis: %s (%s), key prefix %r",
+            redact_url(self.redis_url),
+            self.redis_source,
+            self.prefix,
+        )
         for serving in self.servings:
             options = serving.options()
-            shown = " ".join(f"{k}={v}" for k, v in options.items()
-                             if v not in ("", False) and k != "batch_timeout")
-            log.info("serving %s: batch_timeout=%gs %s", serving.name, serving.batch_timeout,
-                     shown)
+            shown = " ".join(
+                f"{k}={v}"
+                for k, v in options.items()
+                if v not in ("", False) and k != "batch_timeout"
+            )
+            log.info("serving %s: batch_timeout=%gs %s", serving.name, serving.batch_timeout, shown)
 
     def start(self) -> Worker:
         """Serve partition 0 in background threads of this process; returns at once."""
@@ -284,8 +299,10 @@ def wait_for_redis(url: str, serving: str, prefix: str) -> None:
     retry = Retry(broker.outage, "startup check")
     try:
         # any read: it raises with redis-py's reason
-        retry.run(lambda: broker.meta(Keys(prefix, serving)),
-                  give_up_at=time.monotonic() + REDIS_STARTUP_WAIT_S)
+        retry.run(
+            lambda: broker.meta(Keys(prefix, serving)),
+            give_up_at=time.monotonic() + REDIS_STARTUP_WAIT_S,
+        )
     except RedisUnavailable as e:
         raise RedisUnavailable(
             f"{e} (retried for {REDIS_STARTUP_WAIT_S:g}s), or point the worker at yours with "
@@ -319,8 +336,11 @@ def release_consumers_of(url: str, keys_list: list[Keys], pid: int) -> None:
 
 
 def partition_main(
-    sources: Sequence[ServingSource], config: WorkerConfig, partition: Partition,
-    report: Connection, shared_clock: Any,
+    sources: Sequence[ServingSource],
+    config: WorkerConfig,
+    partition: Partition,
+    report: Connection,
+    shared_clock: Any,
 ) -> None:
     """Entry point of a partition process (spawned by the supervisor), which it tells over
     ``report`` whether it started, why not, and what it drained, and through ``shared_clock``
@@ -350,8 +370,9 @@ def partition_main(
     except Exception as e:
         # One line, said by the supervisor; the traceback only for those who ask for it.
         log.debug("partition %d could not start", partition.index, exc_info=True)
-        report.send(("failed", str(e) if isinstance(e, StartupFailed)
-                     else f"{type(e).__name__}: {e}"))
+        report.send(
+            ("failed", str(e) if isinstance(e, StartupFailed) else f"{type(e).__name__}: {e}")
+        )
         sys.exit(EXIT_ERROR)
     report.send(("started",))
     code = _serve_until_stopped(partition, config.limits, clock, stop, wake)
@@ -361,7 +382,10 @@ def partition_main(
 
 
 def _serve_until_stopped(
-    partition: Partition, limits: Limits, clock: BatchClock, stop: threading.Event,
+    partition: Partition,
+    limits: Limits,
+    clock: BatchClock,
+    stop: threading.Event,
     wake: threading.Event,
 ) -> int:
     """Wait for a SIGTERM, the supervisor's death or a recycling limit; the exit code."""
@@ -379,13 +403,18 @@ def _serve_until_stopped(
             )
             return EXIT_OK
         if (why := recycle_reason(limits, clock)) is not None:
-            log.info("partition %d recycling: %s; draining, then a fresh one starts",
-                     partition.index, why)
+            log.info(
+                "partition %d recycling: %s; draining, then a fresh one starts",
+                partition.index,
+                why,
+            )
             return EXIT_RECYCLE
 
 
 def _start_partition(
-    sources: Sequence[ServingSource], config: WorkerConfig, partition: Partition,
+    sources: Sequence[ServingSource],
+    config: WorkerConfig,
+    partition: Partition,
     clock: BatchClock,
 ) -> PartitionHost:
     servings = config.servings(sources)
@@ -394,14 +423,17 @@ def _start_partition(
     if config.options.metrics_port is not None:  # the supervisor set PROMETHEUS_MULTIPROC_DIR
         from queueserve.worker.metrics import PrometheusMiddleware
 
-        extra.append(PrometheusMiddleware(
-            declared=("default", *config.options.batch_keys),
-            key_labels=config.options.metrics_keys,
-        ))
+        extra.append(
+            PrometheusMiddleware(
+                declared=("default", *config.options.batch_keys),
+                key_labels=config.options.metrics_keys,
+            )
+        )
     # A long-lived thread dying of a bug ends the process at once (a drain could wait on
     # that thread for ever); the supervisor restarts it, and what it held is reclaimed.
-    host = _host_for(servings, config, partition, extra,
-                     on_fatal=lambda: os._exit(EXIT_THREAD_DIED))
+    host = _host_for(
+        servings, config, partition, extra, on_fatal=lambda: os._exit(EXIT_THREAD_DIED)
+    )
     clock.on_limit = host.stop_reading
     host.start(freeze_heap=True)
     return host
@@ -419,14 +451,21 @@ def _bind_device(partition: Partition, threads: int) -> None:
 
 
 def _host_for(
-    servings: list[Serving], config: WorkerConfig, partition: Partition,
-    extra: Sequence[Middleware] = (), on_fatal: Callable[[], None] = lambda: None,
+    servings: list[Serving],
+    config: WorkerConfig,
+    partition: Partition,
+    extra: Sequence[Middleware] = (),
+    on_fatal: Callable[[], None] = lambda: None,
 ) -> PartitionHost:
     return PartitionHost(
-        servings, config.redis_url, config.prefix, partition,
+        servings,
+        config.redis_url,
+        config.prefix,
+        partition,
         batch_keys=config.options.batch_keys,
         max_concurrent_batches=config.options.max_concurrent_batches,
-        middleware=[*config.middleware, *extra], on_fatal=on_fatal,
+        middleware=[*config.middleware, *extra],
+        on_fatal=on_fatal,
     )
 
 
@@ -440,8 +479,9 @@ def _load(source: ServingSource) -> list[Serving]:
 
 def _with_overrides(serving: Serving, options: WorkerOptions) -> Serving:
     """``serving``, or a copy of it with the worker's batch_size and batch_timeout."""
-    overrides = {k: v for k in ("batch_size", "batch_timeout")
-                 if (v := getattr(options, k)) is not None}
+    overrides = {
+        k: v for k in ("batch_size", "batch_timeout") if (v := getattr(options, k)) is not None
+    }
     if not overrides:
         return serving
     changed = copy.copy(serving)

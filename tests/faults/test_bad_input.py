@@ -1,6 +1,6 @@
 """docs/design.md §5 "Bad input": whatever anyone writes to a serving's stream, the worker keeps
 running, answers what it can answer with a per-request error, dead-letters the rest with the reason,
-and every other request is served. Client-side limits refuse oversize requests before sending. """
+and every other request is served. Client-side limits refuse oversize requests before sending."""
 
 from __future__ import annotations
 
@@ -31,26 +31,56 @@ def pack(value: Any) -> bytes:
 Malformed = tuple[str, Callable[[int, str], dict[str, bytes]], str | None]
 KINDS: list[Malformed] = [
     ("missing header", lambda rid, inbox: {"p": pack(["x"])}, "no 'h' (header) field"),
-    ("garbage header", lambda rid, inbox: {"h": b"\xc1\xff\x00", "p": pack(["x"])},
-     "malformed entry"),
-    ("truncated header", lambda rid, inbox: {"h": header(rid, 1, inbox)[:5], "p": pack(["x"])},
-     "malformed entry"),
-    ("header not a list", lambda rid, inbox: {"h": pack({"id": rid}), "p": pack(["x"])},
-     "header must be a list"),
-    ("short header", lambda rid, inbox: {"h": pack([1, rid, 1, inbox]), "p": pack(["x"])},
-     "header must be a list"),
-    ("wrong types", lambda rid, inbox: {"h": pack([1, str(rid), 1, inbox, 0, "msgpack"]),
-                                        "p": pack(["x"])}, "wrong types"),
-    ("zero items", lambda rid, inbox: {"h": pack([1, rid, 0, inbox, 0, "msgpack"]),
-                                       "p": pack([])}, "wrong types"),
-    ("wrong version", lambda rid, inbox: {"h": pack([99, rid, 1, inbox, 0, "msgpack"]),
-                                          "p": pack(["x"])}, "wire version 99"),
-    ("unknown codec", lambda rid, inbox: {"h": header(rid, 1, inbox, codec="zstd"),
-                                          "p": pack(["x"])}, None),
-    ("undecodable payload", lambda rid, inbox: {"h": header(rid, 1, inbox), "p": b"\xc1\x00"},
-     None),
-    ("count mismatch", lambda rid, inbox: {"h": header(rid, 3, inbox), "p": pack(["x", "y"])},
-     None),
+    (
+        "garbage header",
+        lambda rid, inbox: {"h": b"\xc1\xff\x00", "p": pack(["x"])},
+        "malformed entry",
+    ),
+    (
+        "truncated header",
+        lambda rid, inbox: {"h": header(rid, 1, inbox)[:5], "p": pack(["x"])},
+        "malformed entry",
+    ),
+    (
+        "header not a list",
+        lambda rid, inbox: {"h": pack({"id": rid}), "p": pack(["x"])},
+        "header must be a list",
+    ),
+    (
+        "short header",
+        lambda rid, inbox: {"h": pack([1, rid, 1, inbox]), "p": pack(["x"])},
+        "header must be a list",
+    ),
+    (
+        "wrong types",
+        lambda rid, inbox: {"h": pack([1, str(rid), 1, inbox, 0, "msgpack"]), "p": pack(["x"])},
+        "wrong types",
+    ),
+    (
+        "zero items",
+        lambda rid, inbox: {"h": pack([1, rid, 0, inbox, 0, "msgpack"]), "p": pack([])},
+        "wrong types",
+    ),
+    (
+        "wrong version",
+        lambda rid, inbox: {"h": pack([99, rid, 1, inbox, 0, "msgpack"]), "p": pack(["x"])},
+        "wire version 99",
+    ),
+    (
+        "unknown codec",
+        lambda rid, inbox: {"h": header(rid, 1, inbox, codec="zstd"), "p": pack(["x"])},
+        None,
+    ),
+    (
+        "undecodable payload",
+        lambda rid, inbox: {"h": header(rid, 1, inbox), "p": b"\xc1\x00"},
+        None,
+    ),
+    (
+        "count mismatch",
+        lambda rid, inbox: {"h": header(rid, 3, inbox), "p": pack(["x", "y"])},
+        None,
+    ),
     ("payload not a list", lambda rid, inbox: {"h": header(rid, 1, inbox), "p": pack(5)}, None),
     ("missing payload", lambda rid, inbox: {"h": header(rid, 1, inbox)}, None),
 ]
@@ -88,7 +118,10 @@ def flood(
 
 @pytest.mark.timeout(240)
 def test_a_flood_of_malformed_entries_is_answered_or_dead_lettered_and_nothing_else_is_lost(
-    workers: Workers, client: qs.Client, redis_client: redis.Redis, prefix: str,
+    workers: Workers,
+    client: qs.Client,
+    redis_client: redis.Redis,
+    prefix: str,
 ) -> None:
     # Given a worker, and a reply address the test reads itself
     worker = workers.start("sturdy")
@@ -127,7 +160,10 @@ def test_a_flood_of_malformed_entries_is_answered_or_dead_lettered_and_nothing_e
 
 
 def test_malformed_entries_release_nothing_from_the_admission_counter(
-    start_worker: StartWorker, client: qs.Client, redis_client: redis.Redis, prefix: str,
+    start_worker: StartWorker,
+    client: qs.Client,
+    redis_client: redis.Redis,
+    prefix: str,
 ) -> None:
     # Given a worker whose counter holds a backlog (as if 40 admitted items waited elsewhere:
     # ack.lua clamps the counter at zero, so from zero a wrong release could not show), and
@@ -153,11 +189,13 @@ def test_malformed_entries_release_nothing_from_the_admission_counter(
 
 @pytest.mark.timeout(120)
 def test_a_50_mb_payload_over_max_payload_bytes_gets_a_per_request_error(
-    start_worker: StartWorker, client: qs.Client, redis_client: redis.Redis, prefix: str,
+    start_worker: StartWorker,
+    client: qs.Client,
+    redis_client: redis.Redis,
+    prefix: str,
 ) -> None:
     # Given a worker for a serving with the default max_payload_bytes (16 MiB)
-    serving = qs.Serving(lambda xs: [len(x) for x in xs], name="big", batch_size=8,
-                         batch_timeout=0)
+    serving = qs.Serving(lambda xs: [len(x) for x in xs], name="big", batch_size=8, batch_timeout=0)
     start_worker(serving)
     inbox = RawInbox(redis_client, prefix)
 
@@ -178,11 +216,19 @@ def test_a_50_mb_payload_over_max_payload_bytes_gets_a_per_request_error(
 
 
 def test_the_client_refuses_an_oversize_request_before_sending_it(
-    start_worker: StartWorker, client: qs.Client, redis_client: redis.Redis, prefix: str,
+    start_worker: StartWorker,
+    client: qs.Client,
+    redis_client: redis.Redis,
+    prefix: str,
 ) -> None:
     # Given a worker that declared max_payload_bytes=1 MiB for its serving
-    serving = qs.Serving(lambda xs: list(xs), name="small", batch_size=8, batch_timeout=0,
-                         max_payload_bytes=1024 * 1024)
+    serving = qs.Serving(
+        lambda xs: list(xs),
+        name="small",
+        batch_size=8,
+        batch_timeout=0,
+        max_payload_bytes=1024 * 1024,
+    )
     start_worker(serving)
     assert client.dispatch("small", "x", timeout=RESULT_WAIT_S) == "x"
     stream = stream_key(prefix, "small")
@@ -214,13 +260,11 @@ def test_items_failing_the_input_model_get_bad_request_and_the_rest_of_the_reque
         seen.extend(points)
         return [p.x + p.y for p in points]
 
-    start_worker(qs.Serving(add, name="points", batch_size=8, batch_timeout=0,
-                            input_model=Point))
+    start_worker(qs.Serving(add, name="points", batch_size=8, batch_timeout=0, input_model=Point))
 
     # When one request mixes valid and invalid items
     items = [{"x": 1, "y": 2}, {"x": -1, "y": 0}, {"y": 3}, "not a point", {"x": 4, "y": 5}]
-    results = client.dispatch_many("points", items, timeout=RESULT_WAIT_S,
-                                   return_exceptions=True)
+    results = client.dispatch_many("points", items, timeout=RESULT_WAIT_S, return_exceptions=True)
 
     # Then the valid items get results, each invalid one a BadRequest saying what is wrong
     assert results[0] == 3 and results[4] == 9
@@ -234,11 +278,15 @@ def test_items_failing_the_input_model_get_bad_request_and_the_rest_of_the_reque
 def test_items_whose_cost_cannot_be_computed_fail_alone(
     start_worker: StartWorker, client: qs.Client
 ) -> None:
-    start_worker(qs.Serving(lambda xs: [len(x) for x in xs], name="costly", batch_size=10,
-                            batch_timeout=0, cost=len))
+    start_worker(
+        qs.Serving(
+            lambda xs: [len(x) for x in xs], name="costly", batch_size=10, batch_timeout=0, cost=len
+        )
+    )
 
-    results = client.dispatch_many("costly", ["ab", 5, "x" * 11, "abc"], timeout=RESULT_WAIT_S,
-                                   return_exceptions=True)
+    results = client.dispatch_many(
+        "costly", ["ab", 5, "x" * 11, "abc"], timeout=RESULT_WAIT_S, return_exceptions=True
+    )
 
     assert results[0] == 2 and results[3] == 3
     assert isinstance(results[1], qs.BadRequest) and "cost function failed" in str(results[1])

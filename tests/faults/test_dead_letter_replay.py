@@ -23,17 +23,37 @@ StartWorker = Callable[..., qs.Worker]
 
 def replay(*args: str, url: str, prefix: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "queueserve", "dead-letter", "replay", *args, "--redis-url", url,
-         "--prefix", prefix],
-        cwd=REPO, env=worker_env(url, prefix), stdin=subprocess.DEVNULL, capture_output=True,
-        text=True, timeout=60,
+        [
+            sys.executable,
+            "-m",
+            "queueserve",
+            "dead-letter",
+            "replay",
+            *args,
+            "--redis-url",
+            url,
+            "--prefix",
+            prefix,
+        ],
+        cwd=REPO,
+        env=worker_env(url, prefix),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 
 def dead_letter(r: redis.Redis, keys: Keys, stream: str, fields: dict[str, bytes]) -> str:
     """A record as a worker writes one (ops/deadletter.py), its request's fields given."""
-    record = {"stream": stream, "entry_id": "1-0", "reason": "forged", "deliveries": 1,
-              "at_ms": 0, **{f"field:{k}": v for k, v in fields.items()}}
+    record = {
+        "stream": stream,
+        "entry_id": "1-0",
+        "reason": "forged",
+        "deliveries": 1,
+        "at_ms": 0,
+        **{f"field:{k}": v for k, v in fields.items()},
+    }
     return str(r.xadd(keys.dead, record).decode())
 
 
@@ -42,11 +62,21 @@ def request(rid: int, n: int, reply_to: str, items: list[str]) -> dict[str, byte
 
 
 def test_replay_refuses_forged_records_keeps_them_and_replays_the_rest(
-    start_worker: StartWorker, redis_client: redis.Redis, redis_url: str, prefix: str,
+    start_worker: StartWorker,
+    redis_client: redis.Redis,
+    redis_url: str,
+    prefix: str,
 ) -> None:
     # Given a running serving with an admission limit
-    start_worker(qs.Serving(lambda xs: [f"r:{x}" for x in xs], name="replayed", batch_size=8,
-                            batch_timeout=0, max_queue=100))
+    start_worker(
+        qs.Serving(
+            lambda xs: [f"r:{x}" for x in xs],
+            name="replayed",
+            batch_size=8,
+            batch_timeout=0,
+            max_queue=100,
+        )
+    )
     keys = Keys(prefix, "replayed")
     wait_until(lambda: redis_client.hget(keys.meta, "max_queue"), "the serving declared")
     stream = stream_key(prefix, "replayed")
@@ -65,15 +95,22 @@ def test_replay_refuses_forged_records_keeps_them_and_replays_the_rest(
         # other keys of the serving's tag, and a stream of another serving
         dead_letter(redis_client, keys, keys.wake, request(5, 1, inbox.key, ["x"])),
         dead_letter(redis_client, keys, keys.meta, request(6, 1, inbox.key, ["x"])),
-        dead_letter(redis_client, keys, stream_key(prefix, "other"),
-                    request(7, 1, inbox.key, ["x"])),
+        dead_letter(
+            redis_client, keys, stream_key(prefix, "other"), request(7, 1, inbox.key, ["x"])
+        ),
         # a priority its stream does not have
-        dead_letter(redis_client, keys, keys.stream("default", 3),
-                    request(8, 1, inbox.key, ["x"])),
+        dead_letter(redis_client, keys, keys.stream("default", 3), request(8, 1, inbox.key, ["x"])),
         # no header at all, and a pack whose request has a bad reply address
         dead_letter(redis_client, keys, stream, {"p": msgpack.packb(["x"])}),
-        dead_letter(redis_client, keys, stream, {"a": b"1", "k": msgpack.packb(
-            [[header(9, 1, "elsewhere"), msgpack.packb(["x"]), b"1"]])}),
+        dead_letter(
+            redis_client,
+            keys,
+            stream,
+            {
+                "a": b"1",
+                "k": msgpack.packb([[header(9, 1, "elsewhere"), msgpack.packb(["x"]), b"1"]]),
+            },
+        ),
     ]
     redis_client.xadd(keys.dead, {"stream": b"\xff\xfe", "deliveries": "x", "at_ms": "\u00b2"})
     last = dead_letter(redis_client, keys, stream, request(10, 1, inbox.key, ["b"]))
@@ -90,21 +127,25 @@ def test_replay_refuses_forged_records_keeps_them_and_replays_the_rest(
     # and each junk record is reported, saying why, and kept
     refused = done.stderr.splitlines()
     assert len(refused) == len(junk) + 1, done.stderr
-    for dead_id, why in zip(junk, [
-        "reply address 'elsewhere' is not an inbox",
-        "claims 1000000000000 items, more than its payload of 3 bytes",
-        "claims 3 items, its payload holds 1 items",
-        "is not a request stream",
-        "is not a request stream",
-        "is not a request stream",
-        "header says priority 0, its stream priority 3",
-        "no request header",
-        "reply address 'elsewhere' is not an inbox",
-    ], strict=True):
+    for dead_id, why in zip(
+        junk,
+        [
+            "reply address 'elsewhere' is not an inbox",
+            "claims 1000000000000 items, more than its payload of 3 bytes",
+            "claims 3 items, its payload holds 1 items",
+            "is not a request stream",
+            "is not a request stream",
+            "is not a request stream",
+            "header says priority 0, its stream priority 3",
+            "no request header",
+            "reply address 'elsewhere' is not an inbox",
+        ],
+        strict=True,
+    ):
         line = next(x for x in refused if f"dead letter {dead_id} " in x)
         assert why in line and "can only be dropped" in line, line
     kept = [i.decode() for i, _ in redis_client.xrange(keys.dead)]
-    assert kept[:len(junk)] == junk and len(kept) == len(junk) + 1
+    assert kept[: len(junk)] == junk and len(kept) == len(junk) + 1
     # and nothing was written anywhere a record named, nor counted
     wait_until(lambda: redis_client.get(keys.queued) == b"0", "admitted items released")
     assert redis_client.hgetall(keys.meta) == meta_before
@@ -117,13 +158,16 @@ def test_replay_refuses_forged_records_keeps_them_and_replays_the_rest(
 
 
 def test_replaying_one_junk_record_by_id_says_why_and_keeps_it(
-    redis_client: redis.Redis, redis_url: str, prefix: str,
+    redis_client: redis.Redis,
+    redis_url: str,
+    prefix: str,
 ) -> None:
     # Given a serving some worker declared, and a forged record of it
     keys = Keys(prefix, "declared")
     redis_client.hset(keys.meta, "max_queue", 10)
-    junk = dead_letter(redis_client, keys, stream_key(prefix, "declared"),
-                       request(1, 10**12, "elsewhere", ["x"]))
+    junk = dead_letter(
+        redis_client, keys, stream_key(prefix, "declared"), request(1, 10**12, "elsewhere", ["x"])
+    )
 
     # When it is replayed by its id
     done = replay("declared", junk, url=redis_url, prefix=prefix)

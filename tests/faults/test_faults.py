@@ -115,9 +115,11 @@ def caller(client: qs.Client, run: Run) -> None:
     window: list[tuple[qs.Ticket, int]] = []
 
     def ready() -> bool:
-        return any(t.done() for t, _ in window) or (
-            len(window) < WINDOW and run.next_index < min(run.allowance, TOTAL)
-        ) or (not window and run.next_index >= TOTAL)
+        return (
+            any(t.done() for t, _ in window)
+            or (len(window) < WINDOW and run.next_index < min(run.allowance, TOTAL))
+            or (not window and run.next_index >= TOTAL)
+        )
 
     while True:
         with run.cond:
@@ -231,7 +233,10 @@ class Killer:
 
 @pytest.mark.timeout(400)
 def test_sigkilled_workers_lose_nothing_and_callers_get_exactly_one_answer(
-    workers: Workers, redis_client: redis.Redis, redis_url: str, prefix: str,
+    workers: Workers,
+    redis_client: redis.Redis,
+    redis_url: str,
+    prefix: str,
 ) -> None:
     # Given two workers and four clients whose duplicate reply slices are counted
     procs = [workers.start(SERVING, "--max-restarts", "100") for _ in range(2)]
@@ -255,7 +260,8 @@ def test_sigkilled_workers_lose_nothing_and_callers_get_exactly_one_answer(
         elapsed = time.monotonic() - started
         # (re-read every result after the run: a late duplicate must not have changed one)
         changed = [
-            i for ticket, i, first in run.finished
+            i
+            for ticket, i, first in run.finished
             if ticket.result(0, return_exceptions=True) != first
         ]
     finally:
@@ -291,11 +297,15 @@ def report(
     for kill in killer.kills:
         times = [run.answered_at[t] - kill.at for t in kill.held if t in run.answered_at]
         after = [s for s in times if s >= 0]
-        recoveries.append({
-            "kill": kill.number, "worker": kill.worker, "how": kill.how,
-            "held_requests": len(kill.held),
-            "last_held_answered_s": round(max(after), 2) if after else None,
-        })
+        recoveries.append(
+            {
+                "kill": kill.number,
+                "worker": kill.worker,
+                "how": kill.how,
+                "held_requests": len(kill.held),
+                "last_held_answered_s": round(max(after), 2) if after else None,
+            }
+        )
     worst = max((x["last_held_answered_s"] or 0.0) for x in recoveries) if recoveries else None
     figures: dict[str, Any] = {
         "command": "python -m pytest tests/faults/test_faults.py -s",

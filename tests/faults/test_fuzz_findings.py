@@ -27,7 +27,10 @@ def echo(name: str) -> qs.Serving:
 
 
 def test_junk_ready_marks_and_a_stream_of_another_type_do_not_stop_a_servings_reads(
-    start_worker: StartWorker, client: qs.Client, redis_client: redis.Redis, prefix: str,
+    start_worker: StartWorker,
+    client: qs.Client,
+    redis_client: redis.Redis,
+    prefix: str,
 ) -> None:
     # Given a serving, and marks in its ready set that enqueue.lua never writes (no priority
     # digit, no stream, a stream name holding a string), ranked before every real one
@@ -42,8 +45,10 @@ def test_junk_ready_marks_and_a_stream_of_another_type_do_not_stop_a_servings_re
     # When requests come, then they are read and answered (read.lua failed on the first junk
     # mark, for ever: the serving stopped), and the junk marks are gone
     assert [client.dispatch(serving, i, timeout=WAIT_S) for i in range(5)] == list(range(5))
-    wait_until(lambda: not set(redis_client.zrange(keys.ready, 0, -1)) & set(junk),
-               "the junk marks dropped")
+    wait_until(
+        lambda: not set(redis_client.zrange(keys.ready, 0, -1)) & set(junk),
+        "the junk marks dropped",
+    )
     assert redis_client.get(keys.stream("wt", 3)) == b"a string where a stream belongs"
 
 
@@ -56,7 +61,9 @@ def _held_by_a_dead_consumer(r: redis.Redis, stream: bytes | str, fields: dict[s
 
 
 def test_names_that_are_not_utf8_in_the_active_and_workers_sets_are_skipped(
-    start_worker: StartWorker, redis_client: redis.Redis, prefix: str,
+    start_worker: StartWorker,
+    redis_client: redis.Redis,
+    prefix: str,
 ) -> None:
     # Given a worker, a request held by a consumer that died, and members of the active and
     # workers sets that are not UTF-8 (names queueserve never writes; anyone may ZADD them)
@@ -64,8 +71,9 @@ def test_names_that_are_not_utf8_in_the_active_and_workers_sets_are_skipped(
     keys = P.Keys(prefix, "utf")
     inbox = RawInbox(redis_client, prefix)
     stream = keys.stream("held")
-    _held_by_a_dead_consumer(redis_client, stream, {
-        "h": header(7, 1, inbox.key), "p": bytes(msgpack.packb(["x"]))})
+    _held_by_a_dead_consumer(
+        redis_client, stream, {"h": header(7, 1, inbox.key), "p": bytes(msgpack.packb(["x"]))}
+    )
     junk_stream = keys.stream("held").encode() + b"\xff"
     _held_by_a_dead_consumer(redis_client, junk_stream, {"h": b"junk"})
     now_ms = int(time.time() * 1000)
@@ -80,7 +88,10 @@ def test_names_that_are_not_utf8_in_the_active_and_workers_sets_are_skipped(
 
 
 def test_requests_in_a_stream_whose_name_is_not_utf8_are_dead_lettered_and_the_rest_served(
-    start_worker: StartWorker, client: qs.Client, redis_client: redis.Redis, prefix: str,
+    start_worker: StartWorker,
+    client: qs.Client,
+    redis_client: redis.Redis,
+    prefix: str,
 ) -> None:
     # Given a serving, and a request in the stream of a batch key that is not UTF-8 (no
     # client sends one; anyone may XADD it), marked ready as enqueue.lua would mark it
@@ -95,14 +106,17 @@ def test_requests_in_a_stream_whose_name_is_not_utf8_are_dead_lettered_and_the_r
     # When requests come, then they are answered (the reader thread died decoding the
     # stream's name, for ever: every restart read it again), and the entry is dead-lettered
     assert [client.dispatch(serving, i, timeout=WAIT_S) for i in range(5)] == list(range(5))
-    (_, record), = wait_until(lambda: redis_client.xrange(keys.dead), "the dead letter")
+    ((_, record),) = wait_until(lambda: redis_client.xrange(keys.dead), "the dead letter")
     assert record[b"stream"] == stream and b"not UTF-8" in record[b"reason"]
     assert redis_client.xlen(stream) == 0
     assert worker._host is not None and worker._host.alive()
 
 
 def test_a_read_taken_in_slowly_is_not_claimed_back_by_its_own_worker_and_run_twice(
-    start_worker: StartWorker, client: qs.Client, redis_client: redis.Redis, prefix: str,
+    start_worker: StartWorker,
+    client: qs.Client,
+    redis_client: redis.Redis,
+    prefix: str,
 ) -> None:
     # Given an idle worker (its executor holds the blocking read), and a request whose intake
     # takes longer than DEAD_AFTER_S: its cost function is slow once (a tokenizer on a long

@@ -31,8 +31,12 @@ from tests.support.redis_server import prefixed_client
 TOKEN = "fuzz-token"
 MAX_BODY = 256 * 1024
 SEED = 28
-SERVINGS = ["tests.support.gateway_app:gated", "tests.support.gateway_app:hooked",
-            "tests.support.gateway_app:vectors", "tests.support.gateway_app:spell"]
+SERVINGS = [
+    "tests.support.gateway_app:gated",
+    "tests.support.gateway_app:hooked",
+    "tests.support.gateway_app:vectors",
+    "tests.support.gateway_app:spell",
+]
 NAMES = ["gated", "hooked", "vectors", "spell"]
 # What a hostile request may get: a clear refusal, or an answer (an item is anything JSON
 # holds, and a serving may fail on it: 502). Never 500 or 503: those are the gateway's faults.
@@ -41,30 +45,85 @@ EXPECTED = {200, 400, 401, 404, 405, 413, 502, 504}
 # JSON values of every shape a field may meet: wrong types, extremes, NaN, deep nesting,
 # long and odd strings (separators of Redis keys, NUL, a lone surrogate).
 HOSTILE_VALUES: list[str] = [
-    "null", "true", "false", "0", "-1", "1.5", "1e308", "-1e308", "1e400", "9" * 400,
-    "NaN", "Infinity", "-Infinity", '""', '" "', '"\\u0000"', '"\\ud800"', '"a:b{c}#d\\n"',
-    '"' + "x" * 100_000 + '"', "[]", "{}", "[null]", "[" * 5_000 + "]" * 5_000,
-    '{"a": ' * 2_000 + "1" + "}" * 2_000, '{"__proto__": 1}', '"9"', "[1, 2, 3]",
+    "null",
+    "true",
+    "false",
+    "0",
+    "-1",
+    "1.5",
+    "1e308",
+    "-1e308",
+    "1e400",
+    "9" * 400,
+    "NaN",
+    "Infinity",
+    "-Infinity",
+    '""',
+    '" "',
+    '"\\u0000"',
+    '"\\ud800"',
+    '"a:b{c}#d\\n"',
+    '"' + "x" * 100_000 + '"',
+    "[]",
+    "{}",
+    "[null]",
+    "[" * 5_000 + "]" * 5_000,
+    '{"a": ' * 2_000 + "1" + "}" * 2_000,
+    '{"__proto__": 1}',
+    '"9"',
+    "[1, 2, 3]",
     "[" + ",".join(["null"] * 20_000) + "]",
 ]
 # Whole bodies: not JSON, not UTF-8, truncated, another type than an object, duplicate keys.
 HOSTILE_BODIES: list[bytes] = [
-    b"", b"{", b"}", b"nope", b"\xff\xfe\x00", b"\x80abc", b'{"item": 1', b"[]", b"null",
-    b'"item"', b"[" * 100_000, b'{"item": 1, "item": 2}', b"{\"item\": \"\xff\"}",
-    b" " * 1000 + b"{}", b"\x00" * 100,
+    b"",
+    b"{",
+    b"}",
+    b"nope",
+    b"\xff\xfe\x00",
+    b"\x80abc",
+    b'{"item": 1',
+    b"[]",
+    b"null",
+    b'"item"',
+    b"[" * 100_000,
+    b'{"item": 1, "item": 2}',
+    b'{"item": "\xff"}',
+    b" " * 1000 + b"{}",
+    b"\x00" * 100,
 ]
 # Headers: auth variants and lying or nonsense lengths and types.
 HOSTILE_HEADERS: list[dict[str, str]] = [
-    {"authorization": ""}, {"authorization": "Bearer"}, {"authorization": f"bearer {TOKEN}"},
-    {"authorization": f"Bearer {TOKEN}x"}, {"authorization": f"Basic {TOKEN}"},
-    {"authorization": "Bearer " + "x" * 8000}, {"content-type": "text/plain"},
-    {"content-type": "application/json; charset=latin-1"}, {"accept": "text/event-stream"},
-    {"x-forwarded-for": "1.2.3.4, ::1"}, {"content-encoding": "gzip"},
+    {"authorization": ""},
+    {"authorization": "Bearer"},
+    {"authorization": f"bearer {TOKEN}"},
+    {"authorization": f"Bearer {TOKEN}x"},
+    {"authorization": f"Basic {TOKEN}"},
+    {"authorization": "Bearer " + "x" * 8000},
+    {"content-type": "text/plain"},
+    {"content-type": "application/json; charset=latin-1"},
+    {"accept": "text/event-stream"},
+    {"x-forwarded-for": "1.2.3.4, ::1"},
+    {"content-encoding": "gzip"},
 ]
 # Serving names in the path: separators of Redis keys, traversal, encodings, length.
 HOSTILE_NAMES: list[str] = [
-    "a:b", "{x}", "x#1", "..", "%2e%2e", "%00", "%FF", "a%0Ab", "*", "?", "é", "x" * 5_000,
-    "gated%20", "GATED", " ", "%7Bgated%7D",
+    "a:b",
+    "{x}",
+    "x#1",
+    "..",
+    "%2e%2e",
+    "%00",
+    "%FF",
+    "a%0Ab",
+    "*",
+    "?",
+    "é",
+    "x" * 5_000,
+    "gated%20",
+    "GATED",
+    " ",
+    "%7Bgated%7D",
 ]
 
 
@@ -83,22 +142,51 @@ ENDPOINTS: dict[tuple[str, str], Endpoint] = {
     ("GET", "/healthz"): Endpoint("GET", "/healthz"),
     ("GET", "/metrics"): Endpoint("GET", "/metrics"),
     ("POST", "/v1/servings/{name}/dispatch"): Endpoint(
-        "POST", "/v1/servings/gated/dispatch", {"item": "a", "priority": 1},
-        ["item", "batch_key", "priority", "timeout"], named=True),
+        "POST",
+        "/v1/servings/gated/dispatch",
+        {"item": "a", "priority": 1},
+        ["item", "batch_key", "priority", "timeout"],
+        named=True,
+    ),
     ("POST", "/v1/servings/{name}/dispatch_many"): Endpoint(
-        "POST", "/v1/servings/gated/dispatch_many", {"items": ["a", "b"]},
-        ["items", "batch_key", "priority", "timeout", "return_exceptions"], named=True),
+        "POST",
+        "/v1/servings/gated/dispatch_many",
+        {"items": ["a", "b"]},
+        ["items", "batch_key", "priority", "timeout", "return_exceptions"],
+        named=True,
+    ),
     ("POST", "/v1/servings/{name}/stream"): Endpoint(
-        "POST", "/v1/servings/hooked/stream", {"items": ["a"]},
-        ["items", "batch_key", "priority", "timeout", "max_in_flight"], named=True),
+        "POST",
+        "/v1/servings/hooked/stream",
+        {"items": ["a"]},
+        ["items", "batch_key", "priority", "timeout", "max_in_flight"],
+        named=True,
+    ),
     ("GET", "/v1/models"): Endpoint("GET", "/v1/models"),
     ("POST", "/v1/embeddings"): Endpoint(
-        "POST", "/v1/embeddings", {"model": "vectors", "input": ["a", "bc"]},
-        ["model", "input", "encoding_format", "dimensions"]),
+        "POST",
+        "/v1/embeddings",
+        {"model": "vectors", "input": ["a", "bc"]},
+        ["model", "input", "encoding_format", "dimensions"],
+    ),
     ("POST", "/v1/completions"): Endpoint(
-        "POST", "/v1/completions", {"model": "spell", "prompt": "ab", "max_tokens": 4},
-        ["model", "prompt", "max_tokens", "temperature", "seed", "stop", "stream", "n",
-         "echo", "logprobs", "suffix"]),
+        "POST",
+        "/v1/completions",
+        {"model": "spell", "prompt": "ab", "max_tokens": 4},
+        [
+            "model",
+            "prompt",
+            "max_tokens",
+            "temperature",
+            "seed",
+            "stop",
+            "stream",
+            "n",
+            "echo",
+            "logprobs",
+            "suffix",
+        ],
+    ),
 }
 
 
@@ -122,10 +210,20 @@ def test_every_route_has_a_fuzz_entry() -> None:
 def gateway(redis_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProc]:
     prefix = f"qsgwf{uuid4().hex[:10]}"
     logs: Path = tmp_path_factory.mktemp("gateway-fuzz")
-    with prefixed_client(redis_server, prefix), gateway_stack(
-        redis_server, prefix, logs, SERVINGS, NAMES, "--token", TOKEN,
-        "--max-body-bytes", str(MAX_BODY),
-    ) as (_, proc):
+    with (
+        prefixed_client(redis_server, prefix),
+        gateway_stack(
+            redis_server,
+            prefix,
+            logs,
+            SERVINGS,
+            NAMES,
+            "--token",
+            TOKEN,
+            "--max-body-bytes",
+            str(MAX_BODY),
+        ) as (_, proc),
+    ):
         yield proc
 
 
@@ -162,12 +260,14 @@ def check(what: str, response: httpx.Response) -> None:
 def test_hostile_requests_to_every_endpoint_get_clear_answers(gateway: GatewayProc) -> None:
     rng = random.Random(SEED)
     sent = 0
-    with httpx.Client(base_url=gateway.url, timeout=60,
-                      headers={"authorization": f"Bearer {TOKEN}"}) as http:
+    with httpx.Client(
+        base_url=gateway.url, timeout=60, headers={"authorization": f"Bearer {TOKEN}"}
+    ) as http:
         for key, endpoint in ENDPOINTS.items():
             for what, path, body, headers in attacks(endpoint, rng):
-                response = http.request(endpoint.method, path, content=body or None,
-                                        headers=headers)
+                response = http.request(
+                    endpoint.method, path, content=body or None, headers=headers
+                )
                 check(f"{key} {what}", response)
                 sent += 1
         # After it all, every endpoint answers a valid request as before

@@ -45,7 +45,10 @@ def executions(r: redis.Redis, prefix: str) -> list[str]:
 
 @pytest.mark.timeout(180)
 def test_a_batch_running_longer_than_the_dead_consumer_timeout_is_never_stolen(
-    workers: Workers, client: qs.Client, redis_client: redis.Redis, prefix: str,
+    workers: Workers,
+    client: qs.Client,
+    redis_client: redis.Redis,
+    prefix: str,
 ) -> None:
     # Given two workers, each reclaiming from dead consumers once a second
     pair = [workers.start("slow") for _ in range(2)]
@@ -171,12 +174,15 @@ def oom_over_two(items: list[int]) -> list[int]:
 
 @pytest.mark.parametrize("on_error", ["isolate", "fail"])
 def test_cuda_out_of_memory_halves_the_batch_until_it_fits(
-    start_worker: StartWorker, client: qs.Client, on_error: str,
+    start_worker: StartWorker,
+    client: qs.Client,
+    on_error: str,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     # Given a serving that runs out of device memory on batches of more than two items
-    serving = Recording(oom_over_two, name="oom", batch_size=8, batch_timeout=0.5,
-                        on_error=on_error)
+    serving = Recording(
+        oom_over_two, name="oom", batch_size=8, batch_timeout=0.5, on_error=on_error
+    )
     start_worker(serving)
 
     # When one full batch of 8 arrives
@@ -196,9 +202,7 @@ def test_an_item_that_always_runs_out_of_memory_gets_the_error_alone(
     serving = Recording(oom_over_two, name="oom1", batch_size=4, batch_timeout=0.5)
     start_worker(serving)
 
-    results = client.dispatch_many(
-        serving, [1, 2, -1, 4], timeout=WAIT_S, return_exceptions=True
-    )
+    results = client.dispatch_many(serving, [1, 2, -1, 4], timeout=WAIT_S, return_exceptions=True)
 
     assert results[:2] == [10, 20] and results[3] == 40
     assert isinstance(results[2], qs.RemoteError)
@@ -212,10 +216,23 @@ def test_an_item_that_always_runs_out_of_memory_gets_the_error_alone(
 
 def cli(*args: str, url: str, prefix: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "queueserve", "dead-letter", *args, "--redis-url", url,
-         "--prefix", prefix],
-        cwd=REPO, env=worker_env(url, prefix), stdin=subprocess.DEVNULL, capture_output=True,
-        text=True, timeout=60,
+        [
+            sys.executable,
+            "-m",
+            "queueserve",
+            "dead-letter",
+            *args,
+            "--redis-url",
+            url,
+            "--prefix",
+            prefix,
+        ],
+        cwd=REPO,
+        env=worker_env(url, prefix),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 
@@ -237,7 +254,11 @@ def record_replies(client: qs.Client) -> list[tuple[int, int, Any]]:
 
 @pytest.mark.timeout(180)
 def test_a_request_that_keeps_killing_workers_is_dead_lettered_and_can_be_replayed_or_dropped(
-    workers: Workers, client: qs.Client, redis_client: redis.Redis, redis_url: str, prefix: str,
+    workers: Workers,
+    client: qs.Client,
+    redis_client: redis.Redis,
+    redis_url: str,
+    prefix: str,
 ) -> None:
     # Given a worker whose partition dies (os._exit) on the item "boom"; max_deliveries=2
     worker = workers.start("crasher", "--max-restarts", "50")
@@ -296,11 +317,16 @@ def test_a_request_that_keeps_killing_workers_is_dead_lettered_and_can_be_replay
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize(
-    "spec", ["crasher_batched", "crasher_batched_3"],
+    "spec",
+    ["crasher_batched", "crasher_batched_3"],
     ids=["every-retry-alone", "first-retry-batched"],
 )
 def test_a_request_that_shared_a_batch_with_a_crasher_is_still_answered(
-    workers: Workers, client: qs.Client, redis_client: redis.Redis, prefix: str, spec: str,
+    workers: Workers,
+    client: qs.Client,
+    redis_client: redis.Redis,
+    prefix: str,
+    spec: str,
     redis_url: str,
 ) -> None:
     # Given batches of up to 4 requests, and a worker that dies on "boom" (max_deliveries 2:
@@ -330,7 +356,10 @@ def test_a_request_that_shared_a_batch_with_a_crasher_is_still_answered(
 
 
 def test_the_requests_of_a_killed_batch_run_again_together_not_one_by_one(
-    workers: Workers, client: qs.Client, redis_client: redis.Redis, prefix: str,
+    workers: Workers,
+    client: qs.Client,
+    redis_client: redis.Redis,
+    prefix: str,
 ) -> None:
     # Given a batch of six requests running when its partition is SIGKILLed
     worker = workers.start("gathering", "--max-restarts", "10")
@@ -352,7 +381,10 @@ def test_the_requests_of_a_killed_batch_run_again_together_not_one_by_one(
 
 
 def test_expired_requests_are_answered_with_timeout_and_never_run(
-    start_worker: StartWorker, client: qs.Client, redis_client: redis.Redis, prefix: str,
+    start_worker: StartWorker,
+    client: qs.Client,
+    redis_client: redis.Redis,
+    prefix: str,
     pending: Callable[..., int],
 ) -> None:
     # Given an executor busy with a first batch (gated), and a reply address read by the test
@@ -386,7 +418,10 @@ def test_expired_requests_are_answered_with_timeout_and_never_run(
 
 
 def test_cancel_withdraws_unread_and_prefetched_requests_and_drops_a_running_ones_result(
-    start_worker: StartWorker, client: qs.Client, redis_client: redis.Redis, prefix: str,
+    start_worker: StartWorker,
+    client: qs.Client,
+    redis_client: redis.Redis,
+    prefix: str,
     pending: Callable[..., int],
 ) -> None:
     # Given a worker running one gated batch, one request prefetched, and one not read yet

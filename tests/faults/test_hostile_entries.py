@@ -41,7 +41,10 @@ def echo(name: str, **options: Any) -> qs.Serving:
 # --- reply addresses ------------------------------------------------------------------------
 @pytest.mark.parametrize("target", ["stream", "app_key", "other_prefix_inbox", "hash_tag"])
 def test_a_forged_reply_address_is_dead_lettered_and_its_key_is_never_touched(
-    start_worker: StartWorker, client: qs.Client, redis_client: redis.Redis, prefix: str,
+    start_worker: StartWorker,
+    client: qs.Client,
+    redis_client: redis.Redis,
+    prefix: str,
     target: str,
 ) -> None:
     # Given a worker, queued requests, and keys that are not inboxes of this prefix
@@ -76,7 +79,10 @@ def test_a_forged_reply_address_is_dead_lettered_and_its_key_is_never_touched(
 
 
 def test_a_forged_events_channel_gets_bad_request_and_nothing_is_published(
-    start_worker: StartWorker, client: qs.Client, redis_client: redis.Redis, prefix: str,
+    start_worker: StartWorker,
+    client: qs.Client,
+    redis_client: redis.Redis,
+    prefix: str,
 ) -> None:
     # Given a worker of a serving that streams hooks, and a subscriber of the application's
     # channel
@@ -114,7 +120,10 @@ def test_a_forged_events_channel_gets_bad_request_and_nothing_is_published(
 
 
 def test_an_inbox_of_the_wrong_type_drops_that_reply_and_the_rest_are_answered(
-    start_worker: StartWorker, client: qs.Client, redis_client: redis.Redis, prefix: str,
+    start_worker: StartWorker,
+    client: qs.Client,
+    redis_client: redis.Redis,
+    prefix: str,
 ) -> None:
     # Given an inbox key someone made a string
     start_worker(echo("wrongtype"))
@@ -122,8 +131,9 @@ def test_an_inbox_of_the_wrong_type_drops_that_reply_and_the_rest_are_answered(
     redis_client.set(bad_inbox, "not a list")
 
     # When a request replying there is served alongside good ones
-    redis_client.xadd(stream_key(prefix, "wrongtype"),
-                      {"h": header(1, 1, bad_inbox), "p": pack(["x"])})
+    redis_client.xadd(
+        stream_key(prefix, "wrongtype"), {"h": header(1, 1, bad_inbox), "p": pack(["x"])}
+    )
 
     # Then later requests are still answered, and that entry was acked
     for i in range(20):
@@ -135,22 +145,31 @@ def test_an_inbox_of_the_wrong_type_drops_that_reply_and_the_rest_are_answered(
 # --- admission counts -----------------------------------------------------------------------
 @pytest.mark.parametrize("forged", [b"100000000000000000000", b"1000000000", b"-1", b"x", b"3"])
 def test_a_forged_admission_count_cannot_break_or_drain_the_counter(
-    start_worker: StartWorker, client: qs.Client, redis_client: redis.Redis, prefix: str,
+    start_worker: StartWorker,
+    client: qs.Client,
+    redis_client: redis.Redis,
+    prefix: str,
     forged: bytes,
 ) -> None:
     # Given a serving with max_queue whose counter holds a legitimate backlog, recording what
     # it runs
     ran: list[Any] = []
-    start_worker(qs.Serving(lambda xs: ran.extend(xs) or list(xs), name="counted",
-                            batch_size=8, batch_timeout=0, max_queue=1000))
+    start_worker(
+        qs.Serving(
+            lambda xs: ran.extend(xs) or list(xs),
+            name="counted",
+            batch_size=8,
+            batch_timeout=0,
+            max_queue=1000,
+        )
+    )
     queued = f"{prefix}:{{counted}}:queued"
     redis_client.set(queued, 40)  # as if 40 admitted items were waiting elsewhere
     inbox = RawInbox(redis_client, prefix)
 
     # When an entry with 2 items claims to have been admitted with ``forged`` items
     stream = stream_key(prefix, "counted")
-    redis_client.xadd(stream, {"h": header(9, 2, inbox.key), "p": pack(["a", "b"]),
-                               "a": forged})
+    redis_client.xadd(stream, {"h": header(9, 2, inbox.key), "p": pack(["a", "b"]), "a": forged})
 
     # Then its caller gets BadRequest naming the field, and its items never run
     wait_until(lambda: inbox.answered([9]), "the answer")
@@ -180,8 +199,14 @@ def ext(code: int, dtype: str, shape: list[int], body: bytes) -> bytes:
         (ext(2, "no_such_dtype", [1], b"\x00"), "unknown dtype"),
         (ext(1, "<i4", [2, 2], b"\x00" * 12), "needs 16 bytes"),
     ],
-    ids=["empty-body-4GiB", "8-bytes-8TiB", "negative-dim", "object-dtype", "unknown-dtype",
-         "short-body"],
+    ids=[
+        "empty-body-4GiB",
+        "8-bytes-8TiB",
+        "negative-dim",
+        "object-dtype",
+        "unknown-dtype",
+        "short-body",
+    ],
 )
 def test_array_headers_must_match_their_bodies(payload: bytes, message: str) -> None:
     with pytest.raises(ValueError, match=message):
@@ -189,11 +214,16 @@ def test_array_headers_must_match_their_bodies(payload: bytes, message: str) -> 
 
 
 def test_an_amplifying_tensor_header_gets_bad_request_not_a_huge_allocation(
-    start_worker: StartWorker, redis_client: redis.Redis, prefix: str,
+    start_worker: StartWorker,
+    redis_client: redis.Redis,
+    prefix: str,
 ) -> None:
     seen: list[Any] = []
-    start_worker(qs.Serving(lambda xs: seen.extend(xs) or [0] * len(xs), name="amp",
-                            batch_size=8, batch_timeout=0))
+    start_worker(
+        qs.Serving(
+            lambda xs: seen.extend(xs) or [0] * len(xs), name="amp", batch_size=8, batch_timeout=0
+        )
+    )
     inbox = RawInbox(redis_client, prefix)
     payload = pack([msgpack.ExtType(2, pack(["float32", [1 << 30], b""]))])
     redis_client.xadd(stream_key(prefix, "amp"), {"h": header(4, 1, inbox.key), "p": payload})
@@ -219,15 +249,21 @@ def decoded(messages: list[bytes]) -> list[list[Any]]:
 
 def test_replies_are_cut_under_max_reply_bytes_and_an_oversize_item_fails_alone() -> None:
     big = b"x" * 3000
-    out = compose(rows((P.RESULTS, [big, big, big]), (P.RESULTS, [big, b"y" * 20_000]),
-                       (P.BATCHED, {"v": np.zeros((4, 200), np.float32)})), CODEC, 8192)
+    out = compose(
+        rows(
+            (P.RESULTS, [big, big, big]),
+            (P.RESULTS, [big, b"y" * 20_000]),
+            (P.BATCHED, {"v": np.zeros((4, 200), np.float32)}),
+        ),
+        CODEC,
+        8192,
+    )
     messages = out.messages["qs:inbox:c"]
     assert len(messages) > 1 and all(len(m) <= 8192 for m in messages)
     got: dict[tuple[int, int], Any] = {}
     for rid, offset, count, kind, body in decoded(messages):
         for i in range(count):
-            value = body if kind == P.ERROR else (
-                body["v"][i] if kind == P.BATCHED else body[i])
+            value = body if kind == P.ERROR else (body["v"][i] if kind == P.BATCHED else body[i])
             got[(rid, offset + i)] = (kind, value)
     assert [got[(1, i)] for i in range(3)] == [(P.RESULTS, big)] * 3
     assert got[(2, 0)] == (P.RESULTS, big)
@@ -254,8 +290,11 @@ def test_events_go_one_message_per_client_and_alone_when_together_they_would_not
 
     # One client's events of a step: one message, a list of them, in order; another client's
     # single event: alone, in the form of a single event
-    out = compose([event(1, "qs:events:a", "x"), event(2, "qs:events:b", "y"),
-                   event(3, "qs:events:a", "z")], CODEC, 1 << 20)
+    out = compose(
+        [event(1, "qs:events:a", "x"), event(2, "qs:events:b", "y"), event(3, "qs:events:a", "z")],
+        CODEC,
+        1 << 20,
+    )
     assert [(channel, CODEC.loads(data[1:])) for channel, data in out.events] == [
         ("qs:events:a", [[1, 0, "o", P.RESULTS, ["x"], 0, 1], [3, 0, "o", P.RESULTS, ["z"], 0, 1]]),
         ("qs:events:b", [2, 0, "o", P.RESULTS, ["y"], 0, 1]),
@@ -263,9 +302,16 @@ def test_events_go_one_message_per_client_and_alone_when_together_they_would_not
     # Events that would pass max_reply_bytes together go one by one; one too large alone, or
     # that the codec cannot carry, is dropped, and the others still go
     big = "v" * 600
-    out = compose([event(1, "qs:events:a", big), event(2, "qs:events:a", big),
-                   event(3, "qs:events:a", "w" * 2000), event(4, "qs:events:a", object())],
-                  CODEC, 1024)
+    out = compose(
+        [
+            event(1, "qs:events:a", big),
+            event(2, "qs:events:a", big),
+            event(3, "qs:events:a", "w" * 2000),
+            event(4, "qs:events:a", object()),
+        ],
+        CODEC,
+        1024,
+    )
     assert [CODEC.loads(data[1:])[0] for _, data in out.events] == [1, 2]
 
 
@@ -287,16 +333,27 @@ def test_unencodable_results_reach_their_callers_as_errors_and_the_worker_serves
 
 @pytest.mark.timeout(120)
 def test_replies_larger_than_redis_accepts_in_one_value_are_split_and_answered(
-    redis_tmp_server: RedisServer, prefix: str,
+    redis_tmp_server: RedisServer,
+    prefix: str,
 ) -> None:
     # Given a Redis that refuses values over 1 MiB (as a real one refuses 512 MiB), and a
     # serving whose results together exceed that in one batch for one client
     admin = redis.Redis.from_url(redis_tmp_server.url)
     admin.config_set("proto-max-bulk-len", 1024 * 1024)
-    serving = qs.Serving(lambda xs: [b"r" * 300_000 for _ in xs], name="bulky", batch_size=8,
-                         batch_timeout=0.2, max_reply_bytes=512 * 1024)
-    worker = qs.Worker([serving], redis_url=redis_tmp_server.url, prefix=prefix,
-                       handle_signals=False, shutdown_timeout=10.0).start()
+    serving = qs.Serving(
+        lambda xs: [b"r" * 300_000 for _ in xs],
+        name="bulky",
+        batch_size=8,
+        batch_timeout=0.2,
+        max_reply_bytes=512 * 1024,
+    )
+    worker = qs.Worker(
+        [serving],
+        redis_url=redis_tmp_server.url,
+        prefix=prefix,
+        handle_signals=False,
+        shutdown_timeout=10.0,
+    ).start()
     client = qs.Client(redis_tmp_server.url, prefix=prefix)
     try:
         # When six one-item requests share a batch (1.8 MB of replies for one inbox)
@@ -321,15 +378,27 @@ def forged_entries(prefix: str, inbox: str) -> list[tuple[str, dict[str, bytes]]
     tensor = pack([msgpack.ExtType(2, pack(["float32", [1 << 30], b""]))])
     classes: dict[str, Callable[[int], dict[str, bytes]]] = {
         "reply to the stream": lambda rid: {
-            "h": header(rid, 1, stream_key(prefix, "mixed")), "p": pack([rid])},
+            "h": header(rid, 1, stream_key(prefix, "mixed")),
+            "p": pack([rid]),
+        },
         "reply to an app key": lambda rid: {
-            "h": header(rid, 1, f"{prefix}-app:k"), "p": pack([rid])},
+            "h": header(rid, 1, f"{prefix}-app:k"),
+            "p": pack([rid]),
+        },
         "foreign events channel": lambda rid: {
-            "h": pack([1, rid, 1, inbox, 0, "msgpack", "app-channel"]), "p": pack([rid])},
+            "h": pack([1, rid, 1, inbox, 0, "msgpack", "app-channel"]),
+            "p": pack([rid]),
+        },
         "admission count 10**20": lambda rid: {
-            "h": header(rid, 1, inbox), "p": pack([rid]), "a": b"100000000000000000000"},
+            "h": header(rid, 1, inbox),
+            "p": pack([rid]),
+            "a": b"100000000000000000000",
+        },
         "admission count 10**9": lambda rid: {
-            "h": header(rid, 1, inbox), "p": pack([rid]), "a": b"1000000000"},
+            "h": header(rid, 1, inbox),
+            "p": pack([rid]),
+            "a": b"1000000000",
+        },
         "4 GiB tensor header": lambda rid: {"h": header(rid, 1, inbox), "p": tensor},
         "unencodable result": lambda rid: {"h": header(rid, 1, inbox), "p": pack(["object"])},
     }
@@ -342,7 +411,10 @@ def forged_entries(prefix: str, inbox: str) -> list[tuple[str, dict[str, bytes]]
 
 @pytest.mark.timeout(300)
 def test_forged_entries_of_every_class_mixed_into_valid_traffic_lose_nothing(
-    start_worker: StartWorker, client: qs.Client, redis_client: redis.Redis, prefix: str,
+    start_worker: StartWorker,
+    client: qs.Client,
+    redis_client: redis.Redis,
+    prefix: str,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     # Given a worker counting every execution of every valid item
@@ -354,8 +426,9 @@ def test_forged_entries_of_every_class_mixed_into_valid_traffic_lose_nothing(
                 executed[x] = executed.get(x, 0) + 1
         return [object() if x == "object" else x for x in xs]
 
-    worker = start_worker(qs.Serving(run, name="mixed", batch_size=64, batch_timeout=0.002,
-                                     max_queue=1_000_000))
+    worker = start_worker(
+        qs.Serving(run, name="mixed", batch_size=64, batch_timeout=0.002, max_queue=1_000_000)
+    )
     inbox = RawInbox(redis_client, prefix)
     stream = stream_key(prefix, "mixed")
     forged = forged_entries(prefix, inbox.key)
@@ -381,9 +454,11 @@ def test_forged_entries_of_every_class_mixed_into_valid_traffic_lose_nothing(
     dead = redis_client.xlen(f"{prefix}:{{mixed}}:dead")
     inbox.drain()
     with capsys.disabled():
-        print(f"\nforged entries mixed into valid traffic: valid sent {VALID}, answered "
-              f"{VALID - lost}, lost {lost}, executed twice {duplicated}; forged "
-              f"{len(forged)}: dead-lettered {dead}, answered with an error {len(inbox.slices)}")
+        print(
+            f"\nforged entries mixed into valid traffic: valid sent {VALID}, answered "
+            f"{VALID - lost}, lost {lost}, executed twice {duplicated}; forged "
+            f"{len(forged)}: dead-lettered {dead}, answered with an error {len(inbox.slices)}"
+        )
     assert lost == 0 and duplicated == 0
     # and every forged entry was either dead-lettered or answered, the stream is empty, the
     # admission counter is back at its backlog, and the worker's threads are all alive
@@ -403,12 +478,20 @@ class _Boom:
 
 
 def pickled_serving(name: str) -> qs.Serving:
-    return qs.Serving(lambda xs: [{"echo": x} for x in xs], name=name, batch_size=8,
-                      batch_timeout=0, codec="pickle")
+    return qs.Serving(
+        lambda xs: [{"echo": x} for x in xs],
+        name=name,
+        batch_size=8,
+        batch_timeout=0,
+        codec="pickle",
+    )
 
 
 def test_a_client_naming_a_serving_never_takes_pickle_from_redis(
-    start_worker: StartWorker, client: qs.Client, redis_client: redis.Redis, prefix: str,
+    start_worker: StartWorker,
+    client: qs.Client,
+    redis_client: redis.Redis,
+    prefix: str,
     redis_url: str,
 ) -> None:
     # Given a serving whose workers declare codec pickle (or a peer who set it in its meta)

@@ -67,15 +67,19 @@ def private_redis(redis_tmp_server: RedisServer) -> Iterator[redis.Redis]:
 
 
 @pytest.fixture
-def served(
-    redis_tmp_server: RedisServer, prefix: str
-) -> Iterator[Any]:
+def served(redis_tmp_server: RedisServer, prefix: str) -> Iterator[Any]:
     """``served(*servings, **worker_options)``: a worker and a client on the private server."""
     made: list[Any] = []
 
     def start(*servings: qs.Serving, **options: Any) -> tuple[qs.Worker, qs.Client]:
-        worker = qs.Worker(list(servings), redis_url=redis_tmp_server.url, prefix=prefix,
-                           handle_signals=False, shutdown_timeout=10.0, **options).start()
+        worker = qs.Worker(
+            list(servings),
+            redis_url=redis_tmp_server.url,
+            prefix=prefix,
+            handle_signals=False,
+            shutdown_timeout=10.0,
+            **options,
+        ).start()
         client = qs.Client(redis_tmp_server.url, prefix=prefix)
         made.extend([client, worker])
         return worker, client
@@ -94,7 +98,9 @@ def served(
 
 # --- the sweep --------------------------------------------------------------------------------
 def test_a_sweep_over_20000_idle_keys_looks_at_a_bounded_slice_of_them(
-    private_redis: redis.Redis, served: Any, prefix: str,
+    private_redis: redis.Redis,
+    served: Any,
+    prefix: str,
 ) -> None:
     # Given 20,000 known idle batch keys and a worker serving them
     keys = P.Keys(prefix, "idle")
@@ -118,7 +124,9 @@ def test_a_sweep_over_20000_idle_keys_looks_at_a_bounded_slice_of_them(
 
 
 def test_an_entry_written_without_enqueue_to_a_known_idle_key_is_found_by_the_pass(
-    private_redis: redis.Redis, served: Any, prefix: str,
+    private_redis: redis.Redis,
+    served: Any,
+    prefix: str,
 ) -> None:
     # Given 3 x SWEEP_KEYS known idle keys, and a worker serving them
     keys = P.Keys(prefix, "plain")
@@ -130,8 +138,9 @@ def test_an_entry_written_without_enqueue_to_a_known_idle_key_is_found_by_the_pa
     # middle and the last of them
     inbox = RawInbox(private_redis, prefix)
     for rid, name in enumerate((names[0], names[len(names) // 2], names[-1])):
-        private_redis.xadd(keys.stream(name),
-                           {"h": header(rid, 1, inbox.key), "p": msgpack.packb([name])})
+        private_redis.xadd(
+            keys.stream(name), {"h": header(rid, 1, inbox.key), "p": msgpack.packb([name])}
+        )
 
     # Then the sweep's pass over the keys finds and serves every one
     wait_until(lambda: inbox.answered([0, 1, 2]), "answers to the plain XADDs")
@@ -139,7 +148,9 @@ def test_an_entry_written_without_enqueue_to_a_known_idle_key_is_found_by_the_pa
 
 
 def test_idle_keys_are_forgotten_a_slice_at_a_time_and_a_forgotten_key_serves_again(
-    private_redis: redis.Redis, served: Any, prefix: str,
+    private_redis: redis.Redis,
+    served: Any,
+    prefix: str,
 ) -> None:
     # Given 2 x SWEEP_KEYS + 1 keys idle for long, and a serving that forgets keys idle 1 s
     keys = P.Keys(prefix, "forget")
@@ -155,7 +166,9 @@ def test_idle_keys_are_forgotten_a_slice_at_a_time_and_a_forgotten_key_serves_ag
 
 
 def test_stats_over_20000_idle_keys_read_the_keys_with_work_and_the_latest_idle_ones(
-    private_redis: redis.Redis, redis_tmp_server: RedisServer, prefix: str,
+    private_redis: redis.Redis,
+    redis_tmp_server: RedisServer,
+    prefix: str,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     # Given 20,000 known idle keys and one request waiting on key "busy" (no worker runs; the
@@ -169,8 +182,21 @@ def test_stats_over_20000_idle_keys_read_the_keys_with_work_and_the_latest_idle_
 
     # When an operator runs queueserve stats
     private_redis.config_resetstat()
-    assert cli_main(["stats", "st", "--redis-url", redis_tmp_server.url, "--prefix", prefix,
-                     "--interval", "10ms"]) == 0
+    assert (
+        cli_main(
+            [
+                "stats",
+                "st",
+                "--redis-url",
+                redis_tmp_server.url,
+                "--prefix",
+                prefix,
+                "--interval",
+                "10ms",
+            ]
+        )
+        == 0
+    )
 
     # Then it shows the busy key and the 19 idle keys enqueued to last, counts the others, and
     # read the streams of those 20 keys alone (twice: before and after its interval), not of
@@ -202,7 +228,8 @@ def _samples(text: str, name: str, serving: str) -> dict[str, float]:
 
 
 def test_metrics_label_the_deepest_keys_and_sum_the_rest_under_other(
-    served: Any, prefix: str,
+    served: Any,
+    prefix: str,
 ) -> None:
     # Given a worker labelling 3 keys besides the declared ones, whose executor is held, and
     # 2 to 21 requests waiting on each of 20 keys (batch_size 1: one entry each, no packs)
@@ -210,8 +237,9 @@ def test_metrics_label_the_deepest_keys_and_sum_the_rest_under_other(
     worker, client = served(serving, metrics_port=0, metrics_keys=3)
     blocker = client.submit(serving, ["blocker"])
     wait_until(lambda: serving.batches, "the blocker batch to start")
-    tickets = [client.submit(serving, [k], batch_key=f"k{k:02d}")
-               for k in range(20) for _ in range(k + 2)]
+    tickets = [
+        client.submit(serving, [k], batch_key=f"k{k:02d}") for k in range(20) for _ in range(k + 2)
+    ]
     total = len(tickets) + 1
 
     # When Prometheus scrapes, once every request is in Redis
@@ -232,8 +260,11 @@ def test_metrics_label_the_deepest_keys_and_sum_the_rest_under_other(
     # ran besides the declared one, and "other" counts the batches of the rest
     serving.release()
     assert blocker.result(WAIT_S) == ["blocker"]
-    assert all(t.result(WAIT_S) == [k] for t, k in zip(
-        tickets, [k for k in range(20) for _ in range(k + 2)], strict=True))
+    assert all(
+        t.result(WAIT_S) == [k]
+        for t, k in zip(tickets, [k for k in range(20) for _ in range(k + 2)], strict=True)
+    )
+
     def histogram() -> dict[str, float] | None:
         batches = _samples(_scrape(worker.metrics_port), "queueserve_batch_size_count", "labels")
         return batches if sum(batches.values()) == len(serving.batches) else None
@@ -258,7 +289,8 @@ def _listening_address(port: int) -> str:
 
 @pytest.mark.parametrize("host", [None, "0.0.0.0"])
 def test_the_metrics_port_listens_on_127_0_0_1_unless_told(
-    served: Any, host: str | None,
+    served: Any,
+    host: str | None,
 ) -> None:
     # Given a worker with metrics, with and without metrics_host
     options = {} if host is None else {"metrics_host": host}

@@ -23,7 +23,10 @@ from tests.support.servings import Recording, tag_items
 
 @pytest.mark.timeout(180)
 def test_requests_that_kill_their_partition_are_dead_lettered_and_the_worker_serves_on(
-    workers: Workers, client: qs.Client, redis_client: redis.Redis, prefix: str,
+    workers: Workers,
+    client: qs.Client,
+    redis_client: redis.Redis,
+    prefix: str,
 ) -> None:
     # Given a worker that tolerates one crash a minute, and a serving that dies on "boom"
     worker = workers.start("crasher", "--max-restarts", "1", "--restart-window", "60s")
@@ -47,7 +50,10 @@ def test_requests_that_kill_their_partition_are_dead_lettered_and_the_worker_ser
 
 @pytest.mark.timeout(180)
 def test_a_batch_past_max_batch_seconds_is_abandoned_and_its_request_dead_lettered(
-    workers: Workers, client: qs.Client, redis_client: redis.Redis, prefix: str,
+    workers: Workers,
+    client: qs.Client,
+    redis_client: redis.Redis,
+    prefix: str,
 ) -> None:
     # Given a worker with max_batch_seconds=1 and a serving that hangs for ever on "hang"
     worker = workers.start("hanger", "--max-batch-seconds", "1s")
@@ -72,7 +78,10 @@ def test_a_batch_past_max_batch_seconds_is_abandoned_and_its_request_dead_letter
 
 @pytest.mark.timeout(180)
 def test_a_partition_is_recycled_after_max_batches_and_nothing_is_lost(
-    workers: Workers, client: qs.Client, redis_client: redis.Redis, prefix: str,
+    workers: Workers,
+    client: qs.Client,
+    redis_client: redis.Redis,
+    prefix: str,
 ) -> None:
     # Given a worker whose partition is recycled after 3 batches
     worker = workers.start("hoarder", "--max-batches-per-partition", "3")
@@ -92,7 +101,10 @@ def test_a_partition_is_recycled_after_max_batches_and_nothing_is_lost(
 
 @pytest.mark.timeout(180)
 def test_a_partition_past_max_partition_memory_is_recycled(
-    workers: Workers, client: qs.Client, redis_client: redis.Redis, prefix: str,
+    workers: Workers,
+    client: qs.Client,
+    redis_client: redis.Redis,
+    prefix: str,
 ) -> None:
     # Given a serving that leaks 64 MiB per batch, and a 400 MiB limit
     worker = workers.start("hoarder", "--max-partition-memory", "400MiB")
@@ -111,7 +123,9 @@ def test_a_partition_past_max_partition_memory_is_recycled(
 
 
 def test_a_partition_at_max_batches_takes_no_more_work_before_it_is_drained(
-    redis_url: str, prefix: str, client: qs.Client,
+    redis_url: str,
+    prefix: str,
+    client: qs.Client,
 ) -> None:
     # Given a partition allowed 3 batches, whose main thread (which drains it once woken)
     # never comes: a busy machine may run it several batches late
@@ -124,7 +138,9 @@ def test_a_partition_at_max_batches_takes_no_more_work_before_it_is_drained(
     try:
         # When 3 requests are answered one after another, and 3 more are sent
         assert [client.dispatch("counted", i, timeout=WAIT_S) for i in range(3)] == [
-            "r:0", "r:1", "r:2"
+            "r:0",
+            "r:1",
+            "r:2",
         ]
         later = [client.submit("counted", [i]) for i in range(3, 6)]
 

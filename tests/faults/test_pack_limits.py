@@ -25,8 +25,9 @@ def forged_pack(inbox: RawInbox, orphans: int, answerable: int = 0) -> dict[str,
     """A pack entry written by hand: ``orphans`` requests whose reply address is no inbox,
     then ``answerable`` requests (ids 1...) to ``inbox``."""
     members = [[header(i, 1, "elsewhere"), msgpack.packb([i]), b"0"] for i in range(orphans)]
-    members += [[header(1 + i, 1, inbox.key), msgpack.packb([f"ok{i}"]), b"0"]
-                for i in range(answerable)]
+    members += [
+        [header(1 + i, 1, inbox.key), msgpack.packb([f"ok{i}"]), b"0"] for i in range(answerable)
+    ]
     return {"a": b"0", "k": msgpack.packb(members)}
 
 
@@ -46,7 +47,9 @@ def dead_letter_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
 
 
 def test_enqueue_closes_a_pack_at_the_bound_workers_hold_it_to(
-    redis_client: redis.Redis, redis_url: str, prefix: str,
+    redis_client: redis.Redis,
+    redis_url: str,
+    prefix: str,
 ) -> None:
     # Given workers that declared packs of 4096 items (none running)
     keys = Keys(prefix, "wide")
@@ -56,9 +59,9 @@ def test_enqueue_closes_a_pack_at_the_bound_workers_hold_it_to(
 
     # When more one-item requests than a pack may hold are enqueued at once
     n = MAX_PACK_REQUESTS + 10
-    _, _, ids = broker.enqueue(keys, [
-        ("default", 1, header(i, 1, inbox.key), msgpack.packb([i]), 0) for i in range(n)
-    ], 0)
+    _, _, ids = broker.enqueue(
+        keys, [("default", 1, header(i, 1, inbox.key), msgpack.packb([i]), 0) for i in range(n)], 0
+    )
 
     # Then they travel as two packs: the first holds MAX_PACK_REQUESTS, as enqueue.lua says
     assert ids[:MAX_PACK_REQUESTS] == [ids[0]] * MAX_PACK_REQUESTS and ids[-1] != ids[0]
@@ -70,12 +73,16 @@ def test_enqueue_closes_a_pack_at_the_bound_workers_hold_it_to(
 
 
 def test_a_pack_over_the_bound_is_dead_lettered_whole_unread(
-    start_worker: StartWorker, redis_client: redis.Redis, redis_url: str, prefix: str,
+    start_worker: StartWorker,
+    redis_client: redis.Redis,
+    redis_url: str,
+    prefix: str,
     dead_letter_calls: list[int],
 ) -> None:
     # Given a running serving
-    start_worker(qs.Serving(lambda xs: [f"r:{x}" for x in xs], name="bounded", batch_size=8,
-                            batch_timeout=0))
+    start_worker(
+        qs.Serving(lambda xs: [f"r:{x}" for x in xs], name="bounded", batch_size=8, batch_timeout=0)
+    )
     keys = Keys(prefix, "bounded")
     wait_until(lambda: redis_client.hget(keys.meta, "pack_items"), "the declaration")
     inbox = RawInbox(redis_client, prefix)
@@ -101,12 +108,16 @@ def test_a_pack_over_the_bound_is_dead_lettered_whole_unread(
 
 
 def test_the_orphans_of_a_pack_are_dead_lettered_in_one_round_trip(
-    start_worker: StartWorker, redis_client: redis.Redis, redis_url: str, prefix: str,
+    start_worker: StartWorker,
+    redis_client: redis.Redis,
+    redis_url: str,
+    prefix: str,
     dead_letter_calls: list[int],
 ) -> None:
     # Given a running serving
-    start_worker(qs.Serving(lambda xs: [f"r:{x}" for x in xs], name="orphans", batch_size=8,
-                            batch_timeout=0))
+    start_worker(
+        qs.Serving(lambda xs: [f"r:{x}" for x in xs], name="orphans", batch_size=8, batch_timeout=0)
+    )
     keys = Keys(prefix, "orphans")
     wait_until(lambda: redis_client.hget(keys.meta, "pack_items"), "the declaration")
     inbox = RawInbox(redis_client, prefix)

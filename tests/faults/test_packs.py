@@ -53,11 +53,15 @@ def results(inbox: RawInbox, rids: range) -> list[object]:
 
 
 def test_the_requests_of_one_enqueue_share_an_entry_and_each_gets_its_own_answer(
-    start_worker: StartWorker, redis_client: redis.Redis, redis_url: str, prefix: str,
+    start_worker: StartWorker,
+    redis_client: redis.Redis,
+    redis_url: str,
+    prefix: str,
 ) -> None:
     # Given a worker, which declares that it reads packs
-    serving = qs.Serving(lambda xs: [f"r:{x}" for x in xs], name="packed", batch_size=8,
-                         batch_timeout=0)
+    serving = qs.Serving(
+        lambda xs: [f"r:{x}" for x in xs], name="packed", batch_size=8, batch_timeout=0
+    )
     start_worker(serving)
     keys = Keys(prefix, "packed")
     assert redis_client.hget(keys.meta, "pack_items") == b"8"
@@ -84,7 +88,9 @@ def test_the_requests_of_one_enqueue_share_an_entry_and_each_gets_its_own_answer
 
 
 def test_admission_takes_the_part_of_a_pack_that_fits(
-    redis_client: redis.Redis, redis_url: str, prefix: str,
+    redis_client: redis.Redis,
+    redis_url: str,
+    prefix: str,
 ) -> None:
     # Given a serving whose workers declared packs and max_queue=3 (none running)
     keys = Keys(prefix, "tight")
@@ -105,7 +111,10 @@ def test_admission_takes_the_part_of_a_pack_that_fits(
 
 
 def test_a_cancel_never_drops_a_pack_whose_other_requests_must_run(
-    start_worker: StartWorker, redis_client: redis.Redis, redis_url: str, prefix: str,
+    start_worker: StartWorker,
+    redis_client: redis.Redis,
+    redis_url: str,
+    prefix: str,
 ) -> None:
     # Given a pack of three requests no worker has read yet
     keys, broker, inbox, ids = unread_pack(redis_client, redis_url, prefix, "cancels")
@@ -119,8 +128,9 @@ def test_a_cancel_never_drops_a_pack_whose_other_requests_must_run(
     assert redis_client.xlen(stream) == 1
     # and once a worker comes (a forged cancel on the channel, naming the pack, changes
     # nothing), every request of the pack runs and is answered
-    serving = qs.Serving(lambda xs: [f"r:{x}" for x in xs], name="cancels", batch_size=8,
-                         batch_timeout=0)
+    serving = qs.Serving(
+        lambda xs: [f"r:{x}" for x in xs], name="cancels", batch_size=8, batch_timeout=0
+    )
     start_worker(serving)
     redis_client.publish(keys.cancel, f"{stream}\n{ids[0].decode()}")
     assert results(inbox, range(1, 4)) == [["r:a"], ["r:b"], ["r:c"]]
@@ -128,11 +138,14 @@ def test_a_cancel_never_drops_a_pack_whose_other_requests_must_run(
 
 
 def test_bad_requests_in_a_pack_fail_alone_and_a_malformed_pack_is_dead_lettered_whole(
-    start_worker: StartWorker, redis_client: redis.Redis, prefix: str,
+    start_worker: StartWorker,
+    redis_client: redis.Redis,
+    prefix: str,
 ) -> None:
     # Given a worker
-    serving = qs.Serving(lambda xs: [f"r:{x}" for x in xs], name="mixed", batch_size=8,
-                         batch_timeout=0)
+    serving = qs.Serving(
+        lambda xs: [f"r:{x}" for x in xs], name="mixed", batch_size=8, batch_timeout=0
+    )
     start_worker(serving)
     inbox = RawInbox(redis_client, prefix)
     stream = stream_key(prefix, "mixed")
@@ -165,7 +178,10 @@ def test_bad_requests_in_a_pack_fail_alone_and_a_malformed_pack_is_dead_lettered
 
 
 def test_a_pack_reclaimed_from_a_killed_worker_is_split_so_its_crasher_dies_alone(
-    workers: Workers, redis_client: redis.Redis, redis_url: str, prefix: str,
+    workers: Workers,
+    redis_client: redis.Redis,
+    redis_url: str,
+    prefix: str,
 ) -> None:
     # Given a worker whose partition dies on "boom" (max_deliveries=2, batches of 4)
     worker = workers.start("crasher_batched", "--max-restarts", "50")
@@ -182,19 +198,21 @@ def test_a_pack_reclaimed_from_a_killed_worker_is_split_so_its_crasher_dies_alon
 
     # Then the pack is split after the first death; the healthy requests are answered, and
     # only the crasher is dead-lettered, after killing workers on its own
-    assert results(inbox, range(1, 5)) == [
-        ["ok:fine1"], "dead_letter", ["ok:fine2"], ["ok:fine3"]
-    ]
+    assert results(inbox, range(1, 5)) == [["ok:fine1"], "dead_letter", ["ok:fine2"], ["ok:fine3"]]
     assert "split into 4 entries" in worker.output()
     # and the pack's items were released once, by the entries it was split into
-    wait_until(lambda: redis_client.xlen(stream_key(prefix, "crasher-batched")) == 0,
-               "every entry acked")
+    wait_until(
+        lambda: redis_client.xlen(stream_key(prefix, "crasher-batched")) == 0, "every entry acked"
+    )
     assert int(redis_client.get(keys.queued) or 0) == BACKLOG
     broker.close()
 
 
 def test_a_pack_dead_lettered_whole_is_replayed_request_by_request(
-    start_worker: StartWorker, redis_client: redis.Redis, redis_url: str, prefix: str,
+    start_worker: StartWorker,
+    redis_client: redis.Redis,
+    redis_url: str,
+    prefix: str,
 ) -> None:
     # Given a pack of three requests that a worker older than packs dead-lettered whole (to it,
     # an entry with no 'h' field), as running both versions during an upgrade leaves it
@@ -204,18 +222,31 @@ def test_a_pack_dead_lettered_whole_is_replayed_request_by_request(
     redis_client.xdel(stream, entry_id)
     redis_client.decrby(keys.queued, 3)
     record = {"stream": stream, "entry_id": entry_id, "deliveries": 1, "at_ms": 0}
-    dead_id = redis_client.xadd(keys.dead, {
-        **record, "reason": "malformed entry: no 'h' field",
-        **{f"field:{name.decode()}": value for name, value in fields.items()},
-    }).decode()
+    dead_id = redis_client.xadd(
+        keys.dead,
+        {
+            **record,
+            "reason": "malformed entry: no 'h' field",
+            **{f"field:{name.decode()}": value for name, value in fields.items()},
+        },
+    ).decode()
     # and one whose pack is not a pack
-    junk_id = redis_client.xadd(keys.dead, {
-        **record, "reason": "malformed pack", "field:k": b"\x93junk", "field:a": 2,
-    }).decode()
+    junk_id = redis_client.xadd(
+        keys.dead,
+        {
+            **record,
+            "reason": "malformed pack",
+            "field:k": b"\x93junk",
+            "field:a": 2,
+        },
+    ).decode()
 
     # When a worker of this version runs and the first is replayed
-    start_worker(qs.Serving(lambda xs: [f"r:{x}" for x in xs], name="upgraded", batch_size=8,
-                            batch_timeout=0))
+    start_worker(
+        qs.Serving(
+            lambda xs: [f"r:{x}" for x in xs], name="upgraded", batch_size=8, batch_timeout=0
+        )
+    )
     letters = DeadLetters(broker, prefix, "upgraded")
     new_ids = letters.replay(dead_id)
 

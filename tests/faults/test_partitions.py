@@ -41,10 +41,22 @@ def start_worker(
         env = child_env(QS_TEST_URL=redis_url, QS_TEST_PREFIX=prefix)
         with log.open("wb") as out:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "queueserve", "worker",
-                 f"tests.support.partition_app:{spec}", "--redis-url", redis_url,
-                 "--prefix", prefix, *args],
-                cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
+                [
+                    sys.executable,
+                    "-m",
+                    "queueserve",
+                    "worker",
+                    f"tests.support.partition_app:{spec}",
+                    "--redis-url",
+                    redis_url,
+                    "--prefix",
+                    prefix,
+                    *args,
+                ],
+                cwd=REPO,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
             )
         worker = WorkerProcess(proc, log)
         started.append(worker)
@@ -72,7 +84,9 @@ def test_auto_partitions_without_cuda_is_one_cpu_partition() -> None:
 
 
 def test_two_partitions_run_batches_at_the_same_time(
-    start_worker: Callable[..., WorkerProcess], client: qs.Client, redis_client: redis.Redis,
+    start_worker: Callable[..., WorkerProcess],
+    client: qs.Client,
+    redis_client: redis.Redis,
     prefix: str,
 ) -> None:
     # Given a worker with two partitions whose batches each wait until two batches have
@@ -94,14 +108,18 @@ def test_two_partitions_run_batches_at_the_same_time(
     # and two batches in two different processes ran during overlapping time windows
     windows = [w.split(":") for w in _texts(redis_client, f"{prefix}:rec:windows")]
     overlapping = [
-        (a, b) for a in windows for b in windows
+        (a, b)
+        for a in windows
+        for b in windows
         if a[0] != b[0] and float(a[2]) < float(b[3]) and float(b[2]) < float(a[3])
     ]
     assert overlapping, windows
 
 
 def test_a_dead_partition_is_restarted_and_a_crash_loop_stops_the_worker(
-    start_worker: Callable[..., WorkerProcess], client: qs.Client, redis_client: redis.Redis,
+    start_worker: Callable[..., WorkerProcess],
+    client: qs.Client,
+    redis_client: redis.Redis,
     prefix: str,
 ) -> None:
     worker = start_worker("Unstable", "--partitions", "1", "--max-restarts", "2")
@@ -126,7 +144,8 @@ def test_a_dead_partition_is_restarted_and_a_crash_loop_stops_the_worker(
 
 
 def test_a_partition_killed_inside_a_batch_is_restarted_without_counting_a_crash(
-    start_worker: Callable[..., WorkerProcess], client: qs.Client,
+    start_worker: Callable[..., WorkerProcess],
+    client: qs.Client,
 ) -> None:
     # Given a worker that tolerates one crash in the window
     worker = start_worker("Crashy", "--partitions", "1", "--max-restarts", "1")
@@ -135,15 +154,19 @@ def test_a_partition_killed_inside_a_batch_is_restarted_without_counting_a_crash
     # When an item kills the partition process from inside the batch function, twice or more
     for deaths in (1, 2):
         client.submit("crashy", [-1])
-        wait_until(lambda n=deaths: worker.output().count("died while running a batch") >= n,
-                   "the death to be charged to the batch")
+        wait_until(
+            lambda n=deaths: worker.output().count("died while running a batch") >= n,
+            "the death to be charged to the batch",
+        )
         # Then the partition is restarted and serves, the worker still up
         assert client.dispatch("crashy", 5, timeout=60) == 6
     assert worker.proc.poll() is None
 
 
 def test_sigterm_mid_batch_answers_the_running_batch_and_leaves_the_queue_to_the_next_worker(
-    start_worker: Callable[..., WorkerProcess], client: qs.Client, redis_client: redis.Redis,
+    start_worker: Callable[..., WorkerProcess],
+    client: qs.Client,
+    redis_client: redis.Redis,
     prefix: str,
 ) -> None:
     # Given a worker in the middle of a batch, with more requests queued behind it
@@ -181,7 +204,8 @@ def test_sigterm_mid_batch_answers_the_running_batch_and_leaves_the_queue_to_the
     resolve_partitions("auto")[1] != "cuda", reason="needs a CUDA device (run on a GPU machine)"
 )
 def test_partitions_are_bound_to_their_cuda_device(
-    start_worker: Callable[..., WorkerProcess], client: qs.Client,
+    start_worker: Callable[..., WorkerProcess],
+    client: qs.Client,
 ) -> None:
     count, _ = resolve_partitions("auto")
     start_worker("Device", "--partitions", "auto")
@@ -191,7 +215,9 @@ def test_partitions_are_bound_to_their_cuda_device(
 
 
 def test_partitions_exit_when_their_supervisor_is_killed(
-    start_worker: Callable[..., WorkerProcess], client: qs.Client, redis_client: redis.Redis,
+    start_worker: Callable[..., WorkerProcess],
+    client: qs.Client,
+    redis_client: redis.Redis,
     prefix: str,
 ) -> None:
     # Given a worker whose partition is still loading its model
@@ -209,7 +235,9 @@ def test_partitions_exit_when_their_supervisor_is_killed(
 
 
 def test_a_dead_partitions_consumer_leaves_the_live_set_at_once(
-    start_worker: Callable[..., WorkerProcess], redis_client: redis.Redis, prefix: str,
+    start_worker: Callable[..., WorkerProcess],
+    redis_client: redis.Redis,
+    prefix: str,
 ) -> None:
     # Given a serving partition, live in the serving's worker set
     start_worker("Recording", "--partitions", "1")
@@ -235,12 +263,16 @@ def _members(r: redis.Redis, key: str) -> list[str]:
 
 
 def test_partition_sees_its_supervisor_die_even_before_it_starts_serving(
-    redis_client: redis.Redis, redis_url: str, prefix: str,
+    redis_client: redis.Redis,
+    redis_url: str,
+    prefix: str,
 ) -> None:
     # Given a partition that has not reached its serve loop yet
     probe = subprocess.Popen(
         [sys.executable, "-m", "tests.support.orphan_probe", redis_url, f"{prefix}:go"],
-        cwd=REPO, env=child_env(), stdout=subprocess.PIPE,
+        cwd=REPO,
+        env=child_env(),
+        stdout=subprocess.PIPE,
     )
     assert probe.stdout is not None
     with probe.stdout:
@@ -270,7 +302,8 @@ def _is_zombie(pid: int) -> bool:
 
 
 def test_a_partition_freezes_what_setup_left_so_full_collections_skip_it(
-    start_worker: Callable[..., WorkerProcess], client: qs.Client,
+    start_worker: Callable[..., WorkerProcess],
+    client: qs.Client,
 ) -> None:
     # Given a worker process whose serving made an object in setup()
     start_worker("Heap")

@@ -72,7 +72,9 @@ def outage_logged(worker: WorkerProc) -> bool:
 
 @pytest.mark.timeout(180)
 def test_requests_accepted_before_a_redis_crash_are_answered_after_it(
-    aof_server: RedisServer, prefix: str, caplog: pytest.LogCaptureFixture,
+    aof_server: RedisServer,
+    prefix: str,
+    caplog: pytest.LogCaptureFixture,
     connect: Connect,
 ) -> None:
     caplog.set_level(logging.INFO, logger="queueserve")
@@ -89,8 +91,10 @@ def test_requests_accepted_before_a_redis_crash_are_answered_after_it(
         short = client.submit("held", ["short"], timeout=1.5)
         wait_until(lambda: requests_in(r, stream_key(prefix, "held")) == 22, "all to be accepted")
         # (and the client to have read that: Redis may write XLEN's reply before the script's)
-        wait_until(lambda: all(c.entry_id for t in [*queued, short] for c in t._each),
-                   "the client to hear they were accepted")
+        wait_until(
+            lambda: all(c.entry_id for t in [*queued, short] for c in t._each),
+            "the client to hear they were accepted",
+        )
 
         # When Redis crashes (SIGKILL), and the worker notices and says so
         aof_server.kill()
@@ -121,7 +125,9 @@ def test_requests_accepted_before_a_redis_crash_are_answered_after_it(
 
 
 def test_a_waiting_worker_logs_the_outage_and_the_recovery(
-    aof_server: RedisServer, prefix: str, connect: Connect,
+    aof_server: RedisServer,
+    prefix: str,
+    connect: Connect,
 ) -> None:
     url = aof_server.url
     workers, client = connect(url)
@@ -130,19 +136,23 @@ def test_a_waiting_worker_logs_the_outage_and_the_recovery(
 
     # When Redis restarts (keeping its data)
     aof_server.stop()
-    wait_until(lambda: "Redis unavailable" in worker.output(), "the outage log line",
-               process=worker)
+    wait_until(
+        lambda: "Redis unavailable" in worker.output(), "the outage log line", process=worker
+    )
     aof_server.start()
 
     # Then the worker says it is back, and serves
-    wait_until(lambda: "Redis is reachable again" in worker.output(), "the recovery line",
-               process=worker)
+    wait_until(
+        lambda: "Redis is reachable again" in worker.output(), "the recovery line", process=worker
+    )
     assert client.dispatch("sturdy", "x", timeout=RESULT_WAIT_S) == "r:x"
     assert "retrying" in worker.output()
 
 
 def test_a_partition_whose_start_meets_an_outage_waits_it_out_and_serves(
-    aof_server: RedisServer, prefix: str, connect: Connect,
+    aof_server: RedisServer,
+    prefix: str,
+    connect: Connect,
 ) -> None:
     url = aof_server.url
     workers, client = connect(url)
@@ -151,14 +161,18 @@ def test_a_partition_whose_start_meets_an_outage_waits_it_out_and_serves(
         # Given a worker whose partition is still loading its model (Redis answered the
         # supervisor's check already)
         worker = workers.start("late_start", url=url)
-        wait_until(lambda: "partition 0 (cpu) started" in worker.output(),
-                   "the partition process", process=worker)
+        wait_until(
+            lambda: "partition 0 (cpu) started" in worker.output(),
+            "the partition process",
+            process=worker,
+        )
 
         # When Redis is down just as the partition finishes loading and registers
         aof_server.stop()
         gate.touch()
-        wait_until(lambda: "Redis unavailable" in worker.output(), "the outage log line",
-                   process=worker)
+        wait_until(
+            lambda: "Redis unavailable" in worker.output(), "the outage log line", process=worker
+        )
         aof_server.start()
 
         # Then the partition waits the outage out instead of stopping the worker, and serves
@@ -170,7 +184,9 @@ def test_a_partition_whose_start_meets_an_outage_waits_it_out_and_serves(
 
 @pytest.mark.timeout(120)
 def test_a_worker_serves_again_after_redis_lost_its_data(
-    redis_tmp_server: RedisServer, prefix: str, connect: Connect,
+    redis_tmp_server: RedisServer,
+    prefix: str,
+    connect: Connect,
 ) -> None:
     url = redis_tmp_server.url
     workers, client = connect(url)
@@ -180,8 +196,9 @@ def test_a_worker_serves_again_after_redis_lost_its_data(
 
     # When Redis restarts empty (its streams and consumer groups are gone)
     redis_tmp_server.stop()
-    wait_until(lambda: "Redis unavailable" in worker.output(), "the outage log line",
-               process=worker)
+    wait_until(
+        lambda: "Redis unavailable" in worker.output(), "the outage log line", process=worker
+    )
     redis_tmp_server.start()
 
     # Then the worker still serves new requests
@@ -191,7 +208,9 @@ def test_a_worker_serves_again_after_redis_lost_its_data(
 
 @pytest.mark.timeout(120)
 def test_an_idle_worker_serves_on_after_redis_flushed_its_scripts(
-    redis_tmp_server: RedisServer, prefix: str, connect: Connect,
+    redis_tmp_server: RedisServer,
+    prefix: str,
+    connect: Connect,
 ) -> None:
     url = redis_tmp_server.url
     workers, client = connect(url)
@@ -215,7 +234,9 @@ def test_an_idle_worker_serves_on_after_redis_flushed_its_scripts(
 
 @pytest.mark.timeout(120)
 def test_a_busy_worker_logs_the_recovery_too(
-    aof_server: RedisServer, prefix: str, connect: Connect,
+    aof_server: RedisServer,
+    prefix: str,
+    connect: Connect,
 ) -> None:
     url = aof_server.url
     workers, client = connect(url)
@@ -227,9 +248,7 @@ def test_a_busy_worker_logs_the_recovery_too(
         running = client.submit("held", ["wait"])
         wait_until(lambda: b"wait" in r.lrange(f"{prefix}:fault:exec", 0, -1), "the batch")
         queued = [client.submit("held", [f"q{i}"]) for i in range(8)]
-        wait_until(
-            lambda: pending_requests(r, stream_key(prefix, "held")) == 9, "prefetch"
-        )
+        wait_until(lambda: pending_requests(r, stream_key(prefix, "held")) == 9, "prefetch")
 
         # When Redis restarts under it
         aof_server.stop()
@@ -241,15 +260,17 @@ def test_a_busy_worker_logs_the_recovery_too(
         del queued
 
         # Then its log says Redis is back
-        wait_until(lambda: "reachable again" in worker.output(), "the recovery log line",
-                   process=worker)
+        wait_until(
+            lambda: "reachable again" in worker.output(), "the recovery log line", process=worker
+        )
     finally:
         r.close()
 
 
 @pytest.mark.timeout(120)
 def test_a_caller_sending_while_redis_is_down_gets_an_error_at_its_deadline(
-    tmp_path: Path, prefix: str,
+    tmp_path: Path,
+    prefix: str,
 ) -> None:
     # Given a client whose Redis went away (the serving object: no lookup before the send)
     server = start_redis_server(tmp_path / "redis")
@@ -280,7 +301,9 @@ def test_a_caller_sending_while_redis_is_down_gets_an_error_at_its_deadline(
 
 @pytest.mark.timeout(180)
 def test_dropped_connections_are_ridden_out(
-    redis_tmp_server: RedisServer, prefix: str, connect: Connect,
+    redis_tmp_server: RedisServer,
+    prefix: str,
+    connect: Connect,
 ) -> None:
     url = redis_tmp_server.url
     workers, client = connect(url)

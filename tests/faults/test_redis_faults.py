@@ -66,9 +66,11 @@ class Rig:
     fault: str = ""
 
     def outage_lines(self, owner: str) -> list[str]:
-        return [r.levelname for r in self.caplog.records
-                if r.name == "queueserve.broker.retry"
-                and r.getMessage().startswith(f"{owner}:")]
+        return [
+            r.levelname
+            for r in self.caplog.records
+            if r.name == "queueserve.broker.retry" and r.getMessage().startswith(f"{owner}:")
+        ]
 
     @property
     def owners(self) -> list[str]:
@@ -97,25 +99,33 @@ class Rig:
         runs = Counter(self.serving.items_run)
         duplicated = sum(n > 1 for n in runs.values())
         sent = len(self.load.tickets)
-        print(f"\n{self.fault}: sent {sent}, answered {answered}, lost {sent - answered}, "
-              f"run twice {duplicated}; threads alive: {all(self.threads().values())}")
+        print(
+            f"\n{self.fault}: sent {sent}, answered {answered}, lost {sent - answered}, "
+            f"run twice {duplicated}; threads alive: {all(self.threads().values())}"
+        )
         assert answered == sent
         assert sorted(runs) == sorted(item for item, _ in self.load.tickets)
         assert duplicated == 0
         assert all(self.threads().values()), self.threads()
         for owner in self.owners:  # the last of an owner's loops to recover says it ended
-            wait_until(lambda o=owner: self.outage_lines(o) != ["WARNING"],
-                       f"{owner} to log the end of the outage", timeout=30)
+            wait_until(
+                lambda o=owner: self.outage_lines(o) != ["WARNING"],
+                f"{owner} to log the end of the outage",
+                timeout=30,
+            )
             # one line as an outage begins and one as it ends; a flip may show as two short
             # outages (a role change also unblocks reads), never as a storm of lines
             lines = self.outage_lines(owner)
             assert lines in (["WARNING", "INFO"], ["WARNING", "INFO"] * 2), (
-                owner, self.caplog.text)
+                owner,
+                self.caplog.text,
+            )
 
 
 @pytest.fixture
-def rig(redis_tmp_server: RedisServer, prefix: str,
-        caplog: pytest.LogCaptureFixture) -> Iterator[Rig]:
+def rig(
+    redis_tmp_server: RedisServer, prefix: str, caplog: pytest.LogCaptureFixture
+) -> Iterator[Rig]:
     caplog.set_level(logging.INFO, logger="queueserve")
     url = redis_tmp_server.url
     serving = Recording(tag_items, name="tag", batch_size=16, batch_timeout=0.002)

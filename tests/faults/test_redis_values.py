@@ -48,12 +48,19 @@ def answered(client: qs.Client, serving: qs.Serving | str) -> int:
 def cli(redis_url: str, prefix: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "queueserve", *args, "--redis-url", redis_url, "--prefix", prefix],
-        cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=WAIT_S,
+        cwd=REPO,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=WAIT_S,
     )
 
 
 def cancel_a_prefetched_request(
-    worker: qs.Worker, serving: Recording, client: qs.Client, pending: Callable[..., int],
+    worker: qs.Worker,
+    serving: Recording,
+    client: qs.Client,
+    pending: Callable[..., int],
     batch_key: str = "default",
 ) -> None:
     """Given a worker running one gated batch and holding a second request (of ``batch_key``)
@@ -61,9 +68,14 @@ def cancel_a_prefetched_request(
     running = client.submit(serving, ["running"])
     wait_until(lambda: serving.batches, "the first batch to start")
     prefetched = client.submit(serving, ["prefetched"], batch_key=batch_key)
-    wait_until(lambda: pending(serving.name) == 1 and pending(serving.name, batch_key) == 1
-               if batch_key != "default" else pending(serving.name) == 2,
-               "the worker to read the second request ahead")
+    wait_until(
+        lambda: (
+            pending(serving.name) == 1 and pending(serving.name, batch_key) == 1
+            if batch_key != "default"
+            else pending(serving.name) == 2
+        ),
+        "the worker to read the second request ahead",
+    )
     assert prefetched.cancel() is False  # read already: the worker is told on pub/sub
     runner = worker._host.runners[0]  # type: ignore[union-attr]
     wait_until(lambda: len(runner.ledger.cancelled) == 1, "the worker to learn of the cancel")
@@ -77,8 +89,12 @@ def cancel_a_prefetched_request(
 
 # --- the cancel channel -----------------------------------------------------------------------
 def test_junk_on_the_cancel_channel_is_ignored_and_cancels_still_work(
-    start_worker: StartWorker, client: qs.Client, redis_client: redis.Redis, prefix: str,
-    pending: Callable[..., int], caplog: pytest.LogCaptureFixture,
+    start_worker: StartWorker,
+    client: qs.Client,
+    redis_client: redis.Redis,
+    prefix: str,
+    pending: Callable[..., int],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     # Given a worker listening on its cancel channel
     serving = Recording(name="junkcancel", batch_size=1, batch_timeout=0, gated=True)
@@ -88,8 +104,14 @@ def test_junk_on_the_cancel_channel_is_ignored_and_cancels_still_work(
 
     # When anyone publishes what is not a cancel of one of its entries
     stream = stream_key(prefix, "junkcancel")
-    junk = [b"\xff\xfe\n1-1", b"no separator", b"\n", b"\xc3(" * 50_000 + b"\n2-2",
-            f"{prefix}:{{other}}:in:default\n1-1".encode(), f"{stream}\nnot-an-id".encode()]
+    junk = [
+        b"\xff\xfe\n1-1",
+        b"no separator",
+        b"\n",
+        b"\xc3(" * 50_000 + b"\n2-2",
+        f"{prefix}:{{other}}:in:default\n1-1".encode(),
+        f"{stream}\nnot-an-id".encode(),
+    ]
     with caplog.at_level(logging.WARNING, logger="queueserve"):
         for message in junk:
             assert redis_client.publish(channel, message) == 1
@@ -103,7 +125,9 @@ def test_junk_on_the_cancel_channel_is_ignored_and_cancels_still_work(
 
 
 def test_a_batch_key_holding_a_newline_is_cancelled_like_any_other(
-    start_worker: StartWorker, client: qs.Client, pending: Callable[..., int],
+    start_worker: StartWorker,
+    client: qs.Client,
+    pending: Callable[..., int],
 ) -> None:
     # Given a request read ahead under a batch key that holds the cancel format's separator,
     # when it is cancelled, then it never runs (it used to run: the worker split the message
@@ -122,11 +146,17 @@ BAD_CONFIG = [
 ]
 
 
-@pytest.mark.parametrize(("option", "value", "message"), BAD_CONFIG,
-                         ids=[c[0] for c in BAD_CONFIG])
+@pytest.mark.parametrize(("option", "value", "message"), BAD_CONFIG, ids=[c[0] for c in BAD_CONFIG])
 def test_a_stored_config_value_a_worker_refuses_is_logged_and_ignored_and_config_set_refuses_it(
-    start_worker: StartWorker, client: qs.Client, redis_client: redis.Redis, redis_url: str,
-    prefix: str, caplog: pytest.LogCaptureFixture, option: str, value: str, message: str,
+    start_worker: StartWorker,
+    client: qs.Client,
+    redis_client: redis.Redis,
+    redis_url: str,
+    prefix: str,
+    caplog: pytest.LogCaptureFixture,
+    option: str,
+    value: str,
+    message: str,
 ) -> None:
     # Given a value written straight into the serving's config hash, beside a good one, before
     # its workers start (it stays there: every worker that starts reads it)
@@ -139,7 +169,8 @@ def test_a_stored_config_value_a_worker_refuses_is_logged_and_ignored_and_config
         worker = start_worker(serving)
         refused = wait_until(
             lambda: [r.getMessage() for r in caplog.records if "ignored" in r.getMessage()],
-            "the worker to say it ignored the value")
+            "the worker to say it ignored the value",
+        )
 
     # Then it says which value it ignored and why, applies the good one, and answers every
     # call with every thread alive (batch_timeout overflowed Condition.wait, key_idle_ttl the
@@ -159,7 +190,10 @@ def test_a_stored_config_value_a_worker_refuses_is_logged_and_ignored_and_config
 
 
 def test_a_config_field_that_is_not_utf8_is_ignored(
-    start_worker: StartWorker, client: qs.Client, redis_client: redis.Redis, prefix: str,
+    start_worker: StartWorker,
+    client: qs.Client,
+    redis_client: redis.Redis,
+    prefix: str,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     serving = Recording(name="binconf", batch_size=4, batch_timeout=0.005)
@@ -167,10 +201,13 @@ def test_a_config_field_that_is_not_utf8_is_ignored(
     assert client.dispatch(serving, "before", timeout=WAIT_S) == "before"
     # When a running worker's config hash gets bytes that are not UTF-8, in a value and a name
     with caplog.at_level(logging.WARNING, logger="queueserve"):
-        redis_client.hset(f"{prefix}:{{binconf}}:config",
-                          mapping={"batch_size": b"\xff\xfe", b"\xc3(": b"1"})
-        wait_until(lambda: sum("ignored" in r.getMessage() for r in caplog.records) == 2,
-                   "the worker to say it ignored both fields")
+        redis_client.hset(
+            f"{prefix}:{{binconf}}:config", mapping={"batch_size": b"\xff\xfe", b"\xc3(": b"1"}
+        )
+        wait_until(
+            lambda: sum("ignored" in r.getMessage() for r in caplog.records) == 2,
+            "the worker to say it ignored both fields",
+        )
     # Then it serves on (the read used to raise UnicodeDecodeError on the reader thread)
     assert answered(client, serving) == REQUESTS
     assert threads_alive(worker)
@@ -189,8 +226,13 @@ BAD_META = [
 
 @pytest.mark.parametrize(("field", "value"), BAD_META, ids=[f"{f}={v!r}" for f, v in BAD_META])
 def test_a_forged_meta_field_does_not_stop_clients_that_name_the_serving(
-    start_worker: StartWorker, redis_client: redis.Redis, redis_url: str, prefix: str,
-    caplog: pytest.LogCaptureFixture, field: str, value: str | bytes,
+    start_worker: StartWorker,
+    redis_client: redis.Redis,
+    redis_url: str,
+    prefix: str,
+    caplog: pytest.LogCaptureFixture,
+    field: str,
+    value: str | bytes,
 ) -> None:
     # Given a worker that declared its serving, one shard
     serving = Recording(name="forged", batch_size=4, batch_timeout=0.005)
@@ -200,8 +242,10 @@ def test_a_forged_meta_field_does_not_stop_clients_that_name_the_serving(
 
     # When one write changes a field of its meta hash, and a new client names the serving
     redis_client.hset(meta, field, value)
-    with caplog.at_level(logging.WARNING, logger="queueserve"), \
-            qs.Client(redis_url, prefix=prefix) as client:
+    with (
+        caplog.at_level(logging.WARNING, logger="queueserve"),
+        qs.Client(redis_url, prefix=prefix) as client,
+    ):
         # Then every call is answered, and the client says what it ignored
         assert answered(client, "forged") == REQUESTS
     assert threads_alive(worker)
@@ -210,13 +254,17 @@ def test_a_forged_meta_field_does_not_stop_clients_that_name_the_serving(
 
 
 def test_shards_declared_by_the_workers_are_used(
-    start_worker: StartWorker, redis_url: str, prefix: str, redis_client: redis.Redis,
+    start_worker: StartWorker,
+    redis_url: str,
+    prefix: str,
+    redis_client: redis.Redis,
 ) -> None:
     # Given a serving of three shards (the count declared on shard 0 and on the last shard)
     serving = Recording(name="sharded", batch_size=4, batch_timeout=0.005, shards=3)
     start_worker(serving)
-    wait_until(lambda: redis_client.hget(f"{prefix}:{{sharded}}:meta", "shards") == b"3",
-               "the declaration")
+    wait_until(
+        lambda: redis_client.hget(f"{prefix}:{{sharded}}:meta", "shards") == b"3", "the declaration"
+    )
     # When a client names it, then its calls spread over the three shards
     with qs.Client(redis_url, prefix=prefix) as client:
         assert answered(client, "sharded") == REQUESTS
@@ -227,7 +275,8 @@ def test_shards_declared_by_the_workers_are_used(
 # --- prefixes and URLs ------------------------------------------------------------------------
 @pytest.mark.parametrize("bad", ["a:b", "x{y}", "sp ace", "nl\n"])
 def test_a_prefix_is_checked_alike_in_the_environment_the_client_and_the_worker(
-    redis_url: str, bad: str,
+    redis_url: str,
+    bad: str,
 ) -> None:
     serving = Recording(name="pfx")
     with pytest.raises(ValueError, match="is not a key namespace") as env_error:
@@ -242,7 +291,10 @@ def test_a_prefix_is_checked_alike_in_the_environment_the_client_and_the_worker(
 
 @pytest.mark.parametrize("mark", ["/", "?", "#"])
 def test_a_password_with_an_unencoded_separator_is_never_shown_and_the_error_says_to_encode_it(
-    redis_client: redis.Redis, prefix: str, mark: str, monkeypatch: pytest.MonkeyPatch,
+    redis_client: redis.Redis,
+    prefix: str,
+    mark: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Given a password holding '/', '?' or '#', written into a URL as it is (with a user
     # name: without one, such a URL names the default localhost:6379, which a test must
@@ -252,9 +304,24 @@ def test_a_password_with_an_unencoded_separator_is_never_shown_and_the_error_say
     url = f"redis://app:{secret}@127.0.0.1:{port}/0"
     # When a worker is started with it
     done = subprocess.run(
-        [sys.executable, "-m", "queueserve", "worker", "tests.support.fault_app:sturdy",
-         "--redis-url", url, "--prefix", prefix, "--log-level", "info"],
-        cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=WAIT_S,
+        [
+            sys.executable,
+            "-m",
+            "queueserve",
+            "worker",
+            "tests.support.fault_app:sturdy",
+            "--redis-url",
+            url,
+            "--prefix",
+            prefix,
+            "--log-level",
+            "info",
+        ],
+        cwd=REPO,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=WAIT_S,
     )
     # Then it refuses at once, saying to percent-encode, and no part of the password is shown
     output = done.stdout + done.stderr
@@ -271,7 +338,10 @@ def test_a_password_with_an_unencoded_separator_is_never_shown_and_the_error_say
 
 
 def test_a_cancel_listener_thread_of_a_worker_survives_a_flood_of_junk(
-    start_worker: StartWorker, client: qs.Client, redis_client: redis.Redis, prefix: str,
+    start_worker: StartWorker,
+    client: qs.Client,
+    redis_client: redis.Redis,
+    prefix: str,
 ) -> None:
     # Given a worker, when 12,000 cancels of entries it does not hold reach its cancel channel
     # from four publishers
@@ -295,15 +365,19 @@ def test_a_cancel_listener_thread_of_a_worker_survives_a_flood_of_junk(
     redis_client.publish(channel, f"{stream}\n9-9".encode())  # heard after all the others
     # Then it serves on, and what it keeps of cancels for entries it does not hold is bounded
     runner = worker._host.runners[0]  # type: ignore[union-attr]
-    wait_until(lambda: (stream, b"9-9") in runner.ledger.recent_cancels,
-               "the worker to hear them all")
+    wait_until(
+        lambda: (stream, b"9-9") in runner.ledger.recent_cancels, "the worker to hear them all"
+    )
     assert len(runner.ledger.recent_cancels) == 10_000
     assert answered(client, serving) == REQUESTS
     assert threads_alive(worker)
 
 
 def test_a_forged_shard_count_does_not_stop_async_clients_either(
-    start_worker: StartWorker, redis_client: redis.Redis, redis_url: str, prefix: str,
+    start_worker: StartWorker,
+    redis_client: redis.Redis,
+    redis_url: str,
+    prefix: str,
 ) -> None:
     # Given a worker of one shard and a forged shard count in its meta hash
     serving = Recording(name="aforged", batch_size=4, batch_timeout=0.005)
@@ -315,27 +389,35 @@ def test_a_forged_shard_count_does_not_stop_async_clients_either(
     # When an AsyncClient names the serving, then every call is answered
     async def main() -> list[object]:
         async with qs.AsyncClient(redis_url, prefix=prefix) as client:
-            return list(await asyncio.gather(*(
-                client.dispatch("aforged", i, timeout=WAIT_S) for i in range(REQUESTS))))
+            return list(
+                await asyncio.gather(
+                    *(client.dispatch("aforged", i, timeout=WAIT_S) for i in range(REQUESTS))
+                )
+            )
 
     assert asyncio.run(main()) == list(range(REQUESTS))
 
 
 def test_a_refused_value_is_logged_once_however_often_it_is_read(
-    prefix: str, caplog: pytest.LogCaptureFixture,
+    prefix: str,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     # A client reads the meta hash of a serving no worker declared yet on every call
     keys = Keys(prefix, "often")
     with caplog.at_level(logging.WARNING, logger="queueserve"):
         for _ in range(100):
             assert parse_declared({"max_payload_bytes": "abc", "batch_size": "8"}, keys) == {
-                "batch_size": 8}
+                "batch_size": 8
+            }
     assert sum("ignored" in r.getMessage() for r in caplog.records) == 1
 
 
 # --- numbers in hashes and sets that stats and metrics read -------------------------------------
 def test_digits_that_int_refuses_in_depth_and_ready_do_not_break_stats_or_queue_gauges(
-    start_worker: StartWorker, redis_client: redis.Redis, redis_url: str, prefix: str,
+    start_worker: StartWorker,
+    redis_client: redis.Redis,
+    redis_url: str,
+    prefix: str,
 ) -> None:
     # Given a declared serving whose depth hash and ready set hold what str.isdigit() takes
     # but int() refuses: a superscript two, and 5,000 nines

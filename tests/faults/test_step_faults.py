@@ -25,7 +25,8 @@ StartWorker = Callable[..., qs.Worker]
 
 
 def test_prompt_tokens_that_cannot_key_the_cache_get_bad_request_and_the_neighbour_runs_on(
-    start_worker: StartWorker, client: qs.Client,
+    start_worker: StartWorker,
+    client: qs.Client,
 ) -> None:
     # Given a step serving with a prefix cache, a request generating (held at the gate)
     serving = Count(max_slots=4, prefix_cache_bytes=4096)
@@ -41,7 +42,8 @@ def test_prompt_tokens_that_cannot_key_the_cache_get_bad_request_and_the_neighbo
     assert "return a sequence of hashable tokens" in str(raised.value)
     # and the request beside it, and those after it, run on
     assert client.dispatch("count", {"n": 2, "prompt": "abcd"}, timeout=30) == expected(
-        {"n": 2, "prompt": "abcd"})
+        {"n": 2, "prompt": "abcd"}
+    )
     assert not neighbour.finished.is_set()
     serving.gate.set()
     neighbour.join()
@@ -50,17 +52,36 @@ def test_prompt_tokens_that_cannot_key_the_cache_get_bad_request_and_the_neighbo
 
 def _config_set(redis_url: str, prefix: str, *assignments: str) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "queueserve", "config", "set", "count", *assignments,
-         "--redis-url", redis_url, "--prefix", prefix],
-        cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            "-m",
+            "queueserve",
+            "config",
+            "set",
+            "count",
+            *assignments,
+            "--redis-url",
+            redis_url,
+            "--prefix",
+            prefix,
+        ],
+        cwd=REPO,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert done.returncode == 0, done.stderr
 
 
 @pytest.mark.parametrize("streamed", [False, True], ids=["raw", "streamed"])
 def test_slots_shrunk_under_a_waiting_request_split_or_refuse_it_and_the_line_moves(
-    start_worker: StartWorker, client: qs.Client, redis_url: str, prefix: str,
-    pending: Callable[..., int], streamed: bool,
+    start_worker: StartWorker,
+    client: qs.Client,
+    redis_url: str,
+    prefix: str,
+    pending: Callable[..., int],
+    streamed: bool,
 ) -> None:
     # Given 4 slots, one taken by a request generating until the gate opens, and waiting
     # behind it a request of 4 items, raw (splittable) or streamed (it runs whole)
@@ -98,15 +119,32 @@ def test_slots_shrunk_under_a_waiting_request_split_or_refuse_it_and_the_line_mo
 @pytest.mark.parametrize("fault", ["SIGKILL", "SIGSTOP"])
 @pytest.mark.parametrize("spec", ["sampled", "sampled_result", "sampled_batch"])
 def test_a_replayed_sampling_generation_restarts_the_stream_which_adds_up_to_the_answer(
-    redis_url: str, prefix: str, client: qs.Client, redis_client: redis.Redis, tmp_path: Path,
-    fault: str, spec: str,
+    redis_url: str,
+    prefix: str,
+    client: qs.Client,
+    redis_client: redis.Redis,
+    tmp_path: Path,
+    fault: str,
+    spec: str,
 ) -> None:
     # Given two workers serving a sampling step serving (each run of a request says
     # something else; or a generator batch serving that samples), and a caller streaming a
     # long generation
     workers = [
-        WorkerProc([f"tests.support.step_app:{spec}", "--redis-url", redis_url, "--prefix",
-                    prefix, "--partitions", "1"], redis_url, prefix, tmp_path / f"w{i}.log")
+        WorkerProc(
+            [
+                f"tests.support.step_app:{spec}",
+                "--redis-url",
+                redis_url,
+                "--prefix",
+                prefix,
+                "--partitions",
+                "1",
+            ],
+            redis_url,
+            prefix,
+            tmp_path / f"w{i}.log",
+        )
         for i in range(2)
     ]
     name = spec.replace("_", "-")
@@ -125,8 +163,10 @@ def test_a_replayed_sampling_generation_restarts_the_stream_which_adds_up_to_the
         else:
             os.kill(pid, signal.SIGSTOP)
             try:
-                wait_until(lambda: int(redis_client.get(f"{prefix}:steps:pid") or 0) != pid,
-                           "another partition to run the request again")
+                wait_until(
+                    lambda: int(redis_client.get(f"{prefix}:steps:pid") or 0) != pid,
+                    "another partition to run the request again",
+                )
             finally:
                 os.kill(pid, signal.SIGCONT)
         events = caller.join()
@@ -139,7 +179,7 @@ def test_a_replayed_sampling_generation_restarts_the_stream_which_adds_up_to_the
             assert kept == [f"{seed}:{i}" for i in range(60)], kept
         else:  # the answer is the final Output
             *steps, answer = kept
-            assert steps == answer["outputs"][:len(steps)], (steps, answer)
+            assert steps == answer["outputs"][: len(steps)], (steps, answer)
             assert answer["outputs"] == [f"{answer['seed']}:{i}" for i in range(60)]
     finally:
         for w in workers:

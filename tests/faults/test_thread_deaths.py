@@ -28,28 +28,50 @@ from tests.support.thread_app import Plain
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize(("serving", "broken", "thread", "item", "answer"), [
-    # the reader dies while an idle executor holds its lent blocking read
-    ("plain", "reader", r"reader", 3, [6]),
-    # the reply of a request's batch raises (on the replier, or on the idle executor that
-    # sends its own reply): that request is held by the dying partition
-    ("plain", "reply", r"(replier|executor0)", 3, [6]),
-    ("plain", "heartbeat", r"heartbeat", 3, [6]),
-    # the cancel listener dies on the next message of its channel
-    ("plain", "cancels", r"cancels", 3, [6]),
-    # a step serving's executor dies with a request taken in
-    ("steps", "stepper", r"stepper", {"n": 3}, [expected({"n": 3})]),
-])
+@pytest.mark.parametrize(
+    ("serving", "broken", "thread", "item", "answer"),
+    [
+        # the reader dies while an idle executor holds its lent blocking read
+        ("plain", "reader", r"reader", 3, [6]),
+        # the reply of a request's batch raises (on the replier, or on the idle executor that
+        # sends its own reply): that request is held by the dying partition
+        ("plain", "reply", r"(replier|executor0)", 3, [6]),
+        ("plain", "heartbeat", r"heartbeat", 3, [6]),
+        # the cancel listener dies on the next message of its channel
+        ("plain", "cancels", r"cancels", 3, [6]),
+        # a step serving's executor dies with a request taken in
+        ("steps", "stepper", r"stepper", {"n": 3}, [expected({"n": 3})]),
+    ],
+)
 def test_a_thread_that_dies_of_a_bug_ends_its_partition_which_is_restarted_and_answers(
-    redis_url: str, prefix: str, client: qs.Client, redis_client: redis.Redis, tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch, serving: str, broken: str, thread: str, item: object,
+    redis_url: str,
+    prefix: str,
+    client: qs.Client,
+    redis_client: redis.Redis,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    serving: str,
+    broken: str,
+    thread: str,
+    item: object,
     answer: object,
 ) -> None:
     # Given a worker whose partition will break its `broken` thread once told, warmed up
     monkeypatch.setenv("QS_TEST_BREAK", broken)
-    worker = WorkerProc([f"tests.support.thread_app:{serving}", "--redis-url", redis_url,
-                         "--prefix", prefix, "--partitions", "1"], redis_url, prefix,
-                        tmp_path / "worker.log")
+    worker = WorkerProc(
+        [
+            f"tests.support.thread_app:{serving}",
+            "--redis-url",
+            redis_url,
+            "--prefix",
+            prefix,
+            "--partitions",
+            "1",
+        ],
+        redis_url,
+        prefix,
+        tmp_path / "worker.log",
+    )
     try:
         first = serving_consumer(redis_client, prefix, serving, worker)
         [pid] = worker.partition_pids()
@@ -76,7 +98,8 @@ def test_a_thread_that_dies_of_a_bug_ends_its_partition_which_is_restarted_and_a
 
 
 def test_an_in_process_worker_whose_thread_died_stops_and_its_work_goes_to_another(
-    start_worker: Callable[..., qs.Worker], client: qs.Client,
+    start_worker: Callable[..., qs.Worker],
+    client: qs.Client,
 ) -> None:
     # Given a worker started in this process (Worker.start(): it cannot exit for its
     # partition), whose reply path raises: the thread sending a reply dies, a request held

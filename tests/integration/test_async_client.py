@@ -21,8 +21,7 @@ from tests.support.servings import Recording, tag_items
 StartWorker = Callable[..., qs.Worker]
 
 
-def run(coro: Callable[[qs.AsyncClient], Coroutine[Any, Any, Any]], url: str,
-        prefix: str) -> Any:
+def run(coro: Callable[[qs.AsyncClient], Coroutine[Any, Any, Any]], url: str, prefix: str) -> Any:
     async def main() -> Any:
         async with qs.AsyncClient(url, prefix=prefix) as client:
             return await coro(client)
@@ -31,9 +30,12 @@ def run(coro: Callable[[qs.AsyncClient], Coroutine[Any, Any, Any]], url: str,
 
 
 def outage_lines(caplog: pytest.LogCaptureFixture, owner: str) -> list[str]:
-    return [r.levelname for r in caplog.records
-            if r.name == "queueserve.broker.retry"
-            and r.getMessage().startswith(f"queueserve client {owner}:")]
+    return [
+        r.levelname
+        for r in caplog.records
+        if r.name == "queueserve.broker.retry"
+        and r.getMessage().startswith(f"queueserve client {owner}:")
+    ]
 
 
 def test_dispatch_submit_map_and_errors(
@@ -81,7 +83,10 @@ def test_remote_errors_raise_or_come_back_per_item(
 
 
 def test_cancel_withdraws_a_queued_request_that_then_never_runs(
-    start_worker: StartWorker, redis_url: str, prefix: str, pending: Callable[..., int],
+    start_worker: StartWorker,
+    redis_url: str,
+    prefix: str,
+    pending: Callable[..., int],
 ) -> None:
     # Given an executor busy with a gated batch, one request read ahead of it and one queued
     serving = Recording(name="held", batch_size=1, batch_timeout=0, gated=True)
@@ -101,8 +106,12 @@ def test_cancel_withdraws_a_queued_request_that_then_never_runs(
             await queued.result()
         serving.release()
         done = [await blocker.result(), await read_ahead.result()]
-        return {"never_runs": never_runs, "again": await queued.cancel(),
-                "after_done": await blocker.cancel(), "done": done}
+        return {
+            "never_runs": never_runs,
+            "again": await queued.cancel(),
+            "after_done": await blocker.cancel(),
+            "done": done,
+        }
 
     got = run(use, redis_url, prefix)
     # Then it is withdrawn, its caller gets Cancelled, and the worker never runs it
@@ -152,7 +161,10 @@ def test_a_cancelled_wait_leaves_the_ticket_to_be_awaited_again(
 
 
 def test_an_unblocked_inbox_read_does_not_end_the_reader(
-    start_worker: StartWorker, redis_url: str, redis_client: redis.Redis, prefix: str,
+    start_worker: StartWorker,
+    redis_url: str,
+    redis_client: redis.Redis,
+    prefix: str,
 ) -> None:
     serving = Recording(tag_items, name="tag", batch_size=8, batch_timeout=0.005)
     start_worker(serving)
@@ -173,7 +185,9 @@ def test_an_unblocked_inbox_read_does_not_end_the_reader(
 
 @pytest.mark.timeout(120)
 def test_the_client_rides_out_a_redis_restart_and_logs_it_once(
-    start_worker: Any, redis_tmp_server: RedisServer, prefix: str,
+    start_worker: Any,
+    redis_tmp_server: RedisServer,
+    prefix: str,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO, logger="queueserve")
@@ -181,6 +195,7 @@ def test_the_client_rides_out_a_redis_restart_and_logs_it_once(
     serving = Recording(tag_items, name="tag", batch_size=8, batch_timeout=0.005)
     worker = qs.Worker([serving], redis_url=url, prefix=prefix, handle_signals=False).start()
     try:
+
         async def use(client: qs.AsyncClient) -> tuple[str, list[Any]]:
             assert await client.dispatch(serving, "before", timeout=30) == "r:before"
             # When Redis goes away (and comes back without its data) while requests are sent
@@ -190,7 +205,8 @@ def test_the_client_rides_out_a_redis_restart_and_logs_it_once(
                 for i in range(5)
             ]
             await asyncio.to_thread(
-                wait_until, lambda: "WARNING" in outage_lines(caplog, client.client_id),
+                wait_until,
+                lambda: "WARNING" in outage_lines(caplog, client.client_id),
                 "the client to log the outage",
             )
             redis_tmp_server.start()

@@ -55,7 +55,10 @@ def slow_tags(items: list[Any]) -> list[str]:
 
 
 def test_an_idle_key_is_never_read_while_another_key_works(
-    start_worker: Any, client: qs.Client, redis_client: redis.Redis, prefix: str,
+    start_worker: Any,
+    client: qs.Client,
+    redis_client: redis.Redis,
+    prefix: str,
     redis_url: str,
 ) -> None:
     # Given a worker that served one request on key "a", which then stays idle
@@ -114,11 +117,15 @@ def test_priorities_order_work_under_backlog(
     low = [client.submit(serving, [f"p0-{i}"] * 2) for i in range(30)]
     # When priority 9 and priority 5 requests come after it, on the same key and another one
     high = [client.submit(serving, [f"p9-{i}"] * 2, priority=9) for i in range(3)]
-    mid = [client.submit(serving, [f"p5-{i}"] * 2, batch_key="other", priority=5)
-           for i in range(3)]
+    mid = [client.submit(serving, [f"p5-{i}"] * 2, batch_key="other", priority=5) for i in range(3)]
     keys = Keys(prefix, "prio")
-    wait_until(lambda: redis_client.xlen(keys.stream("default", 9)) == 3
-               and redis_client.xlen(keys.stream("other", 5)) == 3, "all enqueued")
+    wait_until(
+        lambda: (
+            redis_client.xlen(keys.stream("default", 9)) == 3
+            and redis_client.xlen(keys.stream("other", 5)) == 3
+        ),
+        "all enqueued",
+    )
     serving.release()
     for ticket in low + high + mid:
         ticket.result(RESULT_WAIT_S)
@@ -141,10 +148,15 @@ def test_a_batch_never_mixes_keys_but_may_mix_priorities_of_one_key(
 ) -> None:
     serving = Recording(tag_items, name="mix", batch_size=4, batch_timeout=3600.0)
     start_worker(serving)
-    tickets = [client.submit(serving, ["low"], priority=0), client.submit(serving, ["x"],
-               batch_key="x", priority=9), client.submit(serving, ["hi"], priority=9)]
-    tickets += [client.submit(serving, ["low2", "low3"], priority=1),
-                client.submit(serving, ["x2", "x3", "x4"], batch_key="x")]
+    tickets = [
+        client.submit(serving, ["low"], priority=0),
+        client.submit(serving, ["x"], batch_key="x", priority=9),
+        client.submit(serving, ["hi"], priority=9),
+    ]
+    tickets += [
+        client.submit(serving, ["low2", "low3"], priority=1),
+        client.submit(serving, ["x2", "x3", "x4"], batch_key="x"),
+    ]
     for ticket in tickets:
         ticket.result(RESULT_WAIT_S)
     batches = {key: items for key, items in serving.batches}
@@ -154,12 +166,16 @@ def test_a_batch_never_mixes_keys_but_may_mix_priorities_of_one_key(
 
 
 def test_a_forgotten_key_is_picked_up_again_when_it_gets_traffic(
-    start_worker: Any, client: qs.Client, redis_client: redis.Redis, prefix: str,
+    start_worker: Any,
+    client: qs.Client,
+    redis_client: redis.Redis,
+    prefix: str,
     redis_url: str,
 ) -> None:
     # Given a serving that forgets keys idle for 200 ms, and one request on key "gone"
-    serving = Recording(tag_items, name="forget", batch_size=4, batch_timeout=0,
-                        key_idle_ttl="200ms")
+    serving = Recording(
+        tag_items, name="forget", batch_size=4, batch_timeout=0, key_idle_ttl="200ms"
+    )
     start_worker(serving)
     keys = Keys(prefix, "forget")
     assert client.dispatch(serving, "a", batch_key="gone") == "r:a"
@@ -189,8 +205,10 @@ def test_stats_per_key_show_queued_items_and_the_oldest_age(
     keys = Keys(prefix, "depth")
     broker = RedisBroker(redis_url)
     try:
-        wait_until(lambda: [(r.key, r.pending) for r in broker.key_stats(keys)] == [("k", 1)],
-                   "the request read")
+        wait_until(
+            lambda: [(r.key, r.pending) for r in broker.key_stats(keys)] == [("k", 1)],
+            "the request read",
+        )
         # Then stats count its items as queued, with its age and when the key was last used
         (row,) = broker.key_stats(keys)
         assert (row.queued_items, row.waiting) == (3, 0)
@@ -238,8 +256,10 @@ def test_priority_survives_reclaim_after_a_sigkill(
     ticket = client.submit("slow", ["long"], priority=7)
     keys = Keys(prefix, "slow")
     stream = keys.stream("default", 7)
-    wait_until(lambda: b"long" in redis_client.lrange(f"{prefix}:fault:exec", 0, -1),
-               "the long batch to start")
+    wait_until(
+        lambda: b"long" in redis_client.lrange(f"{prefix}:fault:exec", 0, -1),
+        "the long batch to start",
+    )
 
     # When that worker is SIGKILLed and another one reclaims its entry
     first.kill_group()

@@ -119,9 +119,7 @@ def test_full_batch_of_cheap_items_executes_at_once(
     start_worker: StartWorker, client: qs.Client
 ) -> None:
     # Given capacity 2 cost units, items costing 0.5 each, and a timeout that never passes
-    serving = Recording(
-        name="cheap", batch_size=2, batch_timeout=FOREVER, cost=lambda _item: 0.5
-    )
+    serving = Recording(name="cheap", batch_size=2, batch_timeout=FOREVER, cost=lambda _item: 0.5)
     start_worker(serving)
     # When 4 single-item requests arrive (2 cost units: a full batch)
     tickets = [client.submit(serving, [i]) for i in range(4)]
@@ -174,8 +172,10 @@ def test_batches_grow_while_the_executor_is_busy(
 
     # When 8 single-item requests are read while it is busy (their timeout passes meanwhile)
     tickets = [client.submit(serving, [i]) for i in range(1, 9)]
-    wait_until(lambda: pending("grow") == 9 and items_waiting(worker) == 8,
-               what="the worker to read all 9 entries")
+    wait_until(
+        lambda: pending("grow") == 9 and items_waiting(worker) == 8,
+        what="the worker to read all 9 entries",
+    )
     serving.release()
 
     # Then they did not queue as small batches: the next batch holds all 8
@@ -198,8 +198,10 @@ def test_request_larger_than_the_room_left_is_split_aab_bcc(
     # When request A (3 items) and then request B (5 items) are both read meanwhile
     a = client.submit(serving, ["a0", "a1", "a2"])
     b = client.submit(serving, ["b0", "b1", "b2", "b3", "b4"])
-    wait_until(lambda: pending("split") == 3 and items_waiting(worker) == 8,
-               what="the worker to read A and B")
+    wait_until(
+        lambda: pending("split") == 3 and items_waiting(worker) == 8,
+        what="the worker to read A and B",
+    )
     serving.release()
 
     # Then B is split over two full batches, [A0 A1 A2 B0] [B1 B2 B3 B4] ...
@@ -297,7 +299,10 @@ def test_serving_batch_key_function_groups_items_but_keeps_input_order(
 ) -> None:
     # Given a serving that keys items by their length, on the client side
     serving = Recording(
-        upper_items, name="bylen", batch_size=16, batch_timeout=0.01,
+        upper_items,
+        name="bylen",
+        batch_size=16,
+        batch_timeout=0.01,
         batch_key=lambda s: f"len{len(s)}",
     )
     start_worker(serving)
@@ -474,7 +479,10 @@ def test_map_over_a_large_generator_keeps_a_bounded_window(
 
     results = counter.results(
         client.map(
-            "bigmap", counter.inputs(), chunk_size=chunk_size, max_in_flight=max_in_flight,
+            "bigmap",
+            counter.inputs(),
+            chunk_size=chunk_size,
+            max_in_flight=max_in_flight,
             timeout=30,
         )
     )
@@ -509,13 +517,19 @@ def test_dispatch_with_serving_object_maps_inputs_and_results_in_the_caller(
 
 def test_key_function_and_maps_combine(start_worker: StartWorker, client: qs.Client) -> None:
     serving = Recording(
-        tag_items, name="combo", batch_size=8, batch_timeout=0.005,
+        tag_items,
+        name="combo",
+        batch_size=8,
+        batch_timeout=0.005,
         batch_key=lambda x: "even" if x % 2 == 0 else "odd",
     ).map_inputs(lambda x: x * 3)
     start_worker(serving)
 
     assert client.dispatch_many(serving, [1, 2, 3, 4], timeout=RESULT_WAIT_S) == [
-        "r:3", "r:6", "r:9", "r:12"
+        "r:3",
+        "r:6",
+        "r:9",
+        "r:12",
     ]
     keyed = {key: items for key, items in serving.batches}
     assert sorted(itertools.chain(*keyed.values())) == [3, 6, 9, 12]

@@ -60,17 +60,19 @@ TRANSIENT = {
     "BUSY": reply_error("BUSY Redis is busy running a script."),
 }
 PERMANENT = {
-    "NOPERM": (reply_error("NOPERM User app has no permissions to run the 'xadd' command"),
-               "ACL"),
-    "WRONGTYPE": (reply_error(
-        "WRONGTYPE Operation against a key holding the wrong kind of value"), "prefix"),
+    "NOPERM": (reply_error("NOPERM User app has no permissions to run the 'xadd' command"), "ACL"),
+    "WRONGTYPE": (
+        reply_error("WRONGTYPE Operation against a key holding the wrong kind of value"),
+        "prefix",
+    ),
     "WRONGPASS": (reply_error("WRONGPASS invalid username-password pair"), "password"),
-    "script error": (reply_error(
-        "ERR user_script:12: Script attempted to access nonexistent global variable"), "script"),
+    "script error": (
+        reply_error("ERR user_script:12: Script attempted to access nonexistent global variable"),
+        "script",
+    ),
     "NOSCRIPT": (reply_error("NOSCRIPT No matching script."), "script"),
     "other reply error": (reply_error("ERR unknown command 'FOO'"), "will fail again"),
-    "client-side data error": (redis.DataError("Invalid input of type: 'dict'"),
-                               "will fail again"),
+    "client-side data error": (redis.DataError("Invalid input of type: 'dict'"), "will fail again"),
 }
 
 
@@ -101,15 +103,20 @@ def test_the_context_manager_raises_the_mapped_error_without_the_redis_one() -> 
     assert caught.value.__cause__ is None and caught.value.__suppress_context__
 
 
-@pytest.mark.parametrize(("url", "shown"), [
-    ("redis://app:s3cret@db:6379/0", "redis://app:***@db:6379/0"),
-    ("redis://:s3cret@db:6379/0", "redis://:***@db:6379/0"),
-    ("rediss://s3cret@db/1", "rediss://***@db/1"),
-    ("redis://db:6379/0?password=s3cret&ssl_cert_reqs=none",
-     "redis://db:6379/0?password=***&ssl_cert_reqs=none"),
-    ("unix:///run/redis.sock?db=2", "unix:///run/redis.sock?db=2"),
-    ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"),
-])
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("redis://app:s3cret@db:6379/0", "redis://app:***@db:6379/0"),
+        ("redis://:s3cret@db:6379/0", "redis://:***@db:6379/0"),
+        ("rediss://s3cret@db/1", "rediss://***@db/1"),
+        (
+            "redis://db:6379/0?password=s3cret&ssl_cert_reqs=none",
+            "redis://db:6379/0?password=***&ssl_cert_reqs=none",
+        ),
+        ("unix:///run/redis.sock?db=2", "unix:///run/redis.sock?db=2"),
+        ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"),
+    ],
+)
 def test_redact_url_hides_passwords_only(url: str, shown: str) -> None:
     assert redact_url(url) == shown
 
@@ -142,8 +149,13 @@ def test_noperm_from_a_real_redis_is_a_command_error(
     redis_url: str, redis_client: redis.Redis, prefix: str
 ) -> None:
     user = f"{prefix}-reader"
-    redis_client.acl_setuser(user, enabled=True, passwords=["+pw"], keys=["*"],
-                             commands=["+@read", "+ping", "+hello", "+auth"])
+    redis_client.acl_setuser(
+        user,
+        enabled=True,
+        passwords=["+pw"],
+        keys=["*"],
+        commands=["+@read", "+ping", "+hello", "+auth"],
+    )
     try:
         url = redis_url.replace("redis://", f"redis://{user}:pw@")
         broker = RedisBroker(url)
@@ -157,12 +169,14 @@ def test_noperm_from_a_real_redis_is_a_command_error(
         redis_client.acl_deluser(user)
 
 
-def test_unblocked_inbox_read_is_unavailable(redis_url: str, prefix: str,
-                                             redis_client: redis.Redis) -> None:
+def test_unblocked_inbox_read_is_unavailable(
+    redis_url: str, prefix: str, redis_client: redis.Redis
+) -> None:
     # Given a blocked inbox read (what a failover's REPLICAOF does to it: UNBLOCKED)
     # (every connection of its client named, so the test finds the blocked one)
-    broker = RedisBroker(redis_url, client=redis.Redis.from_url(
-        redis_url, client_name=f"{prefix}-reader"))
+    broker = RedisBroker(
+        redis_url, client=redis.Redis.from_url(redis_url, client_name=f"{prefix}-reader")
+    )
     caught: list[BaseException] = []
 
     def read() -> None:
@@ -195,8 +209,7 @@ def test_unblocked_inbox_read_is_unavailable(redis_url: str, prefix: str,
 def test_an_unreachable_redis_never_shows_the_password(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG, logger="queueserve")
     url = f"redis://app:s3cret@127.0.0.1:{free_port()}/0"
-    with qs.Client(url, prefix="qstredact") as client, \
-            pytest.raises(qs.RedisUnavailable) as caught:
+    with qs.Client(url, prefix="qstredact") as client, pytest.raises(qs.RedisUnavailable) as caught:
         client.dispatch("sq", 1, timeout=0.3)
     assert "s3cret" not in str(caught.value) and "app:***@" in str(caught.value)
 
@@ -235,7 +248,9 @@ def test_an_outage_seen_by_many_loops_is_logged_once_at_start_and_once_at_end(
 def test_retry_run_rides_out_failures_and_backs_off() -> None:
     outage = Outage("test")
     answers: list[Exception | str] = [
-        qs.RedisUnavailable("down"), qs.RedisCommandError("NOPERM"), "ok"
+        qs.RedisUnavailable("down"),
+        qs.RedisCommandError("NOPERM"),
+        "ok",
     ]
     waits: list[float] = []
 
@@ -266,8 +281,11 @@ def test_only_the_broker_package_imports_redis() -> None:
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             names = (
-                [a.name for a in node.names] if isinstance(node, ast.Import)
-                else [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
             )
             if any(n == "redis" or n.startswith("redis.") for n in names):
                 offenders.append(str(path.relative_to(PACKAGE)))
@@ -280,7 +298,9 @@ def test_no_module_outside_the_broker_reaches_into_its_redis_client() -> None:
         for path in PACKAGE.rglob("*.py")
         if path.relative_to(PACKAGE).parts[0] != "broker"
         for node in ast.walk(ast.parse(path.read_text()))
-        if isinstance(node, ast.Attribute) and node.attr == "redis"
-        and isinstance(node.value, ast.Attribute) and node.value.attr == "broker"
+        if isinstance(node, ast.Attribute)
+        and node.attr == "redis"
+        and isinstance(node.value, ast.Attribute)
+        and node.value.attr == "broker"
     ]
     assert offenders == []

@@ -49,9 +49,15 @@ class Stack:
 def _start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     out = log.open("wb")
     try:
-        return subprocess.Popen([sys.executable, *args], cwd=REPO, env=env,
-                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        return subprocess.Popen(
+            [sys.executable, *args],
+            cwd=REPO,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     finally:
         out.close()  # the child holds its own copy
 
@@ -74,14 +80,38 @@ def stack(redis_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     prefix = f"qstcel{uuid.uuid4().hex[:8]}"
     logs = tmp_path_factory.mktemp("celery-logs")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("QUEUESERVE_", "CELERY_"))}
-    env.update(QUEUESERVE_REDIS_URL=redis_server, QUEUESERVE_PREFIX=prefix, HF_HUB_OFFLINE="1",
-               PYTHONUNBUFFERED="1",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")])))
-    embedder = _start(["-m", "queueserve", "worker", "tasks.embed:embed", "--partitions", "1"],
-                      env, logs / "queueserve.log")
-    celery = _start(["-m", "celery", "-A", "tasks.celery_app", "worker", "--pool", "solo",
-                     "--loglevel", "INFO", "--hostname", f"{prefix}@%h", "--without-gossip",
-                     "--without-mingle", "--without-heartbeat"], env, logs / "celery.log")
+    env.update(
+        QUEUESERVE_REDIS_URL=redis_server,
+        QUEUESERVE_PREFIX=prefix,
+        HF_HUB_OFFLINE="1",
+        PYTHONUNBUFFERED="1",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")])),
+    )
+    embedder = _start(
+        ["-m", "queueserve", "worker", "tasks.embed:embed", "--partitions", "1"],
+        env,
+        logs / "queueserve.log",
+    )
+    celery = _start(
+        [
+            "-m",
+            "celery",
+            "-A",
+            "tasks.celery_app",
+            "worker",
+            "--pool",
+            "solo",
+            "--loglevel",
+            "INFO",
+            "--hostname",
+            f"{prefix}@%h",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+        ],
+        env,
+        logs / "celery.log",
+    )
     app = make_app(celery_settings(redis_server, prefix))
     try:
         yield Stack(redis_server, prefix, app, tmp_path_factory.mktemp("index"), logs)
@@ -97,8 +127,10 @@ def stack(redis_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 
 def _logs(directory: Path) -> str:
-    return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-4000:]}"
-                     for p in sorted(directory.glob("*.log")))
+    return "\n".join(
+        f"--- {p.name}\n{p.read_text(errors='replace')[-4000:]}"
+        for p in sorted(directory.glob("*.log"))
+    )
 
 
 @dataclass
@@ -136,7 +168,8 @@ def indexed(stack: Stack) -> Indexed:
 
 
 def test_index_corpus_reports_progress_and_stores_the_index(
-    stack: Stack, indexed: Indexed,
+    stack: Stack,
+    indexed: Indexed,
 ) -> None:
     # The task finished with its summary
     assert indexed.summary["count"] == LIMIT
@@ -164,7 +197,8 @@ def test_search_finds_a_passage_by_its_own_text(stack: Stack, indexed: Indexed) 
     search = stack.app.tasks[SEARCH_TASK]
     for i in (0, LIMIT // 2, LIMIT - 1):
         hits = search.apply_async(
-            args=(index.texts[i],), kwargs={"k": 3, "index_dir": str(stack.index_dir)},
+            args=(index.texts[i],),
+            kwargs={"k": 3, "index_dir": str(stack.index_dir)},
         ).get(timeout=TASK_TIMEOUT_S)
         assert len(hits) == 3
         (first_id, score, text), *rest = hits
@@ -175,6 +209,7 @@ def test_search_finds_a_passage_by_its_own_text(stack: Stack, indexed: Indexed) 
 
 def test_search_without_an_index_says_what_to_run(stack: Stack, tmp_path: Path) -> None:
     result = stack.app.tasks[SEARCH_TASK].apply_async(
-        args=("anything",), kwargs={"index_dir": str(tmp_path)})
+        args=("anything",), kwargs={"index_dir": str(tmp_path)}
+    )
     with pytest.raises(FileNotFoundError, match="index_corpus"):
         result.get(timeout=TASK_TIMEOUT_S)

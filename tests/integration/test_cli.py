@@ -79,8 +79,12 @@ def spawn(tmp_path: Path) -> Iterator[Spawn]:
         logs.append(out)
         proc = subprocess.Popen(
             [PYTHON, "-m", "queueserve", "worker", *args],
-            cwd=REPO, env=env or child_env(), stdin=subprocess.DEVNULL, stdout=out,
-            stderr=subprocess.STDOUT, start_new_session=True,
+            cwd=REPO,
+            env=env or child_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         worker = WorkerProcess(proc, log)
         started.append(worker)
@@ -110,11 +114,19 @@ def clients() -> Iterator[Callable[..., qs.Client]]:
         client.close()
 
 
-def run_cli(*args: str, program: tuple[str, ...] = (PYTHON, "-m", "queueserve"),
-            timeout: float = QUICK_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    *args: str,
+    program: tuple[str, ...] = (PYTHON, "-m", "queueserve"),
+    timeout: float = QUICK_TIMEOUT_S,
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [*program, *args], cwd=REPO, env=child_env(), stdin=subprocess.DEVNULL,
-        capture_output=True, text=True, timeout=timeout,
+        [*program, *args],
+        cwd=REPO,
+        env=child_env(),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
@@ -122,8 +134,13 @@ def run_many(commands: list[list[str]]) -> list[tuple[int, str, str]]:
     """Run CLI commands concurrently (each imports the library, which takes a moment)."""
     procs = [
         subprocess.Popen(
-            [PYTHON, "-m", "queueserve", *cmd], cwd=REPO, env=child_env(),
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            [PYTHON, "-m", "queueserve", *cmd],
+            cwd=REPO,
+            env=child_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         for cmd in commands
     ]
@@ -151,14 +168,25 @@ def dead_url() -> str:
 
 # -- serving and stopping ----------------------------------------------------------------------
 def test_worker_serves_until_sigterm(
-    spawn: Spawn, clients: Callable[..., qs.Client], redis_url: str, prefix: str,
+    spawn: Spawn,
+    clients: Callable[..., qs.Client],
+    redis_url: str,
+    prefix: str,
     redis_client: redis.Redis,
 ) -> None:
     # Given a worker started from the command line
-    worker = spawn("tests.support.cli_app:square", "--redis-url", redis_url, "--prefix", prefix,
-                   "--batch-timeout", "0")
-    wait_until(worker_alive(redis_client, prefix, "square"), "the worker's heartbeat",
-               process=worker)
+    worker = spawn(
+        "tests.support.cli_app:square",
+        "--redis-url",
+        redis_url,
+        "--prefix",
+        prefix,
+        "--batch-timeout",
+        "0",
+    )
+    wait_until(
+        worker_alive(redis_client, prefix, "square"), "the worker's heartbeat", process=worker
+    )
 
     # When a client dispatches, the worker answers
     client = clients(redis_url, prefix)
@@ -166,12 +194,27 @@ def test_worker_serves_until_sigterm(
     assert client.dispatch_many("square", [1, 2, 4], timeout=10) == [1, 4, 16]
 
     # and --check sees it (and names only the serving nobody serves)
-    check = run_cli("worker", "tests.support.cli_app:square", "--check", "--redis-url", redis_url,
-                    "--prefix", prefix)
+    check = run_cli(
+        "worker",
+        "tests.support.cli_app:square",
+        "--check",
+        "--redis-url",
+        redis_url,
+        "--prefix",
+        prefix,
+    )
     assert check.returncode == 0, check.stderr
     assert "ok" in check.stdout
-    partial = run_cli("worker", "tests.support.cli_app:square", "tests.support.cli_app:cube",
-                      "--check", "--redis-url", redis_url, "--prefix", prefix)
+    partial = run_cli(
+        "worker",
+        "tests.support.cli_app:square",
+        "tests.support.cli_app:cube",
+        "--check",
+        "--redis-url",
+        redis_url,
+        "--prefix",
+        prefix,
+    )
     assert partial.returncode == 1
     assert "cube" in partial.stderr
     assert "square" not in partial.stderr
@@ -180,24 +223,38 @@ def test_worker_serves_until_sigterm(
     worker.signal(signal.SIGTERM)
     assert worker.wait() == 0, worker.output()
     assert "SIGTERM" in worker.output()
-    after = run_cli("worker", "tests.support.cli_app:square", "--check", "--redis-url", redis_url,
-                    "--prefix", prefix)
+    after = run_cli(
+        "worker",
+        "tests.support.cli_app:square",
+        "--check",
+        "--redis-url",
+        redis_url,
+        "--prefix",
+        prefix,
+    )
     assert after.returncode == 1
     assert "no live worker for: square" in after.stderr
 
 
 def test_worker_from_environment_serves_several_specs_and_stops_on_sigint(
-    spawn: Spawn, clients: Callable[..., qs.Client], redis_url: str, prefix: str,
+    spawn: Spawn,
+    clients: Callable[..., qs.Client],
+    redis_url: str,
+    prefix: str,
     redis_client: redis.Redis,
 ) -> None:
     # Given a worker configured by QUEUESERVE_* variables, serving a list and a subclass
     worker = spawn(
-        "tests.support.cli_app:both", "tests.support.cli_app:Doubler", "--batch-timeout", "1ms",
+        "tests.support.cli_app:both",
+        "tests.support.cli_app:Doubler",
+        "--batch-timeout",
+        "1ms",
         env=child_env(QUEUESERVE_REDIS_URL=redis_url, QUEUESERVE_PREFIX=prefix),
     )
     for name in ("square", "cube", "doubler"):
-        wait_until(worker_alive(redis_client, prefix, name), f"a heartbeat for {name}",
-                   process=worker)
+        wait_until(
+            worker_alive(redis_client, prefix, name), f"a heartbeat for {name}", process=worker
+        )
     client = clients(redis_url, prefix)
     assert client.dispatch("square", 5, timeout=10) == 25
     assert client.dispatch("cube", 2, timeout=10) == 8
@@ -209,8 +266,15 @@ def test_worker_from_environment_serves_several_specs_and_stops_on_sigint(
 
 
 def test_check_without_a_worker_exits_1(redis_url: str, prefix: str) -> None:
-    result = run_cli("worker", "tests.support.cli_app:cube", "--check", "--redis-url", redis_url,
-                     "--prefix", prefix)
+    result = run_cli(
+        "worker",
+        "tests.support.cli_app:cube",
+        "--check",
+        "--redis-url",
+        redis_url,
+        "--prefix",
+        prefix,
+    )
     assert result.returncode == 1
     assert "no live worker for: cube" in result.stderr
     assert result.stdout == ""
@@ -225,15 +289,26 @@ def test_check_with_redis_unreachable_exits_1() -> None:
 
 
 # -- SIGTERM while a batch runs ----------------------------------------------------------------
-def _start_gated(spawn: Spawn, redis_url: str, prefix: str, redis_client: redis.Redis,
-                 clients: Callable[..., qs.Client]) -> tuple[WorkerProcess, qs.Ticket]:
+def _start_gated(
+    spawn: Spawn,
+    redis_url: str,
+    prefix: str,
+    redis_client: redis.Redis,
+    clients: Callable[..., qs.Client],
+) -> tuple[WorkerProcess, qs.Ticket]:
     worker = spawn(
-        "tests.support.cli_app:Gated", "--redis-url", redis_url, "--prefix", prefix,
-        "--batch-timeout", "0",
+        "tests.support.cli_app:Gated",
+        "--redis-url",
+        redis_url,
+        "--prefix",
+        prefix,
+        "--batch-timeout",
+        "0",
         env=child_env(CLI_APP_REDIS_URL=redis_url, CLI_APP_PREFIX=prefix),
     )
-    wait_until(worker_alive(redis_client, prefix, "gated"), "the worker's heartbeat",
-               process=worker)
+    wait_until(
+        worker_alive(redis_client, prefix, "gated"), "the worker's heartbeat", process=worker
+    )
     ticket = clients(redis_url, prefix).submit("gated", [20, 21], timeout=60)
     wait_until(lambda: redis_client.get(f"{prefix}:started"), "the batch to start", process=worker)
     return worker, ticket
@@ -246,7 +321,10 @@ def _pending(redis_client: redis.Redis, prefix: str) -> tuple[int, int]:
 
 
 def test_sigterm_during_a_batch_finishes_and_answers_it(
-    spawn: Spawn, clients: Callable[..., qs.Client], redis_url: str, prefix: str,
+    spawn: Spawn,
+    clients: Callable[..., qs.Client],
+    redis_url: str,
+    prefix: str,
     redis_client: redis.Redis,
 ) -> None:
     # Given a batch that is executing
@@ -255,8 +333,11 @@ def test_sigterm_during_a_batch_finishes_and_answers_it(
 
     # When the worker gets SIGTERM, and only once its partition is draining is the batch let go
     worker.signal(signal.SIGTERM)
-    wait_until(lambda: redis_client.llen(f"{prefix}:signals"), "the partition to get SIGTERM",
-               process=worker)
+    wait_until(
+        lambda: redis_client.llen(f"{prefix}:signals"),
+        "the partition to get SIGTERM",
+        process=worker,
+    )
     redis_client.rpush(f"{prefix}:go", 1)
 
     # Then the caller still gets its results, the entry is acked, and the exit code is 0
@@ -267,14 +348,20 @@ def test_sigterm_during_a_batch_finishes_and_answers_it(
 
 
 def test_second_sigterm_exits_at_once_with_3_and_leaves_work_pending(
-    spawn: Spawn, clients: Callable[..., qs.Client], redis_url: str, prefix: str,
+    spawn: Spawn,
+    clients: Callable[..., qs.Client],
+    redis_url: str,
+    prefix: str,
     redis_client: redis.Redis,
 ) -> None:
     # Given a batch that is executing and a worker already draining
     worker, ticket = _start_gated(spawn, redis_url, prefix, redis_client, clients)
     worker.signal(signal.SIGTERM)
-    wait_until(lambda: redis_client.llen(f"{prefix}:signals"), "the partition to get SIGTERM",
-               process=worker)
+    wait_until(
+        lambda: redis_client.llen(f"{prefix}:signals"),
+        "the partition to get SIGTERM",
+        process=worker,
+    )
 
     # When a second SIGTERM comes, it exits at once with code 3, batch unfinished
     worker.signal(signal.SIGTERM)
@@ -286,7 +373,10 @@ def test_second_sigterm_exits_at_once_with_3_and_leaves_work_pending(
 
 
 def test_sigterm_to_the_process_group_still_drains(
-    spawn: Spawn, clients: Callable[..., qs.Client], redis_url: str, prefix: str,
+    spawn: Spawn,
+    clients: Callable[..., qs.Client],
+    redis_url: str,
+    prefix: str,
     redis_client: redis.Redis,
 ) -> None:
     # Given a batch that is executing
@@ -296,8 +386,10 @@ def test_sigterm_to_the_process_group_still_drains(
     # When the service manager sends SIGTERM to every process of the worker at once
     worker.signal_group(signal.SIGTERM)
     wait_until(lambda: redis_client.llen(signals), "the partition to get SIGTERM", process=worker)
-    wait_until(lambda: worker.proc.poll() is not None or "SIGTERM" in worker.output(),
-               "the supervisor to get SIGTERM")
+    wait_until(
+        lambda: worker.proc.poll() is not None or "SIGTERM" in worker.output(),
+        "the supervisor to get SIGTERM",
+    )
     # The supervisor may forward the signal to the partition too; let that happen before the
     # batch is let go (a fixed worker may also never send it: then this waits out its limit).
     poll_until(lambda: redis_client.llen(signals) >= 2, limit=5.0)
@@ -328,8 +420,10 @@ def test_specs_that_do_not_name_servings_exit_2() -> None:
         ("tests.support.cli_app:mixed_list", "not a qs.Serving"),
     ]
     commands = [["worker", spec, "--redis-url", url] for spec, _ in serve]
-    commands += [["worker", "tests.support.cli_app:square", spec, "--check", "--redis-url", url]
-                 for spec, _ in check]
+    commands += [
+        ["worker", "tests.support.cli_app:square", spec, "--check", "--redis-url", url]
+        for spec, _ in check
+    ]
     results = run_many(commands)
     for (spec, message), (code, out, err) in zip([*serve, *check], results, strict=True):
         assert code == 2, f"{spec}: exit {code}\n{out}{err}"
@@ -344,8 +438,10 @@ def test_argument_errors_are_usage_errors() -> None:
         (["worker", "tests.support.cli_app:square", "--batch-size", "1.5"], "--batch-size"),
         (["worker", "tests.support.cli_app:square", "--batch-timeout", "abc"], "--batch-timeout"),
         (["worker", "tests.support.cli_app:square", "--batch-timeout", "-1s"], "--batch-timeout"),
-        (["worker", "tests.support.cli_app:square", "--max-concurrent-batches", "0"],
-         "--max-concurrent-batches"),
+        (
+            ["worker", "tests.support.cli_app:square", "--max-concurrent-batches", "0"],
+            "--max-concurrent-batches",
+        ),
         (["worker", "tests.support.cli_app:square", "--no-such-flag"], "unrecognized arguments"),
         (["worker"], "module:attr"),
         ([], "usage:"),
@@ -365,12 +461,17 @@ def test_console_script_is_installed_and_helps() -> None:
     assert "worker" in top.stdout
     sub = run_cli("worker", "--help", program=(str(CONSOLE_SCRIPT),))
     assert sub.returncode == 0, sub.stderr
-    for flag in ("--redis-url", "--prefix", "--batch-size", "--batch-timeout", "--check",
-                 "--shutdown-timeout", "module:attr"):
+    for flag in (
+        "--redis-url",
+        "--prefix",
+        "--batch-size",
+        "--batch-timeout",
+        "--check",
+        "--shutdown-timeout",
+        "module:attr",
+    ):
         assert flag in sub.stdout, flag
 
 
 def test_python_dash_m_matches_the_console_script() -> None:
-    assert run_cli("--help").stdout == run_cli(
-        "--help", program=(str(CONSOLE_SCRIPT),)
-    ).stdout
+    assert run_cli("--help").stdout == run_cli("--help", program=(str(CONSOLE_SCRIPT),)).stdout

@@ -64,8 +64,11 @@ class Recorder:
 
 def test_cluster_urls_are_parsed_and_checked() -> None:
     t = parse_url("redis+cluster://:pw@10.0.0.1:7000,10.0.0.2")
-    assert (t.kind, t.hosts, t.password) == ("cluster", (("10.0.0.1", 7000), ("10.0.0.2", 6379)),
-                                             "pw")
+    assert (t.kind, t.hosts, t.password) == (
+        "cluster",
+        (("10.0.0.1", 7000), ("10.0.0.2", 6379)),
+        "pw",
+    )
     assert parse_url("redis://localhost:6379/0").kind == "single"
     with pytest.raises(ValueError, match="only database 0"):
         parse_url("redis+cluster://h:7000/3")
@@ -96,13 +99,16 @@ def test_three_shards_land_on_three_masters_and_share_the_enqueues(
     masters = {cluster.node_of_slot(key_slot(t)).port for t in shard_tags("spread", 3)}
     assert len(masters) == 3, "each shard's slot is served by another master"
     before = {m.port: _request_calls(m.port) for m in cluster.masters}
-    worker = qs.Worker([serving], redis_url=cluster.url, prefix=prefix,
-                       handle_signals=False).start()
+    worker = qs.Worker(
+        [serving], redis_url=cluster.url, prefix=prefix, handle_signals=False
+    ).start()
     try:
         with qs.Client(cluster.url, prefix=prefix) as client:
             # When 300 requests are sent by name (the shard count comes from the workers)
-            wait_until(lambda: client._broker.meta(Keys(prefix, "spread")).get("shards") == "3",
-                       "the worker to declare the serving")
+            wait_until(
+                lambda: client._broker.meta(Keys(prefix, "spread")).get("shards") == "3",
+                "the worker to declare the serving",
+            )
             for i in range(300):
                 assert client.dispatch("spread", i) == i * i
     finally:
@@ -118,15 +124,15 @@ def _request_calls(port: int) -> int:
     time its blocking wait times out, which says nothing of the requests' spread."""
     with redis.Redis(port=port) as r:
         stats = r.info("commandstats")
-    return sum(int(v["calls"]) for k, v in stats.items() if k in ("cmdstat_xadd",
-                                                                 "cmdstat_xack"))
+    return sum(int(v["calls"]) for k, v in stats.items() if k in ("cmdstat_xadd", "cmdstat_xack"))
 
 
 def test_no_command_asks_a_master_for_its_keys_first(cluster: Cluster, prefix: str) -> None:
     # Given a worker and a client of a 3-shard serving
     serving = qs.Serving(square, name="routed", batch_size=16, batch_timeout=0.001, shards=3)
-    worker = qs.Worker([serving], redis_url=cluster.url, prefix=prefix,
-                       handle_signals=False).start()
+    worker = qs.Worker(
+        [serving], redis_url=cluster.url, prefix=prefix, handle_signals=False
+    ).start()
     try:
         with qs.Client(cluster.url, prefix=prefix) as client:
             client.dispatch(serving, 1, timeout=30)
@@ -162,10 +168,12 @@ def test_core_cases_run_on_a_sharded_serving(cluster: Cluster, prefix: str) -> N
     recorder = Recorder()
     keyed = qs.Serving(recorder, name="keyed", batch_size=16, batch_timeout=0.02, shards=3)
     squares = qs.Serving(square, name="squares", batch_size=32, batch_timeout=0.001, shards=3)
-    events = qs.Serving(_progress, name="events", batch_size=8, batch_timeout=0.001,
-                        shards=2).streaming(hooks=["progress"])
-    worker = qs.Worker([keyed, squares, events], redis_url=cluster.url, prefix=prefix,
-                       handle_signals=False).start()
+    events = qs.Serving(
+        _progress, name="events", batch_size=8, batch_timeout=0.001, shards=2
+    ).streaming(hooks=["progress"])
+    worker = qs.Worker(
+        [keyed, squares, events], redis_url=cluster.url, prefix=prefix, handle_signals=False
+    ).start()
     try:
         with qs.Client(cluster.url, prefix=prefix) as client:
             # dispatch, dispatch_many and a remote error
@@ -176,10 +184,14 @@ def test_core_cases_run_on_a_sharded_serving(cluster: Cluster, prefix: str) -> N
             assert client.dispatch_many(squares, [2, -1], return_exceptions=True)[0] == 4
             # map: ordered over many chunks, so over every shard
             assert list(client.map(squares, range(2000), chunk_size=64)) == [
-                x * x for x in range(2000)]
+                x * x for x in range(2000)
+            ]
             # batch keys: requests of two keys on three shards still never share a batch
-            tickets = [client.submit(keyed, [f"{k}{i}" for i in range(5)], batch_key=k)
-                       for _ in range(6) for k in ("a", "b")]
+            tickets = [
+                client.submit(keyed, [f"{k}{i}" for i in range(5)], batch_key=k)
+                for _ in range(6)
+                for k in ("a", "b")
+            ]
             for t in tickets:
                 t.result(timeout=30)
             assert all(len({x[0] for x in b}) == 1 for b in recorder.batches), recorder.batches
@@ -200,8 +212,7 @@ def _progress(xs: list[int]) -> list[int]:
 async def _async_cases(url: str, prefix: str) -> None:
     async with qs.AsyncClient(url, prefix=prefix) as client:
         assert await client.dispatch("squares", 12) == 144
-        assert await client.dispatch_many("squares", list(range(50))) == [
-            x * x for x in range(50)]
+        assert await client.dispatch_many("squares", list(range(50))) == [x * x for x in range(50)]
 
 
 def test_a_step_serving_tells_a_listening_caller_from_a_gone_one_across_the_masters(
@@ -210,8 +221,9 @@ def test_a_step_serving_tells_a_listening_caller_from_a_gone_one_across_the_mast
     # Given one slot on a cluster, held by a request streamed through a client of its own
     # (its event channel, and so its subscription, in whatever slot its name hashes to)
     serving = Count(max_slots=1, caller_gone_after=0.5)
-    worker = qs.Worker([serving], redis_url=cluster.url, prefix=prefix,
-                       handle_signals=False).start()
+    worker = qs.Worker(
+        [serving], redis_url=cluster.url, prefix=prefix, handle_signals=False
+    ).start()
     try:
         with qs.Client(cluster.url, prefix=prefix) as client:
             leaving = qs.Client(cluster.url, prefix=prefix)
@@ -244,10 +256,12 @@ def test_a_failed_master_loses_no_durable_request(
             executed.update(xs)
         return [x + 1 for x in xs]
 
-    serving = qs.Serving(record, name="durable", batch_size=32, batch_timeout=0.002,
-                         shards=3, durable=True)
-    worker = qs.Worker([serving], redis_url=cluster.url, prefix=prefix,
-                       handle_signals=False).start()
+    serving = qs.Serving(
+        record, name="durable", batch_size=32, batch_timeout=0.002, shards=3, durable=True
+    )
+    worker = qs.Worker(
+        [serving], redis_url=cluster.url, prefix=prefix, handle_signals=False
+    ).start()
     outcomes: dict[int, str] = {}
     stop = threading.Event()
 
@@ -282,8 +296,11 @@ def test_a_failed_master_loses_no_durable_request(
         # it takes writes until it learns of the new epoch): requests and replies on the line
         killed_at = len(outcomes)
         _fail_master(cluster, key_slot(inboxes[0]), failure)
-        wait_until(lambda: sum(v == "answered" for v in list(outcomes.values())[killed_at:])
-                   > 300, "answers after the failover", timeout=60)
+        wait_until(
+            lambda: sum(v == "answered" for v in list(outcomes.values())[killed_at:]) > 300,
+            "answers after the failover",
+            timeout=60,
+        )
     finally:
         stop.set()
         for t in threads:
@@ -291,8 +308,10 @@ def test_a_failed_master_loses_no_durable_request(
         worker.stop(timeout=10)
     counts = Counter(outcomes.values())
     duplicated = sum(1 for n in outcomes if executed[n] > 1)
-    print(f"\nmaster failed ({failure}) under durable load: {dict(counts)}, executed twice: "
-          f"{duplicated}")
+    print(
+        f"\nmaster failed ({failure}) under durable load: {dict(counts)}, executed twice: "
+        f"{duplicated}"
+    )
     # Then every request a caller was told was accepted got its one right answer
     assert not errors, errors
     assert counts["lost"] == 0 and counts["wrong"] == 0, counts
@@ -306,12 +325,16 @@ def _fail_master(cluster: Cluster, slot: int, failure: str) -> None:
     else:
         with redis.Redis(port=_replica_of(cluster, victim).port) as replica:
             replica.execute_command("CLUSTER", "FAILOVER", "TAKEOVER")
-    wait_until(lambda: cluster.node_of_slot(slot).port != victim.port, "a replica promoted",
-               timeout=30)
+    wait_until(
+        lambda: cluster.node_of_slot(slot).port != victim.port, "a replica promoted", timeout=30
+    )
     if failure == "kill":
         victim.restart()  # it comes back as the new master's replica: durable again
-    wait_until(lambda: _online_replicas(cluster.node_of_slot(slot).port) == 1,
-               "the old master to replicate the new one", timeout=30)
+    wait_until(
+        lambda: _online_replicas(cluster.node_of_slot(slot).port) == 1,
+        "the old master to replicate the new one",
+        timeout=30,
+    )
 
 
 def test_durable_replies_reach_a_replica_of_the_inbox_master_before_the_ack(
@@ -326,8 +349,11 @@ def test_durable_replies_reach_a_replica_of_the_inbox_master_before_the_ack(
     entry_id = rc.xadd(stream, {"h": b"", "p": b""})
     rc.xreadgroup(GROUP, "worker", {stream: ">"})
     stream_master = cluster.node_of_slot(key_slot(stream)).port
-    inbox = next(f"{prefix}:inbox:c{i}" for i in range(100)
-                 if cluster.node_of_slot(key_slot(f"{prefix}:inbox:c{i}")).port != stream_master)
+    inbox = next(
+        f"{prefix}:inbox:c{i}"
+        for i in range(100)
+        if cluster.node_of_slot(key_slot(f"{prefix}:inbox:c{i}")).port != stream_master
+    )
     inbox_master = cluster.node_of_slot(key_slot(inbox))
     replica = _replica_of(cluster, inbox_master)
     assert replica.pid is not None
@@ -336,8 +362,9 @@ def test_durable_replies_reach_a_replica_of_the_inbox_master_before_the_ack(
         # When the worker answers a durable serving's request while that master's replica
         # cannot acknowledge anything
         with pytest.raises(qs.RedisUnavailable, match="no replica of the master holding"):
-            broker.reply_and_ack(keys, {inbox: [b"answer"]}, {stream: {0: [entry_id]}},
-                                 60_000, durable=True)
+            broker.reply_and_ack(
+                keys, {inbox: [b"answer"]}, {stream: {0: [entry_id]}}, 60_000, durable=True
+            )
         # Then the reply is in the inbox, but the request is not acked: a failover of the
         # inbox's master now would lose the reply, and the request would be served again
         assert rc.lrange(inbox, 0, -1) == [b"answer"]
@@ -347,8 +374,9 @@ def test_durable_replies_reach_a_replica_of_the_inbox_master_before_the_ack(
     # And once the replica acknowledges, the retried call acks it (the caller keeps the
     # first copy of the reply)
     wait_until(lambda: _online_replicas(inbox_master.port) == 1, "the replica to catch up")
-    broker.reply_and_ack(keys, {inbox: [b"answer"]}, {stream: {0: [entry_id]}}, 60_000,
-                         durable=True)
+    broker.reply_and_ack(
+        keys, {inbox: [b"answer"]}, {stream: {0: [entry_id]}}, 60_000, durable=True
+    )
     assert rc.xpending(stream, GROUP)["pending"] == 0
     assert rc.lrange(inbox, 0, -1) == [b"answer", b"answer"]
     broker.close()
@@ -364,5 +392,8 @@ def _replica_of(cluster: Cluster, master: RedisServer) -> RedisServer:
 def _online_replicas(port: int) -> int:
     with redis.Redis(port=port) as r:
         info = r.info("replication")
-    return sum(1 for k, v in info.items()
-               if k.startswith("slave") and isinstance(v, dict) and v.get("state") == "online")
+    return sum(
+        1
+        for k, v in info.items()
+        if k.startswith("slave") and isinstance(v, dict) and v.get("state") == "online"
+    )

@@ -45,7 +45,8 @@ def test_threads_and_async_tasks_each_get_their_own_results(
                 for i in range(CALLS_EACH)
             ]
             got += client.dispatch_many(
-                "shared", [f"{caller}-{i}" for i in range(CALLS_EACH, CALLS_EACH + 5)],
+                "shared",
+                [f"{caller}-{i}" for i in range(CALLS_EACH, CALLS_EACH + 5)],
                 timeout=RESULT_WAIT_S,
             )
             outcomes[caller] = got
@@ -58,16 +59,15 @@ def test_threads_and_async_tasks_each_get_their_own_results(
             for i in range(CALLS_EACH)
         ]
         got += await aclient.dispatch_many(
-            "shared", [f"{caller}-{i}" for i in range(CALLS_EACH, CALLS_EACH + 5)],
+            "shared",
+            [f"{caller}-{i}" for i in range(CALLS_EACH, CALLS_EACH + 5)],
             timeout=RESULT_WAIT_S,
         )
         return caller, got
 
     async def async_callers() -> list[tuple[str, list[str]]]:
         async with qs.AsyncClient(redis_url, prefix=prefix) as aclient:
-            return await asyncio.gather(
-                *(task_caller(aclient, f"task{t}") for t in range(TASKS))
-            )
+            return await asyncio.gather(*(task_caller(aclient, f"task{t}") for t in range(TASKS)))
 
     threads = [
         threading.Thread(target=thread_caller, args=(f"thread{t}",), name=f"caller{t}")
@@ -96,9 +96,9 @@ def test_threads_and_async_tasks_each_get_their_own_results(
     batches = serving.item_batches
     assert max(len(items) for items in batches) > 1
     assert any(len({caller_of(x) for x in items}) > 1 for items in batches)
-    assert any(
-        {caller_of(x)[:4] for x in items} == {"thre", "task"} for items in batches
-    ), "no batch mixed sync and async callers"
+    assert any({caller_of(x)[:4] for x in items} == {"thre", "task"} for items in batches), (
+        "no batch mixed sync and async callers"
+    )
 
 
 def test_client_processes_each_get_their_own_results(

@@ -28,12 +28,14 @@ def long_durable_wait(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def servings() -> tuple[qs.Serving, qs.Serving]:
     durable = qs.Serving(lambda xs: xs, name="kept", durable=True)
-    return durable, qs.Serving(lambda xs: [f"r:{x}" for x in xs], name="quick",
-                               batch_timeout=0)
+    return durable, qs.Serving(lambda xs: [f"r:{x}" for x in xs], name="quick", batch_timeout=0)
 
 
 def test_a_durable_wait_does_not_hold_up_other_servings_sends(
-    long_durable_wait: None, start_worker: StartWorker, redis_url: str, prefix: str,
+    long_durable_wait: None,
+    start_worker: StartWorker,
+    redis_url: str,
+    prefix: str,
 ) -> None:
     # Given a client sending to a durable serving on a Redis without replicas, and to a
     # plain serving that a worker runs
@@ -53,7 +55,10 @@ def test_a_durable_wait_does_not_hold_up_other_servings_sends(
 
 
 def test_an_async_durable_wait_does_not_hold_up_other_servings_sends(
-    long_durable_wait: None, start_worker: StartWorker, redis_url: str, prefix: str,
+    long_durable_wait: None,
+    start_worker: StartWorker,
+    redis_url: str,
+    prefix: str,
 ) -> None:
     durable, quick = servings()
     start_worker(quick)

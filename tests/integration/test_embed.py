@@ -25,8 +25,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the model ships in a package; ne
 SHORT = ["Return the absolute value.", "Open a file.", "", "Café au lait, naïve façade."]
 LONG = [
     "Read from and write to tar format archives. " * 8,  # about 90 tokens
-    ("Create a new ArgumentParser object. All parameters should be passed as keyword "
-     "arguments; each is described in more detail below. ") * 40,  # past the 256-token window
+    (
+        "Create a new ArgumentParser object. All parameters should be passed as keyword "
+        "arguments; each is described in more detail below. "
+    )
+    * 40,  # past the 256-token window
 ]
 TEXTS = SHORT + LONG
 
@@ -52,7 +55,8 @@ def reference() -> Callable[[list[str]], np.ndarray]:
 
 
 def test_inline_vectors_equal_the_model_run_directly(
-    inline_embed: Embed, reference: Callable[[list[str]], np.ndarray],
+    inline_embed: Embed,
+    reference: Callable[[list[str]], np.ndarray],
 ) -> None:
     got = np.stack(inline_embed.inline_many(TEXTS))
     np.testing.assert_allclose(got, reference(TEXTS), atol=1e-5)
@@ -78,7 +82,15 @@ def test_padding_does_not_change_a_vector(inline_embed: Embed) -> None:
 
 def test_batch_keys_are_token_length_buckets() -> None:
     assert [bucket_of(n) for n in (1, 16, 17, 32, 33, 100, 256, 5000)] == [
-        "t16", "t16", "t32", "t32", "t64", "t128", "t256", "t256"]
+        "t16",
+        "t16",
+        "t32",
+        "t32",
+        "t64",
+        "t128",
+        "t256",
+        "t256",
+    ]
     keys = [length_bucket(t) for t in TEXTS]
     assert keys[:4] == ["t16"] * 4
     assert keys[4] == "t128"
@@ -89,8 +101,11 @@ def test_batch_keys_are_token_length_buckets() -> None:
 
 
 def test_a_worker_returns_the_inline_vectors_under_bucket_keys(
-    start_worker: Callable[..., qs.Worker], client: qs.Client, redis_client: redis.Redis,
-    prefix: str, inline_embed: Embed,
+    start_worker: Callable[..., qs.Worker],
+    client: qs.Client,
+    redis_client: redis.Redis,
+    prefix: str,
+    inline_embed: Embed,
 ) -> None:
     # Given a worker serving the embeddings
     start_worker(Embed())
@@ -108,7 +123,8 @@ def test_a_worker_returns_the_inline_vectors_under_bucket_keys(
 
 
 def test_a_bad_item_gets_its_own_error(
-    start_worker: Callable[..., qs.Worker], client: qs.Client,
+    start_worker: Callable[..., qs.Worker],
+    client: qs.Client,
 ) -> None:
     start_worker(Embed())
     out: list[Any] = client.dispatch_many(embed, ["fine", 42], timeout=60, return_exceptions=True)
@@ -132,7 +148,9 @@ def test_collate_pads_into_one_array_with_the_tokenizers_own_ids() -> None:
 
 
 def test_tokenizing_in_the_caller_gives_the_same_vectors(
-    start_worker: Callable[..., qs.Worker], client: qs.Client, inline_embed: Embed,
+    start_worker: Callable[..., qs.Worker],
+    client: qs.Client,
+    inline_embed: Embed,
 ) -> None:
     from tasks.embed import embed_tokens
 
@@ -149,11 +167,16 @@ def test_tokenizing_in_the_caller_gives_the_same_vectors(
 
 
 def test_token_ids_the_model_cannot_take_get_their_own_error(
-    start_worker: Callable[..., qs.Worker], client: qs.Client,
+    start_worker: Callable[..., qs.Worker],
+    client: qs.Client,
 ) -> None:
     start_worker(Embed(buckets=False))
-    bad = [np.array([101, 10**6, 102]), np.array([], dtype=np.int32),
-           np.zeros(MAX_TOKENS + 1, dtype=np.int64), np.array([1.5, 2.5])]
+    bad = [
+        np.array([101, 10**6, 102]),
+        np.array([], dtype=np.int32),
+        np.zeros(MAX_TOKENS + 1, dtype=np.int64),
+        np.array([1.5, 2.5]),
+    ]
     out: list[Any] = client.dispatch_many(
         "embed", ["fine", *bad, np.array([101, 7592, 102])], timeout=60, return_exceptions=True
     )

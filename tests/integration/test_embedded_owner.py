@@ -47,8 +47,11 @@ def gone(pid: int) -> bool:
 def start_owner(directory: str) -> tuple[subprocess.Popen[str], str, int]:
     """A process that runs an embedded server: the process, the server's socket and pid."""
     owner = subprocess.Popen(
-        [sys.executable, "-c", OWNER], cwd=REPO, env={**os.environ, "TMPDIR": directory},
-        stdout=subprocess.PIPE, text=True,
+        [sys.executable, "-c", OWNER],
+        cwd=REPO,
+        env={**os.environ, "TMPDIR": directory},
+        stdout=subprocess.PIPE,
+        text=True,
     )
     assert owner.stdout is not None
     url = owner.stdout.readline().strip()
@@ -89,9 +92,21 @@ def test_a_server_whose_owner_is_gone_is_shut_down_and_its_directory_removed(
     left.mkdir()
     socket = left / "redis.sock"
     server = subprocess.Popen(
-        ["redis-server", "--port", "0", "--unixsocket", str(socket), "--save", "",
-         "--appendonly", "no", "--dir", str(left)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            "redis-server",
+            "--port",
+            "0",
+            "--unixsocket",
+            str(socket),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(left),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     wait_until(socket.exists, "the left-over server listening")
     # and a directory of a live owner

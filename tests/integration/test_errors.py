@@ -124,8 +124,9 @@ def test_queue_full_rejects_past_max_queue_items_without_counting_them(
     start_worker: StartWorker, client: qs.Client, redis_client: redis.Redis, prefix: str
 ) -> None:
     # Given a serving with max_queue=5 whose executor is held, so nothing is acked
-    serving = Recording(tag_items, name="bounded", batch_size=10, batch_timeout=0.005,
-                        max_queue=5, gated=True)
+    serving = Recording(
+        tag_items, name="bounded", batch_size=10, batch_timeout=0.005, max_queue=5, gated=True
+    )
     start_worker(serving)
 
     # When requests of 3, 3, 2 and 1 items arrive (by name: the worker declared the limit)
@@ -149,7 +150,11 @@ def test_queue_full_rejects_past_max_queue_items_without_counting_them(
     assert second.result(RESULT_WAIT_S) == ["r:7", "r:8"]
     wait_until(lambda: queued(redis_client, prefix, "bounded") == 0, what="the counter to drop")
     assert client.dispatch_many("bounded", [10, 11, 12, 13, 14], timeout=RESULT_WAIT_S) == [
-        "r:10", "r:11", "r:12", "r:13", "r:14"
+        "r:10",
+        "r:11",
+        "r:12",
+        "r:13",
+        "r:14",
     ]
     assert 4 not in serving.items_run and 9 not in serving.items_run
 
@@ -208,8 +213,11 @@ def test_timeout_with_a_busy_worker_says_workers_are_alive(
 
 
 def test_expired_request_held_by_the_worker_is_never_executed(
-    start_worker: StartWorker, client: qs.Client, pending: Pending,
-    redis_client: redis.Redis, prefix: str,
+    start_worker: StartWorker,
+    client: qs.Client,
+    pending: Pending,
+    redis_client: redis.Redis,
+    prefix: str,
 ) -> None:
     # Given an executor busy with a first batch
     serving = Recording(tag_items, name="late", batch_size=4, batch_timeout=0.005)
@@ -299,7 +307,9 @@ def test_cancel_after_a_worker_read_it_returns_false_and_drops_the_result(
 
 
 def test_a_bug_while_sending_fails_those_callers_at_once_and_the_sender_lives_on(
-    start_worker: StartWorker, client: qs.Client, monkeypatch: pytest.MonkeyPatch,
+    start_worker: StartWorker,
+    client: qs.Client,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Given a client whose next send hits a bug (not a Redis failure)
     serving = Recording(tag_items, name="tag", batch_size=8, batch_timeout=0)

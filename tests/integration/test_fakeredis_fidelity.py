@@ -22,8 +22,10 @@ from tests.support.broker import RedisBroker
 
 def key_stats(broker: RedisBroker, keys: P.Keys) -> list[tuple[Any, ...]]:
     """Per-key stats without the oldest item's age (it depends on when each run happens)."""
-    return [(s.key, s.queued_items, s.last_seen_ms, s.waiting, s.pending, s.read)
-            for s in broker.key_stats(keys)]
+    return [
+        (s.key, s.queued_items, s.last_seen_ms, s.waiting, s.pending, s.read)
+        for s in broker.key_stats(keys)
+    ]
 
 
 def answers(r: redis.Redis, prefix: str) -> dict[str, Any]:
@@ -50,8 +52,13 @@ def answers(r: redis.Redis, prefix: str) -> dict[str, Any]:
     out["after cancel"] = key_stats(broker, keys)
     out["depths"] = [row[1:] for row in broker.queue_depths([keys])]
 
-    broker.dead_letter(keys, stream, ids[1], {"reason": "boom", "deliveries": 3,
-                                             "field:h": b"h", "field:p": b"p"}, ack_now=True)
+    broker.dead_letter(
+        keys,
+        stream,
+        ids[1],
+        {"reason": "boom", "deliveries": 3, "field:h": b"h", "field:p": b"p"},
+        ack_now=True,
+    )
     out["dead depths"] = [n for _, n in broker.dead_letter_depths([keys])]
     out["pending"] = broker.pending_consumers(stream)
     out["consumers"] = [(name, pending) for name, pending, _ in broker.consumers(stream)]

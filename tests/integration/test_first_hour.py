@@ -50,8 +50,13 @@ def console(tmp_path: Path) -> Path:
 
 def cli(*args: str, cwd: Path = REPO, **extra: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "queueserve", *args], cwd=cwd, env=child_env(**extra),
-        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=WAIT_S,
+        [sys.executable, "-m", "queueserve", *args],
+        cwd=cwd,
+        env=child_env(**extra),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=WAIT_S,
     )
 
 
@@ -62,8 +67,13 @@ class Proc:
         self.log = log
         with log.open("wb") as out:
             self.proc = subprocess.Popen(
-                argv, cwd=cwd, env=environ, stdin=subprocess.DEVNULL, stdout=out,
-                stderr=subprocess.STDOUT, start_new_session=True,
+                argv,
+                cwd=cwd,
+                env=environ,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
 
     def output(self) -> str:
@@ -108,7 +118,11 @@ def declare(client: redis.Redis, prefix: str, *names: str) -> None:
 
 # -- the README, literally: module in the current folder, worker from there ---------------------
 def test_worker_imports_the_module_from_the_current_directory_and_logs_start_and_stop(
-    start: Callable[..., Proc], console: Path, tmp_path: Path, redis_url: str, prefix: str,
+    start: Callable[..., Proc],
+    console: Path,
+    tmp_path: Path,
+    redis_url: str,
+    prefix: str,
     redis_client: redis.Redis,
 ) -> None:
     # Given myapp/servings.py in the current folder, as the README has it
@@ -121,8 +135,12 @@ def test_worker_imports_the_module_from_the_current_directory_and_logs_start_and
         "serving = qs.Serving(square, name='square', batch_size=10, batch_timeout=0.1)\n"
     )
     # When the console script is run from that folder (Redis from the environment)
-    worker = start([sys.executable, str(console), "worker", "myapp.servings:serving"], cwd=app,
-                   QUEUESERVE_REDIS_URL=redis_url, QUEUESERVE_PREFIX=prefix)
+    worker = start(
+        [sys.executable, str(console), "worker", "myapp.servings:serving"],
+        cwd=app,
+        QUEUESERVE_REDIS_URL=redis_url,
+        QUEUESERVE_PREFIX=prefix,
+    )
     wait_until(alive(redis_client, prefix, "square"), "the worker's heartbeat", process=worker)
 
     # Then a partition process imported it too, and answers
@@ -157,8 +175,19 @@ def test_a_module_that_is_not_found_says_where_it_was_looked_for(
     console: Path, tmp_path: Path
 ) -> None:
     done = subprocess.run(
-        [sys.executable, str(console), "worker", "myapp.servings:serving", "--redis-url",
-         dead_url()], cwd=tmp_path, env=child_env(), capture_output=True, text=True, timeout=WAIT_S,
+        [
+            sys.executable,
+            str(console),
+            "worker",
+            "myapp.servings:serving",
+            "--redis-url",
+            dead_url(),
+        ],
+        cwd=tmp_path,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=WAIT_S,
     )
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip() == (
@@ -170,18 +199,33 @@ def test_a_module_that_is_not_found_says_where_it_was_looked_for(
 
 
 def test_the_worker_drains_a_held_batch_and_counts_it_in_its_stop_line(
-    start: Callable[..., Proc], redis_url: str, prefix: str, redis_client: redis.Redis,
+    start: Callable[..., Proc],
+    redis_url: str,
+    prefix: str,
+    redis_client: redis.Redis,
 ) -> None:
     # Given a batch that is executing
-    worker = start([sys.executable, "-m", "queueserve", "worker",
-                    "tests.support.first_hour_app:Held", "--redis-url", redis_url,
-                    "--prefix", prefix],
-                   FIRST_HOUR_REDIS_URL=redis_url, FIRST_HOUR_PREFIX=prefix)
+    worker = start(
+        [
+            sys.executable,
+            "-m",
+            "queueserve",
+            "worker",
+            "tests.support.first_hour_app:Held",
+            "--redis-url",
+            redis_url,
+            "--prefix",
+            prefix,
+        ],
+        FIRST_HOUR_REDIS_URL=redis_url,
+        FIRST_HOUR_PREFIX=prefix,
+    )
     wait_until(alive(redis_client, prefix, "held"), "the worker's heartbeat", process=worker)
     with qs.Client(redis_url, prefix=prefix) as client:
         ticket = client.submit("held", [1, 2], timeout=60)
-        wait_until(lambda: redis_client.get(f"{prefix}:started"), "the batch to start",
-                   process=worker)
+        wait_until(
+            lambda: redis_client.get(f"{prefix}:started"), "the batch to start", process=worker
+        )
 
         # When SIGTERM comes, and the partition has begun draining, the batch may finish
         worker.proc.send_signal(signal.SIGTERM)
@@ -192,27 +236,44 @@ def test_the_worker_drains_a_held_batch_and_counts_it_in_its_stop_line(
         assert ticket.result(timeout=30) == [1, 2]
     assert worker.wait() == 0, worker.output()
     out = worker.output()
-    assert ("partition 0 stopped: drained 1 batch (1 request) held at stop; 1 batch, 1 request, "
-            "2 items in all") in out
-    assert out.strip().splitlines()[-1].endswith(
-        "worker stopped (SIGTERM): partitions drained 1 batch (1 request) held at stop; 1 batch, "
-        "1 request, 2 items in all; exit code 0"
+    assert (
+        "partition 0 stopped: drained 1 batch (1 request) held at stop; 1 batch, 1 request, "
+        "2 items in all"
+    ) in out
+    assert (
+        out.strip()
+        .splitlines()[-1]
+        .endswith(
+            "worker stopped (SIGTERM): partitions drained 1 batch (1 request) held at stop; "
+            "1 batch, 1 request, 2 items in all; exit code 0"
+        )
     )
 
 
 # -- startup errors: one line, the documented exit code, no restarts ---------------------------
 def test_redis_unreachable_at_start_is_one_line_and_exit_1(start: Callable[..., Proc]) -> None:
     url = dead_url()
-    worker = start([sys.executable, "-m", "queueserve", "worker", "tests.support.cli_app:square",
-                    "--redis-url", url])
+    worker = start(
+        [
+            sys.executable,
+            "-m",
+            "queueserve",
+            "worker",
+            "tests.support.cli_app:square",
+            "--redis-url",
+            url,
+        ]
+    )
     assert worker.wait() == 1, worker.output()
     out = worker.output()
     shown = url.replace("s3cret", "***")
     port = url.rsplit(":", 1)[1].split("/")[0]
-    assert (f"queueserve: Redis at {shown} is unavailable (ConnectionError: Error 111 "
-            f"connecting to 127.0.0.1:{port}. Connection refused.): check that it is up, has "
-            "memory left and is a primary (retried for 5s), or point the worker at yours with "
-            "--redis-url or QUEUESERVE_REDIS_URL") in out
+    assert (
+        f"queueserve: Redis at {shown} is unavailable (ConnectionError: Error 111 "
+        f"connecting to 127.0.0.1:{port}. Connection refused.): check that it is up, has "
+        "memory left and is a primary (retried for 5s), or point the worker at yours with "
+        "--redis-url or QUEUESERVE_REDIS_URL"
+    ) in out
     assert "reachable again" not in out
     assert "s3cret" not in out
     assert "Traceback" not in out
@@ -220,7 +281,9 @@ def test_redis_unreachable_at_start_is_one_line_and_exit_1(start: Callable[..., 
 
 
 def test_a_url_that_is_not_redis_is_rejected_at_once_with_exit_2() -> None:
-    done = cli("worker", "tests.support.cli_app:square", "--redis-url", "http://user:pw@localhost:6379/0")
+    done = cli(
+        "worker", "tests.support.cli_app:square", "--redis-url", "http://user:pw@localhost:6379/0"
+    )
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip() == (
         "queueserve: 'http://user:***@localhost:6379/0' is not a Redis URL: it must start with "
@@ -234,17 +297,31 @@ def test_a_url_that_is_not_redis_is_rejected_at_once_with_exit_2() -> None:
 
 
 def test_a_serving_whose_setup_fails_stops_the_worker_with_exit_1_without_restarts(
-    start: Callable[..., Proc], redis_url: str, prefix: str,
+    start: Callable[..., Proc],
+    redis_url: str,
+    prefix: str,
 ) -> None:
-    worker = start([sys.executable, "-m", "queueserve", "worker",
-                    "tests.support.first_hour_app:Broken", "--redis-url", redis_url,
-                    "--prefix", prefix])
+    worker = start(
+        [
+            sys.executable,
+            "-m",
+            "queueserve",
+            "worker",
+            "tests.support.first_hour_app:Broken",
+            "--redis-url",
+            redis_url,
+            "--prefix",
+            prefix,
+        ]
+    )
     assert worker.wait() == 1, worker.output()
     out = worker.output()
-    assert ("partition 0 could not start: setup() of serving 'broken' failed on partition 0 "
-            "(cpu): FileNotFoundError: model file /models/missing.bin not found. Stopping the "
-            "worker (exit code 1) without restarts: fix the cause and start it again "
-            "(--log-level DEBUG shows the traceback)") in out
+    assert (
+        "partition 0 could not start: setup() of serving 'broken' failed on partition 0 "
+        "(cpu): FileNotFoundError: model file /models/missing.bin not found. Stopping the "
+        "worker (exit code 1) without restarts: fix the cause and start it again "
+        "(--log-level DEBUG shows the traceback)"
+    ) in out
     assert "restarting" not in out
     assert "Traceback" not in out
     assert out.count("started as pid") == 1
@@ -258,8 +335,12 @@ def test_help_describes_the_tool_its_defaults_and_exit_codes() -> None:
     assert "queueserve batches work from many producers over Redis Streams" in top.stdout
     assert "exit codes: 0 ok" in top.stdout
     assert "docs/troubleshooting.md" in top.stdout
-    assert " ".join(worker.stdout.split()).count(
-        "Redis URL (default: $QUEUESERVE_REDIS_URL, else redis://127.0.0.1:6379/0)") == 1
+    assert (
+        " ".join(worker.stdout.split()).count(
+            "Redis URL (default: $QUEUESERVE_REDIS_URL, else redis://127.0.0.1:6379/0)"
+        )
+        == 1
+    )
 
 
 def test_optional_arguments_are_not_called_required(redis_url: str, prefix: str) -> None:
@@ -294,9 +375,11 @@ def test_unknown_servings_are_named_with_the_known_ones(
 ) -> None:
     declare(redis_client, prefix, "square", "cube")
     where = ["--redis-url", redis_url, "--prefix", prefix]
-    told = (f"queueserve: no worker has declared serving 'nosuch' under prefix {prefix!r} on "
-            f"Redis {redis_url}; known servings: cube, square. Check the name, --prefix and "
-            "--redis-url")
+    told = (
+        f"queueserve: no worker has declared serving 'nosuch' under prefix {prefix!r} on "
+        f"Redis {redis_url}; known servings: cube, square. Check the name, --prefix and "
+        "--redis-url"
+    )
     set_ = cli("config", "set", "nosuch", "batch_size=8", *where)
     assert set_.returncode == 1
     assert set_.stderr.strip() == f"{told} (or pass --force to set it before any worker runs)"
@@ -315,8 +398,11 @@ def test_a_timeout_that_can_never_be_met_is_refused_at_the_call(
     bad: float, redis_url: str, prefix: str
 ) -> None:
     with qs.Client(redis_url, prefix=prefix) as client:
-        with pytest.raises(ValueError, match=r"timeout must be a finite number of seconds > 0, "
-                                             r"got .*; use None to wait until answered"):
+        with pytest.raises(
+            ValueError,
+            match=r"timeout must be a finite number of seconds > 0, "
+            r"got .*; use None to wait until answered",
+        ):
             client.dispatch("square", 2, timeout=bad)
         with pytest.raises(TypeError, match="timeout must be seconds"):
             client.submit("square", [2], timeout=True)  # type: ignore[arg-type]
@@ -345,10 +431,13 @@ def test_default_timeout_bounds_calls_without_one(
     asyncio.run(main())
 
 
-@pytest.mark.parametrize(("value", "message"), [
-    ("0", "QUEUESERVE_DEFAULT_TIMEOUT must be a duration > 0"),
-    ("soon", "QUEUESERVE_DEFAULT_TIMEOUT 'soon' is not a duration"),
-])
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("0", "QUEUESERVE_DEFAULT_TIMEOUT must be a duration > 0"),
+        ("soon", "QUEUESERVE_DEFAULT_TIMEOUT 'soon' is not a duration"),
+    ],
+)
 def test_a_bad_default_timeout_is_refused(
     monkeypatch: pytest.MonkeyPatch, value: str, message: str
 ) -> None:
@@ -365,7 +454,9 @@ def test_default_timeout_is_off_unless_set(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_waiting_on_a_serving_nobody_serves_warns_once(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, redis_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    redis_url: str,
     prefix: str,
 ) -> None:
     monkeypatch.setattr(client_unserved, "UNSERVED_WARN_AFTER", 0.05)  # 10s in real life
@@ -384,21 +475,25 @@ def test_waiting_on_a_serving_nobody_serves_warns_once(
 
 
 def test_waiting_on_a_served_serving_does_not_warn(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, redis_url: str,
-    prefix: str, redis_client: redis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    redis_url: str,
+    prefix: str,
+    redis_client: redis.Redis,
 ) -> None:
     monkeypatch.setattr(client_unserved, "UNSERVED_WARN_AFTER", 0.05)
     caplog.set_level(logging.WARNING, logger="queueserve.client")
     # A worker's heartbeat, without a worker: the call will wait, but someone serves it
     redis_client.zadd(Keys(prefix, "busy").workers, {"w1": int(time.time() * 1000)})
-    with qs.Client(redis_url, prefix=prefix) as client, \
-            pytest.raises(qs.Timeout, match="1 worker"):
+    with qs.Client(redis_url, prefix=prefix) as client, pytest.raises(qs.Timeout, match="1 worker"):
         client.dispatch("busy", 1, timeout=0.5)
     assert [r for r in caplog.records if r.name == "queueserve.client"] == []
 
 
 def test_async_client_warns_once_too(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, redis_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    redis_url: str,
     prefix: str,
 ) -> None:
     monkeypatch.setattr(client_unserved, "UNSERVED_WARN_AFTER", 0.05)
@@ -416,9 +511,11 @@ def test_async_client_warns_once_too(
 
 
 def test_an_int_past_64_bits_says_so(redis_url: str, prefix: str) -> None:
-    told = ("cannot encode int 1180591620717411303424 with codec 'msgpack': it exceeds 64 bits "
-            "(msgpack integers range from -2**63 to 2**64-1); send it as a str (str(n)) or "
-            "bytes, or choose codec='pickle'")
+    told = (
+        "cannot encode int 1180591620717411303424 with codec 'msgpack': it exceeds 64 bits "
+        "(msgpack integers range from -2**63 to 2**64-1); send it as a str (str(n)) or "
+        "bytes, or choose codec='pickle'"
+    )
     with pytest.raises(TypeError) as e:
         get_codec("msgpack").dumps([1, 2**70])
     assert str(e.value) == told
@@ -427,15 +524,20 @@ def test_an_int_past_64_bits_says_so(redis_url: str, prefix: str) -> None:
     with qs.Client(redis_url, prefix=prefix) as client, pytest.raises(TypeError, match="64 bits"):
         client.dispatch("square", 2**70, timeout=5)
     assert get_codec("msgpack").loads(get_codec("msgpack").dumps([2**64 - 1, -(2**63)])) == [
-        2**64 - 1, -(2**63)]
+        2**64 - 1,
+        -(2**63),
+    ]
 
 
-@pytest.mark.parametrize(("url", "shown"), [
-    ("redis://:s3cret@host:6379/0", "redis://:***@host:6379/0"),
-    ("redis://app:s3cret@host/1?password=x&db=2", "redis://app:***@host/1?password=***&db=2"),
-    ("unix:///run/redis.sock?password=s3cret", "unix:///run/redis.sock?password=***"),
-    ("rediss://host:6380/0", "rediss://host:6380/0"),
-])
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("redis://:s3cret@host:6379/0", "redis://:***@host:6379/0"),
+        ("redis://app:s3cret@host/1?password=x&db=2", "redis://app:***@host/1?password=***&db=2"),
+        ("unix:///run/redis.sock?password=s3cret", "unix:///run/redis.sock?password=***"),
+        ("rediss://host:6380/0", "rediss://host:6380/0"),
+    ],
+)
 def test_urls_in_logs_and_messages_hide_the_password(url: str, shown: str) -> None:
     assert redact_url(url) == shown
     assert check_redis_url(url) == url
@@ -479,12 +581,14 @@ def test_demo_keeps_celery_shutdown_chatter_out_unless_it_fails(
     from tasks.demo import Processes
 
     procs = Processes(child_env(), tmp_path)
-    procs.start("celery worker", "-c", "print('worker: Warm shutdown (MainProcess)')",
-                capture=True).wait(WAIT_S)
+    procs.start(
+        "celery worker", "-c", "print('worker: Warm shutdown (MainProcess)')", capture=True
+    ).wait(WAIT_S)
     assert procs.stop() == []
     assert "Warm shutdown" not in capfd.readouterr().out
 
     failing = Processes(child_env(), tmp_path)
-    failing.start("celery worker", "-c", "import sys; print('no broker'); sys.exit(3)",
-                  capture=True).wait(WAIT_S)
+    failing.start(
+        "celery worker", "-c", "import sys; print('no broker'); sys.exit(3)", capture=True
+    ).wait(WAIT_S)
     assert failing.stop() == ["celery worker exited with code 3; its output ended:\n    no broker"]

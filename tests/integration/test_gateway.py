@@ -38,9 +38,14 @@ from tests.support.redis_server import prefixed_client
 
 TOKEN = "test-token-1"
 MAX_BODY = 64 * 1024
-SERVINGS = ["tests.support.gateway_app:gated", "tests.support.gateway_app:limited",
-            "tests.support.gateway_app:hooked", "tests.support.gateway_app:ticker",
-            "tasks.charlm:charlm", "tasks.embed:embed"]
+SERVINGS = [
+    "tests.support.gateway_app:gated",
+    "tests.support.gateway_app:limited",
+    "tests.support.gateway_app:hooked",
+    "tests.support.gateway_app:ticker",
+    "tasks.charlm:charlm",
+    "tasks.embed:embed",
+]
 NAMES = ["gated", "limited", "hooked", "ticker", "charlm", "embed"]
 LONG = {"n": 10**6}  # a ticker request that runs until it is cancelled (about 80 minutes)
 
@@ -62,8 +67,7 @@ class Stack:
         return httpx.Client(base_url=self.url, headers=headers, timeout=60)
 
     def openai(self) -> openai.OpenAI:
-        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=TOKEN, max_retries=0,
-                             timeout=120)
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=TOKEN, max_retries=0, timeout=120)
 
     def key(self, name: str) -> str:
         return f"{self.prefix}:gw:{name}"
@@ -85,10 +89,20 @@ class Stack:
 def stack(redis_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     prefix = f"qsgw{uuid4().hex[:10]}"
     logs: Path = tmp_path_factory.mktemp("gateway")
-    with prefixed_client(redis_server, prefix) as r, gateway_stack(
-        redis_server, prefix, logs, SERVINGS, NAMES, "--token", TOKEN,
-        "--max-body-bytes", str(MAX_BODY),
-    ) as (worker, gateway):
+    with (
+        prefixed_client(redis_server, prefix) as r,
+        gateway_stack(
+            redis_server,
+            prefix,
+            logs,
+            SERVINGS,
+            NAMES,
+            "--token",
+            TOKEN,
+            "--max-body-bytes",
+            str(MAX_BODY),
+        ) as (worker, gateway),
+    ):
         yield Stack(r, redis_server, prefix, worker, gateway)
 
 
@@ -114,30 +128,35 @@ def error_of(response: httpx.Response) -> dict[str, Any]:
 def test_dispatch_and_dispatch_many_answer_json(stack: Stack) -> None:
     with stack.http() as http:
         one = http.post("/v1/servings/gated/dispatch", json={"item": "a", "priority": 3})
-        many = http.post("/v1/servings/gated/dispatch_many",
-                         json={"items": ["b", {"x": 1}, [1, 2]], "batch_key": "k", "timeout": 30})
-        mixed = http.post("/v1/servings/gated/dispatch_many",
-                          json={"items": ["c", "bad"], "return_exceptions": True})
+        many = http.post(
+            "/v1/servings/gated/dispatch_many",
+            json={"items": ["b", {"x": 1}, [1, 2]], "batch_key": "k", "timeout": 30},
+        )
+        mixed = http.post(
+            "/v1/servings/gated/dispatch_many",
+            json={"items": ["c", "bad"], "return_exceptions": True},
+        )
     assert one.status_code == 200 and one.json() == {"result": "r:a"}
     assert many.json() == {"results": ["r:b", "r:{'x': 1}", "r:[1, 2]"]}
     ok, failed = mixed.json()["results"]
     assert ok == "r:c"
-    assert failed["error"]["type"] == "remote_error" and "'bad' is refused" in \
-        failed["error"]["message"]
+    assert (
+        failed["error"]["type"] == "remote_error"
+        and "'bad' is refused" in failed["error"]["message"]
+    )
 
 
 def test_bad_bodies_are_400_saying_what_was_wrong(stack: Stack) -> None:
     with stack.http() as http:
         cases = {
             "not json": http.post("/v1/servings/gated/dispatch", content=b"{nope"),
-            "priority": http.post("/v1/servings/gated/dispatch",
-                                  json={"item": 1, "priority": 10}),
-            "unknown field": http.post("/v1/servings/gated/dispatch",
-                                       json={"item": 1, "colour": "red"}),
+            "priority": http.post("/v1/servings/gated/dispatch", json={"item": 1, "priority": 10}),
+            "unknown field": http.post(
+                "/v1/servings/gated/dispatch", json={"item": 1, "colour": "red"}
+            ),
             "no items": http.post("/v1/servings/gated/dispatch_many", json={"items": []}),
             "huge int": http.post("/v1/servings/gated/dispatch", json={"item": 10**30}),
-            "timeout": http.post("/v1/servings/gated/dispatch",
-                                 json={"item": 1, "timeout": -1}),
+            "timeout": http.post("/v1/servings/gated/dispatch", json={"item": 1, "timeout": -1}),
         }
     for what, response in cases.items():
         assert response.status_code == 400, (what, response.text)
@@ -190,8 +209,9 @@ def test_a_full_queue_is_429_with_retry_after(stack: Stack) -> None:
 async def test_the_app_mounts_in_another_with_a_client_of_yours(stack: Stack) -> None:
     async with qs.AsyncClient(stack.redis_url, prefix=stack.prefix) as client:
         outer = Starlette(routes=[Mount("/qs", app=create_app(client))])
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=outer),
-                                     base_url="http://app") as http:
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=outer), base_url="http://app"
+        ) as http:
             answer = await http.post("/qs/v1/servings/gated/dispatch", json={"item": "m"})
         assert answer.json() == {"result": "r:m"}
         assert await client.dispatch("gated", "still open") == "r:still open"  # not closed
@@ -209,8 +229,10 @@ def test_auth_is_refused_without_the_token(stack: Stack) -> None:
         assert error_of(response)["type"] == "unauthorized"
         assert response.headers["www-authenticate"] == "Bearer"
     assert health.status_code == 200 and health.json() == {"status": "ok"}
-    with openai.OpenAI(base_url=f"{stack.url}/v1", api_key="wrong", max_retries=0) as client, \
-            pytest.raises(openai.AuthenticationError):
+    with (
+        openai.OpenAI(base_url=f"{stack.url}/v1", api_key="wrong", max_retries=0) as client,
+        pytest.raises(openai.AuthenticationError),
+    ):
         client.models.list()
 
 
@@ -219,7 +241,7 @@ def test_a_body_over_the_limit_is_413(stack: Stack) -> None:
 
     def chunked() -> Iterator[bytes]:  # no Content-Length: counted as it arrives
         for i in range(0, len(big), 4096):
-            yield big[i:i + 4096]
+            yield big[i : i + 4096]
 
     with stack.http() as http:
         declared = http.post("/v1/servings/gated/dispatch", content=big)
@@ -238,8 +260,10 @@ def test_metrics_count_http_requests_by_route_and_status(stack: Stack) -> None:
         http.post("/v1/servings/nosuch/dispatch", json={"item": "m"})
         http.get(f"/random/{uuid4().hex}")
         text = http.get("/metrics").text
-    assert ('queueserve_http_requests_total{method="POST",'
-            'route="/v1/servings/{name}/dispatch",status="200"}') in text
+    assert (
+        'queueserve_http_requests_total{method="POST",'
+        'route="/v1/servings/{name}/dispatch",status="200"}'
+    ) in text
     assert 'route="/v1/servings/{name}/dispatch",status="404"' in text
     assert 'route="other",status="404"' in text
     assert "queueserve_http_request_seconds_bucket" in text
@@ -271,9 +295,10 @@ def test_concurrent_http_clients_share_batches(stack: Stack) -> None:
 
 # --- streams ---------------------------------------------------------------------------------
 def test_stream_sends_hooks_then_outputs_then_the_result(stack: Stack) -> None:
-    with stack.http() as http, http.stream(
-        "POST", "/v1/servings/hooked/stream", json={"items": ["a", "b"]}
-    ) as response:
+    with (
+        stack.http() as http,
+        http.stream("POST", "/v1/servings/hooked/stream", json={"items": ["a", "b"]}) as response,
+    ):
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")
         events = list(sse(response))
@@ -285,22 +310,28 @@ def test_stream_sends_hooks_then_outputs_then_the_result(stack: Stack) -> None:
 
 
 def test_stream_of_a_step_serving_sends_each_step(stack: Stack) -> None:
-    with stack.http() as http, http.stream(
-        "POST", "/v1/servings/ticker/stream", json={"items": [{"n": 3}]}
-    ) as response:
+    with (
+        stack.http() as http,
+        http.stream("POST", "/v1/servings/ticker/stream", json={"items": [{"n": 3}]}) as response,
+    ):
         events = list(sse(response))
-    assert events == [("output", {"results": [0], "start": 0, "size": 1}),
-                      ("output", {"results": [1], "start": 0, "size": 1}),
-                      ("output", {"results": [2], "start": 0, "size": 1}),
-                      ("result", {"outputs": [[0, 1, 2]]})]
+    assert events == [
+        ("output", {"results": [0], "start": 0, "size": 1}),
+        ("output", {"results": [1], "start": 0, "size": 1}),
+        ("output", {"results": [2], "start": 0, "size": 1}),
+        ("result", {"outputs": [[0, 1, 2]]}),
+    ]
 
 
 def test_an_error_mid_stream_is_the_last_event_after_the_outputs_before_it(
     stack: Stack,
 ) -> None:
-    with stack.http() as http, http.stream(
-        "POST", "/v1/servings/ticker/stream", json={"items": [{"n": 5, "fail_at": 2}]}
-    ) as response:
+    with (
+        stack.http() as http,
+        http.stream(
+            "POST", "/v1/servings/ticker/stream", json={"items": [{"n": 5, "fail_at": 2}]}
+        ) as response,
+    ):
         assert response.status_code == 200  # sent with the first event
         events = list(sse(response))
     assert [name for name, _ in events] == ["output", "output", "error"]
@@ -319,15 +350,18 @@ def test_stream_errors_before_the_first_event_get_their_status(stack: Stack) -> 
 
 def test_a_stream_whose_client_disconnects_leaves_the_running_set(stack: Stack) -> None:
     # Given a step request that would run for a million steps, streaming
-    with stack.http() as http, http.stream(
-        "POST", "/v1/servings/ticker/stream", json={"items": [LONG]}
-    ) as response:
+    with (
+        stack.http() as http,
+        http.stream("POST", "/v1/servings/ticker/stream", json={"items": [LONG]}) as response,
+    ):
         events = sse(response)
         assert [next(events)[1]["results"] for _ in range(3)] == [[0], [1], [2]]
         assert stack.pending("ticker") == 1
     # When its HTTP client disconnects, Then the worker drops it and acks it
-    wait_until(lambda: stack.pending("ticker") == 0 and stack.queued("ticker") == 0,
-               "the disconnected stream's request to leave the running set")
+    wait_until(
+        lambda: stack.pending("ticker") == 0 and stack.queued("ticker") == 0,
+        "the disconnected stream's request to leave the running set",
+    )
     with stack.http() as http:  # and the serving goes on serving
         after = http.post("/v1/servings/ticker/dispatch", json={"item": {"n": 2}})
     assert after.json() == {"result": [0, 1]}
@@ -338,22 +372,29 @@ def test_a_dispatch_whose_client_disconnects_is_cancelled(stack: Stack) -> None:
     body = json.dumps({"item": LONG}).encode()
     host, port = stack.url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port))) as raw:
-        raw.sendall(b"POST /v1/servings/ticker/dispatch HTTP/1.1\r\nhost: x\r\n"
-                    b"authorization: Bearer " + TOKEN.encode() + b"\r\n"
-                    b"content-type: application/json\r\ncontent-length: "
-                    + str(len(body)).encode() + b"\r\n\r\n" + body)
+        raw.sendall(
+            b"POST /v1/servings/ticker/dispatch HTTP/1.1\r\nhost: x\r\n"
+            b"authorization: Bearer " + TOKEN.encode() + b"\r\n"
+            b"content-type: application/json\r\ncontent-length: "
+            + str(len(body)).encode()
+            + b"\r\n\r\n"
+            + body
+        )
         wait_until(lambda: stack.pending("ticker") == 1, "the request to run")
     # When the client goes, Then the request leaves the running set
-    wait_until(lambda: stack.pending("ticker") == 0 and stack.queued("ticker") == 0,
-               "the disconnected dispatch's request to leave the running set")
+    wait_until(
+        lambda: stack.pending("ticker") == 0 and stack.queued("ticker") == 0,
+        "the disconnected dispatch's request to leave the running set",
+    )
 
 
 # --- OpenAI-compatible endpoints, through the official client --------------------------------
 def test_openai_embeddings(stack: Stack) -> None:
     with stack.openai() as client:
         texts = ["a cat sat on the mat", "queues of work, served in batches"]
-        floats = client.embeddings.create(model="all-MiniLM-L6-v2", input=texts,
-                                          encoding_format="float")
+        floats = client.embeddings.create(
+            model="all-MiniLM-L6-v2", input=texts, encoding_format="float"
+        )
         packed = client.embeddings.create(model="embed", input=texts, encoding_format="base64")
         one = client.embeddings.create(model="embed", input=texts[0])
         assert [d.index for d in floats.data] == [0, 1]
@@ -371,17 +412,22 @@ def test_openai_embeddings(stack: Stack) -> None:
 
 def test_openai_completions_with_and_without_stream(stack: Stack) -> None:
     with stack.openai() as client:
-        whole = client.completions.create(model="charlm", prompt="The queue ", max_tokens=24,
-                                          temperature=0)
-        chunks = list(client.completions.create(model="charlm", prompt="The queue ", max_tokens=24,
-                                                temperature=0, stream=True))
+        whole = client.completions.create(
+            model="charlm", prompt="The queue ", max_tokens=24, temperature=0
+        )
+        chunks = list(
+            client.completions.create(
+                model="charlm", prompt="The queue ", max_tokens=24, temperature=0, stream=True
+            )
+        )
         text = whole.choices[0].text
         assert len(text) == 24 and whole.choices[0].finish_reason == "length"
         assert "".join(c.choices[0].text for c in chunks) == text  # greedy: the same text
         assert len(chunks) == 25  # a chunk per character, then the finish reason
         assert chunks[-1].choices[0].finish_reason == "length"
-        both = client.completions.create(model="charlm", prompt=["The queue ", "A"], max_tokens=5,
-                                         temperature=0)
+        both = client.completions.create(
+            model="charlm", prompt=["The queue ", "A"], max_tokens=5, temperature=0
+        )
         assert [c.index for c in both.choices] == [0, 1]
         assert both.choices[0].text == text[:5]
         with pytest.raises(openai.BadRequestError):

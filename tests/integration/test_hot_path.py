@@ -78,8 +78,7 @@ def test_concurrent_dispatches_share_the_clients_inbox_and_get_their_own_results
     results: dict[int, list[str]] = {}
 
     def caller(n: int) -> None:
-        results[n] = [client.dispatch("many", f"{n}-{i}", timeout=RESULT_WAIT_S)
-                      for i in range(10)]
+        results[n] = [client.dispatch("many", f"{n}-{i}", timeout=RESULT_WAIT_S) for i in range(10)]
 
     # When 8 threads dispatch while that call is in flight
     threads = [threading.Thread(target=caller, args=(n,)) for n in range(8)]
@@ -211,8 +210,11 @@ def test_what_a_read_sent_behind_a_reply_brought_is_served_when_its_reply_is_los
     # already blocked in one holds the method it bound, and armed once the worker is warm.
     armed = threading.Event()
     lost: list[ReadOutcome] = []
-    results = {"pending": PendingRead.result, "wait": Consumer.wait_then_read,
-               "ready": Consumer.read_ready}
+    results = {
+        "pending": PendingRead.result,
+        "wait": Consumer.wait_then_read,
+        "ready": Consumer.read_ready,
+    }
 
     def losing(outcome: ReadOutcome) -> ReadOutcome:
         if armed.is_set() and not lost and outcome.entries:
@@ -221,10 +223,10 @@ def test_what_a_read_sent_behind_a_reply_brought_is_served_when_its_reply_is_los
         return outcome
 
     monkeypatch.setattr(PendingRead, "result", lambda self: losing(results["pending"](self)))
-    monkeypatch.setattr(Consumer, "wait_then_read",
-                        lambda self, *a: losing(results["wait"](self, *a)))
-    monkeypatch.setattr(Consumer, "read_ready",
-                        lambda self, *a: losing(results["ready"](self, *a)))
+    monkeypatch.setattr(
+        Consumer, "wait_then_read", lambda self, *a: losing(results["wait"](self, *a))
+    )
+    monkeypatch.setattr(Consumer, "read_ready", lambda self, *a: losing(results["ready"](self, *a)))
     worker = start_worker(Recording(tag_items, name="lost", batch_size=4, batch_timeout=0))
     assert client.dispatch("lost", "warm", timeout=RESULT_WAIT_S) == "r:warm"
     armed.set()
@@ -258,8 +260,9 @@ def test_work_arriving_during_a_long_batch_is_read_while_it_runs(
     second = client.submit("long", ["b"])
     # Then the reader reads it meanwhile, and it is waiting when the executor is free
     # (well before the 30 s after which the reader would have looked by itself)
-    wait_until(lambda: items_waiting(worker) == 1, "the second request read during the first",
-               timeout=10.0)
+    wait_until(
+        lambda: items_waiting(worker) == 1, "the second request read during the first", timeout=10.0
+    )
     serving.gate.set()
     assert first.result(RESULT_WAIT_S) == ["r:a"]
     assert second.result(RESULT_WAIT_S) == ["r:b"]
@@ -283,8 +286,9 @@ def test_a_batch_waiting_for_its_timeout_takes_in_what_arrives_meanwhile(
     assert serving.batches == [("default", [0, 1, 2, 3])]
 
 
-def test_acks_in_runs_release_each_entrys_items_once(redis_url: str, prefix: str,
-                                                      redis_client: redis.Redis) -> None:
+def test_acks_in_runs_release_each_entrys_items_once(
+    redis_url: str, prefix: str, redis_client: redis.Redis
+) -> None:
     # Given requests of 1, 1 and 3 items, read by one consumer
     broker = RedisBroker(redis_url)
     keys = Keys(prefix, "acks")
@@ -292,8 +296,10 @@ def test_acks_in_runs_release_each_entrys_items_once(redis_url: str, prefix: str
     broker.ensure_group(stream)
     inbox = inbox_key(prefix, "c1")
     codec = get_codec("msgpack")
-    requests = [("default", n, *encode_request(codec, rid, ["x"] * n, inbox, None), 0)
-                for rid, n in ((1, 1), (2, 1), (3, 3))]
+    requests = [
+        ("default", n, *encode_request(codec, rid, ["x"] * n, inbox, None), 0)
+        for rid, n in ((1, 1), (2, 1), (3, 3))
+    ]
     _, queued, ids = broker.enqueue(keys, requests, 0)
     assert queued == 5
     read = broker.read_ready(keys, "c", 100, 100, [])

@@ -35,7 +35,6 @@ def triple(xs: list[Any]) -> list[Any]:
     return [x * 3 for x in xs]
 
 
-
 def test_a_scrape_shows_batches_items_errors_and_queue_depth(
     redis_url: str, prefix: str, client: qs.Client
 ) -> None:
@@ -57,8 +56,12 @@ def test_a_scrape_shows_batches_items_errors_and_queue_depth(
         assert _sample(text, "queueserve_batch_size_count", serving="triple", key="default") >= 3
         assert _sample(text, "queueserve_queue_depth", serving="triple", key="default") == 0
         assert _sample(text, "queueserve_pending", serving="triple", key="default") == 0
-        assert _sample(text, "queueserve_partition_busy_seconds_total",
-                       serving="triple", partition="0") > 0
+        assert (
+            _sample(
+                text, "queueserve_partition_busy_seconds_total", serving="triple", partition="0"
+            )
+            > 0
+        )
         assert _get(worker.metrics_port, "/healthz")[0] == 200
         assert _get(worker.metrics_port, "/readyz")[0] == 200
         assert _get(worker.metrics_port, "/nothing")[0] == 404
@@ -78,8 +81,9 @@ def test_a_failing_middleware_hook_is_logged_and_the_worker_goes_on(
     redis_url: str, prefix: str, client: qs.Client, caplog: pytest.LogCaptureFixture
 ) -> None:
     serving = qs.Serving(triple, name="triple", batch_size=8, batch_timeout=0)
-    with qs.Worker(serving, redis_url=redis_url, prefix=prefix, middleware=[Broken()],
-                   handle_signals=False):
+    with qs.Worker(
+        serving, redis_url=redis_url, prefix=prefix, middleware=[Broken()], handle_signals=False
+    ):
         assert client.dispatch_many("triple", [1, 2, 3]) == [3, 6, 9]
         assert client.dispatch("triple", 4) == 12
     assert "middleware Broken.batch_started failed" in caplog.text

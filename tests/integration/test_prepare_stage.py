@@ -82,8 +82,13 @@ def test_inline_runs_prepare_then_handle_with_prepared_then_finish() -> None:
     assert serving.inline_many([1, 2, 3, 4]) == ["r:1", "r:2", "r:3", "r:4"]
     stages = [(stage, items) for stage, _, items, _ in serving.calls]
     assert stages == [
-        ("prepare", [1, 2, 3]), ("prepared", [1, 2, 3]), ("handle", [1, 2, 3]),
-        ("finish", [1, 2, 3]), ("prepare", [4]), ("prepared", [4]), ("handle", [4]),
+        ("prepare", [1, 2, 3]),
+        ("prepared", [1, 2, 3]),
+        ("handle", [1, 2, 3]),
+        ("finish", [1, 2, 3]),
+        ("prepare", [4]),
+        ("prepared", [4]),
+        ("handle", [4]),
         ("finish", [4]),
     ]
     assert [p for stage, _, _, p in serving.calls if stage == "handle"] == [(1, 2, 3), (4,)]
@@ -99,8 +104,9 @@ def test_function_servings_take_prepare_and_finish_as_options() -> None:
         seen.append(batch.prepared)
         return [p + 1 for p in batch.prepared]
 
-    serving = qs.Serving(model, prepare=prepare, finish=lambda b, out: [-x for x in out],
-                         prepare_concurrency=2)
+    serving = qs.Serving(
+        model, prepare=prepare, finish=lambda b, out: [-x for x in out], prepare_concurrency=2
+    )
     assert serving.inline_many([1, 2]) == [-11, -21]
     assert seen == [[10, 20]]
     assert serving.prepare_concurrency == 2 and serving.has_prepare and serving.has_finish
@@ -180,9 +186,7 @@ def test_a_key_whose_batch_prepares_slowly_does_not_hold_up_another_key(
     assert slow.result(RESULT_WAIT_S) == ["r:slow"]
 
 
-def test_prepare_errors_are_isolated_per_item(
-    start_worker: StartWorker, client: qs.Client
-) -> None:
+def test_prepare_errors_are_isolated_per_item(start_worker: StartWorker, client: qs.Client) -> None:
     # Given a batch of four items, one of which its preparation cannot take
     serving = Staged(name="isolate", batch_size=4, gated=True)
     start_worker(serving)
@@ -274,22 +278,35 @@ def test_prepared_batches_waiting_for_the_device_stay_within_the_bound(
 
 
 def test_sigterm_drains_prepared_batches(
-    redis_client: redis.Redis, redis_url: str, prefix: str, tmp_path: Path,
+    redis_client: redis.Redis,
+    redis_url: str,
+    prefix: str,
+    tmp_path: Path,
     client: qs.Client,
 ) -> None:
     # Given a worker process whose device is held on a first batch, with batches prepared
     worker = WorkerProc(
-        ["tests.support.prepare_app:staged", "--redis-url", redis_url, "--prefix", prefix,
-         "--partitions", "1"],
-        redis_url, prefix, tmp_path / "worker.log",
+        [
+            "tests.support.prepare_app:staged",
+            "--redis-url",
+            redis_url,
+            "--prefix",
+            prefix,
+            "--partitions",
+            "1",
+        ],
+        redis_url,
+        prefix,
+        tmp_path / "worker.log",
     )
     rec = f"{prefix}:fault"
     try:
         tickets = [client.submit("staged", [i], timeout=120) for i in range(8)]
         # (the device thread may record its first batch after the preparers their next ones)
         wait_until(
-            lambda: redis_client.llen(f"{rec}:exec") == 1
-            and redis_client.llen(f"{rec}:prepared") >= 3,
+            lambda: (
+                redis_client.llen(f"{rec}:exec") == 1 and redis_client.llen(f"{rec}:prepared") >= 3
+            ),
             "the device held on its first batch and three batches prepared",
         )
 

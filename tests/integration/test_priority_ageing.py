@@ -41,7 +41,10 @@ def slow_echo(items: list[Any]) -> list[Any]:
 
 @pytest.mark.timeout(120)
 def test_a_priority_zero_request_waits_no_more_batches_than_its_ageing_allows(
-    quick_ageing: None, start_worker: StartWorker, redis_client: redis.Redis, redis_url: str,
+    quick_ageing: None,
+    start_worker: StartWorker,
+    redis_client: redis.Redis,
+    redis_url: str,
     prefix: str,
 ) -> None:
     # Given a worker, and a flood of priority-9 requests on the batch key

@@ -44,9 +44,15 @@ def test_on_progress_counts_reach_the_total_of_a_list(
     calls: list[tuple[int, int | None]] = []
     items = list(range(10))
 
-    results = list(client.map(
-        square, items, chunk_size=3, max_in_flight=2, on_progress=lambda d, t: calls.append((d, t))
-    ))
+    results = list(
+        client.map(
+            square,
+            items,
+            chunk_size=3,
+            max_in_flight=2,
+            on_progress=lambda d, t: calls.append((d, t)),
+        )
+    )
 
     assert results == [x * x for x in items]
     assert calls == [(3, 10), (6, 10), (9, 10), (10, 10)]
@@ -58,9 +64,14 @@ def test_on_progress_total_is_none_for_an_input_without_len(
 ) -> None:
     calls: list[tuple[int, int | None]] = []
 
-    results = list(client.map(
-        square, (x for x in range(7)), chunk_size=3, on_progress=lambda d, t: calls.append((d, t))
-    ))
+    results = list(
+        client.map(
+            square,
+            (x for x in range(7)),
+            chunk_size=3,
+            on_progress=lambda d, t: calls.append((d, t)),
+        )
+    )
 
     assert results == [x * x for x in range(7)]
     assert calls == [(3, None), (6, None), (7, None)]
@@ -85,10 +96,15 @@ def test_progress_on_a_terminal_draws_a_bar_that_reaches_the_total(
     monkeypatch.setattr("sys.stderr", stderr)
     calls: list[tuple[int, int | None]] = []
 
-    results = list(client.map(
-        square, range(9), chunk_size=4, progress=True,
-        on_progress=lambda d, t: calls.append((d, t)),
-    ))
+    results = list(
+        client.map(
+            square,
+            range(9),
+            chunk_size=4,
+            progress=True,
+            on_progress=lambda d, t: calls.append((d, t)),
+        )
+    )
 
     assert results == [x * x for x in range(9)]
     assert re.search(r"100%.*\b9/9 .*item/s", stderr.getvalue()), stderr.getvalue()
@@ -101,10 +117,16 @@ async def test_async_map_reports_progress_too(
     calls: list[tuple[int, int | None]] = []
 
     async with qs.AsyncClient(redis_url, prefix=prefix) as aclient:
-        results = [r async for r in aclient.map(
-            square, list(range(10)), chunk_size=4, progress=True,
-            on_progress=lambda d, t: calls.append((d, t)),
-        )]
+        results = [
+            r
+            async for r in aclient.map(
+                square,
+                list(range(10)),
+                chunk_size=4,
+                progress=True,
+                on_progress=lambda d, t: calls.append((d, t)),
+            )
+        ]
 
     assert results == [x * x for x in range(10)]
     assert calls == [(4, 10), (8, 10), (10, 10)]

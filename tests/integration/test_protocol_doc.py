@@ -34,18 +34,41 @@ class Producer:
         self.next_id = 1
         self.answers: dict[int, list[list[Any]]] = {}
 
-    def send(self, serving: str, items: list[Any], batch_key: str = "default",
-             priority: int = 0, deadline_ms: int = 0) -> int:
+    def send(
+        self,
+        serving: str,
+        items: list[Any],
+        batch_key: str = "default",
+        priority: int = 0,
+        deadline_ms: int = 0,
+    ) -> int:
         rid, self.next_id = self.next_id, self.next_id + 1
         header: list[Any] = [1, rid, len(items), self.inbox, deadline_ms, "msgpack"]
         if priority:
             header += ["", priority]
         tag = f"{self.prefix}:{{{serving}}}"
         stream = f"{tag}:in:{batch_key}" if priority == 0 else f"{tag}:p{priority}:{batch_key}"
-        keys = [f"{tag}:queued", f"{tag}:seen", f"{tag}:meta", f"{tag}:ready", f"{tag}:wake",
-                f"{tag}:depth", stream]
-        args = [0, "qs", 1000, 1, batch_key, priority,
-                1, len(items), msgpack.packb(header), msgpack.packb(items)]
+        keys = [
+            f"{tag}:queued",
+            f"{tag}:seen",
+            f"{tag}:meta",
+            f"{tag}:ready",
+            f"{tag}:wake",
+            f"{tag}:depth",
+            stream,
+        ]
+        args = [
+            0,
+            "qs",
+            1000,
+            1,
+            batch_key,
+            priority,
+            1,
+            len(items),
+            msgpack.packb(header),
+            msgpack.packb(items),
+        ]
         limit, queued, entry = self.enqueue(keys=keys, args=args)
         if entry == 0:
             raise RuntimeError(f"queue full: {queued} items queued, max_queue {limit}")
@@ -71,13 +94,29 @@ class Producer:
 @pytest.fixture
 def producer(redis_url: str, prefix: str, tmp_path: Path) -> Iterator[Producer]:
     with prefixed_client(redis_url, prefix) as r:
-        worker = WorkerProc(["tests.support.servings:square", "tests.support.gateway_app:gated",
-                             "--redis-url", redis_url, "--prefix", prefix, "--partitions", "1"],
-                            redis_url, prefix, tmp_path / "worker.log")
+        worker = WorkerProc(
+            [
+                "tests.support.servings:square",
+                "tests.support.gateway_app:gated",
+                "--redis-url",
+                redis_url,
+                "--prefix",
+                prefix,
+                "--partitions",
+                "1",
+            ],
+            redis_url,
+            prefix,
+            tmp_path / "worker.log",
+        )
         try:
-            wait_until(lambda: r.exists(f"{prefix}:{{square}}:meta")
-                       and r.exists(f"{prefix}:{{gated}}:meta"),
-                       "the worker to declare its servings", process=worker)
+            wait_until(
+                lambda: (
+                    r.exists(f"{prefix}:{{square}}:meta") and r.exists(f"{prefix}:{{gated}}:meta")
+                ),
+                "the worker to declare its servings",
+                process=worker,
+            )
             yield Producer(r, prefix)
         finally:
             worker.kill_group()

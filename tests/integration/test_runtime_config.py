@@ -38,7 +38,11 @@ class Sizes(qs.Serving):
 def _cli(redis_url: str, prefix: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "queueserve", *args, "--redis-url", redis_url, "--prefix", prefix],
-        cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=60,
+        cwd=REPO,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 
@@ -110,8 +114,18 @@ def test_stats_shows_queues_workers_and_dead_letters(
         done = _cli(redis_url, prefix, "stats", "--interval", "10ms")
     assert done.returncode == 0, done.stderr
     header, row = done.stdout.splitlines()[:2]
-    assert header.split() == ["serving", "key", "items", "waiting", "pending", "oldest", "seen",
-                              "req/s", "workers", "dead"]
+    assert header.split() == [
+        "serving",
+        "key",
+        "items",
+        "waiting",
+        "pending",
+        "oldest",
+        "seen",
+        "req/s",
+        "workers",
+        "dead",
+    ]
     # nothing queued, so no oldest item; the key saw a request a moment ago
     assert row.split()[:6] == ["sizes", "default", "0", "0", "0", "-"]
     assert row.split()[6].endswith(("ms", "s"))

@@ -41,7 +41,11 @@ def double(xs: list[Any]) -> list[Any]:
 def test_sentinel_urls_are_parsed_and_checked() -> None:
     t = parse_url("redis+sentinel://u:pw@s1:26379,s2/mymaster/2?sentinel_password=spw")
     assert (t.kind, t.hosts, t.service, t.db) == (
-        "sentinel", (("s1", 26379), ("s2", 26379)), "mymaster", 2)
+        "sentinel",
+        (("s1", 26379), ("s2", 26379)),
+        "mymaster",
+        2,
+    )
     assert (t.username, t.password, t.sentinel_auth) == ("u", "pw", {"password": "spw"})
     assert parse_url("redis+sentinel://s1/m?password=x").password == "x"
     with pytest.raises(ValueError, match="names no service"):
@@ -55,8 +59,9 @@ def test_sentinel_urls_are_parsed_and_checked() -> None:
 
 def test_core_cases_through_sentinel(sentinels: SentinelSet, prefix: str) -> None:
     serving = qs.Serving(double, name="double", batch_size=16, batch_timeout=0.001, durable=True)
-    worker = qs.Worker([serving], redis_url=sentinels.url, prefix=prefix,
-                       handle_signals=False).start()
+    worker = qs.Worker(
+        [serving], redis_url=sentinels.url, prefix=prefix, handle_signals=False
+    ).start()
     try:
         with qs.Client(sentinels.url, prefix=prefix) as client:
             assert client.dispatch("double", 4) == 8
@@ -64,7 +69,8 @@ def test_core_cases_through_sentinel(sentinels: SentinelSet, prefix: str) -> Non
             with pytest.raises(qs.RemoteError, match="boom is not a number"):
                 client.dispatch(serving, "boom")
             assert list(client.map(serving, range(500), chunk_size=32)) == [
-                2 * x for x in range(500)]
+                2 * x for x in range(500)
+            ]
             assert client.dispatch(serving, 1, batch_key="other") == 2
         asyncio.run(_async_dispatch(sentinels.url, prefix))
     finally:
@@ -97,9 +103,7 @@ def test_durable_enqueue_without_a_replica_tells_the_caller(tmp_path: Any) -> No
         lone.stop()
 
 
-def test_a_durable_enqueue_whose_master_turns_replica_meanwhile_is_retried(
-    tmp_path: Any
-) -> None:
+def test_a_durable_enqueue_whose_master_turns_replica_meanwhile_is_retried(tmp_path: Any) -> None:
     # Given a durable enqueue waiting (WAIT 1) on a master that has no replica
     from queueserve.wire.protocol import Keys
     from tests.support.broker import RedisBroker
@@ -112,8 +116,7 @@ def test_a_durable_enqueue_whose_master_turns_replica_meanwhile_is_retried(
 
     def enqueue() -> None:
         try:
-            broker.enqueue(Keys("qsd", "turned"), [("default", 1, b"h", b"p", 0)], 0,
-                           durable=True)
+            broker.enqueue(Keys("qsd", "turned"), [("default", 1, b"h", b"p", 0)], 0, durable=True)
             outcome.append(None)
         except BaseException as e:
             outcome.append(e)
@@ -122,8 +125,7 @@ def test_a_durable_enqueue_whose_master_turns_replica_meanwhile_is_retried(
     try:
         with redis.Redis(port=master.port) as r:
             thread.start()
-            wait_until(lambda: int(r.info("clients")["blocked_clients"]) == 1,
-                       "the WAIT to block")
+            wait_until(lambda: int(r.info("clients")["blocked_clients"]) == 1, "the WAIT to block")
             # When a failover turns that master into a replica (Redis answers the blocked
             # WAIT with UNBLOCKED)
             r.replicaof("127.0.0.1", other.port)
@@ -148,8 +150,9 @@ def test_sentinel_failover_under_load_every_thread_rides_it_out(
 ) -> None:
     # Given a worker and 4 sending threads through the sentinels
     serving = qs.Serving(double, name="ride", batch_size=32, batch_timeout=0.002, durable=True)
-    worker = qs.Worker([serving], redis_url=sentinels.url, prefix=prefix,
-                       handle_signals=False).start()
+    worker = qs.Worker(
+        [serving], redis_url=sentinels.url, prefix=prefix, handle_signals=False
+    ).start()
     outcomes: Counter[str] = Counter()
     after_failover: Counter[str] = Counter()
     failed_over = threading.Event()
@@ -184,8 +187,9 @@ def test_sentinel_failover_under_load_every_thread_rides_it_out(
         sentinels.failover()
         failed_over.set()
         # Then every thread keeps getting answers from the new master
-        wait_until(lambda: after_failover["answered"] > 200, "answers after the failover",
-                   timeout=60)
+        wait_until(
+            lambda: after_failover["answered"] > 200, "answers after the failover", timeout=60
+        )
     finally:
         stop.set()
         for t in threads:

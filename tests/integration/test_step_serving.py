@@ -40,7 +40,8 @@ def held_going(records: Records) -> Callable[[], bool]:
 
 
 def test_a_short_request_sent_while_a_long_one_runs_finishes_first(
-    start_worker: StartWorker, client: qs.Client,
+    start_worker: StartWorker,
+    client: qs.Client,
 ) -> None:
     # Given a long request generating (held until the gate opens)
     serving = Count(max_slots=4)
@@ -59,7 +60,8 @@ def test_a_short_request_sent_while_a_long_one_runs_finishes_first(
 
 
 def test_outputs_equal_each_request_run_alone_whatever_ran_beside_them(
-    start_worker: StartWorker, client: qs.Client,
+    start_worker: StartWorker,
+    client: qs.Client,
 ) -> None:
     # Given many requests of different lengths, some with prompts, sent at once by 4 callers
     rng = random.Random(7)
@@ -91,7 +93,8 @@ def test_outputs_equal_each_request_run_alone_whatever_ran_beside_them(
 
 
 def test_charlm_outputs_equal_each_prompt_run_alone(
-    start_worker: StartWorker, client: qs.Client,
+    start_worker: StartWorker,
+    client: qs.Client,
 ) -> None:
     """The real model: greedy and per-request-seeded sampling give, batched with others, the
     text each prompt gives alone. Tolerance: exact characters. Batched and single-row float
@@ -100,10 +103,18 @@ def test_charlm_outputs_equal_each_prompt_run_alone(
     ever does."""
     from tasks.charlm import CharLM
 
-    prompts = ["Return the ", "This module ", "Raise ValueError if ", "Open a file and ",
-               "The socket ", "If *strict* is true, "]
-    items = [{"prompt": p, "max_new": 10 + 13 * i, "temperature": 0.8 * (i % 2), "seed": i}
-             for i, p in enumerate(prompts)]
+    prompts = [
+        "Return the ",
+        "This module ",
+        "Raise ValueError if ",
+        "Open a file and ",
+        "The socket ",
+        "If *strict* is true, ",
+    ]
+    items = [
+        {"prompt": p, "max_new": 10 + 13 * i, "temperature": 0.8 * (i % 2), "seed": i}
+        for i, p in enumerate(prompts)
+    ]
     alone = CharLM()
     alone.setup(qs.Partition())
     expected_texts = [alone.inline(item) for item in items]
@@ -122,16 +133,17 @@ def test_charlm_outputs_equal_each_prompt_run_alone(
 
 
 def test_budgets_are_never_exceeded_in_any_step(
-    start_worker: StartWorker, client: qs.Client,
+    start_worker: StartWorker,
+    client: qs.Client,
 ) -> None:
     # Given tight budgets and a load that would overrun them
     records = Records()
-    serving = Count(max_slots=5, max_batch_tokens=60, max_prefill_tokens=12,
-                    prefix_cache_bytes=0)
+    serving = Count(max_slots=5, max_batch_tokens=60, max_prefill_tokens=12, prefix_cache_bytes=0)
     start_worker(serving, middleware=[records])
     rng = random.Random(3)
-    items = [{"n": rng.randint(1, 20), "base": i, "prompt": "q" * rng.randint(0, 8)}
-             for i in range(30)]
+    items = [
+        {"n": rng.randint(1, 20), "base": i, "prompt": "q" * rng.randint(0, 8)} for i in range(30)
+    ]
     tickets = [client.submit("count", [x], timeout=60) for x in items]
     assert [t.result(60)[0] for t in tickets] == [expected(x) for x in items]
     # Then every step stayed within every budget, and the budgets were what limited it
@@ -146,7 +158,9 @@ def test_budgets_are_never_exceeded_in_any_step(
 
 
 def test_cancel_frees_a_slot_within_one_step(
-    start_worker: StartWorker, client: qs.Client, pending: Callable[..., int],
+    start_worker: StartWorker,
+    client: qs.Client,
+    pending: Callable[..., int],
 ) -> None:
     # Given one slot, held by a request that would run until the gate opens
     records = Records()
@@ -171,7 +185,10 @@ def test_cancel_frees_a_slot_within_one_step(
 
 
 def test_a_killed_streaming_callers_slot_is_freed_and_live_callers_run_on(
-    start_worker: StartWorker, client: qs.Client, redis_url: str, prefix: str,
+    start_worker: StartWorker,
+    client: qs.Client,
+    redis_url: str,
+    prefix: str,
     pending: Callable[..., int],
 ) -> None:
     # Given a full running set (2 slots): a live caller here, and a caller in a process of its
@@ -181,9 +198,19 @@ def test_a_killed_streaming_callers_slot_is_freed_and_live_callers_run_on(
     live = Caller(client, "count", [{"n": 3, "hold": True, "base": 7}])
     live.next_event()
     with subprocess.Popen(
-        [sys.executable, "-m", "tests.support.stream_caller", redis_url, prefix, "count",
-         json.dumps({"n": 1, "hold": True, "base": 100})],
-        cwd=REPO, env=child_env(), stdout=subprocess.PIPE, start_new_session=True,
+        [
+            sys.executable,
+            "-m",
+            "tests.support.stream_caller",
+            redis_url,
+            prefix,
+            "count",
+            json.dumps({"n": 1, "hold": True, "base": 100}),
+        ],
+        cwd=REPO,
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        start_new_session=True,
     ) as other:
         assert other.stdout is not None
         assert json.loads(other.stdout.readline()) == [100]  # it is streaming
@@ -192,7 +219,8 @@ def test_a_killed_streaming_callers_slot_is_freed_and_live_callers_run_on(
         other.wait(WAIT_S)
     # Then its slot is freed: a new request (the set was full) joins and is answered
     assert client.dispatch("count", {"n": 3, "base": 9}, timeout=30) == expected(
-        {"n": 3, "base": 9})
+        {"n": 3, "base": 9}
+    )
     # and the live caller, watched all along, was never taken for gone: it runs to its end
     assert not live.finished.is_set()
     serving.gate.set()
@@ -204,7 +232,10 @@ def test_a_killed_streaming_callers_slot_is_freed_and_live_callers_run_on(
 
 
 def test_a_streaming_caller_that_closes_its_client_frees_its_slot(
-    start_worker: StartWorker, redis_url: str, prefix: str, client: qs.Client,
+    start_worker: StartWorker,
+    redis_url: str,
+    prefix: str,
+    client: qs.Client,
 ) -> None:
     # Given one slot, held by a request streamed through a second client
     serving = Count(max_slots=1, caller_gone_after=0.5)
@@ -216,7 +247,8 @@ def test_a_streaming_caller_that_closes_its_client_frees_its_slot(
     leaving.close()
     # Then the slot is freed for the next request
     assert client.dispatch("count", {"n": 2, "base": 4}, timeout=30) == expected(
-        {"n": 2, "base": 4})
+        {"n": 2, "base": 4}
+    )
     assert caller.finished.wait(WAIT_S)
 
 
@@ -224,7 +256,8 @@ def test_a_streaming_caller_that_closes_its_client_frees_its_slot(
 
 
 def test_a_failing_step_answers_only_its_culprit_and_the_serving_goes_on(
-    start_worker: StartWorker, client: qs.Client,
+    start_worker: StartWorker,
+    client: qs.Client,
 ) -> None:
     # Given a running set with a request whose decode fails at its 4th step, and one whose
     # prefill fails, among healthy ones
@@ -233,8 +266,13 @@ def test_a_failing_step_answers_only_its_culprit_and_the_serving_goes_on(
     start_worker(serving, middleware=[records])
     hold = Caller(client, "count", [{"n": 1, "hold": True}])
     hold.next_event()  # the others join a running set, in one join
-    items = [{"n": 8, "base": 100}, {"n": 8, "fail_decode": 3}, {"n": 6, "base": 200},
-             {"n": 4, "fail_prefill": True}, {"n": 5, "base": 300}]
+    items = [
+        {"n": 8, "base": 100},
+        {"n": 8, "fail_decode": 3},
+        {"n": 6, "base": 200},
+        {"n": 4, "fail_prefill": True},
+        {"n": 5, "base": 300},
+    ]
     got = client.dispatch_many("count", items, timeout=30, return_exceptions=True)
     # Then the culprits get the error, every other item its full answer
     assert got[0] == expected(items[0]) and got[2] == expected(items[2])
@@ -248,15 +286,26 @@ def test_a_failing_step_answers_only_its_culprit_and_the_serving_goes_on(
     assert client.dispatch("count", {"n": 2}, timeout=30) == [0, 1]
 
 
-@pytest.mark.parametrize(("item", "message"), [
-    ({"n": 2, "fail_tokens": True},
-     "Count.tokens(item) failed for this item: KeyError: 'no tokenizer entry for this item'"),
-    ({"n": 2, "budget": -1}, "Count.tokens(item) returned (0, -1); return (prompt tokens, most "
-                            "generated tokens) as ints >= 0"),
-    ({"n": 2, "budget": 2.5}, "Count.tokens(item) returned (0, 2.5)"),
-])
+@pytest.mark.parametrize(
+    ("item", "message"),
+    [
+        (
+            {"n": 2, "fail_tokens": True},
+            "Count.tokens(item) failed for this item: KeyError: 'no tokenizer entry for this item'",
+        ),
+        (
+            {"n": 2, "budget": -1},
+            "Count.tokens(item) returned (0, -1); return (prompt tokens, most "
+            "generated tokens) as ints >= 0",
+        ),
+        ({"n": 2, "budget": 2.5}, "Count.tokens(item) returned (0, 2.5)"),
+    ],
+)
 def test_an_item_whose_tokens_cannot_be_measured_gets_bad_request_and_others_run(
-    start_worker: StartWorker, client: qs.Client, item: dict[str, Any], message: str,
+    start_worker: StartWorker,
+    client: qs.Client,
+    item: dict[str, Any],
+    message: str,
 ) -> None:
     start_worker(Count())
     bad = client.submit("count", [item], timeout=30)
@@ -268,7 +317,8 @@ def test_an_item_whose_tokens_cannot_be_measured_gets_bad_request_and_others_run
 
 
 def test_with_on_error_fail_a_failing_step_answers_its_whole_call(
-    start_worker: StartWorker, client: qs.Client,
+    start_worker: StartWorker,
+    client: qs.Client,
 ) -> None:
     start_worker(Count(max_slots=4, on_error="fail"))
     items = [{"n": 8, "base": 1}, {"n": 8, "fail_decode": 2}]
@@ -280,7 +330,8 @@ def test_with_on_error_fail_a_failing_step_answers_its_whole_call(
 
 
 def test_the_prefix_cache_gives_the_same_outputs_as_a_cold_run_and_saves_prefill(
-    start_worker: StartWorker, client: qs.Client,
+    start_worker: StartWorker,
+    client: qs.Client,
 ) -> None:
     shared = "the same long preamble, " * 4
     items = [{"n": 4, "base": i, "prompt": shared + f"question {i}?"} for i in range(6)]
@@ -306,13 +357,28 @@ def test_the_prefix_cache_gives_the_same_outputs_as_a_cold_run_and_saves_prefill
 
 @pytest.mark.timeout(120)
 def test_a_sigkilled_workers_requests_restart_elsewhere_and_the_stream_restarts_with_them(
-    redis_url: str, prefix: str, client: qs.Client, redis_client: redis.Redis, tmp_path: Path,
+    redis_url: str,
+    prefix: str,
+    client: qs.Client,
+    redis_client: redis.Redis,
+    tmp_path: Path,
 ) -> None:
     # Given two worker processes serving the paced step serving
     def worker(i: int) -> WorkerProc:
-        return WorkerProc(["tests.support.step_app:paced", "--redis-url", redis_url,
-                           "--prefix", prefix, "--partitions", "1"], redis_url, prefix,
-                          tmp_path / f"w{i}.log")
+        return WorkerProc(
+            [
+                "tests.support.step_app:paced",
+                "--redis-url",
+                redis_url,
+                "--prefix",
+                prefix,
+                "--partitions",
+                "1",
+            ],
+            redis_url,
+            prefix,
+            tmp_path / f"w{i}.log",
+        )
 
     workers = [worker(0), worker(1)]
     try:
@@ -342,7 +408,8 @@ def test_a_sigkilled_workers_requests_restart_elsewhere_and_the_stream_restarts_
 
 
 def test_charlm_resumed_from_the_prefix_cache_writes_what_a_cold_run_writes(
-    start_worker: StartWorker, client: qs.Client,
+    start_worker: StartWorker,
+    client: qs.Client,
 ) -> None:
     from tasks.charlm import CACHE_EVERY, CharLM
 
@@ -364,5 +431,6 @@ def test_charlm_resumed_from_the_prefix_cache_writes_what_a_cold_run_writes(
     assert [r.reading for r in steps if r.reading] == [1] * len(items)
     assert sum(r.cache_saved_tokens for r in steps) == cached * (len(items) - 1)
     assert sum(r.prefill_tokens for r in steps) == sum(
-        len(item["prompt"]) for item in items) - cached * (len(items) - 1)
+        len(item["prompt"]) for item in items
+    ) - cached * (len(items) - 1)
     assert all(r.prefill_seconds > 0 for r in steps if r.reading)

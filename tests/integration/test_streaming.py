@@ -69,8 +69,9 @@ class EventTap:
         """Receive everything published on ``channel`` so far (up to a marker we publish)."""
         marker = bytes((MsgpackCodec.tag,)) + msgpack.packb([0, -1, "marker"])
         redis_client.publish(channel, marker)
-        self.wait_for("our marker", lambda: self.seen[-1][2:] == (-1, ["marker"]) if self.seen
-                      else False)
+        self.wait_for(
+            "our marker", lambda: self.seen[-1][2:] == (-1, ["marker"]) if self.seen else False
+        )
         self.seen.pop()
 
     def bodies(self, channel: str) -> list[list[Any]]:
@@ -81,9 +82,9 @@ class EventTap:
 
 
 @pytest.fixture
-def make_client(redis_url: str, prefix: str, redis_client: redis.Redis) -> Iterator[
-    Callable[[], qs.Client]
-]:
+def make_client(
+    redis_url: str, prefix: str, redis_client: redis.Redis
+) -> Iterator[Callable[[], qs.Client]]:
     """More sync clients under the test's prefix (each its own event channel), closed after."""
     clients: list[qs.Client] = []
 
@@ -168,16 +169,21 @@ def test_hooks_not_listed_are_never_sent(
 
         # Then the caller gets no "secret" hook, and none was even published
         assert [e.name for e in events if isinstance(e, qs.Hook)] == ["start", "done"]
-        tap.wait_for("the done hook on the wire", lambda: any(
-            b[:2] == ["h", "done"] for b in tap.bodies(channel)
-        ))
+        tap.wait_for(
+            "the done hook on the wire",
+            lambda: any(b[:2] == ["h", "done"] for b in tap.bodies(channel)),
+        )
         assert [b[1] for b in tap.bodies(channel)] == ["start", "done"]
     finally:
         tap.close()
 
 
 def test_with_two_partitions_a_later_request_finishing_first_still_streams_after_the_first(
-    redis_url: str, prefix: str, redis_client: redis.Redis, pending: Pending, tmp_path: Path,
+    redis_url: str,
+    prefix: str,
+    redis_client: redis.Redis,
+    pending: Pending,
+    tmp_path: Path,
     client: qs.Client,
 ) -> None:
     # Given a worker of two partition processes (two executors each, so the second request
@@ -187,10 +193,27 @@ def test_with_two_partitions_a_later_request_finishing_first_still_streams_after
     env = child_env(QS_TEST_URL=redis_url, QS_TEST_PREFIX=prefix)
     with log.open("wb") as out:
         worker = subprocess.Popen(
-            [sys.executable, "-m", "queueserve", "worker", "tests.support.stream_app:Ordered",
-             "--partitions", "2", "--max-concurrent-batches", "2", "--redis-url", redis_url,
-             "--prefix", prefix, "--shutdown-timeout", "10s"],
-            cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "queueserve",
+                "worker",
+                "tests.support.stream_app:Ordered",
+                "--partitions",
+                "2",
+                "--max-concurrent-batches",
+                "2",
+                "--redis-url",
+                redis_url,
+                "--prefix",
+                prefix,
+                "--shutdown-timeout",
+                "10s",
+            ],
+            cwd=REPO,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
         )
     try:
         workers_key = P.Keys(prefix, "ordered").workers
@@ -199,11 +222,14 @@ def test_with_two_partitions_a_later_request_finishing_first_still_streams_after
         # When one caller streams 8 items (two requests of 4) by the serving's name
         caller = Caller(client, "ordered", list(range(8)))
         # and the second request is answered while the first still runs
-        wait_until(lambda: redis_client.llen(f"{prefix}:rec:done") == 1,
-                   what="the second batch to run")
+        wait_until(
+            lambda: redis_client.llen(f"{prefix}:rec:done") == 1, what="the second batch to run"
+        )
         inbox = P.inbox_key(prefix, client.client_id)
-        wait_until(lambda: pending("ordered") == 1 and redis_client.llen(inbox) == 0,
-                   what="the second request's answer to reach the client")
+        wait_until(
+            lambda: pending("ordered") == 1 and redis_client.llen(inbox) == 0,
+            what="the second request's answer to reach the client",
+        )
         # Then nothing of the second request has been yielded yet
         assert all(e == qs.Hook("begin", [0, 1, 2, 3], 0, 4) for e in caller.received)
 
@@ -241,8 +267,10 @@ def test_each_caller_of_a_shared_batch_gets_its_own_slice(
     # When three threads stream 1, 2 and 3 items, which wait together for the next batch
     own = {"p": ["p0"], "q": ["q0", "q1"], "s": ["s0", "s1", "s2"]}
     callers = {name: Caller(client, serving, items) for name, items in own.items()}
-    wait_until(lambda: pending("hooked") == 4 and items_waiting(worker) == 6,
-               what="the worker to read all three requests and hold their six items")
+    wait_until(
+        lambda: pending("hooked") == 4 and items_waiting(worker) == 6,
+        what="the worker to read all three requests and hold their six items",
+    )
     serving.gate.set()
 
     # Then they ran as one batch
@@ -264,13 +292,14 @@ def test_each_caller_of_a_shared_batch_gets_its_own_slice(
         assert output == qs.Output(results_of(items), 0, len(items))
         slices.append((start_hook.start, start_hook.size))
     # and the three slices tile the batch
-    assert sorted(i for start, size in slices for i in range(start, start + size)) == list(
-        range(6)
-    )
+    assert sorted(i for start, size in slices for i in range(start, start + size)) == list(range(6))
 
 
 def test_the_events_one_batch_makes_for_one_client_travel_as_one_message(
-    start_worker: StartWorker, client: qs.Client, redis_client: redis.Redis, prefix: str,
+    start_worker: StartWorker,
+    client: qs.Client,
+    redis_client: redis.Redis,
+    prefix: str,
     pending: Pending,
 ) -> None:
     # Given three one-item streams of one client, held to run in one batch of a hook serving
@@ -283,8 +312,10 @@ def test_the_events_one_batch_makes_for_one_client_travel_as_one_message(
         wait_until(lambda: len(serving.record.batches) == 1, what="the first batch to start")
         own = ["p", "q", "s"]
         callers = [Caller(client, serving, [x]) for x in own]
-        wait_until(lambda: pending("hooked") == 4 and items_waiting(worker) == 3,
-                   what="the worker to hold the three streams' items")
+        wait_until(
+            lambda: pending("hooked") == 4 and items_waiting(worker) == 3,
+            what="the worker to hold the three streams' items",
+        )
         serving.gate.set()
 
         # Then every caller gets its own hooks and its own result
@@ -302,7 +333,10 @@ def test_the_events_one_batch_makes_for_one_client_travel_as_one_message(
 
 
 def test_forged_events_on_a_clients_channel_are_dropped_and_its_stream_goes_on(
-    start_worker: StartWorker, client: qs.Client, redis_client: redis.Redis, prefix: str,
+    start_worker: StartWorker,
+    client: qs.Client,
+    redis_client: redis.Redis,
+    prefix: str,
 ) -> None:
     # Given a caller streaming from a hook serving whose batch waits at its gate
     serving = Hooks(name="hooked", batch_size=4, batch_timeout=0, gated=True)
@@ -328,8 +362,11 @@ def test_forged_events_on_a_clients_channel_are_dropped_and_its_stream_goes_on(
     serving.gate.set()
 
     # Then the stream goes on as if they had not been sent
-    assert caller.join() == [qs.Hook("start", ["a"], 0, 1), qs.Hook("done", 1, 0, 1),
-                             qs.Output(["r:a"], 0, 1)]
+    assert caller.join() == [
+        qs.Hook("start", ["a"], 0, 1),
+        qs.Hook("done", 1, 0, 1),
+        qs.Output(["r:a"], 0, 1),
+    ]
 
 
 # --- no split in hook mode ----------------------------------------------------------------------
@@ -342,8 +379,12 @@ def test_forged_events_on_a_clients_channel_are_dropped_and_its_stream_goes_on(
     ],
 )
 def test_hook_servings_and_streamed_requests_run_whole(
-    start_worker: StartWorker, client: qs.Client, pending: Pending, hooks: list[str] | None,
-    how: str, expected_sizes: list[int],
+    start_worker: StartWorker,
+    client: qs.Client,
+    pending: Pending,
+    hooks: list[str] | None,
+    how: str,
+    expected_sizes: list[int],
 ) -> None:
     # Given a serving of batch_size 4 whose executor is busy with a first batch
     serving = Hooks(name="hooked", batch_size=4, batch_timeout=0, hooks=hooks, gated=True)
@@ -355,20 +396,28 @@ def test_hook_servings_and_streamed_requests_run_whole(
     first, second = ["a0", "a1", "a2"], ["b0", "b1", "b2"]
     if how == "submit":
         tickets = [client.submit(serving, first, timeout=30)]
-        wait_until(lambda: pending("hooked") == 2 and items_waiting(worker) == 3,
-                   what="the first request to be read")
+        wait_until(
+            lambda: pending("hooked") == 2 and items_waiting(worker) == 3,
+            what="the first request to be read",
+        )
         tickets.append(client.submit(serving, second, timeout=30))
-        wait_until(lambda: pending("hooked") == 3 and items_waiting(worker) == 6,
-                   what="the second request to be read")
+        wait_until(
+            lambda: pending("hooked") == 3 and items_waiting(worker) == 6,
+            what="the second request to be read",
+        )
         serving.gate.set()
         assert [t.result() for t in tickets] == [results_of(first), results_of(second)]
     else:
         a = Caller(client, serving, first)
-        wait_until(lambda: pending("hooked") == 2 and items_waiting(worker) == 3,
-                   what="the first request to be read")
+        wait_until(
+            lambda: pending("hooked") == 2 and items_waiting(worker) == 3,
+            what="the first request to be read",
+        )
         b = Caller(client, serving, second)
-        wait_until(lambda: pending("hooked") == 3 and items_waiting(worker) == 6,
-                   what="the second request to be read")
+        wait_until(
+            lambda: pending("hooked") == 3 and items_waiting(worker) == 6,
+            what="the second request to be read",
+        )
         serving.gate.set()
         assert a.join()[-1] == qs.Output(results_of(first), 0, 3)
         assert b.join()[-1] == qs.Output(results_of(second), 0, 3)
@@ -407,8 +456,11 @@ def test_a_request_larger_than_batch_size_of_a_hook_serving_is_refused_before_se
     ],
 )
 def test_a_worker_refuses_an_oversized_request_that_must_run_whole(
-    start_worker: StartWorker, redis_client: redis.Redis, prefix: str,
-    hooks: list[str] | None, with_events: bool,
+    start_worker: StartWorker,
+    redis_client: redis.Redis,
+    prefix: str,
+    hooks: list[str] | None,
+    with_events: bool,
 ) -> None:
     # Given a worker for a serving of batch_size 4
     serving = Hooks(name="hooked", batch_size=4, batch_timeout=0, hooks=hooks)
@@ -565,8 +617,11 @@ def test_a_per_item_end_ends_one_callers_stream_while_another_caller_goes_on(
 
 
 def test_a_caller_that_stops_iterating_is_dropped_from_later_steps(
-    start_worker: StartWorker, make_client: Callable[[], qs.Client], redis_client: redis.Redis,
-    prefix: str, pending: Pending,
+    start_worker: StartWorker,
+    make_client: Callable[[], qs.Client],
+    redis_client: redis.Redis,
+    prefix: str,
+    pending: Pending,
 ) -> None:
     # Given two callers (two clients, two event channels) sharing one batch of a gated
     # generator, and a subscriber of our own on both channels
@@ -598,8 +653,10 @@ def test_a_caller_that_stops_iterating_is_dropped_from_later_steps(
 
         # Then the other caller still gets every step
         assert stayer.join()[-1] == qs.Output(["b:20#19"], 0, 1)
-        tap.wait_for("the last step on the wire", lambda: ["o", P.RESULTS, ["b:20#19"], 0, 1]
-                     in tap.bodies(stayer_channel))
+        tap.wait_for(
+            "the last step on the wire",
+            lambda: ["o", P.RESULTS, ["b:20#19"], 0, 1] in tap.bodies(stayer_channel),
+        )
         # and the quitter was dropped before its item's end, with no step published after it
         quitter_steps = [b[2][0] for b in tap.bodies(quitter_channel)]
         assert dropped_at is not None
@@ -611,7 +668,10 @@ def test_a_caller_that_stops_iterating_is_dropped_from_later_steps(
 
 
 def test_closing_a_stream_withdraws_the_requests_still_queued_behind_the_current_one(
-    start_worker: StartWorker, client: qs.Client, redis_client: redis.Redis, prefix: str,
+    start_worker: StartWorker,
+    client: qs.Client,
+    redis_client: redis.Redis,
+    prefix: str,
     worker_runner: Callable[[qs.Worker], Any],
 ) -> None:
     # Given a stream of three requests (batch_size 2) whose first batch is held
@@ -622,6 +682,7 @@ def test_closing_a_stream_withdraws_the_requests_still_queued_behind_the_current
     # When the caller stops after the first event (the first batch's start hook)
     caller = Caller(client, serving, items, stop_after=1)
     assert caller.join() == [qs.Hook("start", ["a0", "a1"], 0, 2)]
+
     # (a request the worker had read already is withdrawn by a message it must have seen
     # before its batch may start: every entry it holds besides the running one, the oldest)
     def queued_behind_are_cancelled() -> bool:
@@ -639,7 +700,10 @@ def test_closing_a_stream_withdraws_the_requests_still_queued_behind_the_current
 
 
 def test_closing_a_stream_drops_its_running_later_request_from_the_steps_to_come(
-    start_worker: StartWorker, client: qs.Client, redis_client: redis.Redis, prefix: str,
+    start_worker: StartWorker,
+    client: qs.Client,
+    redis_client: redis.Redis,
+    prefix: str,
     worker_runner: Callable[[qs.Worker], Any],
 ) -> None:
     # Given a stream of two one-item requests whose generator batches run side by side (two
@@ -655,12 +719,13 @@ def test_closing_a_stream_drops_its_running_later_request_from_the_steps_to_come
         # When both produced their first step and the caller stops after the first event
         serving.gate.open(0)
         assert caller.join() == [qs.Output(["a:10#0"], 0, 1)]
+
         # (the worker hears of the later request's cancel before the next step is made)
         def later_request_cancelled() -> bool:
             with runner.ledger.cond:
                 return len(runner.ledger.held) == 2 and max(
-                    runner.ledger.held, key=entry_order) in set(runner.ledger.cancelled
-                )
+                    runner.ledger.held, key=entry_order
+                ) in set(runner.ledger.cancelled)
 
         wait_until(later_request_cancelled, what="the worker to learn of the cancel")
         serving.gate.set()
@@ -705,7 +770,9 @@ def step(values: list[Any], first: int) -> list[Any]:
 
 
 def answered(
-    results: list[Any], kind: int = P.STEPS, events_total: int = 0,
+    results: list[Any],
+    kind: int = P.STEPS,
+    events_total: int = 0,
     error: qs.QueueServeError | None = None,
 ) -> Call:
     call = Call(1, len(results), P.Keys("qs", "steps"), "default")
@@ -720,7 +787,9 @@ def test_out_of_order_events_are_yielded_in_sequence_and_duplicates_dropped() ->
     assert rs.add(1, step(["a1"], 0)) == []
     assert rs.waiting_for_events
     assert rs.add(0, step(["a0"], 0)) == [
-        qs.Output(["a0"], 0, 1), qs.Output(["a1"], 0, 1), qs.Hook("h", 2, 0, 1),
+        qs.Output(["a0"], 0, 1),
+        qs.Output(["a1"], 0, 1),
+        qs.Hook("h", 2, 0, 1),
     ]
     assert rs.add(1, step(["a1"], 0)) == []  # a duplicate
     assert rs.next_seq == rs.call.events_total  # nothing more to wait for

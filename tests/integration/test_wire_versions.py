@@ -61,8 +61,15 @@ def test_entries_of_old_clients_and_entries_with_optional_fields_are_answered(
         1: old_encode_request(MSGPACK, 1, ["a"], inbox, None),
         2: old_encode_request(MSGPACK, 2, ["b", "c"], inbox, None, events),
         3: encode_request(MSGPACK, 3, ["d"], inbox, None, fields={"trace": "00-ab-cd-01"}),
-        4: encode_request(MSGPACK, 4, ["e"], inbox, None, events,
-                          fields={"tenant": "acme", "a-field-of-a-later-version": {"x": 1}}),
+        4: encode_request(
+            MSGPACK,
+            4,
+            ["e"],
+            inbox,
+            None,
+            events,
+            fields={"tenant": "acme", "a-field-of-a-later-version": {"x": 1}},
+        ),
     }
     for header, payload in sent.values():
         n = len(MSGPACK.loads(payload))
@@ -71,15 +78,22 @@ def test_entries_of_old_clients_and_entries_with_optional_fields_are_answered(
 
     # Then each is answered, and nothing was dead-lettered
     assert answers(redis_client, inbox, 4) == {
-        1: ["r:a"], 2: ["r:b", "r:c"], 3: ["r:d"], 4: ["r:e"],
+        1: ["r:a"],
+        2: ["r:b", "r:c"],
+        3: ["r:d"],
+        4: ["r:e"],
     }
     no_dead_letters(redis_client, keys)
 
 
 @pytest.mark.parametrize("priority", [0, 4])
 def test_a_client_of_this_version_is_answered_by_a_worker_reading_headers_the_old_way(
-    start_worker: StartWorker, client: qs.Client, redis_client: redis.Redis, prefix: str,
-    monkeypatch: pytest.MonkeyPatch, priority: int,
+    start_worker: StartWorker,
+    client: qs.Client,
+    redis_client: redis.Redis,
+    prefix: str,
+    monkeypatch: pytest.MonkeyPatch,
+    priority: int,
 ) -> None:
     # Given a worker that reads request headers as the version before the optional fields did
     monkeypatch.setattr(decode, "parse_header", old_parse_header)

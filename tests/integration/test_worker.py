@@ -8,8 +8,8 @@ import redis
 
 import queueserve as qs
 from queueserve.wire.codec import get_codec
-from queueserve.wire.request import encode_request
 from queueserve.wire.protocol import GROUP, Keys, inbox_key
+from queueserve.wire.request import encode_request
 
 
 class Stateful(qs.Serving):
@@ -29,7 +29,6 @@ class Stateful(qs.Serving):
         return [(x + self.offset, self.device) for x in batch]
 
 
-
 def test_state_loaded_in_setup_serves_batches(
     redis_url: str, prefix: str, client: qs.Client
 ) -> None:
@@ -37,7 +36,11 @@ def test_state_loaded_in_setup_serves_batches(
     Stateful.setups = 0
     with qs.Worker(serving, redis_url=redis_url, prefix=prefix, handle_signals=False):
         assert client.dispatch_many("stateful", [1, 2, 3, 4, 5]) == [
-            [101, "cpu"], [102, "cpu"], [103, "cpu"], [104, "cpu"], [105, "cpu"]
+            [101, "cpu"],
+            [102, "cpu"],
+            [103, "cpu"],
+            [104, "cpu"],
+            [105, "cpu"],
         ]
     assert Stateful.setups == 1
 
@@ -56,8 +59,9 @@ def test_entries_pending_for_a_live_worker_without_its_knowing_are_served(
         # lost its last second of writes brings back a delivery the worker never saw): added
         # and delivered in one transaction, so the worker's own read never sees it
         call = client._table.new(1, keys, "default")
-        header, payload = encode_request(get_codec("msgpack"), call.rid, [2],
-                                         inbox_key(prefix, client.client_id), None)
+        header, payload = encode_request(
+            get_codec("msgpack"), call.rid, [2], inbox_key(prefix, client.client_id), None
+        )
         pipe = redis_client.pipeline(transaction=True)
         pipe.xadd(keys.stream("default"), {"h": header, "p": payload, "a": 1})
         pipe.incr(keys.queued)

@@ -39,8 +39,9 @@ class RedisBroker(Producer, Consumer, Admin):
             except redis.ResponseError as e:
                 if not no_group(e):
                     raise
-                log.warning("consumer group missing on %s (%s): creating it again",
-                            redact_url(self.url), e)
+                log.warning(
+                    "consumer group missing on %s (%s): creating it again", redact_url(self.url), e
+                )
                 for stream in streams:
                     self.ensure_group(stream)
                 return []

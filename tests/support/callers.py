@@ -18,8 +18,13 @@ class Caller:
     """
 
     def __init__(
-        self, client: qs.Client, serving: qs.Serving | str, items: list[Any], *,
-        stop_after: int | None = None, **options: Any,
+        self,
+        client: qs.Client,
+        serving: qs.Serving | str,
+        items: list[Any],
+        *,
+        stop_after: int | None = None,
+        **options: Any,
     ) -> None:
         self.received: list[qs.Hook | qs.Output | qs.Restart] = []
         self.error: BaseException | None = None

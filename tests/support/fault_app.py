@@ -259,6 +259,7 @@ held = Held()
 # --- test side: real worker processes --------------------------------------------------------
 # Only the tests use what follows; worker processes import this module for the servings above.
 
+
 def worker_env(url: str, prefix: str) -> dict[str, str]:
     """A worker's environment (``child_env``) plus where the servings above record
     (QS_TEST_URL, QS_TEST_PREFIX)."""
@@ -274,8 +275,12 @@ class WorkerProc:
         with log.open("ab") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "queueserve", "worker", *args],
-                cwd=REPO, env=worker_env(url, prefix), stdin=subprocess.DEVNULL, stdout=out,
-                stderr=subprocess.STDOUT, start_new_session=True,
+                cwd=REPO,
+                env=worker_env(url, prefix),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
 
     @property
@@ -335,9 +340,19 @@ class Workers:
         url = url or self.url
         log = self.dir / f"worker-{len(self.started)}.log"
         worker = WorkerProc(
-            [f"tests.support.fault_app:{spec}", "--redis-url", url, "--prefix", self.prefix,
-             "--partitions", "1", *args],
-            url, self.prefix, log,
+            [
+                f"tests.support.fault_app:{spec}",
+                "--redis-url",
+                url,
+                "--prefix",
+                self.prefix,
+                "--partitions",
+                "1",
+                *args,
+            ],
+            url,
+            self.prefix,
+            log,
         )
         self.started.append(worker)
         return worker
@@ -411,5 +426,6 @@ class RawInbox:
         answer"). Any other second slice fails."""
         (_, _, kind, body), *more = self.slices[rid]
         assert all(s == self.slices[rid][0] for s in more), (
-            f"request {rid} got {1 + len(more)} different reply slices: {self.slices[rid]}")
+            f"request {rid} got {1 + len(more)} different reply slices: {self.slices[rid]}"
+        )
         return str(body[3]) if kind == ERROR else None

@@ -86,8 +86,10 @@ class Ticker(qs.StepServing):
         return 0, int(item["n"])
 
     def prefill(self, items: list[Any]) -> list[dict[str, int]]:
-        return [{"n": int(item["n"]), "at": 0, "fail_at": int(item.get("fail_at", -1))}
-                for item in items]
+        return [
+            {"n": int(item["n"]), "at": 0, "fail_at": int(item.get("fail_at", -1))}
+            for item in items
+        ]
 
     def decode(self, states: list[dict[str, int]]) -> list[Any]:
         time.sleep(STEP_S)
@@ -123,8 +125,9 @@ class Spell(qs.StepServing):
         return len(item["prompt"]), int(item["max_new"])
 
     def prefill(self, items: list[Any]) -> list[dict[str, Any]]:
-        return [{"text": item["prompt"] or " ", "left": int(item["max_new"]), "at": 0}
-                for item in items]
+        return [
+            {"text": item["prompt"] or " ", "left": int(item["max_new"]), "at": 0} for item in items
+        ]
 
     def decode(self, states: list[dict[str, Any]]) -> list[Any]:
         out: list[Any] = []
@@ -152,19 +155,31 @@ LISTENING = re.compile(r"Uvicorn running on http://127\.0\.0\.1:(\d+)")
 
 @contextlib.contextmanager
 def gateway_stack(
-    redis_url: str, prefix: str, logs: Path, servings: list[str], names: list[str],
+    redis_url: str,
+    prefix: str,
+    logs: Path,
+    servings: list[str],
+    names: list[str],
     *gateway_args: str,
 ) -> Iterator[tuple[WorkerProc, GatewayProc]]:
     """A worker process serving ``servings`` (module:attr) and a gateway in front of it, once
     the worker declared every serving of ``names``; both stopped after."""
-    worker = WorkerProc([*servings, "--redis-url", redis_url, "--prefix", prefix,
-                         "--partitions", "1"], redis_url, prefix, logs / "worker.log")
+    worker = WorkerProc(
+        [*servings, "--redis-url", redis_url, "--prefix", prefix, "--partitions", "1"],
+        redis_url,
+        prefix,
+        logs / "worker.log",
+    )
     gateway = None
     try:
         r = redis.Redis.from_url(redis_url)
         try:
-            wait_until(lambda: all(r.exists(f"{prefix}:{{{n}}}:meta") for n in names),
-                       "the worker to declare its servings", timeout=180, process=worker)
+            wait_until(
+                lambda: all(r.exists(f"{prefix}:{{{n}}}:meta") for n in names),
+                "the worker to declare its servings",
+                timeout=180,
+                process=worker,
+            )
         finally:
             r.close()
         gateway = GatewayProc(redis_url, prefix, logs / "gateway.log", *gateway_args)
@@ -182,13 +197,28 @@ class GatewayProc:
         self.log = log
         with log.open("ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "queueserve", "gateway", "--port", "0", "--redis-url",
-                 redis_url, "--prefix", prefix, *args],
-                cwd=REPO, env=child_env(), stdin=subprocess.DEVNULL, stdout=out,
+                [
+                    sys.executable,
+                    "-m",
+                    "queueserve",
+                    "gateway",
+                    "--port",
+                    "0",
+                    "--redis-url",
+                    redis_url,
+                    "--prefix",
+                    prefix,
+                    *args,
+                ],
+                cwd=REPO,
+                env=child_env(),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
                 stderr=subprocess.STDOUT,
             )
-        port = wait_until(lambda: LISTENING.search(self.output()), "the gateway to listen",
-                          process=self).group(1)
+        port = wait_until(
+            lambda: LISTENING.search(self.output()), "the gateway to listen", process=self
+        ).group(1)
         self.url = f"http://127.0.0.1:{port}"
 
     def output(self) -> str:

@@ -39,7 +39,10 @@ class Watched(Protocol):
 
 
 def wait_until(
-    condition: Callable[[], T], what: str, *, timeout: float = WAIT_S,
+    condition: Callable[[], T],
+    what: str,
+    *,
+    timeout: float = WAIT_S,
     process: Watched | None = None,
 ) -> T:
     """Poll ``condition`` until it returns something truthy, and return that.
@@ -60,9 +63,7 @@ def wait_until(
             )
         if time.monotonic() >= deadline:
             extra = f"; process output:\n{process.output()}" if process is not None else ""
-            raise AssertionError(
-                f"waited {timeout:g}s for {what}; last value: {value!r}{extra}"
-            )
+            raise AssertionError(f"waited {timeout:g}s for {what}; last value: {value!r}{extra}")
         time.sleep(POLL_S)
 
 
@@ -100,9 +101,7 @@ def entry_headers(fields: dict[bytes, bytes]) -> list[bytes]:
 def requests_in(r: redis.Redis, stream: str, ids: list[bytes] | None = None) -> int:
     """Requests held by the entries of ``stream`` (those of ``ids`` only, when given): a pack
     counts each of its requests."""
-    entries = r.xrange(stream) if ids is None else [
-        e for i in ids for e in r.xrange(stream, i, i)
-    ]
+    entries = r.xrange(stream) if ids is None else [e for i in ids for e in r.xrange(stream, i, i)]
     return sum(len(entry_headers(fields)) for _, fields in entries)
 
 

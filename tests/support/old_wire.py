@@ -13,12 +13,23 @@ from queueserve.wire.codec import Codec
 
 
 def old_encode_request(
-    codec: Codec, rid: int, items: list[Any], reply_to: str, deadline: float | None,
-    events: str = "", priority: int = 0,
+    codec: Codec,
+    rid: int,
+    items: list[Any],
+    reply_to: str,
+    deadline: float | None,
+    events: str = "",
+    priority: int = 0,
 ) -> tuple[bytes, bytes]:
     """What a client of the old version XADDs as ``h`` and ``p``."""
-    fields = [P.WIRE_VERSION, rid, len(items), reply_to,
-              0 if deadline is None else int(deadline * 1000), codec.name]
+    fields = [
+        P.WIRE_VERSION,
+        rid,
+        len(items),
+        reply_to,
+        0 if deadline is None else int(deadline * 1000),
+        codec.name,
+    ]
     if events or priority:
         fields.append(events)
     if priority:
@@ -39,8 +50,14 @@ def old_parse_header(raw: bytes) -> list[Any]:
         raise ValueError(f"wire version {header[P.H_VERSION]!r} is not supported")
     rid, n, reply_to, deadline = header[1:5]
     events = header[P.H_EVENTS] if len(header) > P.H_EVENTS else ""
-    if not (isinstance(rid, int) and isinstance(n, int) and n >= 1 and isinstance(reply_to, str)
-            and isinstance(deadline, int) and isinstance(events, str)):
+    if not (
+        isinstance(rid, int)
+        and isinstance(n, int)
+        and n >= 1
+        and isinstance(reply_to, str)
+        and isinstance(deadline, int)
+        and isinstance(events, str)
+    ):
         raise ValueError(f"header fields have wrong types: {header!r:.200}")
     if len(header) > P.H_PRIORITY:
         P.check_priority(header[P.H_PRIORITY])

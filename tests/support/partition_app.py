@@ -141,7 +141,6 @@ class Device(qs.Serving):
         return [f"{t.device}|{self.current}" for _ in batch]
 
 
-
 class Heap(qs.Serving):
     """Answers how its partition process's garbage collector sees the heap: how many objects
     are frozen, whether the one its setup() made is still walked by collections, and after how
@@ -158,5 +157,11 @@ class Heap(qs.Serving):
         import gc
 
         walked = any(o is self.made_in_setup for o in gc.get_objects())
-        return [{"frozen": gc.get_freeze_count(), "setup_walked": walked,
-                 "young_threshold": gc.get_threshold()[0]} for _ in batch]
+        return [
+            {
+                "frozen": gc.get_freeze_count(),
+                "setup_walked": walked,
+                "young_threshold": gc.get_threshold()[0],
+            }
+            for _ in batch
+        ]

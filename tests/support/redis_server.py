@@ -72,7 +72,9 @@ class RedisServer:
             raise RuntimeError(f"redis-server on port {self.port} is already running")
         self.dir.mkdir(parents=True, exist_ok=True)
         self._proc = subprocess.Popen(
-            self.command(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            self.command(),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
             stderr=subprocess.STDOUT,
         )
         self._wait_until_ready()

@@ -82,8 +82,9 @@ class Cluster:
 
     def client(self) -> redis.RedisCluster:
         """A cluster client seeded with every running node (a test may have killed node 0)."""
-        return redis.RedisCluster(startup_nodes=[
-            ClusterNode("127.0.0.1", n.port) for n in self.nodes if n.running])
+        return redis.RedisCluster(
+            startup_nodes=[ClusterNode("127.0.0.1", n.port) for n in self.nodes if n.running]
+        )
 
     def node_of_slot(self, slot: int) -> RedisServer:
         """The node serving ``slot`` as master now (after failovers too)."""
@@ -97,29 +98,50 @@ class Cluster:
 
 
 @contextmanager
-def redis_cluster(directory: Path, masters: int = 3, replicas_per_master: int = 1) -> Iterator[
-    Cluster
-]:
+def redis_cluster(
+    directory: Path, masters: int = 3, replicas_per_master: int = 1
+) -> Iterator[Cluster]:
     """Start ``masters`` x (1 + ``replicas_per_master``) cluster-enabled servers and join them."""
     cli = shutil.which("redis-cli")
     if cli is None:
-        raise RuntimeError("redis-cli not found: install Debian's redis-tools (apt-get install -y "
-                           "redis-server brings it)")
+        raise RuntimeError(
+            "redis-cli not found: install Debian's redis-tools (apt-get install -y "
+            "redis-server brings it)"
+        )
     count = masters * (1 + replicas_per_master)
     nodes: list[RedisServer] = []
     try:
         for i in range(count):
             port = cluster_port()
-            nodes.append(start_redis_server(
-                directory / f"node{i}", port=port, extra_args=(
-                    "--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{port}.conf",
-                    "--cluster-node-timeout", "1000", "--appendonly", "no",
-                ),
-            ))
+            nodes.append(
+                start_redis_server(
+                    directory / f"node{i}",
+                    port=port,
+                    extra_args=(
+                        "--cluster-enabled",
+                        "yes",
+                        "--cluster-config-file",
+                        f"nodes-{port}.conf",
+                        "--cluster-node-timeout",
+                        "1000",
+                        "--appendonly",
+                        "no",
+                    ),
+                )
+            )
         subprocess.run(
-            [cli, "--cluster", "create", *[f"127.0.0.1:{n.port}" for n in nodes],
-             "--cluster-replicas", str(replicas_per_master), "--cluster-yes"],
-            check=True, capture_output=True, timeout=60,
+            [
+                cli,
+                "--cluster",
+                "create",
+                *[f"127.0.0.1:{n.port}" for n in nodes],
+                "--cluster-replicas",
+                str(replicas_per_master),
+                "--cluster-yes",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=60,
         )
         probe = redis.Redis(port=nodes[0].port)
         _wait(lambda: probe.cluster("info")["cluster_state"] == "ok", "cluster_state:ok")
@@ -127,8 +149,10 @@ def redis_cluster(directory: Path, masters: int = 3, replicas_per_master: int = 
         cluster = Cluster(nodes)
         cluster.masters = [n for n in nodes if _role(n) == "master"]
         for master in cluster.masters:  # replicas synced: WAIT (durable enqueue) can succeed
-            _wait(lambda m=master: _synced_replicas(m) == replicas_per_master,
-                  f"the replicas of {master.port} to sync")
+            _wait(
+                lambda m=master: _synced_replicas(m) == replicas_per_master,
+                f"the replicas of {master.port} to sync",
+            )
         yield cluster
     finally:
         for node in nodes:
@@ -138,8 +162,11 @@ def redis_cluster(directory: Path, masters: int = 3, replicas_per_master: int = 
 def _synced_replicas(node: RedisServer) -> int:
     with redis.Redis(port=node.port) as r:
         info = r.info("replication")
-    return sum(1 for k, v in info.items()
-               if k.startswith("slave") and isinstance(v, dict) and v.get("state") == "online")
+    return sum(
+        1
+        for k, v in info.items()
+        if k.startswith("slave") and isinstance(v, dict) and v.get("state") == "online"
+    )
 
 
 def _role(node: RedisServer) -> str:
@@ -155,8 +182,19 @@ class Sentinel(RedisServer):
         return self.dir / "sentinel.conf"
 
     def command(self) -> list[str]:
-        return [redis_server_binary(), str(self.conf), "--sentinel", "--port", str(self.port),
-                "--bind", "127.0.0.1", "--dir", str(self.dir), "--logfile", str(self.logfile)]
+        return [
+            redis_server_binary(),
+            str(self.conf),
+            "--sentinel",
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(self.dir),
+            "--logfile",
+            str(self.logfile),
+        ]
 
 
 @dataclass
@@ -188,16 +226,18 @@ class SentinelSet:
 
 
 @contextmanager
-def sentinel_set(directory: Path, service: str = "qsmaster", replicas: int = 2,
-                 sentinels: int = 3) -> Iterator[SentinelSet]:
+def sentinel_set(
+    directory: Path, service: str = "qsmaster", replicas: int = 2, sentinels: int = 3
+) -> Iterator[SentinelSet]:
     servers: list[RedisServer] = []
     try:
         master = start_redis_server(directory / "master")
         servers.append(master)
         replica_nodes = []
         for i in range(replicas):
-            node = start_redis_server(directory / f"replica{i}", extra_args=(
-                "--replicaof", "127.0.0.1", str(master.port)))
+            node = start_redis_server(
+                directory / f"replica{i}", extra_args=("--replicaof", "127.0.0.1", str(master.port))
+            )
             servers.append(node)
             replica_nodes.append(node)
         # replicas online (synced), not only connected: WAIT (durable enqueue) counts only those
@@ -218,8 +258,10 @@ def sentinel_set(directory: Path, service: str = "qsmaster", replicas: int = 2,
             sentinel_nodes.append(node)
         topology = SentinelSet(service, master, replica_nodes, sentinel_nodes)
         with redis.Redis(port=sentinel_nodes[0].port) as s:
-            _wait(lambda: len(s.sentinel_sentinels(service)) == sentinels - 1,
-                  "the sentinels to find each other")
+            _wait(
+                lambda: len(s.sentinel_sentinels(service)) == sentinels - 1,
+                "the sentinels to find each other",
+            )
         yield topology
     finally:
         for server in servers:

@@ -61,7 +61,10 @@ class Recording(qs.Serving):
     """
 
     def __init__(
-        self, fn: Callable[[list[Any]], Any] | None = None, *, gated: bool = False,
+        self,
+        fn: Callable[[list[Any]], Any] | None = None,
+        *,
+        gated: bool = False,
         **options: Any,
     ) -> None:
         super().__init__(fn if fn is not None else echo_items, **options)

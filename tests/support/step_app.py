@@ -156,8 +156,10 @@ class Sampled(Paced):
 
     def decode(self, states: list[dict[str, Any]]) -> list[Any]:
         out = super().decode(states)  # each state's "i" is now one past this step's
-        return [o if o is qs.END else f"{s['seed']}:{s['i'] - 1}"
-                for s, o in zip(states, out, strict=True)]
+        return [
+            o if o is qs.END else f"{s['seed']}:{s['i'] - 1}"
+            for s, o in zip(states, out, strict=True)
+        ]
 
 
 class SampledResult(Sampled):
@@ -185,8 +187,10 @@ class SampledBatch(qs.Serving):
             for k in range(max(item["n"] for item in batch)):
                 r.set(f"{os.environ['QS_TEST_PREFIX']}:steps:pid", os.getpid())
                 time.sleep(Paced.step_s)
-                yield [f"{seed}:{k}" if k < item["n"] else qs.END
-                       for seed, item in zip(seeds, batch, strict=True)]
+                yield [
+                    f"{seed}:{k}" if k < item["n"] else qs.END
+                    for seed, item in zip(seeds, batch, strict=True)
+                ]
         finally:
             r.close()
 

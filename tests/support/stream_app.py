@@ -47,7 +47,10 @@ class Hooks(qs.Serving):
     """
 
     def __init__(
-        self, *, hooks: Sequence[str] | None = ("start", "done"), gated: bool = False,
+        self,
+        *,
+        hooks: Sequence[str] | None = ("start", "done"),
+        gated: bool = False,
         **options: Any,
     ) -> None:
         super().__init__(**options)

@@ -283,7 +283,13 @@ def test_batches_by_cost_never_exceed_capacity() -> None:
     weights = [sum(s.weight for s in b.slices) for b in batches]
     assert all(w <= 10 for w in weights), weights
     assert [x for b in batches for x in b.items()] == [
-        "i0", "i1", "i2", "i3", "j0", "j1", "j2",
+        "i0",
+        "i1",
+        "i2",
+        "i3",
+        "j0",
+        "j1",
+        "j2",
     ]
     assert weights == [8.0, 10.0, 2.0, 10.0]
     assert a.buffered == 0

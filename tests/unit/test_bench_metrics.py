@@ -23,10 +23,13 @@ def test_a_metric_sums_the_samples_of_its_serving_only() -> None:
     assert metric(TEXT, "queueserve_prefill_seconds_total", "charlm_cold") == 1.5
 
 
-@pytest.mark.parametrize(("name", "serving"), [
-    ("queueserve_prefix_cache_saved_tokens_total", "charlm"),  # not exported
-    ("queueserve_prefix_cache_lookups_total", "charlm_cold"),  # not for this serving
-])
+@pytest.mark.parametrize(
+    ("name", "serving"),
+    [
+        ("queueserve_prefix_cache_saved_tokens_total", "charlm"),  # not exported
+        ("queueserve_prefix_cache_lookups_total", "charlm_cold"),  # not for this serving
+    ],
+)
 def test_a_missing_metric_is_an_error_not_zero(name: str, serving: str) -> None:
     with pytest.raises(RuntimeError, match=f"no sample of {name} for serving '{serving}'"):
         metric(TEXT, name, serving)

@@ -74,9 +74,15 @@ def test_text_does_not_depend_on_how_prompts_were_cut_into_steps() -> None:
     """Sequences joining a full set read one position per step, in a free one in chunks, and
     alone whole: greedy and seeded sampling give the same characters every way."""
     rng = random.Random(5)
-    items = [{"prompt": "The object's attributes, sorted"[: rng.randint(3, 30)],
-              "max_new": rng.randint(1, 25), "temperature": 0.7 * (i % 2), "seed": i}
-             for i in range(12)]
+    items = [
+        {
+            "prompt": "The object's attributes, sorted"[: rng.randint(3, 30)],
+            "max_new": rng.randint(1, 25),
+            "temperature": 0.7 * (i % 2),
+            "seed": i,
+        }
+        for i in range(12)
+    ]
     alone = serving()
     expected = [alone.inline(item) for item in items]
     lm = serving(max_slots=4, prompt_chunk=8)
@@ -125,7 +131,8 @@ def test_a_joiner_reading_one_character_per_step_offers_its_prefixes_to_the_cach
     # Then the states after every CACHE_EVERY characters were offered, each the state a
     # whole read reaches there
     assert [length for length, _, _ in offered] == list(
-        range(CACHE_EVERY, len(prompt), CACHE_EVERY))
+        range(CACHE_EVERY, len(prompt), CACHE_EVERY)
+    )
     alone = serving()
     whole = qs.Resume(tuple(encode(prompt)[:-1]))
     alone.decode(alone.prefill_from([prompt], [whole]))

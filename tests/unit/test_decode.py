@@ -31,8 +31,12 @@ SERVING = qs.Serving(echo, name="echo", batch_size=4)
 
 
 def header(
-    version: Any = P.WIRE_VERSION, rid: Any = 7, n: Any = 2, reply_to: Any = INBOX,
-    deadline_ms: Any = 0, codec: Any = "msgpack",
+    version: Any = P.WIRE_VERSION,
+    rid: Any = 7,
+    n: Any = 2,
+    reply_to: Any = INBOX,
+    deadline_ms: Any = 0,
+    codec: Any = "msgpack",
 ) -> bytes:
     return msgpack.packb([version, rid, n, reply_to, deadline_ms, codec])
 
@@ -123,9 +127,26 @@ def test_pickle_serving_accepts_pickle_requests() -> None:
         (header(deadline_ms=1.5e12), "wrong types"),
         (header(deadline_ms="soon"), "wrong types"),
     ],
-    ids=["missing", "empty", "garbage", "binary-junk", "map", "short", "long", "str", "nil",
-         "rid-str", "rid-float", "n-str", "n-zero", "n-negative", "reply-bytes", "reply-nil",
-         "deadline-float", "deadline-str"],
+    ids=[
+        "missing",
+        "empty",
+        "garbage",
+        "binary-junk",
+        "map",
+        "short",
+        "long",
+        "str",
+        "nil",
+        "rid-str",
+        "rid-float",
+        "n-str",
+        "n-zero",
+        "n-negative",
+        "reply-bytes",
+        "reply-nil",
+        "deadline-float",
+        "deadline-str",
+    ],
 )
 def test_unreadable_headers_are_rejected_with_no_one_to_answer(
     h: bytes | None, reason: str
@@ -190,8 +211,14 @@ def test_a_pickle_payload_sent_to_a_msgpack_serving_is_never_unpickled(
 
 @pytest.mark.parametrize(
     ("items", "got"),
-    [([1], "1 items"), ([1, 2, 3], "3 items"), ([], "0 items"), ({"a": 1}, "dict"),
-     ("ab", "str"), (None, "NoneType")],
+    [
+        ([1], "1 items"),
+        ([1, 2, 3], "3 items"),
+        ([], "0 items"),
+        ({"a": 1}, "dict"),
+        ("ab", "str"),
+        (None, "NoneType"),
+    ],
     ids=["fewer", "more", "none", "dict", "str", "nil"],
 )
 def test_item_count_mismatch_is_answered(items: Any, got: str) -> None:
@@ -216,8 +243,9 @@ def test_a_msgpack_request_to_a_pickle_serving_is_answered() -> None:
 
 def test_an_expired_deadline_is_answered_with_a_timeout() -> None:
     past_ms = int((time.time() - 5) * 1000)
-    r = _answerable(decode(fields(header(deadline_ms=past_ms), MSGPACK.dumps([1, 2]))),
-                    kind=P.ERR_TIMEOUT)
+    r = _answerable(
+        decode(fields(header(deadline_ms=past_ms), MSGPACK.dumps([1, 2]))), kind=P.ERR_TIMEOUT
+    )
     assert "deadline" in r.reason
     assert r.request is not None
     assert r.request.deadline == pytest.approx(past_ms / 1000)

@@ -57,7 +57,11 @@ EXTRAS = {"torch", "celery", "metrics", "model"}
 # clusters, and the newest kubernetes-validate knows.
 K8S_VERSIONS = ("1.28", kv.major_minor(kv.latest_version()))
 K8S_KINDS = {
-    "ConfigMap", "Deployment", "PersistentVolumeClaim", "PodDisruptionBudget", "Service",
+    "ConfigMap",
+    "Deployment",
+    "PersistentVolumeClaim",
+    "PodDisruptionBudget",
+    "Service",
     "StatefulSet",
 }
 OWN_SCHEMAS = {
@@ -93,8 +97,9 @@ def k8s_docs() -> list[Doc]:
 
 
 def find(docs: list[Doc], kind: str, name: str | None = None) -> Doc:
-    found = [d for d in docs
-             if d["kind"] == kind and name in (None, d.get("metadata", {}).get("name"))]
+    found = [
+        d for d in docs if d["kind"] == kind and name in (None, d.get("metadata", {}).get("name"))
+    ]
     assert len(found) == 1, f"expected one {kind} {name or ''}, found {len(found)}"
     return found[0]
 
@@ -142,7 +147,8 @@ def metrics_port(ns: argparse.Namespace) -> int:
     assert ns.metrics_port is not None, "the worker command sets no --metrics-port"
     assert ns.metrics_host not in ("127.0.0.1", "localhost", "::1"), (
         f"the worker's metrics port listens on {ns.metrics_host}: probes and Prometheus from "
-        "outside the container cannot reach it (--metrics-host 0.0.0.0)")
+        "outside the container cannot reach it (--metrics-host 0.0.0.0)"
+    )
     return int(ns.metrics_port)
 
 
@@ -180,8 +186,9 @@ def run_tool(*argv: str | Path) -> subprocess.CompletedProcess[str]:
 
 
 def check_compose_file(path: Path) -> subprocess.CompletedProcess[str]:
-    return run_tool(sys.executable, "-m", "check_jsonschema",
-                    "--builtin-schema", "vendor.compose-spec", path)
+    return run_tool(
+        sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.compose-spec", path
+    )
 
 
 def hadolint() -> str:
@@ -215,11 +222,14 @@ def test_compose_validates_against_the_compose_spec() -> None:
 BROKEN_COMPOSE: dict[str, Callable[[Doc], None]] = {
     "misspelt key": lambda c: c["services"]["worker"].update(stop_grace_periodd="45s"),
     "bad depends_on condition": lambda c: c["services"]["worker"]["depends_on"]["redis"].update(
-        condition="service_healty"),
+        condition="service_healty"
+    ),
     "command not a string list": lambda c: c["services"]["redis"].update(
-        command=["redis-server", "--appendonly", True]),
+        command=["redis-server", "--appendonly", True]
+    ),
     "device without capabilities": lambda c: c["services"]["worker-gpu"]["deploy"]["resources"][
-        "reservations"]["devices"][0].pop("capabilities"),
+        "reservations"
+    ]["devices"][0].pop("capabilities"),
 }
 
 
@@ -236,7 +246,10 @@ def test_compose_services_and_profiles() -> None:
     services = compose()["services"]
     profiles = {name: s.get("profiles", []) for name, s in services.items()}
     assert profiles == {
-        "redis": [], "worker": [], "worker-gpu": ["gpu"], "celery": [],
+        "redis": [],
+        "worker": [],
+        "worker-gpu": ["gpu"],
+        "celery": [],
         "prometheus": ["monitoring"],
     }
 
@@ -270,8 +283,9 @@ def compose_problems(c: Doc) -> list[str]:
         s = services[name]
         argv = queueserve_args(compose_argv(s))
         ns = parse_worker(argv)
-        problems += grace_problems(f"{name} stop_grace_period",
-                                   compose_seconds(s.get("stop_grace_period", "10s")), argv)
+        problems += grace_problems(
+            f"{name} stop_grace_period", compose_seconds(s.get("stop_grace_period", "10s")), argv
+        )
         host = urlparse(ns.redis_url).hostname
         if host not in services or not services[host]["image"].startswith("redis:"):
             problems.append(f"{name}: --redis-url host {host!r} is not the compose Redis")
@@ -291,12 +305,14 @@ def test_compose_cross_checks() -> None:
 
 
 BROKEN_COMPOSE_CROSS: dict[str, Callable[[Doc], None]] = {
-    "grace not above the drain": lambda c: c["services"]["worker"].update(
-        stop_grace_period="30s"),
+    "grace not above the drain": lambda c: c["services"]["worker"].update(stop_grace_period="30s"),
     "default grace (10s)": lambda c: c["services"]["worker-gpu"].pop("stop_grace_period"),
     "wrong redis host": lambda c: c["services"]["worker"].update(
-        command=[a.replace("redis://redis:", "redis://localhost:")
-                 for a in c["services"]["worker"]["command"]]),
+        command=[
+            a.replace("redis://redis:", "redis://localhost:")
+            for a in c["services"]["worker"]["command"]
+        ]
+    ),
     "no redis healthcheck": lambda c: c["services"]["redis"].pop("healthcheck"),
 }
 
@@ -483,21 +499,26 @@ def _trigger(docs: list[Doc]) -> Doc:
 
 
 BROKEN_MANIFESTS: dict[str, Callable[[list[Doc]], Doc]] = {
-    "misspelt pod field": lambda d: _set(_worker(d)["spec"]["template"]["spec"],
-                                         "terminationGracePeriodSecond", 60, _worker(d)),
-    "port not a number": lambda d: _set(_worker_container(d)["ports"][0], "containerPort",
-                                        "metrics", _worker(d)),
-    "no containers": lambda d: _set(_worker(d)["spec"]["template"]["spec"], "containers", None,
-                                    _worker(d)),
-    "pdb misspelt field": lambda d: _set(find(d, "PodDisruptionBudget")["spec"], "maxUnavailble",
-                                         1, find(d, "PodDisruptionBudget")),
+    "misspelt pod field": lambda d: _set(
+        _worker(d)["spec"]["template"]["spec"], "terminationGracePeriodSecond", 60, _worker(d)
+    ),
+    "port not a number": lambda d: _set(
+        _worker_container(d)["ports"][0], "containerPort", "metrics", _worker(d)
+    ),
+    "no containers": lambda d: _set(
+        _worker(d)["spec"]["template"]["spec"], "containers", None, _worker(d)
+    ),
+    "pdb misspelt field": lambda d: _set(
+        find(d, "PodDisruptionBudget")["spec"], "maxUnavailble", 1, find(d, "PodDisruptionBudget")
+    ),
     "keda count not a string": lambda d: _set(_trigger(d), "lagCount", 16, _scaled(d)),
     "keda misspelt metadata": lambda d: _set(_trigger(d), "consumerGroups", "qs", _scaled(d)),
     "keda lag without group": lambda d: _pop(_trigger(d), "consumerGroup", _scaled(d)),
     "keda no stream": lambda d: _pop(_trigger(d), "stream", _scaled(d)),
     "keda misspelt spec field": lambda d: _set(_scaled(d)["spec"], "maxReplicas", 8, _scaled(d)),
-    "kustomization misspelt": lambda d: _set(find(d, "Kustomization"), "resource", [],
-                                             find(d, "Kustomization")),
+    "kustomization misspelt": lambda d: _set(
+        find(d, "Kustomization"), "resource", [], find(d, "Kustomization")
+    ),
 }
 
 
@@ -548,8 +569,11 @@ def test_every_config_map_reference_resolves() -> None:
 
 def test_selectors_select_their_pods() -> None:
     docs = k8s_docs()
-    pods = {d["metadata"]["name"]: d["spec"]["template"]["metadata"]["labels"]
-            for d in docs if d["kind"] in {"Deployment", "StatefulSet"}}
+    pods = {
+        d["metadata"]["name"]: d["spec"]["template"]["metadata"]["labels"]
+        for d in docs
+        if d["kind"] in {"Deployment", "StatefulSet"}
+    }
     for d in docs:
         selector = d["spec"].get("selector", {}) if "spec" in d else {}
         selector = selector.get("matchLabels", selector)
@@ -564,8 +588,9 @@ def worker_problems(docs: list[Doc]) -> list[str]:
     deployment = _worker(docs)
     pod = deployment["spec"]["template"]
     argv = queueserve_args(k8s_argv(container(deployment, "worker")))
-    problems = grace_problems("terminationGracePeriodSeconds",
-                              pod["spec"].get("terminationGracePeriodSeconds", 30), argv)
+    problems = grace_problems(
+        "terminationGracePeriodSeconds", pod["spec"].get("terminationGracePeriodSeconds", 30), argv
+    )
     if "replicas" in deployment["spec"]:
         problems.append("KEDA owns replicas: a value in the Deployment resets it on every apply")
     resources = container(deployment, "worker")["resources"]
@@ -586,8 +611,11 @@ def metrics_port_problems(pod: Doc, argv: list[str]) -> list[str]:
         if get.get("path") != path or ports.get(get.get("port"), get.get("port")) != port:
             problems.append(f"{probe} must GET {path} on the metrics port {port}")
     annotations = pod["metadata"].get("annotations", {})
-    expected = {"prometheus.io/scrape": "true", "prometheus.io/port": str(port),
-                "prometheus.io/path": "/metrics"}
+    expected = {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": str(port),
+        "prometheus.io/path": "/metrics",
+    }
     if any(annotations.get(k) != v for k, v in expected.items()):
         problems.append(f"scrape annotations must be {expected}")
     return problems
@@ -599,19 +627,25 @@ def test_worker_deployment_cross_checks() -> None:
 
 BROKEN_WORKER: dict[str, Callable[[list[Doc]], object]] = {
     "grace equal to the drain": lambda d: _worker(d)["spec"]["template"]["spec"].update(
-        terminationGracePeriodSeconds=30),
+        terminationGracePeriodSeconds=30
+    ),
     "default grace (30s)": lambda d: _worker(d)["spec"]["template"]["spec"].pop(
-        "terminationGracePeriodSeconds"),
+        "terminationGracePeriodSeconds"
+    ),
     "drain raised past the grace": lambda d: _worker_container(d).update(
-        args=[*_worker_container(d)["args"], "--shutdown-timeout", "2m"]),
+        args=[*_worker_container(d)["args"], "--shutdown-timeout", "2m"]
+    ),
     "pinned replicas": lambda d: _worker(d)["spec"].update(replicas=2),
     "no gpu limit": lambda d: _worker_container(d)["resources"]["limits"].pop("nvidia.com/gpu"),
     "probe on another port": lambda d: _worker_container(d)["livenessProbe"]["httpGet"].update(
-        port=8080),
+        port=8080
+    ),
     "readiness on /healthz": lambda d: _worker_container(d)["readinessProbe"]["httpGet"].update(
-        path="/healthz"),
+        path="/healthz"
+    ),
     "scrape annotation port": lambda d: _worker(d)["spec"]["template"]["metadata"][
-        "annotations"].update({"prometheus.io/port": "9101"}),
+        "annotations"
+    ].update({"prometheus.io/port": "9101"}),
 }
 
 
@@ -678,9 +712,11 @@ def trigger_problems(docs: list[Doc], c: Doc, trigger: Doc) -> list[str]:
     topology = parse_url(raw_url)
     if topology.kind == "sentinel":
         if trigger["type"] != "redis-sentinel-streams":
-            problems.append(f"{name}: the worker follows the master through Sentinel, so KEDA "
-                            "must too (redis-sentinel-streams): a fixed address stops being the "
-                            "master after a failover")
+            problems.append(
+                f"{name}: the worker follows the master through Sentinel, so KEDA "
+                "must too (redis-sentinel-streams): a fixed address stops being the "
+                "master after a failover"
+            )
         sentinels = ",".join(f"{h}:{p}" for h, p in topology.hosts)
         env = meta.get("addressesFromEnv")
         if env is None or config_value(docs, c, env) != sentinels:
@@ -710,7 +746,8 @@ def test_keda_watches_the_default_stream_by_the_key_layout() -> None:
     assert Keys("qs", SERVING).stream("default") == "qs:{embed}:in:default"
     assert "qs:{embed}:in:default" in streams
     assert {t["metadata"]["consumerGroup"] for t in _scaled(k8s_docs())["spec"]["triggers"]} == {
-        GROUP}
+        GROUP
+    }
 
 
 def _drop_option(args: list[str], option: str, value: str) -> list[str]:
@@ -728,15 +765,18 @@ BROKEN_KEDA: dict[str, Callable[[list[Doc]], object]] = {
     "stream of another prefix": lambda d: _meta(d).update(stream="queueserve:{embed}:in:default"),
     "a bucket not watched": lambda d: _scaled(d)["spec"]["triggers"].pop(),
     "wrong group": lambda d: _meta(d).update(consumerGroup="workers"),
-    "pending instead of lag": lambda d: _meta(d).update(pendingEntriesCount=_meta(d).pop(
-        "lagCount")),
+    "pending instead of lag": lambda d: _meta(d).update(
+        pendingEntriesCount=_meta(d).pop("lagCount")
+    ),
     "address of another env": lambda d: _meta(d).update(addressFromEnv="QUEUESERVE_PREFIX"),
     "another database": lambda d: _meta(d).update(databaseIndex="1"),
     "formula misses a trigger": lambda d: _scaled(d)["spec"]["advanced"]["scalingModifiers"].update(
-        formula="lag_default"),
+        formula="lag_default"
+    ),
     "wrong target": lambda d: _scaled(d)["spec"]["scaleTargetRef"].update(name="celery"),
     "undeclared batch key": lambda d: _worker_container(d).update(
-        args=_drop_option(_worker_container(d)["args"], "--batch-key", "t256")),
+        args=_drop_option(_worker_container(d)["args"], "--batch-key", "t256")
+    ),
 }
 
 
@@ -793,16 +833,25 @@ def test_the_celery_app_module_defines_the_app() -> None:
     path = REPO / "tasks" / "celery_app.py"
     if not path.is_file():
         pytest.skip("tasks/celery_app.py is not written yet")
-    names = {t.id for node in ast.parse(path.read_text()).body if isinstance(node, ast.Assign)
-             for t in node.targets if isinstance(t, ast.Name)}
+    names = {
+        t.id
+        for node in ast.parse(path.read_text()).body
+        if isinstance(node, ast.Assign)
+        for t in node.targets
+        if isinstance(t, ast.Name)
+    }
     assert names & {"app", "celery"}, "tasks/celery_app.py defines no `app`"
 
 
 def test_k8s_images_are_the_ones_built_here() -> None:
     kustomized = {i["name"] for i in load(K8S / "kustomization.yaml")["images"]}
     built = {s["image"].split(":")[0] for s in compose()["services"].values() if "build" in s}
-    used = {c["image"].split(":")[0] for d in k8s_docs() if d["kind"] == "Deployment"
-            for c in d["spec"]["template"]["spec"]["containers"]}
+    used = {
+        c["image"].split(":")[0]
+        for d in k8s_docs()
+        if d["kind"] == "Deployment"
+        for c in d["spec"]["template"]["spec"]["containers"]
+    }
     assert used <= kustomized
     assert used <= built
 
@@ -811,8 +860,11 @@ def test_k8s_images_are_the_ones_built_here() -> None:
 def prometheus_problems(config: Doc, c: Doc) -> list[str]:
     jsonschema.Draft202012Validator(schema("prometheus-config.schema.json")).validate(config)
     problems: list[str] = []
-    workers = {name: metrics_port(parse_worker(queueserve_args(compose_argv(s))))
-               for name, s in c["services"].items() if name.startswith("worker")}
+    workers = {
+        name: metrics_port(parse_worker(queueserve_args(compose_argv(s))))
+        for name, s in c["services"].items()
+        if name.startswith("worker")
+    }
     scraped: dict[str, int] = {}
     for job in config["scrape_configs"]:
         for sd in job.get("dns_sd_configs", []):
@@ -825,8 +877,9 @@ def prometheus_problems(config: Doc, c: Doc) -> list[str]:
         if scraped.get(name) != port:
             problems.append(f"Prometheus does not scrape {name} on its metrics port {port}")
     prometheus = c["services"]["prometheus"]
-    if not any(v.split(":")[0] == "./deploy/prometheus/prometheus.yml"
-               for v in prometheus["volumes"]):
+    if not any(
+        v.split(":")[0] == "./deploy/prometheus/prometheus.yml" for v in prometheus["volumes"]
+    ):
         problems.append("the prometheus service does not mount deploy/prometheus/prometheus.yml")
     return problems
 
@@ -841,7 +894,8 @@ BROKEN_PROMETHEUS: dict[str, Callable[[Doc], object]] = {
     "A records without port": lambda p: p["scrape_configs"][0]["dns_sd_configs"][0].pop("port"),
     "another port": lambda p: p["scrape_configs"][0]["dns_sd_configs"][0].update(port=9101),
     "gpu worker not scraped": lambda p: p["scrape_configs"][0]["dns_sd_configs"][0].update(
-        names=["worker"]),
+        names=["worker"]
+    ),
 }
 
 
@@ -879,14 +933,19 @@ def overlay_docs() -> list[Doc]:
     docs = k8s_docs()
     for patch in find(sentinel_docs(), "Kustomization")["patches"]:
         body = yaml.safe_load(patch["patch"])
-        i = next(i for i, d in enumerate(docs) if (d["kind"], d.get("metadata", {}).get(
-            "name")) == (body["kind"], body["metadata"]["name"]))
+        i = next(
+            i
+            for i, d in enumerate(docs)
+            if (d["kind"], d.get("metadata", {}).get("name"))
+            == (body["kind"], body["metadata"]["name"])
+        )
         if body.pop("$patch", None) == "delete":
             del docs[i]
         else:
             docs[i] = _merged(docs[i], body)
     return [d for d in docs if d["kind"] != "Kustomization"] + [
-        d for d in sentinel_docs() if d["kind"] != "Kustomization"]
+        d for d in sentinel_docs() if d["kind"] != "Kustomization"
+    ]
 
 
 @pytest.mark.parametrize("version", K8S_VERSIONS)
@@ -907,8 +966,11 @@ def test_sentinel_overlay_lives_outside_its_base() -> None:
     that way. The overlay's patches name the base's namespace, so that deleting the base's
     StatefulSet "redis" does not also match the overlay's own."""
     kustomization = find(sentinel_docs(), "Kustomization")
-    bases = [(SENTINEL_OVERLAY / r).resolve() for r in kustomization["resources"]
-             if (SENTINEL_OVERLAY / r).is_dir()]
+    bases = [
+        (SENTINEL_OVERLAY / r).resolve()
+        for r in kustomization["resources"]
+        if (SENTINEL_OVERLAY / r).is_dir()
+    ]
     assert bases == [K8S.resolve()]
     assert all(not SENTINEL_OVERLAY.resolve().is_relative_to(b) for b in bases)
     namespace = load(K8S / "kustomization.yaml")["namespace"]
@@ -921,8 +983,11 @@ def test_sentinel_overlay_lives_outside_its_base() -> None:
 
 def test_sentinel_overlay_points_queueserve_at_its_sentinels() -> None:
     docs = sentinel_docs()
-    (url_patch,) = [yaml.safe_load(p["patch"]) for p in find(docs, "Kustomization")["patches"]
-                    if "ConfigMap" in p["patch"]]
+    (url_patch,) = [
+        yaml.safe_load(p["patch"])
+        for p in find(docs, "Kustomization")["patches"]
+        if "ConfigMap" in p["patch"]
+    ]
     topology = parse_url(url_patch["data"]["QUEUESERVE_REDIS_URL"])
     service = find(docs, "Service", "redis-sentinel")
     sentinel_port = {p["name"]: p["port"] for p in service["spec"]["ports"]}["sentinel"]
@@ -948,12 +1013,15 @@ def test_keda_follows_the_master_behind_sentinel() -> None:
 
 BROKEN_SENTINEL_KEDA: dict[str, Callable[[list[Doc]], object]] = {
     "base triggers kept": lambda d: _scaled(d)["spec"].update(
-        triggers=_scaled(k8s_docs())["spec"]["triggers"]),
+        triggers=_scaled(k8s_docs())["spec"]["triggers"]
+    ),
     "another master": lambda d: _meta(d).update(sentinelMaster="mymaster"),
     "a fixed address": lambda d: find(d, "ConfigMap", "queueserve-config")["data"].update(
-        REDIS_ADDRESS="redis-0.redis-sentinel-nodes.queueserve.svc.cluster.local:6379"),
-    "no sentinel addresses": lambda d: _meta(d).update(addressFromEnv=_meta(d).pop(
-        "addressesFromEnv")),
+        REDIS_ADDRESS="redis-0.redis-sentinel-nodes.queueserve.svc.cluster.local:6379"
+    ),
+    "no sentinel addresses": lambda d: _meta(d).update(
+        addressFromEnv=_meta(d).pop("addressesFromEnv")
+    ),
     "another database": lambda d: _meta(d).update(databaseIndex="2"),
 }
 
@@ -974,8 +1042,12 @@ def test_the_schema_rejects_a_sentinel_trigger_without_its_master() -> None:
 
 def test_every_file_in_deploy_is_checked_here() -> None:
     """A new deployment file needs a check in this module."""
-    checked = {*DOCKERFILES, PROMETHEUS, *K8S.glob("*.yaml"), *SCHEMAS.iterdir(),
-               *SENTINEL_OVERLAY.glob("*.yaml")}
+    checked = {
+        *DOCKERFILES,
+        PROMETHEUS,
+        *K8S.glob("*.yaml"),
+        *SCHEMAS.iterdir(),
+        *SENTINEL_OVERLAY.glob("*.yaml"),
+    }
     unchecked = {p for p in DEPLOY.rglob("*") if p.is_file()} - checked
     assert unchecked == set(), sorted(str(p.relative_to(REPO)) for p in unchecked)
-

@@ -98,9 +98,7 @@ def _defined(name: str, abbreviated: bool, names: set[str]) -> bool:
     return any(n.startswith(name) for n in names) if abbreviated else name in names
 
 
-def _test_name_problem(
-    m: re.Match[str], text: str, defs: dict[str, set[str]]
-) -> str | None:
+def _test_name_problem(m: re.Match[str], text: str, defs: dict[str, set[str]]) -> str | None:
     name, tail = m.group("name"), m.group("tail")
     if tail == ".py":
         files = {Path(f).name for f in defs}
@@ -152,11 +150,15 @@ def test_every_path_module_and_test_the_docs_cite_exists() -> None:
 def test_the_citation_check_finds_each_kind_of_stale_citation() -> None:
     docs, charlm = "tests/unit/test_docs.py", "tests/unit/test_charlm.py"
     defs = {docs: {"test_one", "test_two_long_name"}, charlm: {"test_three"}}
-    good = (f"`{docs}::test_one`, `::test_two_…`; `test_three`, `test_charlm.py`, "
-            f"`{docs}::\ntest_two_long_name[x/y]`, `python -m bench.soak`")
+    good = (
+        f"`{docs}::test_one`, `::test_two_…`; `test_three`, `test_charlm.py`, "
+        f"`{docs}::\ntest_two_long_name[x/y]`, `python -m bench.soak`"
+    )
     assert stale_citations(good, defs) == (8, [])
-    bad = (f"`tests/test_embed.py`\n`{charlm}::test_one`, `::test_two…`\n"
-           "`test_four`, `test_c.py`, `test_fo…`, `bench.nothing`")
+    bad = (
+        f"`tests/test_embed.py`\n`{charlm}::test_one`, `::test_two…`\n"
+        "`test_four`, `test_c.py`, `test_fo…`, `bench.nothing`"
+    )
     _, problems = stale_citations(bad, defs)
     assert problems == [
         "line 1: tests/test_embed.py: no such file or folder",

@@ -20,15 +20,22 @@ def public_exceptions() -> dict[str, type[BaseException]]:
             continue
         module = importlib.import_module(name)
         for attr, value in vars(module).items():
-            if (inspect.isclass(value) and issubclass(value, BaseException)
-                    and value.__module__ == name and not attr.startswith("_")):
+            if (
+                inspect.isclass(value)
+                and issubclass(value, BaseException)
+                and value.__module__ == name
+                and not attr.startswith("_")
+            ):
                 found[attr] = value
     return found
 
 
 def test_every_public_exception_is_under_the_root() -> None:
-    escaped = sorted(name for name, cls in public_exceptions().items()
-                     if not issubclass(cls, queueserve.errors.QueueServeError))
+    escaped = sorted(
+        name
+        for name, cls in public_exceptions().items()
+        if not issubclass(cls, queueserve.errors.QueueServeError)
+    )
     assert not escaped, f"derive these from queueserve.errors.QueueServeError: {escaped}"
 
 

@@ -28,8 +28,13 @@ def test_the_docstring_table_and_layout_name_the_same_keys_and_types() -> None:
 
 def test_every_key_name_keys_builds_is_a_layout_kind() -> None:
     keys = P.Keys("P", "S")
-    built = {name for name in P.Keys.__slots__ if not name.startswith("_")
-             and isinstance(getattr(keys, name), str) and getattr(keys, name).startswith("P:{S}:")}
+    built = {
+        name
+        for name in P.Keys.__slots__
+        if not name.startswith("_")
+        and isinstance(getattr(keys, name), str)
+        and getattr(keys, name).startswith("P:{S}:")
+    }
     assert built <= dict(P.LAYOUT).keys(), built - dict(P.LAYOUT).keys()
 
 
@@ -49,4 +54,6 @@ def test_every_surface_has_attacks_of_known_value_families() -> None:
         assert surface.attacks, surface.kind
         for attack in surface.attacks:
             assert attack.families and set(attack.families) <= {*FAMILIES, WRONG_TYPE}, (
-                surface.kind, attack.name)
+                surface.kind,
+                attack.name,
+            )

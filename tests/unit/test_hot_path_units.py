@@ -95,10 +95,16 @@ GOOD_H = packed(P.WIRE_VERSION, 7, 2, INBOX, 0, "msgpack")
 GOOD_P = bytes(msgpack.packb(["a", "b"]))
 ENTRIES: dict[str, dict[bytes, bytes]] = {
     "valid": {b"h": GOOD_H, b"p": GOOD_P, b"a": b"2"},
-    "valid, priority 7": {b"h": packed(1, 7, 2, INBOX, 0, "msgpack", "", 7), b"p": GOOD_P,
-                          b"a": b"2"},
-    "valid, deadline ahead": {b"h": packed(1, 7, 2, INBOX, int(time.time() * 1000) + 86_400_000,
-                                           "msgpack"), b"p": GOOD_P, b"a": b"2"},
+    "valid, priority 7": {
+        b"h": packed(1, 7, 2, INBOX, 0, "msgpack", "", 7),
+        b"p": GOOD_P,
+        b"a": b"2",
+    },
+    "valid, deadline ahead": {
+        b"h": packed(1, 7, 2, INBOX, int(time.time() * 1000) + 86_400_000, "msgpack"),
+        b"p": GOOD_P,
+        b"a": b"2",
+    },
     "valid, no 'a'": {b"h": GOOD_H, b"p": GOOD_P},
     "no header": {b"p": GOOD_P, b"a": b"2"},
     "no payload": {b"h": GOOD_H, b"a": b"2"},
@@ -130,13 +136,22 @@ def test_one_pass_decode_accepts_only_what_decode_entry_accepts_and_the_same(nam
     f = ENTRIES[name]
     codec = get_codec("msgpack")
     slow = decode_entry(SERVING, codec, "qs", STREAM, b"1-0", f)
-    fast = decode_plain(codec, SERVING.max_payload_bytes, STREAM, b"1-0", f, time.time(),
-                        {INBOX})
+    fast = decode_plain(codec, SERVING.max_payload_bytes, STREAM, b"1-0", f, time.time(), {INBOX})
     if name.startswith("valid"):
         assert fast is not None and isinstance(slow, Accepted), slow
         request, piece = fast
-        for attr in ("rid", "reply_to", "deadline", "n", "priority", "admitted", "events",
-                     "no_split", "alone", "remaining"):
+        for attr in (
+            "rid",
+            "reply_to",
+            "deadline",
+            "n",
+            "priority",
+            "admitted",
+            "events",
+            "no_split",
+            "alone",
+            "remaining",
+        ):
             assert getattr(request, attr) == getattr(slow.request, attr), attr
         assert piece.items == slow.slices[0].items and piece.offset == 0
     else:
@@ -150,7 +165,6 @@ def test_one_pass_decode_leaves_an_address_it_has_not_seen_to_decode_entry() -> 
     codec = get_codec("msgpack")
     assert decode_plain(codec, 64, STREAM, b"1-0", f, time.time(), set()) is None
     known: set[str] = set()
-    assert isinstance(decode_entry(SERVING, codec, "qs", STREAM, b"1-0", f, None, known),
-                      Accepted)
+    assert isinstance(decode_entry(SERVING, codec, "qs", STREAM, b"1-0", f, None, known), Accepted)
     assert known == {INBOX}
     assert decode_plain(codec, 64, STREAM, b"1-0", f, time.time(), known) is not None

@@ -29,8 +29,9 @@ class NoBroker:
         raise AssertionError(f"intake used the broker ({name}) while deciding")
 
 
-def entry(entry_id: bytes, fields: dict[bytes, bytes], deliveries: int = 1,
-          reclaimed: bool = False) -> Entry:
+def entry(
+    entry_id: bytes, fields: dict[bytes, bytes], deliveries: int = 1, reclaimed: bool = False
+) -> Entry:
     return Entry(STREAM, entry_id, fields, deliveries, reclaimed)
 
 
@@ -48,20 +49,27 @@ def test_every_decision_is_returned_and_nothing_is_written() -> None:
     broker: Consumer = NoBroker()  # type: ignore[assignment]
     intake = Intake(serving, MSGPACK, KEYS, broker, "c1", Middleware())
 
-    decided = intake.ingest([
-        entry(b"1-0", request(1, ["a"])),  # runs
-        entry(b"2-0", {b"p": b"\x90"}),  # no header: nobody to tell, dead-lettered and acked
-        entry(b"3-0", {b"a": b"1", b"k": b"not a pack"}),  # a forged pack: the same
-        entry(b"4-0", pack(request(2, ["b"]), request(3, ["c"])), 2, True),  # reclaimed: split
-        entry(b"5-0", request(4, ["d"]), 3, True),  # delivered max_deliveries times
-        entry(b"6-0", request(5, ["e"]), 2, True),  # reclaimed once more: runs again
-    ])
+    decided = intake.ingest(
+        [
+            entry(b"1-0", request(1, ["a"])),  # runs
+            entry(b"2-0", {b"p": b"\x90"}),  # no header: nobody to tell, dead-lettered and acked
+            entry(b"3-0", {b"a": b"1", b"k": b"not a pack"}),  # a forged pack: the same
+            entry(b"4-0", pack(request(2, ["b"]), request(3, ["c"])), 2, True),  # reclaimed: split
+            entry(b"5-0", request(4, ["d"]), 3, True),  # delivered max_deliveries times
+            entry(b"6-0", request(5, ["e"]), 2, True),  # reclaimed once more: runs again
+        ]
+    )
 
     assert [(key, piece.request.rid) for key, piece in decided.slices] == [
-        ("default", 1), ("default", 5)]
+        ("default", 1),
+        ("default", 5),
+    ]
     assert [e.entry_id for e in decided.splits] == [b"4-0"]
     assert [(d.entry_id, d.ack_now) for d in decided.dead] == [
-        (b"2-0", True), (b"3-0", True), (b"5-0", False)]
+        (b"2-0", True),
+        (b"3-0", True),
+        (b"5-0", False),
+    ]
     assert "malformed pack" in decided.dead[1].records[0]["reason"]
     # the caller of the dead-lettered request is told (the replier acks it after)
     [(dead_request, _, _, kind, body)] = decided.rows

@@ -59,8 +59,11 @@ def _is_dynamic_import(node: ast.Call) -> bool:
     named = (isinstance(func, ast.Attribute) and func.attr == "import_module") or (
         isinstance(func, ast.Name) and func.id in {"__import__", "import_module"}
     )
-    return named and bool(node.args) and isinstance(node.args[0], ast.Constant) and isinstance(
-        node.args[0].value, str
+    return (
+        named
+        and bool(node.args)
+        and isinstance(node.args[0], ast.Constant)
+        and isinstance(node.args[0].value, str)
     )
 
 
@@ -178,8 +181,10 @@ def layout_problems(root: Path, package: str) -> dict[str, list[str]]:
             start = min(component)
             chain = shortest_chain(graph, start, lambda m, s=start: m == s, component)
             assert chain is not None
-            out.append(f"import cycle: {show(chain)}\n    break it: move what both need "
-                       "into a module that imports neither")
+            out.append(
+                f"import cycle: {show(chain)}\n    break it: move what both need "
+                "into a module that imports neither"
+            )
         return out
 
     def reaching(area: str, forbidden: list[str], why: str) -> list[str]:
@@ -191,7 +196,8 @@ def layout_problems(root: Path, package: str) -> dict[str, list[str]]:
         out += [
             f"{imp}: {area} imports {imp.target}\n    {why}"
             for imp in imports
-            if within(imp.importer, area) and not within(imp.target, p)
+            if within(imp.importer, area)
+            and not within(imp.target, p)
             and any(within(imp.target, f) for f in forbidden)
         ]
         return out
@@ -205,16 +211,18 @@ def layout_problems(root: Path, package: str) -> dict[str, list[str]]:
         ],
         "cycles": cycles(),
         "worker->client": reaching(
-            f"{p}.worker", [f"{p}.client"],
+            f"{p}.worker",
+            [f"{p}.client"],
             "the worker must not depend on the client: share code through wire/",
         ),
         "client->worker": reaching(
-            f"{p}.client", [f"{p}.worker"],
+            f"{p}.client",
+            [f"{p}.worker"],
             "the client must not depend on the worker: share code through wire/",
         ),
         "wire": reaching(
-            f"{p}.wire", [f"{p}.broker", f"{p}.client", f"{p}.worker", f"{p}.ops", "redis",
-                          *IO_MODULES],
+            f"{p}.wire",
+            [f"{p}.broker", f"{p}.client", f"{p}.worker", f"{p}.ops", "redis", *IO_MODULES],
             "wire/ holds names and formats only and must do no I/O",
         ),
         "messages": _messages_outside_wire(root, modules, p),
@@ -233,14 +241,25 @@ def _producer_side_only(imports: list[Import], p: str) -> list[str]:
         f"side of the broker\n    use {p}.broker.producer (or .aio); the consumer side is the "
         "worker's and the admin side ops/'s"
         for imp in imports
-        if within(imp.importer, f"{p}.client") and within(imp.target, f"{p}.broker")
+        if within(imp.importer, f"{p}.client")
+        and within(imp.target, f"{p}.broker")
         and not any(within(imp.target, a) for a in allowed)
     ]
 
 
 # What does I/O in the standard library (and the HTTP clients): wire/ imports none of it.
-IO_MODULES = ("socket", "ssl", "selectors", "subprocess", "asyncio", "http", "urllib",
-              "requests", "httpx", "aiohttp")
+IO_MODULES = (
+    "socket",
+    "ssl",
+    "selectors",
+    "subprocess",
+    "asyncio",
+    "http",
+    "urllib",
+    "requests",
+    "httpx",
+    "aiohttp",
+)
 MESSAGE_MODULES = ("msgpack", "pickle")  # the formats messages are made of
 WIRE_HELPERS = {"pack_plain", "codec_for_tag", "loads_tagged"}  # wire/codec.py's, for messages
 
@@ -255,15 +274,24 @@ def _messages_outside_wire(root: Path, modules: dict[str, Path], p: str) -> list
         rel = path.relative_to(root)
         for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
             if isinstance(node, ast.Import | ast.ImportFrom):
-                named = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                         else [node.module or ""])
-                helpers = ({a.name for a in node.names} & WIRE_HELPERS
-                           if isinstance(node, ast.ImportFrom) else set())
+                named = (
+                    [a.name for a in node.names]
+                    if isinstance(node, ast.Import)
+                    else [node.module or ""]
+                )
+                helpers = (
+                    {a.name for a in node.names} & WIRE_HELPERS
+                    if isinstance(node, ast.ImportFrom)
+                    else set()
+                )
                 if helpers or any(within(n, m) for n in named for m in MESSAGE_MODULES):
                     out.append(f"{rel}:{node.lineno} ({ast.unparse(node)}): {why}")
-            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                  and node.func.attr in ("dumps", "loads")
-                  and not (isinstance(node.func.value, ast.Name) and node.func.value.id == "json")):
+            elif (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in ("dumps", "loads")
+                and not (isinstance(node.func.value, ast.Name) and node.func.value.id == "json")
+            ):
                 out.append(f"{rel}:{node.lineno} ({ast.unparse(node.func)}): {why}")
     return out
 
@@ -299,8 +327,13 @@ CLEAN = {
 def test_a_package_that_keeps_every_rule_has_no_problems(tmp_path: Path) -> None:
     root = write_package(tmp_path, CLEAN)
     assert layout_problems(root, "pkg") == {
-        "redis": [], "cycles": [], "worker->client": [], "client->worker": [], "wire": [],
-        "client->producer": [], "messages": [],
+        "redis": [],
+        "cycles": [],
+        "worker->client": [],
+        "client->worker": [],
+        "wire": [],
+        "client->producer": [],
+        "messages": [],
     }
 
 
@@ -308,38 +341,88 @@ def test_a_package_that_keeps_every_rule_has_no_problems(tmp_path: Path) -> None
     ("rule", "module", "source", "named"),
     [
         ("redis", "pkg/client/sync.py", "import redis.asyncio\n", "pkg/client/sync.py:1"),
-        ("redis", "pkg/client/sync.py", "def f():\n    from redis import Redis\n",
-         "pkg/client/sync.py:2"),
-        ("redis", "pkg/ops/cli.py",
-         "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import redis\n",
-         "pkg/ops/cli.py:3"),
-        ("redis", "pkg/ops/cli.py", "import importlib\nimportlib.import_module('redis')\n",
-         "pkg/ops/cli.py:2"),
-        ("cycles", "pkg/wire/protocol.py", "from pkg.broker import producer\n",
-         "pkg.broker.producer -> pkg.wire.protocol -> pkg.broker.producer"),
-        ("cycles", "pkg/worker/extra.py",
-         "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .run import KEY\n",
-         "pkg/worker/extra.py:3"),
-        ("worker->client", "pkg/worker/run.py", "def f():\n    import pkg.client.sync\n",
-         "pkg/worker/run.py:2"),
-        ("worker->client", "pkg/worker/run.py", "from pkg.ops import cli\n",
-         "pkg.worker.run -> pkg.ops.cli -> pkg.client.sync"),
-        ("client->worker", "pkg/client/sync.py", "from pkg.worker.run import KEY\n",
-         "pkg/client/sync.py:1"),
-        ("wire", "pkg/wire/codec.py", "from pkg.broker.producer import KEY\n",
-         "pkg/wire/codec.py:1"),
-        ("client->producer", "pkg/client/sync.py", "from pkg.broker.consumer import KEY\n",
-         "pkg/client/sync.py:1"),
-        ("client->producer", "pkg/client/aio.py", "from pkg.broker import consumer\n",
-         "pkg/client/aio.py:1"),
+        (
+            "redis",
+            "pkg/client/sync.py",
+            "def f():\n    from redis import Redis\n",
+            "pkg/client/sync.py:2",
+        ),
+        (
+            "redis",
+            "pkg/ops/cli.py",
+            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import redis\n",
+            "pkg/ops/cli.py:3",
+        ),
+        (
+            "redis",
+            "pkg/ops/cli.py",
+            "import importlib\nimportlib.import_module('redis')\n",
+            "pkg/ops/cli.py:2",
+        ),
+        (
+            "cycles",
+            "pkg/wire/protocol.py",
+            "from pkg.broker import producer\n",
+            "pkg.broker.producer -> pkg.wire.protocol -> pkg.broker.producer",
+        ),
+        (
+            "cycles",
+            "pkg/worker/extra.py",
+            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .run import KEY\n",
+            "pkg/worker/extra.py:3",
+        ),
+        (
+            "worker->client",
+            "pkg/worker/run.py",
+            "def f():\n    import pkg.client.sync\n",
+            "pkg/worker/run.py:2",
+        ),
+        (
+            "worker->client",
+            "pkg/worker/run.py",
+            "from pkg.ops import cli\n",
+            "pkg.worker.run -> pkg.ops.cli -> pkg.client.sync",
+        ),
+        (
+            "client->worker",
+            "pkg/client/sync.py",
+            "from pkg.worker.run import KEY\n",
+            "pkg/client/sync.py:1",
+        ),
+        (
+            "wire",
+            "pkg/wire/codec.py",
+            "from pkg.broker.producer import KEY\n",
+            "pkg/wire/codec.py:1",
+        ),
+        (
+            "client->producer",
+            "pkg/client/sync.py",
+            "from pkg.broker.consumer import KEY\n",
+            "pkg/client/sync.py:1",
+        ),
+        (
+            "client->producer",
+            "pkg/client/aio.py",
+            "from pkg.broker import consumer\n",
+            "pkg/client/aio.py:1",
+        ),
         ("wire", "pkg/wire/codec.py", "import redis\n", "pkg/wire/codec.py:1"),
         ("wire", "pkg/wire/codec.py", "import socket\n", "pkg/wire/codec.py:1"),
         ("messages", "pkg/worker/run.py", "import msgpack\n", "pkg/worker/run.py:1"),
         ("messages", "pkg/client/sync.py", "from pickle import loads\n", "pkg/client/sync.py:1"),
-        ("messages", "pkg/worker/run.py", "def f(codec, b):\n    return codec.loads(b)\n",
-         "pkg/worker/run.py:2"),
-        ("messages", "pkg/ops/cli.py", "from pkg.wire.codec import pack_plain\n",
-         "pkg/ops/cli.py:1"),
+        (
+            "messages",
+            "pkg/worker/run.py",
+            "def f(codec, b):\n    return codec.loads(b)\n",
+            "pkg/worker/run.py:2",
+        ),
+        (
+            "messages",
+            "pkg/ops/cli.py",
+            "from pkg.wire.codec import pack_plain\n",
+            "pkg/ops/cli.py:1",
+        ),
     ],
 )
 def test_each_rule_names_the_module_and_the_import_that_break_it(
@@ -355,15 +438,20 @@ def test_each_rule_names_the_module_and_the_import_that_break_it(
 
 
 def test_relative_imports_resolve_against_the_importing_module(tmp_path: Path) -> None:
-    root = write_package(tmp_path, {
-        "pkg/worker/pipeline/step.py": "from ...client import sync\nfrom .. import run\n",
-        "pkg/worker/run.py": "",
-        "pkg/client/sync.py": "",
-    })
+    root = write_package(
+        tmp_path,
+        {
+            "pkg/worker/pipeline/step.py": "from ...client import sync\nfrom .. import run\n",
+            "pkg/worker/run.py": "",
+            "pkg/client/sync.py": "",
+        },
+    )
     modules = module_files(root, "pkg")
     targets = [
-        i.target for i in imports_of(root, "pkg.worker.pipeline.step",
-                                     modules["pkg.worker.pipeline.step"], modules)
+        i.target
+        for i in imports_of(
+            root, "pkg.worker.pipeline.step", modules["pkg.worker.pipeline.step"], modules
+        )
     ]
     assert targets == ["pkg.client.sync", "pkg.worker.run"]
 
@@ -375,9 +463,14 @@ PROBLEMS = layout_problems(REPO, "queueserve")
 
 def test_the_checker_sees_every_module_of_queueserve() -> None:
     modules = module_files(REPO, "queueserve")
-    for expected in ("queueserve", "queueserve.broker.producer", "queueserve.wire.protocol",
-                     "queueserve.worker.pipeline.runner", "queueserve.client.sync",
-                     "queueserve.ops.cli"):
+    for expected in (
+        "queueserve",
+        "queueserve.broker.producer",
+        "queueserve.wire.protocol",
+        "queueserve.worker.pipeline.runner",
+        "queueserve.client.sync",
+        "queueserve.ops.cli",
+    ):
         assert expected in modules
 
 

@@ -49,15 +49,26 @@ def enqueue(broker: RedisBroker, keys: P.Keys, batch_key: str, n: int) -> list[b
     broker.redis.zadd(keys.seen, {batch_key: int(time.time() * 1000)})
     broker.redis.hincrby(keys.depth, batch_key, n)
     broker.ensure_group(stream)
-    return [broker.redis.xadd(stream, {"h": b"header", "p": b"payload", "a": b"1"})
-            for _ in range(n)]
+    return [
+        broker.redis.xadd(stream, {"h": b"header", "p": b"payload", "a": b"1"}) for _ in range(n)
+    ]
 
 
 # --- queueserve stats ----------------------------------------------------------------------
 
 
-COLUMNS = ["serving", "key", "items", "waiting", "pending", "oldest", "seen", "req/s",
-           "workers", "dead"]
+COLUMNS = [
+    "serving",
+    "key",
+    "items",
+    "waiting",
+    "pending",
+    "oldest",
+    "seen",
+    "req/s",
+    "workers",
+    "dead",
+]
 
 
 def rows(out: str) -> dict[tuple[str, str], list[str]]:
@@ -214,7 +225,9 @@ def dead_lettered(broker: RedisBroker, keys: P.Keys, reasons: list[str]) -> list
     header = msgpack.packb([1, 7, 1, "inbox", 0, "msgpack"])
     for entry_id, reason in zip(entry_ids, reasons, strict=True):
         broker.dead_letter(
-            keys, keys.stream("default"), entry_id,
+            keys,
+            keys.stream("default"),
+            entry_id,
             {"reason": reason, "deliveries": 4, "field:h": header, "field:p": b"payload"},
             ack_now=True,
         )
@@ -228,7 +241,9 @@ def test_dead_letters_keep_where_they_came_from_and_the_request_as_sent(
     dead_lettered(broker, keys, ["killed its workers"])
     (record,) = DeadLetters(broker, PREFIX, "crasher").records()
     assert (record.stream, record.reason, record.deliveries) == (
-        keys.stream("default"), "killed its workers", 4
+        keys.stream("default"),
+        "killed its workers",
+        4,
     )
     assert record.entry_id.count("-") == 1 and record.at_ms > 0
     assert msgpack.unpackb(record.header)[P.H_ID] == 7 and record.payload == b"payload"
@@ -259,7 +274,9 @@ def test_dead_letter_drop_removes_the_named_ones_or_all(
     ids = dead_lettered(broker, keys, ["a", "b", "c"])
 
     assert cli(capsys, "dead-letter", "drop", "crasher", ids[1]) == (
-        EXIT_OK, f"{ids[1]} dropped\n", ""
+        EXIT_OK,
+        f"{ids[1]} dropped\n",
+        "",
     )
     assert [r.id for r in DeadLetters(broker, PREFIX, "crasher").records()] == [ids[0], ids[2]]
 

@@ -49,31 +49,49 @@ def test_a_keyword_or_flag_wins_over_the_variable(monkeypatch: pytest.MonkeyPatc
     assert WorkerOptions.of({}).batch_size == 64
 
 
-@pytest.mark.parametrize(("variable", "value", "says"), [
-    ("QUEUESERVE_BATCH_SIZE", "0", "QUEUESERVE_BATCH_SIZE='0': batch_size must be an int from 1"),
-    ("QUEUESERVE_BATCH_SIZE", "lots", "batch_size must be an integer, got 'lots'"),
-    ("QUEUESERVE_SHUTDOWN_TIMEOUT", "soon", "'soon' is not a duration; write it like '10ms'"),
-    ("QUEUESERVE_MAX_PARTITION_MEMORY", "inf", "a number of bytes like 2GiB"),
-    ("QUEUESERVE_PARTITIONS", "two", "partitions must be 'auto' or an int >= 1"),
-])
+@pytest.mark.parametrize(
+    ("variable", "value", "says"),
+    [
+        (
+            "QUEUESERVE_BATCH_SIZE",
+            "0",
+            "QUEUESERVE_BATCH_SIZE='0': batch_size must be an int from 1",
+        ),
+        ("QUEUESERVE_BATCH_SIZE", "lots", "batch_size must be an integer, got 'lots'"),
+        ("QUEUESERVE_SHUTDOWN_TIMEOUT", "soon", "'soon' is not a duration; write it like '10ms'"),
+        ("QUEUESERVE_MAX_PARTITION_MEMORY", "inf", "a number of bytes like 2GiB"),
+        ("QUEUESERVE_PARTITIONS", "two", "partitions must be 'auto' or an int >= 1"),
+    ],
+)
 def test_a_bad_variable_says_which_and_what_was_wrong(variable: str, value: str, says: str) -> None:
     with pytest.raises(ValueError, match=re.escape(says)):
         WorkerOptions.of({}, {variable: value})
 
 
 def test_a_misspelled_variable_is_named_with_the_one_meant() -> None:
-    misspelled, unknown = unknown_variables({
-        "QUEUESERVE_BATCH_SIZ": "64", "QUEUESERVE_REDIS_URL": "redis://x", "QUEUESERVE_ZZZ": "1",
-        "PATH": "/bin",
-    })
+    misspelled, unknown = unknown_variables(
+        {
+            "QUEUESERVE_BATCH_SIZ": "64",
+            "QUEUESERVE_REDIS_URL": "redis://x",
+            "QUEUESERVE_ZZZ": "1",
+            "PATH": "/bin",
+        }
+    )
     assert len(misspelled) == 1 and "did you mean QUEUESERVE_BATCH_SIZE?" in misspelled[0]
     assert unknown == ["QUEUESERVE_ZZZ"]
 
 
-@pytest.mark.parametrize(("option", "value"), [
-    ("max_concurrent_batches", True), ("max_concurrent_batches", 0), ("metrics_keys", -1),
-    ("metrics_keys", 2.0), ("max_batches_per_partition", False), ("max_restarts", "5"),
-])
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("max_concurrent_batches", True),
+        ("max_concurrent_batches", 0),
+        ("metrics_keys", -1),
+        ("metrics_keys", 2.0),
+        ("max_batches_per_partition", False),
+        ("max_restarts", "5"),
+    ],
+)
 def test_worker_ints_are_strict(option: str, value: Any) -> None:
     with pytest.raises(ValueError, match=f"{option} must be an int"):
         qs.Worker([qs.Serving(square)], **{option: value})
@@ -122,9 +140,20 @@ def test_the_options_package_does_no_io() -> None:
         assert chain is None, show(chain)
 
 
-@pytest.mark.parametrize("path", ["options/units.py", "options/serving.py", "serving.py",
-                                  "steps.py", "worker/options.py", "worker/worker.py",
-                                  "wire/options.py", "ops/cli.py", "settings.py"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "options/units.py",
+        "options/serving.py",
+        "serving.py",
+        "steps.py",
+        "worker/options.py",
+        "worker/worker.py",
+        "wire/options.py",
+        "ops/cli.py",
+        "settings.py",
+    ],
+)
 def test_option_modules_and_classes_stay_small(path: str) -> None:
     source = (REPO / "queueserve" / path).read_text()
     assert source.count("\n") <= 450, path

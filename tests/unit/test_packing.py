@@ -15,8 +15,23 @@ from queueserve.broker.common import HiredisPacker, pack_fast
 from queueserve.broker.connect import connect, connect_async
 
 COMMANDS: list[tuple[Any, ...]] = [
-    ("EVALSHA", "a" * 40, 2, "qs:{s}:queued", "qs:{s}:in:default", 0, "qs", 1000, 1, "default",
-     0, 1, 1, b"\x96\x01\x07", b"\x91\x05"),
+    (
+        "EVALSHA",
+        "a" * 40,
+        2,
+        "qs:{s}:queued",
+        "qs:{s}:in:default",
+        0,
+        "qs",
+        1000,
+        1,
+        "default",
+        0,
+        1,
+        1,
+        b"\x96\x01\x07",
+        b"\x91\x05",
+    ),
     ("BLMPOP", 1.0, 1, "qs:inbox:abc", "LEFT", "COUNT", 512),
     (b"RPUSH", "qs:inbox:é", memoryview(b"m\x91\x01"), bytearray(b"x")),
     ("XINFO GROUPS", "qs:{s}:in:default"),  # a name with a space: redis-py splits it
@@ -50,8 +65,9 @@ def test_sync_broker_connections_use_the_hiredis_packer() -> None:
     assert connection.pack_command("GET", "k") == [b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\n"]
 
 
-@pytest.mark.parametrize("url", ["redis://127.0.0.1:1/0", "rediss://127.0.0.1:1/0",
-                                 "unix:///tmp/qs-none.sock"])
+@pytest.mark.parametrize(
+    "url", ["redis://127.0.0.1:1/0", "rediss://127.0.0.1:1/0", "unix:///tmp/qs-none.sock"]
+)
 def test_asyncio_broker_connections_pack_with_hiredis(url: str) -> None:
     pool = aio.hiredis_packing(connect_async(url)).connection_pool
     connection = pool.make_connection()

@@ -13,22 +13,48 @@ from bench.peers_runners import _measure
 
 RQ = "rq (default worker, fork per job)"
 META: dict[str, Any] = {
-    "date": "2026-11-23T10:00:00+00:00", "cores": 2, "platform": "Linux-test",
-    "python": "3.11.7", "redis_server": "7.0.15", "loadavg": (1.5, 1.0, 0.5),
-    "git": "abc1234", "command": "scripts/bench-peers", "items": 5000, "fast_items": 50000,
-    "map_items": 1000000, "window": 256, "repeats": 3, "rt_calls": 500,
+    "date": "2026-11-23T10:00:00+00:00",
+    "cores": 2,
+    "platform": "Linux-test",
+    "python": "3.11.7",
+    "redis_server": "7.0.15",
+    "loadavg": (1.5, 1.0, 0.5),
+    "git": "abc1234",
+    "command": "scripts/bench-peers",
+    "items": 5000,
+    "fast_items": 50000,
+    "map_items": 1000000,
+    "window": 256,
+    "repeats": 3,
+    "rt_calls": 500,
 }
 
 
 def results() -> list[dict[str, Any]]:
     return [
-        {"key": "rq", "versions": {"rq": "3.0.0"}, "setup": "fork | per job",
-         "items_per_s": 180, "p50_ms": 12.5, "p99_ms": 30.25},
-        {"key": "queueserve", "versions": {"queueserve": "0.1.0", "redis": "8.1.0"},
-         "setup": "noop", "items_per_s": 45848, "p50_ms": 0.5, "p99_ms": 1.25,
-         "cpu_us_per_item": {"client": 15.31, "worker": 11.3, "redis": 6.6}},
-        {"key": "queueserve-map", "versions": {"queueserve": "0.1.0"}, "setup": "map",
-         "items_per_s": 812345},
+        {
+            "key": "rq",
+            "versions": {"rq": "3.0.0"},
+            "setup": "fork | per job",
+            "items_per_s": 180,
+            "p50_ms": 12.5,
+            "p99_ms": 30.25,
+        },
+        {
+            "key": "queueserve",
+            "versions": {"queueserve": "0.1.0", "redis": "8.1.0"},
+            "setup": "noop",
+            "items_per_s": 45848,
+            "p50_ms": 0.5,
+            "p99_ms": 1.25,
+            "cpu_us_per_item": {"client": 15.31, "worker": 11.3, "redis": 6.6},
+        },
+        {
+            "key": "queueserve-map",
+            "versions": {"queueserve": "0.1.0"},
+            "setup": "map",
+            "items_per_s": 812345,
+        },
         {"key": "arq", "skipped": "arq is not installed: run scripts/bench-peers"},
         {"key": "celery-solo", "failed": "celery-solo: exited with code 1"},
     ]
@@ -39,11 +65,17 @@ def test_table_lists_systems_fastest_first_then_those_without_figures() -> None:
 
     assert lines[0].startswith("| system | items/s | p50 ms | p99 ms | CPU µs/item")
     systems = [line.split(" | ")[0].removeprefix("| ") for line in lines[2:]]
-    assert systems == ["queueserve map (256/request)", "queueserve submit", RQ, "arq",
-                       "Celery (solo pool)"]
+    assert systems == [
+        "queueserve map (256/request)",
+        "queueserve submit",
+        RQ,
+        "arq",
+        "Celery (solo pool)",
+    ]
     assert "| 812,345 | — | — | — |" in lines[2]  # map has no latency of its own
-    assert "| 45,848 | 0.50 | 1.25 | 15.3 / 11.3 / 6.6 | queueserve 0.1.0, redis 8.1.0 |" in (
-        lines[3])
+    assert (
+        "| 45,848 | 0.50 | 1.25 | 15.3 / 11.3 / 6.6 | queueserve 0.1.0, redis 8.1.0 |" in (lines[3])
+    )
     assert "| fork \\| per job |" in lines[4]
     assert "skipped: arq is not installed: run scripts/bench-peers" in lines[5]
     assert "failed: celery-solo: exited with code 1" in lines[6]
@@ -92,8 +124,11 @@ def test_replace_block_adds_a_peers_section_to_a_doc_without_one() -> None:
 def test_chart_rows_are_the_measured_systems_fastest_first() -> None:
     rows = peers.chart_rows(results())
 
-    assert rows == [("queueserve map (256/request)", 812345.0, None, None),
-                    ("queueserve submit", 45848.0, 0.5, 1.25), (RQ, 180.0, 12.5, 30.25)]
+    assert rows == [
+        ("queueserve map (256/request)", 812345.0, None, None),
+        ("queueserve submit", 45848.0, 0.5, 1.25),
+        (RQ, 180.0, 12.5, 30.25),
+    ]
 
 
 def test_render_chart_writes_a_png(tmp_path: Path) -> None:
@@ -129,15 +164,15 @@ def test_rate_sends_every_item_in_windows_and_checks_the_results() -> None:
 
 def test_rate_fails_on_a_wrong_result() -> None:
     with pytest.raises(AssertionError, match="wrong results"):
-        _measure.rate(lambda part: [x + 1 for x in part], items=4, window=4, repeats=1,
-                      seconds=60)
+        _measure.rate(lambda part: [x + 1 for x in part], items=4, window=4, repeats=1, seconds=60)
 
 
 def test_rate_stops_at_its_time_bound_after_one_window() -> None:
     calls: list[range] = []
 
-    out = _measure.rate(lambda part: calls.append(part) or list(part), items=100, window=10,
-                        repeats=3, seconds=0)
+    out = _measure.rate(
+        lambda part: calls.append(part) or list(part), items=100, window=10, repeats=3, seconds=0
+    )
 
     assert calls == [range(0, 10)] and out["items"] == [10]
 

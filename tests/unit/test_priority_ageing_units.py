@@ -12,8 +12,7 @@ _ids = iter(range(1, 10**9))
 def enqueued(at: float, priority: int, item: str) -> Slice:
     """One item whose entry was written at unix time ``at``."""
     rid = next(_ids)
-    request = Request(f"{int(at * 1000)}-{rid}".encode(), "qs:{s}:in:k", rid, "qs:inbox:c",
-                      0.0, 1)
+    request = Request(f"{int(at * 1000)}-{rid}".encode(), "qs:{s}:in:k", rid, "qs:inbox:c", 0.0, 1)
     request.priority = priority
     return Slice(request, 0, [item])
 

@@ -51,13 +51,22 @@ def test_defaults_and_name_from_function() -> None:
 
 def test_options_are_kept() -> None:
     s = qs.Serving(
-        square, name="sq", batch_size=10, batch_timeout=0.1, max_queue=5, codec="pickle",
+        square,
+        name="sq",
+        batch_size=10,
+        batch_timeout=0.1,
+        max_queue=5,
+        codec="pickle",
         on_error="fail",
     )
     assert (s.name, s.batch_size, s.batch_timeout) == ("sq", 10, 0.1)
     expected = {
-        "batch_size": 10, "batch_timeout": 0.1, "max_queue": 5, "codec": "pickle",
-        "on_error": "fail", "cost": False,
+        "batch_size": 10,
+        "batch_timeout": 0.1,
+        "max_queue": 5,
+        "codec": "pickle",
+        "on_error": "fail",
+        "cost": False,
     }
     assert s.options().items() >= expected.items()
 
@@ -377,8 +386,9 @@ def test_item_cost() -> None:
 
 
 def test_inline_results_from_a_numpy_array_are_split_per_item() -> None:
-    s = qs.Serving(lambda xs: np.asarray(xs, dtype=np.float32)[:, None] * [1, 2],
-                   name="np", batch_size=3)
+    s = qs.Serving(
+        lambda xs: np.asarray(xs, dtype=np.float32)[:, None] * [1, 2], name="np", batch_size=3
+    )
     out = s.inline_many([1, 2, 3, 4])
     assert len(out) == 4
     for x, row in zip([1, 2, 3, 4], out, strict=True):
@@ -478,7 +488,9 @@ def test_batch_is_a_list_with_key_and_partition() -> None:
     assert default.key == "default"
     assert default.partition == qs.Partition()
     assert (default.partition.index, default.partition.device, default.partition.count) == (
-        0, "cpu", 1,
+        0,
+        "cpu",
+        1,
     )
 
 
@@ -502,8 +514,9 @@ def test_key_for() -> None:
 
 def test_inline_many_never_mixes_batch_keys() -> None:
     rec = Recorder()
-    s = qs.Serving(rec, name="parity", batch_size=10,
-                   batch_key=lambda x: "even" if x % 2 == 0 else "odd")
+    s = qs.Serving(
+        rec, name="parity", batch_size=10, batch_key=lambda x: "even" if x % 2 == 0 else "odd"
+    )
     assert s.inline_many([1, 2, 3, 4]) == [10, 20, 30, 40]
     for batch in rec.batches:
         assert {s.key_for(x, None) for x in batch} == {batch.key}
@@ -543,9 +556,18 @@ def test_parse_duration_rejects_what_is_not_a_duration(text: str) -> None:
         parse_duration(text, what="timeout")
 
 
-@pytest.mark.parametrize(("value", "error"), [(-1, ValueError), (-0.5, ValueError),
-                                              (float("nan"), ValueError), (True, TypeError),
-                                              (None, TypeError), (b"1s", TypeError)], ids=repr)
+@pytest.mark.parametrize(
+    ("value", "error"),
+    [
+        (-1, ValueError),
+        (-0.5, ValueError),
+        (float("nan"), ValueError),
+        (True, TypeError),
+        (None, TypeError),
+        (b"1s", TypeError),
+    ],
+    ids=repr,
+)
 def test_parse_duration_rejects_bad_values(value: Any, error: type[Exception]) -> None:
     with pytest.raises(error, match="shutdown_timeout"):
         parse_duration(value, what="shutdown_timeout")
@@ -642,9 +664,23 @@ def test_batch_result_slices_cover_the_batch_exactly() -> None:
         ({"a": np.zeros(2)}, 3, "first axes"),
         ({}, 1, "dict"),
     ],
-    ids=["short-list", "long-tuple", "empty-list", "array-rows", "tensor-rows", "np-scalar",
-         "0d-array", "0d-tensor", "int", "none", "str", "dict-mismatch", "dict-list",
-         "dict-rows", "empty-dict"],
+    ids=[
+        "short-list",
+        "long-tuple",
+        "empty-list",
+        "array-rows",
+        "tensor-rows",
+        "np-scalar",
+        "0d-array",
+        "0d-tensor",
+        "int",
+        "none",
+        "str",
+        "dict-mismatch",
+        "dict-list",
+        "dict-rows",
+        "empty-dict",
+    ],
 )
 def test_batch_results_errors(value: Any, size: int, match: str) -> None:
     with pytest.raises(BatchResultError, match=match) as info:

@@ -25,8 +25,9 @@ class ShardsBroker:
         self.runner: ServingRunner | None = None
         self.blocked_with: list[tuple[int, int]] = []  # (its budget, room left to the others)
 
-    def read_ready(self, keys: Any, consumer: str, budget: int, per_key: int,
-                   full: Any) -> ReadOutcome:
+    def read_ready(
+        self, keys: Any, consumer: str, budget: int, per_key: int, full: Any
+    ) -> ReadOutcome:
         return ReadOutcome(b"0-0", 0, False, 0, [])
 
     def wait_then_read(self, keys: Any, read: WakeRead) -> ReadOutcome:
@@ -52,5 +53,6 @@ def test_a_reader_blocked_on_an_idle_shard_leaves_room_for_the_others() -> None:
     # reserving it all left the busy shards' readers waiting on the idle ones (3 shards read
     # 15k packed items/s against 150k with 1, bench/cluster.py)
     assert len(broker.blocked_with) == 3
-    assert all(budget <= room // 3 and left >= room - room // 3
-               for budget, left in broker.blocked_with), (room, broker.blocked_with)
+    assert all(
+        budget <= room // 3 and left >= room - room // 3 for budget, left in broker.blocked_with
+    ), (room, broker.blocked_with)

@@ -22,8 +22,13 @@ from queueserve.worker.pipeline.stepping import (
 )
 from tests.support.step_app import Count, expected
 
-LIMITS = Limits(max_slots=8, max_batch_tokens=100, max_prefill_tokens=40,
-                waiting_served_ratio=0.5, max_waiting_steps=3)
+LIMITS = Limits(
+    max_slots=8,
+    max_batch_tokens=100,
+    max_prefill_tokens=40,
+    waiting_served_ratio=0.5,
+    max_waiting_steps=3,
+)
 
 
 def waiting(n: int = 1, budget: int = 10, prompt: int = 2, alone: bool = False) -> Waiting:
@@ -47,10 +52,13 @@ def test_an_idle_running_set_takes_every_waiting_request_that_fits_in_arrival_or
     assert (s.slots, s.tokens) == (7, 20)
 
 
-@pytest.mark.parametrize("blocker", [
-    {"n": 1, "budget": 81},  # 20 reserved + 81 > max_batch_tokens=100
-    {"n": 1, "prompt": 39},  # 2 + 39 > max_prefill_tokens=40 in one join
-])
+@pytest.mark.parametrize(
+    "blocker",
+    [
+        {"n": 1, "budget": 81},  # 20 reserved + 81 > max_batch_tokens=100
+        {"n": 1, "prompt": 39},  # 2 + 39 > max_prefill_tokens=40 in one join
+    ],
+)
 def test_token_budgets_stop_a_join(blocker: dict[str, int]) -> None:
     s = Scheduler(LIMITS)
     queue = deque([waiting(1), waiting(1), waiting(**blocker), waiting(1)])
@@ -142,8 +150,7 @@ def test_no_output_steps_are_neither_kept_nor_ended() -> None:
             out: list[Any] = []
             for s in states:
                 s[1] += 1
-                out.append(qs.NO_OUTPUT if s[1] <= s[0] else qs.END if s[1] > s[0] + 2
-                           else s[1])
+                out.append(qs.NO_OUTPUT if s[1] <= s[0] else qs.END if s[1] > s[0] + 2 else s[1])
             return out
 
     assert Reads(name="reads").inline_many([0, 3]) == [[1, 2], [4, 5]]
@@ -194,8 +201,11 @@ def test_inline_runs_the_same_steps_statically() -> None:
 
 
 def test_the_decorator_form() -> None:
-    @qs.step_serving(prefill=lambda items: [[n] for n in items], max_slots=2,
-                     result=lambda state, outputs: sum(outputs))
+    @qs.step_serving(
+        prefill=lambda items: [[n] for n in items],
+        max_slots=2,
+        result=lambda state, outputs: sum(outputs),
+    )
     def countdown(states: list[list[int]]) -> list[Any]:
         out: list[Any] = []
         for s in states:
@@ -208,13 +218,16 @@ def test_the_decorator_form() -> None:
     assert countdown.inline_many([3, 0, 2]) == [3, 0, 1]
 
 
-@pytest.mark.parametrize("options, message", [
-    ({"max_slots": 0}, "max_slots must be an int >= 1, got 0"),
-    ({"max_batch_tokens": -1}, "max_batch_tokens must be an int >= 1, got -1"),
-    ({"waiting_served_ratio": -0.5}, "waiting_served_ratio must be a number >= 0"),
-    ({"prefix_cache_bytes": -1}, "prefix_cache_bytes must be an int >= 0"),
-    ({"caller_gone_after": 0}, "caller_gone_after must be a number of seconds > 0, or None"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"max_slots": 0}, "max_slots must be an int >= 1, got 0"),
+        ({"max_batch_tokens": -1}, "max_batch_tokens must be an int >= 1, got -1"),
+        ({"waiting_served_ratio": -0.5}, "waiting_served_ratio must be a number >= 0"),
+        ({"prefix_cache_bytes": -1}, "prefix_cache_bytes must be an int >= 0"),
+        ({"caller_gone_after": 0}, "caller_gone_after must be a number of seconds > 0, or None"),
+    ],
+)
 def test_bad_options_are_refused_with_the_value(options: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         Count(**options)

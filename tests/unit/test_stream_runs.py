@@ -22,8 +22,7 @@ def step(value: Any, run: int = 0) -> list[Any]:
     return ["o", P.RESULTS, [value], 0, 1, *([run] if run else [])]
 
 
-def answer(rs: RequestStream, result: Any, run: int, events: int,
-           kind: int = P.STEPS) -> None:
+def answer(rs: RequestStream, result: Any, run: int, events: int, kind: int = P.STEPS) -> None:
     call = rs.call
     call.kind, call.run, call.events_total = kind, run, events
     call.apply(0, [result])
@@ -55,7 +54,14 @@ def test_an_answer_from_the_run_the_stream_left_restarts_it_and_rebuilds_its_ste
     assert not rs.waiting_for_events
     ready, _ = rs.complete()
     assert values(shown + ready) == [
-        "a0", qs.Restart(0, 1), "b0", qs.Restart(0, 1), "a0", "a1", "a2"]
+        "a0",
+        qs.Restart(0, 1),
+        "b0",
+        qs.Restart(0, 1),
+        "a0",
+        "a1",
+        "a2",
+    ]
 
 
 def test_a_replay_before_anything_was_shown_needs_no_restart() -> None:
@@ -71,5 +77,8 @@ def test_a_final_answer_from_another_run_restarts_the_stream_before_it() -> None
     shown = rs.add(0, step("a0"))
     answer(rs, {"text": "b"}, T, 5, kind=P.RESULTS)
     ready, _ = rs.complete()
-    assert shown + ready == [qs.Output(["a0"], 0, 1), qs.Restart(0, 1),
-                             qs.Output([{"text": "b"}], 0, 1)]
+    assert shown + ready == [
+        qs.Output(["a0"], 0, 1),
+        qs.Restart(0, 1),
+        qs.Output([{"text": "b"}], 0, 1),
+    ]

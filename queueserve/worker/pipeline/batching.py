@@ -146,7 +146,10 @@ class Assembler:
     """Per-key queues of waiting slices and the rules that turn them into batches."""
 
     def __init__(
-        self, capacity: float, timeout: float, age_per_priority: float = 1.0,
+        self,
+        capacity: float,
+        timeout: float,
+        age_per_priority: float = 1.0,
         unix_offset: float | None = None,
     ) -> None:
         self.capacity = capacity
@@ -246,8 +249,9 @@ class Assembler:
         as if it waited from now; one that waited its levels' worth goes first."""
         best, best_rank = 0, math.inf
         for priority, slices in queue.levels.items():
-            since = max(_enqueued(slices[0].request, unix_now),
-                        queue.served.get(priority, -math.inf))
+            since = max(
+                _enqueued(slices[0].request, unix_now), queue.served.get(priority, -math.inf)
+            )
             rank = since - priority * self.age_per_priority
             if rank < best_rank or (rank == best_rank and priority > best):
                 best, best_rank = priority, rank

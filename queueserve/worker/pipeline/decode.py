@@ -45,8 +45,13 @@ def _header(fields: dict[bytes, bytes]) -> list[Any]:
 
 
 def decode_plain(
-    codec: Codec, max_payload_bytes: int, stream: str, entry_id: bytes,
-    fields: dict[bytes, bytes], now: float, inboxes: set[str],
+    codec: Codec,
+    max_payload_bytes: int,
+    stream: str,
+    entry_id: bytes,
+    fields: dict[bytes, bytes],
+    now: float,
+    inboxes: set[str],
 ) -> tuple[Request, Slice] | None:
     """The common entry, checked as ``decode_entry`` checks it but in one pass: a valid,
     unexpired request without events, to a reply address seen before, for a serving without
@@ -60,10 +65,14 @@ def decode_plain(
     except ValueError:
         return None
     n, deadline_ms, size = header[2], header[4], len(header)
-    if (header[3] not in inboxes or header[5] != codec.name
-            or (deadline_ms and deadline_ms <= now * 1000)
-            or not admitted.isdigit() or len(admitted) > 12
-            or (size > 6 and header[6] != "")):  # streams events: decode_entry checks it
+    if (
+        header[3] not in inboxes
+        or header[5] != codec.name
+        or (deadline_ms and deadline_ms <= now * 1000)
+        or not admitted.isdigit()
+        or len(admitted) > 12
+        or (size > 6 and header[6] != "")
+    ):  # streams events: decode_entry checks it
         return None
     count = int(admitted)
     if count > n or count > len(payload):
@@ -101,8 +110,14 @@ def _refusal(
 
 
 def decode_entry(
-    serving: Serving, codec: Codec, prefix: str, stream: str, entry_id: bytes,
-    fields: dict[bytes, bytes], now: float | None = None, inboxes: set[str] | None = None,
+    serving: Serving,
+    codec: Codec,
+    prefix: str,
+    stream: str,
+    entry_id: bytes,
+    fields: dict[bytes, bytes],
+    now: float | None = None,
+    inboxes: set[str] | None = None,
 ) -> Accepted | Rejected:
     """Check and decode one entry; ``now`` (unix seconds) is when its deadline is judged,
     taken once for a whole read; ``inboxes`` holds reply addresses found valid already (a
@@ -121,8 +136,16 @@ def decode_entry(
     events = header_events(header)
     no_split = bool(events) or serving.hooks is not None
     bad_events = bool(events) and not P.is_events_channel(prefix, events)
-    request = Request(entry_id, stream, rid, reply_to, deadline_ms / 1000.0, n,
-                      "" if bad_events else events, no_split)
+    request = Request(
+        entry_id,
+        stream,
+        rid,
+        reply_to,
+        deadline_ms / 1000.0,
+        n,
+        "" if bad_events else events,
+        no_split,
+    )
     request.priority = header_priority(header)
     payload = fields.get(b"p")
     admitted = _admitted(fields, n, payload)

@@ -18,7 +18,6 @@ from queueserve.worker.pipeline.batching import Request, Slice
 log = logging.getLogger(__name__)
 
 
-
 @dataclass(slots=True)
 class Unfinished:
     """What handle_batch returned, for ``finish_batch`` to turn into results off the device's
@@ -90,7 +89,10 @@ def prepare_isolated(
             return [Part(start, len(items), error=error_body(e))]
         log.debug(
             "serving %s key %s: preparing a batch of %d raised %r; bisecting",
-            serving.name, key, len(items), e,
+            serving.name,
+            key,
+            len(items),
+            e,
         )
         mid = len(items) // 2
         return prepare_isolated(serving, items[:mid], key, partition, start) + prepare_isolated(
@@ -99,8 +101,13 @@ def prepare_isolated(
 
 
 def run_isolated(
-    serving: Serving, items: list[Any], key: str, partition: Partition, drive: Drive,
-    start: int = 0, prepared: Any = NOT_PREPARED,
+    serving: Serving,
+    items: list[Any],
+    key: str,
+    partition: Partition,
+    drive: Drive,
+    start: int = 0,
+    prepared: Any = NOT_PREPARED,
 ) -> list[Segment]:
     """Run ``items`` (``prepared`` is what prepare_batch made of them; a serving with a
     preparation stage prepares the halves of a bisected batch again, here). Out of device
@@ -112,9 +119,7 @@ def run_isolated(
     batch = Batch(items, key, partition)
     try:
         if serving.has_prepare:
-            batch.prepared = (
-                serving.prepare_batch(batch) if prepared is NOT_PREPARED else prepared
-            )
+            batch.prepared = serving.prepare_batch(batch) if prepared is NOT_PREPARED else prepared
         output = serving.handle_batch(batch)
         if isinstance(output, types.GeneratorType):
             return [(start + a, n, o) for a, n, o in drive(output, len(items))]
@@ -131,12 +136,18 @@ def run_isolated(
             _free_device_memory()
             log.warning(
                 "serving %s key %s partition %d: out of memory on a batch of %d; halving",
-                serving.name, key, partition.index, len(items),
+                serving.name,
+                key,
+                partition.index,
+                len(items),
             )
         else:
             log.debug(
                 "serving %s key %s: batch of %d raised %r; bisecting",
-                serving.name, key, len(items), e,
+                serving.name,
+                key,
+                len(items),
+                e,
             )
         mid = len(items) // 2
         return run_isolated(serving, items[:mid], key, partition, drive, start) + run_isolated(
@@ -147,9 +158,7 @@ def run_isolated(
 
 def finish_segments(serving: Serving, segments: list[Segment]) -> list[Done]:
     """Segments with their unfinished outputs finished (on the replier's thread)."""
-    return [
-        (a, n, o.finish(serving) if isinstance(o, Unfinished) else o) for a, n, o in segments
-    ]
+    return [(a, n, o.finish(serving) if isinstance(o, Unfinished) else o) for a, n, o in segments]
 
 
 def rows_for(slices: list[Slice], segments: list[Done]) -> list[Row]:

@@ -87,8 +87,15 @@ class Intake:
                 self._ingest_pack(entry, out, now, plain)
                 continue
             if plain and not entry.reclaimed:
-                fast = decode_plain(codec, serving.max_payload_bytes, entry.stream,
-                                    entry.entry_id, entry.fields, now, self.inboxes)
+                fast = decode_plain(
+                    codec,
+                    serving.max_payload_bytes,
+                    entry.stream,
+                    entry.entry_id,
+                    entry.fields,
+                    now,
+                    self.inboxes,
+                )
                 if fast is not None:
                     key = key_of.get(entry.stream)
                     if key is None:
@@ -96,7 +103,13 @@ class Intake:
                     slices.append((key, fast[1]))
                     continue
             decoded = decode_entry(
-                serving, codec, prefix, entry.stream, entry.entry_id, entry.fields, now,
+                serving,
+                codec,
+                prefix,
+                entry.stream,
+                entry.entry_id,
+                entry.fields,
+                now,
                 self.inboxes,
             )
             if entry.reclaimed and entry.deliveries >= serving.max_deliveries:
@@ -131,9 +144,13 @@ class Intake:
             out.dead.append(self._rejected_pack(entry, str(e)))
             return
         if len(members) > P.MAX_PACK_REQUESTS:  # enqueue.lua never writes one: forged
-            out.dead.append(self._rejected_pack(
-                entry, f"it holds {len(members)} requests, more than the "
-                f"{P.MAX_PACK_REQUESTS} of any pack a client sends"))
+            out.dead.append(
+                self._rejected_pack(
+                    entry,
+                    f"it holds {len(members)} requests, more than the "
+                    f"{P.MAX_PACK_REQUESTS} of any pack a client sends",
+                )
+            )
             return
         slices, rows = out.slices, out.rows
         serving, codec = self.serving, self.codec
@@ -141,14 +158,33 @@ class Intake:
         pack = Pack(0, 0)
         orphans: list[tuple[dict[bytes, bytes], str]] = []  # requests nobody can be told of
         for fields in members:
-            fast = decode_plain(codec, serving.max_payload_bytes, entry.stream, entry.entry_id,
-                                fields, now, self.inboxes) if plain else None
+            fast = (
+                decode_plain(
+                    codec,
+                    serving.max_payload_bytes,
+                    entry.stream,
+                    entry.entry_id,
+                    fields,
+                    now,
+                    self.inboxes,
+                )
+                if plain
+                else None
+            )
             if fast is not None:
                 _join(fast[0], pack)
                 slices.append((key, fast[1]))
                 continue
-            decoded = decode_entry(serving, codec, self.keys.prefix, entry.stream,
-                                   entry.entry_id, fields, now, self.inboxes)
+            decoded = decode_entry(
+                serving,
+                codec,
+                self.keys.prefix,
+                entry.stream,
+                entry.entry_id,
+                fields,
+                now,
+                self.inboxes,
+            )
             if decoded.request is None:
                 orphans.append((fields, decoded.reason))
                 continue
@@ -168,12 +204,22 @@ class Intake:
         each (a pack of a thousand forged requests costs the reader one round trip, not a
         thousand); the pack is acked with them when none of its requests is left to answer
         (``ack_now``)."""
-        log.warning("serving %s: %d requests of pack %s of %s rejected, the first: %s",
-                    self.serving.name, len(orphans), entry.entry_id.decode(), entry.stream,
-                    orphans[0][1])
-        records = [{"reason": reason, "deliveries": entry.deliveries,
-                    **{f"field:{k.decode()}": v for k, v in fields.items()}}
-                   for fields, reason in orphans]
+        log.warning(
+            "serving %s: %d requests of pack %s of %s rejected, the first: %s",
+            self.serving.name,
+            len(orphans),
+            entry.entry_id.decode(),
+            entry.stream,
+            orphans[0][1],
+        )
+        records = [
+            {
+                "reason": reason,
+                "deliveries": entry.deliveries,
+                **{f"field:{k.decode()}": v for k, v in fields.items()},
+            }
+            for fields, reason in orphans
+        ]
         return DeadLetter(entry.stream, entry.entry_id, records, ack_now)
 
     def _rejected_pack(self, entry: Entry, why: str) -> DeadLetter:
@@ -182,13 +228,21 @@ class Intake:
 
     def split_refused(self, entry: Entry) -> DeadLetter:
         """A reclaimed pack that split.lua could not split (it returned -1)."""
-        return self._rejected_pack(entry, "split.lua could not read its 'k' field as a list of "
-                                   f"at most {P.MAX_PACK_REQUESTS} requests")
+        return self._rejected_pack(
+            entry,
+            "split.lua could not read its 'k' field as a list of "
+            f"at most {P.MAX_PACK_REQUESTS} requests",
+        )
 
     def _unanswerable(self, entry: Entry, reason: str) -> DeadLetter:
         """An entry rejected with nobody to answer: kept for an operator, with the reason."""
-        log.warning("serving %s: entry %s of %s rejected: %s", self.serving.name,
-                    entry.entry_id.decode(), entry.stream, reason)
+        log.warning(
+            "serving %s: entry %s of %s rejected: %s",
+            self.serving.name,
+            entry.entry_id.decode(),
+            entry.stream,
+            reason,
+        )
         record = {"reason": reason, "deliveries": entry.deliveries, **_raw(entry)}
         return DeadLetter(entry.stream, entry.entry_id, [record], True)
 
@@ -199,10 +253,14 @@ class Intake:
             return
         log.warning(
             "serving %s: entry %s of %s rejected: %s",
-            self.serving.name, entry.entry_id.decode(), entry.stream, rejected.reason,
+            self.serving.name,
+            entry.entry_id.decode(),
+            entry.stream,
+            rejected.reason,
         )
         out.rows.append(
-            (request, 0, request.n, P.ERROR, bad_request(rejected.reason, rejected.kind)))
+            (request, 0, request.n, P.ERROR, bad_request(rejected.reason, rejected.kind))
+        )
 
     def _dead_letter(self, entry: Entry, decoded: Accepted | Rejected, out: Decisions) -> None:
         reason = (
@@ -214,17 +272,28 @@ class Intake:
         dead = self.keys.shard_of(entry.stream).dead  # each shard keeps its own dead letters
         log.error(
             "serving %s: entry %s of %s moved to %s: %s",
-            self.serving.name, entry.entry_id.decode(), entry.stream, dead, reason,
+            self.serving.name,
+            entry.entry_id.decode(),
+            entry.stream,
+            dead,
+            reason,
         )
-        record = {"reason": reason, "deliveries": entry.deliveries, "claimed_by": self.consumer,
-                  **_raw(entry)}
+        record = {
+            "reason": reason,
+            "deliveries": entry.deliveries,
+            "claimed_by": self.consumer,
+            **_raw(entry),
+        }
         out.dead.append(DeadLetter(entry.stream, entry.entry_id, [record], request is None))
         if request is not None:  # the replier answers, then acks and releases its items
             message = f"{reason}; it was moved to the dead-letter stream {dead}"
             out.rows.append((request, 0, request.n, P.ERROR, dead_lettered(message)))
 
     def reclaim(
-        self, streams: list[str], room: int, held: set[tuple[str, bytes]],
+        self,
+        streams: list[str],
+        room: int,
+        held: set[tuple[str, bytes]],
         lent_since: float | None = None,
     ) -> list[Entry]:
         """Claim up to ``room`` entries held by dead consumers, and take back entries Redis says
@@ -250,7 +319,10 @@ class Intake:
                     self.middleware.redelivered(self.serving, len(got))
                     log.warning(
                         "serving %s: reclaimed %d entries of %s from dead consumer %s",
-                        self.serving.name, len(got), stream, owner,
+                        self.serving.name,
+                        len(got),
+                        stream,
+                        owner,
                     )
                 claimed += [Entry(stream, eid, fields, n, True) for eid, fields, n in got]
                 room -= len(got)
@@ -271,12 +343,20 @@ class Intake:
         if lent_since is not None:
             idle_ms += max(0, int((time.time() - lent_since) * 1000))
         got = self.broker.claim(
-            stream, self.consumer, self.consumer, idle_ms, room + len(held), skip=held,
+            stream,
+            self.consumer,
+            self.consumer,
+            idle_ms,
+            room + len(held),
+            skip=held,
         )
         if got:
             log.warning(
                 "serving %s: %d entries of %s were pending for this worker without its knowing "
-                "(Redis lost writes?); serving them again", self.serving.name, len(got), stream,
+                "(Redis lost writes?); serving them again",
+                self.serving.name,
+                len(got),
+                stream,
             )
         return [Entry(stream, eid, fields, n, True) for eid, fields, n in got[:room]]
 
@@ -292,8 +372,7 @@ class Intake:
 def _item_errors(decoded: Accepted) -> list[Row]:
     """A BadRequest row for each item of an accepted request that its checks refused."""
     return [
-        (decoded.request, offset, 1, P.ERROR,
-         error_body(ValueError(reason), P.ERR_BAD_REQUEST))
+        (decoded.request, offset, 1, P.ERROR, error_body(ValueError(reason), P.ERR_BAD_REQUEST))
         for offset, reason in decoded.rejected_items
     ]
 

@@ -39,9 +39,17 @@ class ReadLease:
     """The blocking read of each shard that drained (its wake id), and who holds shard 0's."""
 
     def __init__(
-        self, cond: threading.Condition, assembler: Assembler | StepQueue, broker: Consumer,
-        keys: P.Keys, consumer: str, *, lends: bool, reading: Callable[[], bool],
-        room: Callable[[], tuple[int, int]], take_in: Callable[[ReadOutcome, bool], None],
+        self,
+        cond: threading.Condition,
+        assembler: Assembler | StepQueue,
+        broker: Consumer,
+        keys: P.Keys,
+        consumer: str,
+        *,
+        lends: bool,
+        reading: Callable[[], bool],
+        room: Callable[[], tuple[int, int]],
+        take_in: Callable[[ReadOutcome, bool], None],
         batch_s: Callable[[], float],
     ) -> None:
         self.cond = cond
@@ -71,7 +79,8 @@ class ReadLease:
         self.reader_wake.clear()  # before looking: a wake-up from now on is not missed
         with self.cond:
             if not self.borrowed and (
-                0 not in self.drained_at or not self._reading()
+                0 not in self.drained_at
+                or not self._reading()
                 or time.monotonic() - self.lent_since >= LEND_WAIT_S
             ):
                 return False
@@ -102,8 +111,9 @@ class ReadLease:
         # at a time, again and again on an idle worker, and reclaims would find no room for
         # ever. A reclaim meanwhile (dead consumers' work, rare) may bring one look-ahead more.
         budget, per_key = self._room()
-        return WakeRead(wake_id, READ_BLOCK_MS, self.consumer, budget, per_key,
-                        self.assembler.full_keys())
+        return WakeRead(
+            wake_id, READ_BLOCK_MS, self.consumer, budget, per_key, self.assembler.full_keys()
+        )
 
     def give_back(self, wake_id: bytes) -> None:
         """Give back a borrowed read that was never sent, as it was."""

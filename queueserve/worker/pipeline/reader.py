@@ -45,9 +45,19 @@ class Reader:
     """Reads one serving's shards into its assembler (``loop``: one thread per shard)."""
 
     def __init__(
-        self, serving: Serving, broker: Consumer, shards: list[P.Keys], consumer: str,
-        intake: Intake, ledger: Ledger, assembler: Assembler | StepQueue, outbox: ReplyQueue,
-        *, executors: int, declared_keys: tuple[str, ...], lends: bool,
+        self,
+        serving: Serving,
+        broker: Consumer,
+        shards: list[P.Keys],
+        consumer: str,
+        intake: Intake,
+        ledger: Ledger,
+        assembler: Assembler | StepQueue,
+        outbox: ReplyQueue,
+        *,
+        executors: int,
+        declared_keys: tuple[str, ...],
+        lends: bool,
         batch_s: Callable[[], float],
     ) -> None:
         self.serving = serving  # the runner's copy: run-time config changes it
@@ -72,9 +82,16 @@ class Reader:
         self._item_weight = 1.0  # cost per item read, averaged (1 without a cost function)
         self._reserved = 0  # items that reads in flight may bring (one reader per shard)
         self.lease = ReadLease(
-            self.cond, assembler, broker, self.keys, consumer, lends=lends,
-            reading=lambda: self.reading, room=lambda: (self.budget(), self.per_key()),
-            take_in=self.take_in_read, batch_s=batch_s,
+            self.cond,
+            assembler,
+            broker,
+            self.keys,
+            consumer,
+            lends=lends,
+            reading=lambda: self.reading,
+            room=lambda: (self.budget(), self.per_key()),
+            take_in=self.take_in_read,
+            batch_s=batch_s,
         )
 
     def stop(self) -> None:
@@ -115,12 +132,18 @@ class Reader:
         now = time.monotonic()
         if now >= due["sweep"]:
             forgotten, _, self._sweep_from[keys.shard] = self.broker.sweep(
-                keys, int(self.serving.key_idle_ttl * 1000), self.declared_keys,
+                keys,
+                int(self.serving.key_idle_ttl * 1000),
+                self.declared_keys,
                 self._sweep_from.get(keys.shard, 0),
             )
             if forgotten:
-                log.info("serving %s: forgot %d batch keys idle for %gs", self.serving.name,
-                         forgotten, self.serving.key_idle_ttl)
+                log.info(
+                    "serving %s: forgot %d batch keys idle for %gs",
+                    self.serving.name,
+                    forgotten,
+                    self.serving.key_idle_ttl,
+                )
             due["sweep"] = now + SWEEP_EVERY_S
         if now >= due["reclaim"]:
             with self.cond:
@@ -254,8 +277,13 @@ class Reader:
             if written < 0:
                 decided.dead.append(self.intake.split_refused(entry))
             else:
-                log.warning("serving %s: reclaimed pack %s of %s split into %d entries",
-                            self.serving.name, entry.entry_id.decode(), entry.stream, written)
+                log.warning(
+                    "serving %s: reclaimed pack %s of %s split into %d entries",
+                    self.serving.name,
+                    entry.entry_id.decode(),
+                    entry.stream,
+                    written,
+                )
         if decided.dead:
             self.broker.write_dead_letters(self.keys, decided.dead)
 
@@ -263,11 +291,14 @@ class Reader:
         # Nothing known to wait in Redis: an idle executor may reply itself.
         self.caught_up = read.drained or not (read.entries or read.skipped)
         if read.entries:
-            self.take_in([
-                Entry(stream, entry_id, fields)
-                for stream, entries in read.entries
-                for entry_id, fields in entries
-            ], yield_gil)
+            self.take_in(
+                [
+                    Entry(stream, entry_id, fields)
+                    for stream, entries in read.entries
+                    for entry_id, fields in entries
+                ],
+                yield_gil,
+            )
 
     def take_in(self, entries: list[Entry], yield_gil: bool = True) -> None:
         if not entries:

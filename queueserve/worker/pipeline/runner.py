@@ -101,8 +101,15 @@ class ServingRunner:
         # An idle worker's blocking read is done by the thread that will run what it brings
         # (lease.py). One shard only: a taker blocks on one shard's wake stream.
         self.reader = Reader(
-            serving, broker, self.shards, consumer, intake, self.ledger, self.assembler,
-            self.outbox, executors=self.executors,
+            serving,
+            broker,
+            self.shards,
+            consumer,
+            intake,
+            self.ledger,
+            self.assembler,
+            self.outbox,
+            executors=self.executors,
             declared_keys=tuple(dict.fromkeys(("default", *batch_keys))),
             lends=len(self.shards) == 1 and not step,
             batch_s=lambda: self.stages.recent_batch_s,
@@ -111,8 +118,15 @@ class ServingRunner:
         self.stepper: StepExecutor | None = None
         if isinstance(self.assembler, StepQueue):
             self.stepper = StepExecutor(
-                serving, self.assembler, self.ledger, self.outbox, broker, consumer, partition,
-                self.middleware, reading=lambda: self.reading,
+                serving,
+                self.assembler,
+                self.ledger,
+                self.outbox,
+                broker,
+                consumer,
+                partition,
+                self.middleware,
+                reading=lambda: self.reading,
             )
         self._junk_cancel_seen = False
         self.threads: list[threading.Thread] = []
@@ -120,8 +134,13 @@ class ServingRunner:
         self._listening = threading.Event()  # cleared when the cancel listener must end
         self._reply_retry = Retry(broker.outage, f"serving {serving.name} replier")
         self.stages = Stages(
-            serving, partition, self.middleware, self.ledger, take=self._next_batch,
-            send=self._hand_over, count_delivery=self._count_delivery,
+            serving,
+            partition,
+            self.middleware,
+            self.ledger,
+            take=self._next_batch,
+            send=self._hand_over,
+            count_delivery=self._count_delivery,
         )
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -143,13 +162,15 @@ class ServingRunner:
         if self.stepper is not None:
             roles.append(("stepper", self.stepper.run))
         else:
-            roles += [(f"preparer{i}", self.stages.prepare_loop)
-                      for i in range(self.stages.preparers)]
+            roles += [
+                (f"preparer{i}", self.stages.prepare_loop) for i in range(self.stages.preparers)
+            ]
             roles += [(f"executor{i}", self.stages.device_loop) for i in range(self.executors)]
         roles += [("cancels", self._cancel_loop)]  # last: join() stops it after the others
         for name, target in roles:
             t = threading.Thread(
-                target=self._guarded, args=(name, target),
+                target=self._guarded,
+                args=(name, target),
                 name=f"queueserve-{self.serving.name}-p{self.partition.index}-{name}",
                 daemon=True,
             )
@@ -161,8 +182,10 @@ class ServingRunner:
         not live on half-dead: ``on_fatal`` ends it, and its work is reclaimed by others or by
         its restart (watchdog.run_guarded)."""
         run_guarded(
-            f"serving {self.serving.name} partition {self.partition.index}: {name}", loop,
-            self.on_fatal, lambda: not self.reader.reading,
+            f"serving {self.serving.name} partition {self.partition.index}: {name}",
+            loop,
+            self.on_fatal,
+            lambda: not self.reader.reading,
         )
 
     @property
@@ -210,9 +233,13 @@ class ServingRunner:
         if ref is None or not self._is_own_stream(ref[0]):
             if not self._junk_cancel_seen:  # anyone may publish here: say so once
                 self._junk_cancel_seen = True
-                log.warning("serving %s: ignored a message on %s that is not a cancel of one "
-                            "of its streams: %r", self.serving.name, self.keys.cancel,
-                            message[:200])
+                log.warning(
+                    "serving %s: ignored a message on %s that is not a cancel of one "
+                    "of its streams: %r",
+                    self.serving.name,
+                    self.keys.cancel,
+                    message[:200],
+                )
             return
         self.ledger.cancel(ref)
 
@@ -222,7 +249,6 @@ class ServingRunner:
         except ValueError:
             return False
         return True
-
 
     # -- executor ----------------------------------------------------------------------------
     def _next_batch(self) -> tuple[TakenBatch, list[Slice]] | None:
@@ -261,8 +287,13 @@ class ServingRunner:
         executor would idle meanwhile, and the answer leaves without waking another thread.
         With a backlog the replier sends, so the next batch never waits for a reply; and a
         serving with a finish stage always finishes on the replier, off the device's thread."""
-        if (item is not None and self.reader.caught_up and not self.serving.has_finish
-                and self.assembler.buffered == 0 and self.outbox.claim()):
+        if (
+            item is not None
+            and self.reader.caught_up
+            and not self.serving.has_finish
+            and self.assembler.buffered == 0
+            and self.outbox.claim()
+        ):
             # A batch's answer, on the thread that takes the next batch itself (no preparers):
             # its next step is the lent read, so that goes in the same write (see _send).
             read_next = isinstance(item, Reply) and not self.stages.preparers
@@ -308,8 +339,13 @@ class ServingRunner:
             nonlocal then_read, pending
             fused, then_read = then_read, None  # a retry sends the reply alone
             pending = self.broker.reply_and_ack(
-                self.keys, out.messages, out.acks, INBOX_TTL_MS, out.events,
-                durable=self.serving.durable, then_read=fused,
+                self.keys,
+                out.messages,
+                out.acks,
+                INBOX_TTL_MS,
+                out.events,
+                durable=self.serving.durable,
+                then_read=fused,
             )
 
         try:

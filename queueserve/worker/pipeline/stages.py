@@ -56,7 +56,6 @@ from queueserve.worker.pipeline.ledger import Ledger
 log = logging.getLogger(__name__)
 
 
-
 @dataclass(eq=False)
 class Staged:
     """A batch on its way to the device: its place in line and what preparing it gave."""
@@ -177,9 +176,7 @@ class Stages:
             staged.parts = []
             return
         self._count_deliveries(live)
-        staged.parts = prepare_isolated(
-            self.serving, batch.items(), batch.key, self.partition
-        )
+        staged.parts = prepare_isolated(self.serving, batch.items(), batch.key, self.partition)
 
     # -- device ------------------------------------------------------------------------------
     def device_loop(self) -> None:
@@ -256,15 +253,24 @@ class Stages:
                     segments.append((part.start, part.count, part.error))
                     continue
                 segments += run_isolated(
-                    self.serving, items[part.start : part.start + part.count], batch.key,
-                    self.partition, context.drive, part.start, part.prepared,
+                    self.serving,
+                    items[part.start : part.start + part.count],
+                    batch.key,
+                    self.partition,
+                    context.drive,
+                    part.start,
+                    part.prepared,
                 )
         took = time.perf_counter() - started
         self.recent_batch_s = 0.8 * self.recent_batch_s + 0.2 * took
         self.middleware.batch_finished(self.serving, batch.key, self.partition, len(items), took)
         log.debug(
             "serving %s key %s partition %d: batch of %d items (%d requests) in %.2f ms",
-            self.serving.name, batch.key, self.partition.index, len(items), len(live),
+            self.serving.name,
+            batch.key,
+            self.partition.index,
+            len(items),
+            len(live),
             took * 1000,
         )
         self._send(Reply(self.serving, live, segments, context.finished))

@@ -76,8 +76,11 @@ class StepCalls:
         budget = prompt = 0
         for item in w.piece.items:
             got = self._call("tokens", item)
-            if (not isinstance(got, tuple | list) or len(got) != 2
-                    or not all(isinstance(n, int) and n >= 0 for n in got)):
+            if (
+                not isinstance(got, tuple | list)
+                or len(got) != 2
+                or not all(isinstance(n, int) and n >= 0 for n in got)
+            ):
                 raise ValueError(
                     f"{type(self.serving).__name__}.tokens(item) returned {short(got)}; "
                     "return (prompt tokens, most generated tokens) as ints >= 0"
@@ -159,16 +162,20 @@ class StepCalls:
             k = end
         return rows
 
-    def _member_events(self, m: Member, seqs: list[tuple[Member, int]],
-                       outcomes: list[Outcome]) -> list[Row]:
+    def _member_events(
+        self, m: Member, seqs: list[tuple[Member, int]], outcomes: list[Outcome]
+    ) -> list[Row]:
         n = len(m.states)
         values: list[Any] = [None] * n
         present = [False] * n
         for (_, i), out in zip(seqs, outcomes, strict=True):
             if not isinstance(out, Failed) and out is not END and out is not NO_OUTPUT:
                 values[i], present[i] = out, True
-        return [row for start, run in split_runs(values, present)
-                for row in event_rows(m.request, output_event(run, m.offset + start))]
+        return [
+            row
+            for start, run in split_runs(values, present)
+            for row in event_rows(m.request, output_event(run, m.offset + start))
+        ]
 
     def answer(self, m: Member) -> list[Row]:
         """The answer of a slice whose items all ended: runs of results, and the errors."""
@@ -197,7 +204,11 @@ class StepCalls:
         return rows
 
     def isolated(
-        self, call: Callable[[list[int]], list[Any]], pos: list[int], what: str, key: str,
+        self,
+        call: Callable[[list[int]], list[Any]],
+        pos: list[int],
+        what: str,
+        key: str,
     ) -> list[Outcome]:
         """``call`` over positions ``pos``: one outcome each. When it raises, under
         on_error="isolate" (or out of device memory) retry on halves, so only the culprits
@@ -214,16 +225,26 @@ class StepCalls:
         except Exception as e:
             oom = is_out_of_memory(e)
             # A broken contract is the call's, not one sequence's: bisecting would not help.
-            if len(pos) == 1 or isinstance(e, _ContractError) or (
-                    self.serving.on_error == "fail" and not oom):
-                log.warning("serving %s key %s: %s of %d sequences failed: %r",
-                            self.serving.name, key, what, len(pos), e)
+            if (
+                len(pos) == 1
+                or isinstance(e, _ContractError)
+                or (self.serving.on_error == "fail" and not oom)
+            ):
+                log.warning(
+                    "serving %s key %s: %s of %d sequences failed: %r",
+                    self.serving.name,
+                    key,
+                    what,
+                    len(pos),
+                    e,
+                )
                 return [Failed(error_body(e))] * len(pos)
             if oom:
                 _free_device_memory()
             mid = len(pos) // 2
-            return (self.isolated(call, pos[:mid], what, key)
-                    + self.isolated(call, pos[mid:], what, key))
+            return self.isolated(call, pos[:mid], what, key) + self.isolated(
+                call, pos[mid:], what, key
+            )
 
 
 @dataclass(slots=True)
@@ -245,9 +266,18 @@ class Tally:
 
     def freeze(self, batch_tokens: int) -> StepRecord:
         return StepRecord(
-            self.slots, batch_tokens, self.joined, self.prefill_tokens, self.left,
-            self.generated, self.prefill_seconds, self.decode_seconds, self.cache_hits,
-            self.cache_misses, self.cache_saved_tokens, self.reading,
+            self.slots,
+            batch_tokens,
+            self.joined,
+            self.prefill_tokens,
+            self.left,
+            self.generated,
+            self.prefill_seconds,
+            self.decode_seconds,
+            self.cache_hits,
+            self.cache_misses,
+            self.cache_saved_tokens,
+            self.reading,
         )
 
 

@@ -61,8 +61,16 @@ class StepExecutor:
     """Runs one step serving's running set; the runner's only executor for that serving."""
 
     def __init__(
-        self, serving: Serving, queue: StepQueue, ledger: Ledger, outbox: ReplyQueue,
-        broker: Consumer, consumer: str, partition: Partition, middleware: Middleware, *,
+        self,
+        serving: Serving,
+        queue: StepQueue,
+        ledger: Ledger,
+        outbox: ReplyQueue,
+        broker: Consumer,
+        consumer: str,
+        partition: Partition,
+        middleware: Middleware,
+        *,
         reading: Callable[[], bool],
     ) -> None:
         if not isinstance(serving, StepServing):
@@ -82,8 +90,11 @@ class StepExecutor:
         self.cache = PrefixCache(serving.prefix_cache_bytes) if serving.prefix_cache_bytes else None
         self.calls = StepCalls(serving, self.cache)
         gone_after = serving.caller_gone_after
-        self.callers = (None if gone_after is None
-                        else CallerWatch(gone_after, min(CALLER_CHECK_EVERY_S, gone_after)))
+        self.callers = (
+            None
+            if gone_after is None
+            else CallerWatch(gone_after, min(CALLER_CHECK_EVERY_S, gone_after))
+        )
         # _withdraw looks at every request only when something may leave: a cancel, a caller
         # gone, the earliest deadline it saw passed, or a request arrived since.
         self._next_deadline = 0.0
@@ -127,8 +138,11 @@ class StepExecutor:
         rows = self._join(joiners, record)
         rows += self._step(record)
         if record.slots or record.joined:
-            self.middleware.step(self.serving, self.partition, record.freeze(
-                self.scheduler.tokens + record.released_tokens))
+            self.middleware.step(
+                self.serving,
+                self.partition,
+                record.freeze(self.scheduler.tokens + record.released_tokens),
+            )
         if rows:
             self.outbox.put(rows)
         return True
@@ -153,8 +167,7 @@ class StepExecutor:
         still there (caller holds cond); None otherwise."""
         if self.callers is None or not self.callers.due(time.monotonic()):
             return None
-        requests = [m.request for m in self.running] + [w.piece.request
-                                                        for w in self.queue.waiting]
+        requests = [m.request for m in self.running] + [w.piece.request for w in self.queue.waiting]
         return {r.events for r in requests if r.events}
 
     def _gone(self, channels: set[str] | None) -> set[str]:
@@ -168,8 +181,13 @@ class StepExecutor:
             counts = None
         gone = self.callers.looked(time.monotonic(), counts)
         if gone:
-            log.info("serving %s: %d streaming caller(s) gone (no subscriber for %gs): their "
-                     "requests leave", self.serving.name, len(gone), self.callers.gone_after)
+            log.info(
+                "serving %s: %d streaming caller(s) gone (no subscriber for %gs): their "
+                "requests leave",
+                self.serving.name,
+                len(gone),
+                self.callers.gone_after,
+            )
         return gone
 
     def _withdraw(self, gone_callers: set[str]) -> tuple[list[Row], int]:
@@ -177,8 +195,12 @@ class StepExecutor:
         holds cond), and how many running sequences left."""
         now = time.time()
         cancelled = self.ledger.cancelled
-        if (not cancelled and not gone_callers and now < self._next_deadline
-                and self.queue.arrived == self._arrived_seen):
+        if (
+            not cancelled
+            and not gone_callers
+            and now < self._next_deadline
+            and self.queue.arrived == self._arrived_seen
+        ):
             return [], 0  # nothing cancelled, gone, expired or new since the last look
         self._arrived_seen = self.queue.arrived
         self._next_deadline = math.inf
@@ -229,8 +251,15 @@ class StepExecutor:
                 if reason is not None:
                     raise ValueError(reason)
             except Exception as e:  # serving code, or what it returned: this request's error
-                rows.append((w.piece.request, w.piece.offset, w.slots, P.ERROR,
-                             error_body(e, P.ERR_BAD_REQUEST)))
+                rows.append(
+                    (
+                        w.piece.request,
+                        w.piece.offset,
+                        w.slots,
+                        P.ERROR,
+                        error_body(e, P.ERR_BAD_REQUEST),
+                    )
+                )
                 bad.append(w)
         if bad:
             with self.cond:
@@ -260,9 +289,12 @@ class StepExecutor:
         prompts = [p for w in group for p in (w.prompts or [()] * w.slots)]
         resumes = [self.calls.resume(tokens, record) for tokens in prompts]
         outcomes = self.calls.isolated(
-            lambda pos: self.serving.prefill_from([items[i] for i in pos],
-                                                  [resumes[i] for i in pos]),
-            list(range(len(items))), "prefill", key,
+            lambda pos: self.serving.prefill_from(
+                [items[i] for i in pos], [resumes[i] for i in pos]
+            ),
+            list(range(len(items))),
+            "prefill",
+            key,
         )
         record.joined += len(items)
         record.prefill_tokens += sum(w.prompt for w in group) - sum(r.start for r in resumes)
@@ -271,12 +303,17 @@ class StepExecutor:
         pos = 0
         for w in group:
             n = w.slots
-            got = outcomes[pos:pos + n]
+            got = outcomes[pos : pos + n]
             pos += n
-            m = Member(key, w, [None if isinstance(o, Failed) else o for o in got],
-                       [[] for _ in range(n)], [isinstance(o, Failed) for o in got],
-                       [o.error if isinstance(o, Failed) else None for o in got],
-                       resumes[pos - n:pos])
+            m = Member(
+                key,
+                w,
+                [None if isinstance(o, Failed) else o for o in got],
+                [[] for _ in range(n)],
+                [isinstance(o, Failed) for o in got],
+                [o.error if isinstance(o, Failed) else None for o in got],
+                resumes[pos - n : pos],
+            )
             self.running.append(m)
             if all(m.ended):
                 rows += self._finish(m)
@@ -284,8 +321,7 @@ class StepExecutor:
 
     def _count_delivery(self, request: Request) -> None:
         try:
-            self.broker.count_delivery(request.stream, self.consumer,
-                                              request.entry_id)
+            self.broker.count_delivery(request.stream, self.consumer, request.entry_id)
         except RedisUnavailable as e:
             log.warning("serving %s: could not count a redelivery: %s", self.serving.name, e)
 
@@ -322,14 +358,13 @@ class StepExecutor:
 
     def _step_key(self, key: str, seqs: list[tuple[Member, int]], record: Tally) -> list[Row]:
         """One decode call for the running sequences of ``key``; its rows to send."""
-        self.middleware.batch_started(
-            self.serving, key, self.partition, len(seqs), 0.0)
+        self.middleware.batch_started(self.serving, key, self.partition, len(seqs), 0.0)
         call_started = time.perf_counter()
         outcomes = self.calls.isolated(
-            partial(self.calls.decode, seqs), list(range(len(seqs))), "decode", key)
+            partial(self.calls.decode, seqs), list(range(len(seqs))), "decode", key
+        )
         call_seconds = time.perf_counter() - call_started
-        self.middleware.batch_finished(
-            self.serving, key, self.partition, len(seqs), call_seconds)
+        self.middleware.batch_finished(self.serving, key, self.partition, len(seqs), call_seconds)
         record.slots += len(seqs)
         reading = 0  # sequences still reading their prompts in this call, or finishing it
         for (m, i), out in zip(seqs, outcomes, strict=True):

@@ -48,8 +48,13 @@ class Limits:
     @classmethod
     def of(cls, serving: StepServing) -> Limits:
         # batch_size, not max_slots: `queueserve config set NAME batch_size=N` resizes slots.
-        return cls(serving.batch_size, serving.max_batch_tokens, serving.max_prefill_tokens,
-                   serving.waiting_served_ratio, serving.max_waiting_steps)
+        return cls(
+            serving.batch_size,
+            serving.max_batch_tokens,
+            serving.max_prefill_tokens,
+            serving.waiting_served_ratio,
+            serving.max_waiting_steps,
+        )
 
 
 @dataclass(eq=False, slots=True)
@@ -135,8 +140,7 @@ class StepQueue:
     def refit(self) -> None:
         """Split what ``add`` would split at the current capacity (it shrank at run time):
         waiting raw requests larger than the slots run in parts, in their place in line."""
-        if not any(w.slots > self.capacity and not w.piece.request.no_split
-                   for w in self.waiting):
+        if not any(w.slots > self.capacity and not w.piece.request.no_split for w in self.waiting):
             return
         old, self.waiting, self.buffered = self.waiting, deque(), 0
         for w in old:
@@ -169,16 +173,22 @@ class StepQueue:
 def too_large(w: Waiting, limits: Limits) -> str | None:
     """Why ``w`` can never join (even an empty running set), or None."""
     if w.slots > limits.max_slots:
-        return (f"the request has {w.slots} items, more than max_slots={limits.max_slots} of "
-                "this step serving (its batch_size, which `queueserve config set` changes at "
-                "run time); send at most max_slots items per request")
+        return (
+            f"the request has {w.slots} items, more than max_slots={limits.max_slots} of "
+            "this step serving (its batch_size, which `queueserve config set` changes at "
+            "run time); send at most max_slots items per request"
+        )
     if w.budget > limits.max_batch_tokens:
-        return (f"the request needs {w.budget} tokens (prompt + most generated), more than "
-                f"max_batch_tokens={limits.max_batch_tokens}; shorten it or raise "
-                "max_batch_tokens")
+        return (
+            f"the request needs {w.budget} tokens (prompt + most generated), more than "
+            f"max_batch_tokens={limits.max_batch_tokens}; shorten it or raise "
+            "max_batch_tokens"
+        )
     if w.prompt > limits.max_prefill_tokens:
-        return (f"the request's prompt has {w.prompt} tokens, more than max_prefill_tokens="
-                f"{limits.max_prefill_tokens}; shorten it or raise max_prefill_tokens")
+        return (
+            f"the request's prompt has {w.prompt} tokens, more than max_prefill_tokens="
+            f"{limits.max_prefill_tokens}; shorten it or raise max_prefill_tokens"
+        )
     return None
 
 
@@ -206,8 +216,11 @@ class Scheduler:
                 if not taken and self.slots == 0:
                     taken.append(w)
                 break
-            if (slots + w.slots > lim.max_slots or tokens + w.budget > lim.max_batch_tokens
-                    or prefill + w.prefill > lim.max_prefill_tokens):
+            if (
+                slots + w.slots > lim.max_slots
+                or tokens + w.budget > lim.max_batch_tokens
+                or prefill + w.prefill > lim.max_prefill_tokens
+            ):
                 break
             taken.append(w)
             slots, tokens, prefill = slots + w.slots, tokens + w.budget, prefill + w.prefill
