@@ -166,16 +166,10 @@ class Serving:
         _check_optional_callable("cost", self.cost)
         if batch_key is not None:
             self.batch_key = batch_key
-        if self.batch_key is not None and not (
-            isinstance(self.batch_key, str) or callable(self.batch_key)
-        ):
-            raise TypeError(
-                f"batch_key must be a str or a callable(item) -> str, got {self.batch_key!r}"
-            )
-        model = cls.input_model if input_model is None else input_model
-        if model is not None and not (isinstance(model, type) and issubclass(model, BaseModel)):
-            raise TypeError(f"input_model must be a pydantic BaseModel subclass, got {model!r}")
-        self.input_model = model
+        _check_batch_key(self.batch_key)
+        self.input_model = _check_input_model(
+            cls.input_model if input_model is None else input_model
+        )
         self.hooks: frozenset[str] | None = None  # set by streaming()
         self._input_maps: list[Callable[[Any], Any]] = []
         self._result_maps: list[Callable[[Any], Any]] = []
@@ -300,27 +294,6 @@ class Serving:
             output = self.finish_batch(batch, output)
         return BatchResults(output, len(batch), self.name)
 
-    def chunks(self, items: Sequence[Any]) -> Iterable[Sequence[Any]]:
-        """Cut items into batches that fit the capacity (batch_size items or cost units)."""
-        if self.cost is None:
-            for i in range(0, len(items), self.batch_size):
-                yield items[i : i + self.batch_size]
-            return
-        start, used = 0, 0.0
-        for i, item in enumerate(items):
-            c = self.item_cost(item)
-            if c > self.batch_size:
-                raise ValueError(
-                    f"item {i} costs {c:g}, more than the capacity of serving {self.name!r} "
-                    f"(batch_size={self.batch_size}); split the item or raise batch_size"
-                )
-            if used + c > self.batch_size:
-                yield items[start:i]
-                start, used = i, 0.0
-            used += c
-        if start < len(items):
-            yield items[start:]
-
     def _ensure_inline_setup(self) -> None:
         if self._inline_ready:
             return
@@ -343,7 +316,7 @@ class Serving:
         out: list[Any] = [None] * len(prepared)
         for key, positions in by_key.items():
             done = 0
-            for chunk in self.chunks([prepared[i] for i in positions]):
+            for chunk in capacity_chunks(self, [prepared[i] for i in positions]):
                 with hooks.running(None):  # qs.emit has no callers to reach here
                     ran = self.run_batch(Batch(chunk, key))
                     results = (
@@ -398,3 +371,36 @@ def serving(fn: BatchFn | None = None, **options: Any) -> Callable[[BatchFn], Se
         return Serving(f, **options)
 
     return wrap(fn) if fn is not None else wrap
+
+
+def capacity_chunks(serving: Serving, items: Sequence[Any]) -> Iterable[Sequence[Any]]:
+    """Cut items into batches that fit the capacity (batch_size items or cost units)."""
+    if serving.cost is None:
+        for i in range(0, len(items), serving.batch_size):
+            yield items[i : i + serving.batch_size]
+        return
+    start, used = 0, 0.0
+    for i, item in enumerate(items):
+        c = serving.item_cost(item)
+        if c > serving.batch_size:
+            raise ValueError(
+                f"item {i} costs {c:g}, more than the capacity of serving {serving.name!r} "
+                f"(batch_size={serving.batch_size}); split the item or raise batch_size"
+            )
+        if used + c > serving.batch_size:
+            yield items[start:i]
+            start, used = i, 0.0
+        used += c
+    if start < len(items):
+        yield items[start:]
+
+
+def _check_batch_key(batch_key: object) -> None:
+    if batch_key is not None and not (isinstance(batch_key, str) or callable(batch_key)):
+        raise TypeError(f"batch_key must be a str or a callable(item) -> str, got {batch_key!r}")
+
+
+def _check_input_model(model: object) -> type[BaseModel] | None:
+    if model is not None and not (isinstance(model, type) and issubclass(model, BaseModel)):
+        raise TypeError(f"input_model must be a pydantic BaseModel subclass, got {model!r}")
+    return model

@@ -2,21 +2,14 @@
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import logging
-import multiprocessing
 import os
 import platform
-import signal
-import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from importlib import metadata
-from multiprocessing.connection import Connection
-from typing import Any
 
 from queueserve.broker.consumer import Consumer
 from queueserve.broker.retry import RedisFailure, Retry
@@ -26,7 +19,7 @@ from queueserve.serving import Partition, Serving
 from queueserve.settings import Settings, check_prefix, check_redis_url
 from queueserve.wire.protocol import Keys
 from queueserve.wire.timing import HEARTBEAT_TTL_MS
-from queueserve.worker.loading import load_servings
+from queueserve.worker.config import ServingSource, WorkerConfig
 from queueserve.worker.metrics_server import (
     MetricsServer,
     in_process_metrics,
@@ -34,7 +27,8 @@ from queueserve.worker.metrics_server import (
 )
 from queueserve.worker.middleware import Middleware
 from queueserve.worker.options import WorkerOptions
-from queueserve.worker.partition import PartitionHost, StartupFailed, consumer_prefix
+from queueserve.worker.partition import PartitionHost, consumer_prefix
+from queueserve.worker.partition_process import host_for, partition_main
 from queueserve.worker.supervisor import (
     EXIT_CRASH_LOOP,
     EXIT_ERROR,
@@ -43,13 +37,6 @@ from queueserve.worker.supervisor import (
     Supervisor,
     partition_for,
     resolve_partitions,
-)
-from queueserve.worker.watchdog import (
-    EXIT_RECYCLE,
-    EXIT_THREAD_DIED,
-    BatchClock,
-    Limits,
-    recycle_reason,
 )
 
 log = logging.getLogger(__name__)
@@ -60,29 +47,6 @@ EXIT_USAGE = 2
 # enough for a Redis started beside it (compose, a pod's sidecar), short enough to be told.
 REDIS_STARTUP_WAIT_S = 5.0
 __all__ = ["EXIT_CRASH_LOOP", "EXIT_ERROR", "EXIT_FORCED", "EXIT_OK", "EXIT_USAGE", "Worker"]
-
-ServingSource = Serving | str  # a Serving, or "module:attr" that names servings
-
-
-@dataclass(frozen=True)
-class WorkerConfig:
-    """Everything a partition process needs besides its servings (picklable)."""
-
-    redis_url: str
-    prefix: str
-    options: WorkerOptions
-    threads_per_partition: int
-    log_level: int
-    middleware: tuple[Middleware, ...] = ()
-
-    @property
-    def limits(self) -> Limits:
-        o = self.options
-        return Limits(o.max_batch_seconds, o.max_batches_per_partition, o.max_partition_memory)
-
-    def servings(self, sources: Sequence[ServingSource]) -> list[Serving]:
-        loaded = [s for src in sources for s in _load(src)]
-        return [_with_overrides(s, self.options) for s in loaded]
 
 
 class Worker:
@@ -259,7 +223,7 @@ class Worker:
             self._metrics = server.start()
             self.metrics_port = server.port
             extra.append(prometheus)
-        self._host = _host_for(self.servings, self.config, Partition(), extra)
+        self._host = host_for(self.servings, self.config, Partition(), extra)
         self._host.start()
         return self
 
@@ -333,157 +297,3 @@ def release_consumers_of(url: str, keys_list: list[Keys], pid: int) -> None:
         log.info("could not release the consumers of dead partition pid %d: %s", pid, e)
     finally:
         broker.close()
-
-
-def partition_main(
-    sources: Sequence[ServingSource],
-    config: WorkerConfig,
-    partition: Partition,
-    report: Connection,
-    shared_clock: Any,
-) -> None:
-    """Entry point of a partition process (spawned by the supervisor), which it tells over
-    ``report`` whether it started, why not, and what it drained, and through ``shared_clock``
-    when its running batch started (queueserve.worker.watchdog)."""
-    # The supervisor turns Ctrl-C into SIGTERM for every partition; one signal is enough.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    threads = str(config.threads_per_partition)
-    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ.setdefault(var, threads)
-    logging.basicConfig(
-        level=config.log_level,
-        format=f"%(asctime)s %(levelname)s partition-{partition.index} %(name)s: %(message)s",
-    )
-    # A SIGTERM sent to the whole process group arrives twice (directly and forwarded by the
-    # supervisor): both mean "drain". Forcing is the supervisor's job (it SIGKILLs partitions).
-    stop = threading.Event()
-    wake = threading.Event()  # a SIGTERM, or a limit reached
-    clock = BatchClock(shared_clock, wake, config.limits.max_batches_per_partition)
-
-    def drain(_signum: int, _frame: object) -> None:
-        stop.set()
-        wake.set()
-
-    signal.signal(signal.SIGTERM, drain)
-    try:
-        host = _start_partition(sources, config, partition, clock)
-    except Exception as e:
-        # One line, said by the supervisor; the traceback only for those who ask for it.
-        log.debug("partition %d could not start", partition.index, exc_info=True)
-        report.send(
-            ("failed", str(e) if isinstance(e, StartupFailed) else f"{type(e).__name__}: {e}")
-        )
-        sys.exit(EXIT_ERROR)
-    report.send(("started",))
-    code = _serve_until_stopped(partition, config.limits, clock, stop, wake)
-    host.stop(config.options.shutdown_timeout)
-    report.send(("stopped", host.drained, host.summary))
-    sys.exit(code)
-
-
-def _serve_until_stopped(
-    partition: Partition,
-    limits: Limits,
-    clock: BatchClock,
-    stop: threading.Event,
-    wake: threading.Event,
-) -> int:
-    """Wait for a SIGTERM, the supervisor's death or a recycling limit; the exit code."""
-    # The spawn sentinel, not getppid(): it was handed over at spawn, so a supervisor killed
-    # while this partition was still loading its model is seen too (getppid() read after the
-    # load would already name the reaper that adopted us).
-    supervisor = multiprocessing.parent_process()
-    while True:
-        wake.wait(1.0)
-        if stop.is_set():
-            return EXIT_OK
-        if supervisor is not None and not supervisor.is_alive():  # do not serve on, orphaned
-            log.warning(
-                "partition %d: the worker process is gone; draining and exiting", partition.index
-            )
-            return EXIT_OK
-        if (why := recycle_reason(limits, clock)) is not None:
-            log.info(
-                "partition %d recycling: %s; draining, then a fresh one starts",
-                partition.index,
-                why,
-            )
-            return EXIT_RECYCLE
-
-
-def _start_partition(
-    sources: Sequence[ServingSource],
-    config: WorkerConfig,
-    partition: Partition,
-    clock: BatchClock,
-) -> PartitionHost:
-    servings = config.servings(sources)
-    _bind_device(partition, config.threads_per_partition)
-    extra: list[Middleware] = [clock]
-    if config.options.metrics_port is not None:  # the supervisor set PROMETHEUS_MULTIPROC_DIR
-        from queueserve.worker.metrics import PrometheusMiddleware
-
-        extra.append(
-            PrometheusMiddleware(
-                declared=("default", *config.options.batch_keys),
-                key_labels=config.options.metrics_keys,
-            )
-        )
-    # A long-lived thread dying of a bug ends the process at once (a drain could wait on
-    # that thread for ever); the supervisor restarts it, and what it held is reclaimed.
-    host = _host_for(
-        servings, config, partition, extra, on_fatal=lambda: os._exit(EXIT_THREAD_DIED)
-    )
-    clock.on_limit = host.stop_reading
-    host.start(freeze_heap=True)
-    return host
-
-
-def _bind_device(partition: Partition, threads: int) -> None:
-    if "torch" not in sys.modules and not partition.device.startswith("cuda"):
-        return
-    import torch
-
-    if partition.device.startswith("cuda"):
-        torch.cuda.set_device(torch.device(partition.device))
-    else:
-        torch.set_num_threads(threads)
-
-
-def _host_for(
-    servings: list[Serving],
-    config: WorkerConfig,
-    partition: Partition,
-    extra: Sequence[Middleware] = (),
-    on_fatal: Callable[[], None] = lambda: None,
-) -> PartitionHost:
-    return PartitionHost(
-        servings,
-        config.redis_url,
-        config.prefix,
-        partition,
-        batch_keys=config.options.batch_keys,
-        max_concurrent_batches=config.options.max_concurrent_batches,
-        middleware=[*config.middleware, *extra],
-        on_fatal=on_fatal,
-    )
-
-
-def _load(source: ServingSource) -> list[Serving]:
-    if isinstance(source, Serving):
-        return [source]
-    if isinstance(source, str):
-        return load_servings(source)
-    raise TypeError(f"expected a qs.Serving or a 'module:attr' string, got {source!r}")
-
-
-def _with_overrides(serving: Serving, options: WorkerOptions) -> Serving:
-    """``serving``, or a copy of it with the worker's batch_size and batch_timeout."""
-    overrides = {
-        k: v for k in ("batch_size", "batch_timeout") if (v := getattr(options, k)) is not None
-    }
-    if not overrides:
-        return serving
-    changed = copy.copy(serving)
-    vars(changed).update(overrides)
-    return changed

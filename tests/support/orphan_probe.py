@@ -16,7 +16,7 @@ import redis
 
 from queueserve.serving import Partition
 from queueserve.worker.watchdog import BatchClock, Limits, shared_clock
-from queueserve.worker.worker import _serve_until_stopped
+from queueserve.worker.partition_process import _serve_until_stopped
 
 WAIT_S = 60.0
 

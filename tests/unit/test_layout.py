@@ -490,3 +490,24 @@ def test_every_public_name_is_exported_from_the_package() -> None:
     namespace: dict[str, object] = {}
     exec("from queueserve import *", namespace)
     assert set(exported) <= set(namespace)
+
+
+MAX_MODULE_LINES = 450
+MAX_CLASS_LINES = 300
+
+
+def test_no_module_or_class_of_queueserve_grows_into_a_hub() -> None:
+    """Short modules that each own one thing: a module past 450 lines or a class past 300
+    (as ruff format lays them out) is one that every next feature would have to edit."""
+    too_big = []
+    for path in sorted((REPO / "queueserve").rglob("*.py")):
+        source = path.read_text()
+        name = path.relative_to(REPO)
+        if (lines := source.count("\n")) > MAX_MODULE_LINES:
+            too_big.append(f"{name}: {lines} lines")
+        for node in ast.walk(ast.parse(source)):
+            if not isinstance(node, ast.ClassDef) or node.end_lineno is None:
+                continue
+            if (span := node.end_lineno - node.lineno + 1) > MAX_CLASS_LINES:
+                too_big.append(f"{name}: class {node.name} {span} lines")
+    assert not too_big, "split these: " + "; ".join(too_big)
