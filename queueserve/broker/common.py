@@ -57,6 +57,13 @@ def text(value: bytes | str, errors: str = "strict") -> str:
     return value.decode(errors=errors) if isinstance(value, bytes) else value
 
 
+def consumer_name(name: str) -> bytes:
+    """A consumer's name as Redis holds it. Names read from a group are decoded with
+    surrogateescape (anyone may XREADGROUP under a name that is not UTF-8, and the entries
+    it holds must still be reclaimed): this gives back their bytes."""
+    return name.encode("utf-8", "surrogateescape")
+
+
 def names(raw: Iterable[bytes]) -> list[str]:
     """Members of a sorted set anyone may write that can be names queueserve wrote (stream or
     consumer names, UTF-8): one that is not UTF-8 is nobody's, and is skipped, not fatal."""

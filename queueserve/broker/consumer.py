@@ -12,10 +12,10 @@ from typing import Any, NamedTuple, cast
 
 import redis
 
-from queueserve.broker.common import text
+from queueserve.broker.common import consumer_name, text
 from queueserve.broker.connect import is_cluster
 from queueserve.broker.core import no_group
-from queueserve.broker.errors import redis_errors
+from queueserve.broker.errors import error_code, redis_errors
 from queueserve.broker.replies import Replies
 from queueserve.wire.protocol import GROUP, MAX_PACK_REQUESTS, PRIORITY_AGE_MS, Keys, worker_key
 
@@ -60,7 +60,7 @@ class Consumer(Replies):
                     min="-",
                     max="+",
                     count=count,
-                    consumername=owner,
+                    consumername=consumer_name(owner),
                     idle=min_idle_ms,
                 )
             except redis.ResponseError as e:
@@ -122,14 +122,17 @@ class Consumer(Replies):
             try:
                 info = self.redis.xinfo_consumers(stream, GROUP)
             except redis.ResponseError as e:
-                if not no_group(e):
+                # No group, no stream, or a key of another type under its name (anyone may
+                # add any name to the active set): nobody is in a group there
+                if not (no_group(e) or error_code(e) == "WRONGTYPE" or "no such key" in str(e)):
                     raise
                 return []
-        return [(text(c["name"]), int(c["pending"]), int(c["idle"])) for c in info]
+        return [(text(c["name"], "surrogateescape"), int(c["pending"]), int(c["idle"]))
+                for c in info]
 
     def forget_consumer(self, stream: str, consumer: str) -> None:
         with redis_errors(self.url):
-            self.redis.xgroup_delconsumer(stream, GROUP, consumer)
+            self.redis.xgroup_delconsumer(stream, GROUP, consumer_name(consumer))
 
     def dead_letter(
         self,

@@ -13,6 +13,7 @@ import msgpack
 import redis
 
 import queueserve as qs
+from queueserve.broker.consumer import Consumer
 from queueserve.wire import protocol as P
 from queueserve.wire.timing import DEAD_AFTER_S
 from tests.support.fault_app import RawInbox, header
@@ -146,3 +147,52 @@ def test_a_read_taken_in_slowly_is_not_claimed_back_by_its_own_worker_and_run_tw
     stream = P.Keys(prefix, "slowin").stream("default")
     wait_until(lambda: redis_client.xlen(stream) == 0, "every entry acked")
     assert runs["slow"] == 1, runs
+
+
+def test_a_request_read_by_a_consumer_named_in_junk_is_reclaimed_and_answered(
+    start_worker: StartWorker, redis_client: redis.Redis, prefix: str,
+) -> None:
+    # Given a worker, and a request that a consumer of the group whose name is not UTF-8 read
+    # and never acked (anyone may XREADGROUP), in a stream the worker watches
+    worker = start_worker(echo("thief"))
+    keys = P.Keys(prefix, "thief")
+    inbox = RawInbox(redis_client, prefix)
+    stream = keys.stream("held")
+    redis_client.xgroup_create(stream, P.GROUP, id="0", mkstream=True)
+    redis_client.xadd(stream, {"h": header(9, 1, inbox.key), "p": bytes(msgpack.packb(["x"]))})
+    redis_client.xreadgroup(P.GROUP, b"\xff\xfe-thief", {stream: ">"}, count=1)
+    redis_client.zadd(keys.active, {stream: int(time.time() * 1000)})
+
+    # When reclaim looks at it, then the request is taken from that dead consumer and answered
+    # (the reader thread died decoding its name)
+    wait_until(lambda: inbox.answered([9]), "the reclaimed request's answer")
+    assert inbox.error_kind(9) is None
+    assert worker._host is not None and worker._host.alive()
+
+
+def test_consumers_of_a_missing_stream_or_a_key_of_another_type_are_none(
+    redis_url: str, redis_client: redis.Redis, prefix: str,
+) -> None:
+    # Given what a junk member of the active set names: no key, a hash, a stream whose group
+    # has a consumer named in bytes that are not UTF-8
+    keys = P.Keys(prefix, "gone")
+    redis_client.hset(keys.meta, "codec", "msgpack")
+    stream = keys.stream("held")
+    redis_client.xgroup_create(stream, P.GROUP, id="0", mkstream=True)
+    redis_client.xadd(stream, {"h": b"junk"})
+    redis_client.xreadgroup(P.GROUP, b"\xff-junk", {stream: ">"}, count=1)
+    broker = Consumer(redis_url)
+    try:
+        # Then the worker's forget_dead_consumers finds no consumers where there is no
+        # stream (it raised "no such key", WRONGTYPE: the reader's housekeeping failed and
+        # retried until a sweep dropped the member), and can name and forget the junk one
+        assert broker.consumers(keys.stream("missing")) == []
+        assert broker.consumers(keys.meta) == []
+        ((name, pending, _),) = broker.consumers(stream)
+        assert pending == 1 and name.encode("utf-8", "surrogateescape") == b"\xff-junk"
+        held = redis_client.xpending_range(stream, P.GROUP, "-", "+", 10)
+        redis_client.xack(stream, P.GROUP, *[p["message_id"] for p in held])
+        broker.forget_consumer(stream, name)
+        assert redis_client.xinfo_consumers(stream, P.GROUP) == []
+    finally:
+        broker.close()
