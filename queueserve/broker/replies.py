@@ -71,7 +71,7 @@ class Replies(Reads):
         client drops the duplicate answer. On one server (Sentinel too) that order is also
         the replication order, so a failover that keeps an ack keeps its reply, and one that
         loses both leaves the entry pending for this worker, which serves it again
-        (``_forgotten`` in the worker's intake). On a cluster an inbox lives on another master
+        (the worker's ``Reclaims._forgotten``). On a cluster an inbox lives on another master
         than the stream: ``durable`` (the serving's option) then pushes the replies and waits
         for a replica of each inbox's master (``WAIT 1``) before any ack is sent, so a reply
         whose request was acked survives the loss of its master. When no replica acknowledged

@@ -19,6 +19,7 @@ import redis
 
 import queueserve as qs
 from queueserve.worker.partition import PartitionHost
+from queueserve.worker.pipeline.cancels import CancelListener
 from queueserve.worker.pipeline.reader import Reader
 from queueserve.worker.pipeline.runner import ServingRunner
 from queueserve.worker.pipeline.step_executor import StepExecutor
@@ -31,7 +32,7 @@ TARGETS: dict[str, tuple[type, str]] = {
     "reader": (Reader, "_housekeeping"),
     "reply": (ServingRunner, "_send"),  # the replier's, or an idle executor's own reply
     "heartbeat": (PartitionHost, "_beat"),
-    "cancels": (ServingRunner, "_on_cancel"),  # on each message of the cancel channel
+    "cancels": (CancelListener, "_on_cancel"),  # on each message of the cancel channel
     "stepper": (StepExecutor, "_cycle"),
 }
 

@@ -28,6 +28,7 @@ from queueserve.worker.pipeline.batching import Assembler
 from queueserve.worker.pipeline.intake import Decisions, Entry, Intake
 from queueserve.worker.pipeline.lease import READ_BLOCK_MS, ReadLease
 from queueserve.worker.pipeline.ledger import Ledger
+from queueserve.worker.pipeline.reclaim import Reclaims
 from queueserve.worker.pipeline.replies import ReplyQueue
 from queueserve.worker.pipeline.stepping import StepQueue
 from queueserve.worker.runtime_config import apply_overrides
@@ -66,6 +67,7 @@ class Reader:
         self.keys = shards[0]
         self.consumer = consumer
         self.intake = intake
+        self.reclaims = Reclaims(serving, intake.keys, broker, consumer, intake.middleware)
         self.ledger = ledger
         self.cond = ledger.cond
         self.assembler = assembler
@@ -152,13 +154,13 @@ class Reader:
                 lent_since = self.lease.taken_since()
             if room > 0:
                 streams = self.broker.active_streams(keys)
-                self.take_in(self.intake.reclaim(streams, room, held, lent_since))
+                self.take_in(self.reclaims.reclaim(streams, room, held, lent_since))
             due["reclaim"] = now + RECLAIM_EVERY_S
         if now >= due.get("config", float("inf")):
             self.apply_config()
             due["config"] = now + CONFIG_EVERY_S
         if now >= due["forget"]:
-            self.intake.forget_dead_consumers(self.broker.active_streams(keys))
+            self.reclaims.forget_dead_consumers(self.broker.active_streams(keys))
             due["forget"] = now + FORGET_EVERY_S
 
     def budget(self) -> int:

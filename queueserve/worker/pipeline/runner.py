@@ -31,16 +31,15 @@ import time
 from collections.abc import Callable
 
 from queueserve.broker.consumer import Consumer
-from queueserve.broker.core import Subscription
 from queueserve.broker.reads import PendingRead
 from queueserve.broker.retry import RedisFailure, Retry
 from queueserve.serving import Partition, Serving
 from queueserve.steps import StepServing
 from queueserve.wire import protocol as P
-from queueserve.wire.cancel import parse_cancel
 from queueserve.wire.codec import get_codec
 from queueserve.worker.middleware import Middleware
 from queueserve.worker.pipeline.batching import Assembler, Slice, TakenBatch
+from queueserve.worker.pipeline.cancels import CancelListener
 from queueserve.worker.pipeline.execute import Row
 from queueserve.worker.pipeline.intake import Intake
 from queueserve.worker.pipeline.ledger import Ledger
@@ -128,10 +127,8 @@ class ServingRunner:
                 self.middleware,
                 reading=lambda: self.reading,
             )
-        self._junk_cancel_seen = False
         self.threads: list[threading.Thread] = []
-        self._cancels: Subscription | None = None
-        self._listening = threading.Event()  # cleared when the cancel listener must end
+        self.cancels = CancelListener(serving.name, broker, self.shards, self.ledger)
         self._reply_retry = Retry(broker.outage, f"serving {serving.name} replier")
         self.stages = Stages(
             serving,
@@ -153,7 +150,7 @@ class ServingRunner:
         for keys in self.shards:
             for key in self.reader.declared_keys:  # so anyone may XADD to a declared key's stream
                 self.broker.ensure_group(keys.stream(key))
-        self._listen_for_cancels()
+        self.cancels.listen()
         roles: list[tuple[str, Callable[[], None]]] = [
             (f"reader{keys.shard or ''}", functools.partial(self.reader.loop, keys))
             for keys in self.shards
@@ -166,7 +163,7 @@ class ServingRunner:
                 (f"preparer{i}", self.stages.prepare_loop) for i in range(self.stages.preparers)
             ]
             roles += [(f"executor{i}", self.stages.device_loop) for i in range(self.executors)]
-        roles += [("cancels", self._cancel_loop)]  # last: join() stops it after the others
+        roles += [("cancels", self.cancels.loop)]  # last: join() stops it after the others
         for name, target in roles:
             t = threading.Thread(
                 target=self._guarded,
@@ -204,51 +201,9 @@ class ServingRunner:
         *working, listener = self.threads
         for t in working:
             t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
-        self._listening.clear()  # it ends within one read of its channel
+        self.cancels.end()  # it ends within one read of its channel
         listener.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
         return not any(t.is_alive() for t in self.threads)
-
-    # -- cancels -----------------------------------------------------------------------------
-    def _listen_for_cancels(self) -> None:
-        """Subscribe to the serving's cancel channel before reading: a cancel published
-        between the first read and a later subscription would be missed."""
-        self._cancels = self.broker.subscribe(*(keys.cancel for keys in self.shards))
-        self._cancels.open()
-        self._listening.set()
-
-    def _cancel_loop(self) -> None:
-        assert self._cancels is not None
-        retry = Retry(self.broker.outage, "cancel listener")
-        try:
-            read = functools.partial(self._cancels.get, timeout=0.5)
-            while self._listening.is_set():
-                retry.once(read, self._on_cancel)
-        finally:
-            self._cancels.close()
-
-    def _on_cancel(self, message: bytes | None) -> None:
-        if message is None:  # none came within the read's timeout
-            return
-        ref = parse_cancel(message)
-        if ref is None or not self._is_own_stream(ref[0]):
-            if not self._junk_cancel_seen:  # anyone may publish here: say so once
-                self._junk_cancel_seen = True
-                log.warning(
-                    "serving %s: ignored a message on %s that is not a cancel of one "
-                    "of its streams: %r",
-                    self.serving.name,
-                    self.keys.cancel,
-                    message[:200],
-                )
-            return
-        self.ledger.cancel(ref)
-
-    def _is_own_stream(self, stream: str) -> bool:
-        try:
-            self.keys.parse_stream(stream)
-        except ValueError:
-            return False
-        return True
 
     # -- executor ----------------------------------------------------------------------------
     def _next_batch(self) -> tuple[TakenBatch, list[Slice]] | None:

@@ -29,22 +29,21 @@ from functools import partial
 from typing import Any
 
 from queueserve.broker.consumer import Consumer
-from queueserve.errors import RedisCommandError, RedisUnavailable
+from queueserve.errors import RedisUnavailable
 from queueserve.hooks import END, NO_OUTPUT
 from queueserve.serving import Partition, Serving
 from queueserve.steps import StepServing
 from queueserve.wire import protocol as P
 from queueserve.wire.error import EXPIRED_GENERATING, error_body
-from queueserve.wire.timing import CALLER_CHECK_EVERY_S
 from queueserve.worker.middleware import Middleware
 from queueserve.worker.pipeline.batching import Request
 from queueserve.worker.pipeline.execute import Row
 from queueserve.worker.pipeline.ledger import Ledger
 from queueserve.worker.pipeline.prefix_cache import PrefixCache
 from queueserve.worker.pipeline.replies import ReplyQueue
+from queueserve.worker.pipeline.step_callers import GoneCallers
 from queueserve.worker.pipeline.step_calls import Failed, Member, StepCalls, Tally
 from queueserve.worker.pipeline.stepping import (
-    CallerWatch,
     Limits,
     Scheduler,
     StepQueue,
@@ -90,11 +89,7 @@ class StepExecutor:
         self.cache = PrefixCache(serving.prefix_cache_bytes) if serving.prefix_cache_bytes else None
         self.calls = StepCalls(serving, self.cache)
         gone_after = serving.caller_gone_after
-        self.callers = (
-            None
-            if gone_after is None
-            else CallerWatch(gone_after, min(CALLER_CHECK_EVERY_S, gone_after))
-        )
+        self.callers = None if gone_after is None else GoneCallers(serving.name, broker, gone_after)
         # _withdraw looks at every request only when something may leave: a cancel, a caller
         # gone, the earliest deadline it saw passed, or a request arrived since.
         self._next_deadline = 0.0
@@ -114,9 +109,9 @@ class StepExecutor:
                 if not self.reading():
                     return False
                 self.cond.wait(IDLE_WAIT_S)
-            watched = self._watched()
+            watched = None if self.callers is None else self.callers.watched(self._requests())
             departed = self.queue.departed
-        gone = self._gone(watched)
+        gone = set() if self.callers is None else self.callers.gone(watched)
         with self.cond:
             self._follow_config()
             rows, left = self._withdraw(gone)
@@ -162,33 +157,8 @@ class StepExecutor:
             w.budget = -1
 
     # -- leaving -------------------------------------------------------------------------------
-    def _watched(self) -> set[str] | None:
-        """The event channels of streaming callers, when it is time to look whether they are
-        still there (caller holds cond); None otherwise."""
-        if self.callers is None or not self.callers.due(time.monotonic()):
-            return None
-        requests = [m.request for m in self.running] + [w.piece.request for w in self.queue.waiting]
-        return {r.events for r in requests if r.events}
-
-    def _gone(self, channels: set[str] | None) -> set[str]:
-        """The channels among ``channels`` whose callers went away (one PUBSUB NUMSUB)."""
-        if channels is None or self.callers is None:
-            return set()
-        try:
-            counts: dict[str, int] | None = self.broker.subscribers(sorted(channels))
-        except (RedisUnavailable, RedisCommandError) as e:
-            log.debug("serving %s: could not count subscribers: %s", self.serving.name, e)
-            counts = None
-        gone = self.callers.looked(time.monotonic(), counts)
-        if gone:
-            log.info(
-                "serving %s: %d streaming caller(s) gone (no subscriber for %gs): their "
-                "requests leave",
-                self.serving.name,
-                len(gone),
-                self.callers.gone_after,
-            )
-        return gone
+    def _requests(self) -> list[Request]:
+        return [m.request for m in self.running] + [w.piece.request for w in self.queue.waiting]
 
     def _withdraw(self, gone_callers: set[str]) -> tuple[list[Row], int]:
         """Rows for cancelled, abandoned and expired requests, waiting or running (caller
@@ -358,6 +328,8 @@ class StepExecutor:
 
     def _step_key(self, key: str, seqs: list[tuple[Member, int]], record: Tally) -> list[Row]:
         """One decode call for the running sequences of ``key``; its rows to send."""
+        pieces = [m.waiting.piece for m, _ in seqs]
+        self.middleware.batch_opened(self.serving, key, self.partition, pieces)
         self.middleware.batch_started(self.serving, key, self.partition, len(seqs), 0.0)
         call_started = time.perf_counter()
         outcomes = self.calls.isolated(
