@@ -279,9 +279,10 @@ def settled_memory(r: redis.Redis, prefix: str, baseline: int) -> int:
                              f"{largest_keys(r, prefix)}") from e
 
 
-def largest_keys(r: redis.Redis, prefix: str, n: int = 10) -> list[tuple[int, bytes]]:
+def largest_keys(r: redis.Redis, prefix: str, n: int = 10) -> str:
+    """The keys left under ``prefix``: how many, and the largest."""
     sizes = [(int(r.memory_usage(k) or 0), k) for k in r.scan_iter(match=f"{prefix}*", count=1000)]
-    return sorted(sizes, reverse=True)[:n]
+    return f"{len(sizes)} keys, {r.dbsize()} in the db; {sorted(sizes, reverse=True)[:n]}"
 
 
 def notable(worker: WorkerProc) -> str:

@@ -99,9 +99,12 @@ class Target:
         """A request stream of one of the servings, valid or victim, of a used or new key."""
         serving = self.rng.choice((*VALID, VICTIM))
         key = self.rng.choice(("default", "default", "fuzzk"))
-        name = self.keys(serving).stream(key, priority)
-        if key == "fuzzk":
+        keys = self.keys(serving)
+        name = keys.stream(key, priority)
+        if key == "fuzzk":  # known as enqueue.lua would make it: the sweep marks it ready
             self.created.add(name)
+            self.r.zadd(keys.seen, {key: int(self.r.time()[0]) * 1000})
+            self.note(keys.seen, key)
         return name
 
     def note(self, key: str, member: bytes | str) -> None:
@@ -265,14 +268,18 @@ def hostile_batch_key(t: Target, value: bytes) -> None:
 
 
 def hostile_consumer(t: Target, value: bytes) -> None:
-    """A consumer named by the value reads (and never acks) a junk entry of a serving's
-    stream: anyone may XREADGROUP in the group, so its name is in every pending summary."""
-    stream = t.keys(t.rng.choice(VALID)).stream("fuzzk")
-    t.created.add(stream)
-    t.r.xadd(stream, {"h": t.header(), "p": _valid_payload()})
-    with contextlib.suppress(redis.ResponseError):  # BUSYGROUP
-        t.r.xgroup_create(stream, P.GROUP, id="0")
+    """A consumer named by the value reads (and never acks) an entry of a serving's stream,
+    a junk one or now and then a valid caller's: anyone may XREADGROUP in the group, so its
+    name is in every pending summary, and what it took must be reclaimed from it."""
+    keys = t.keys(t.rng.choice(VALID))
+    stream = keys.stream("default" if t.rng.random() < 0.2 else "fuzzk")
+    if stream.endswith("fuzzk"):
+        t.created.add(stream)
+        t.r.xadd(stream, {"h": t.header(), "p": _valid_payload()})
+        with contextlib.suppress(redis.ResponseError):  # BUSYGROUP
+            t.r.xgroup_create(stream, P.GROUP, id="0")
     t.r.xreadgroup(P.GROUP, value[:512] or b"?", {stream: ">"}, count=1)
+    t.r.zadd(keys.active, {stream: int(t.r.time()[0]) * 1000})  # as a worker's read would
 
 
 # --- the serving's sorted sets, hashes and set ------------------------------------------------
