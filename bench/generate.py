@@ -15,8 +15,9 @@ alone and the worker's partition on the first CUDA device; ``cpu`` hides every d
 
 0. The model alone, no Redis: the same requests all at once, run through the static schedule
    (batches of 16 to their longest end) and the continuous one (a sequence joins as soon as a
-   slot frees), CPU seconds of this one thread (wall seconds on CUDA): what scheduling alone
-   can gain here; and the decode calls each schedule makes, with the sequences per call.
+   slot frees), CPU seconds of this one thread (wall seconds on CUDA), ``--repeat``
+   interleaved pairs (the median counts): what scheduling alone can gain here; and the decode
+   calls each schedule makes, with the sequences per call.
 1. Mixed load, sent with the same arrivals (Poisson, ``--rate`` per second) and the same
    requests to the static serving, then to the continuous one, ``--repeat`` such pairs
    (the median pair's ratio is the figure: other work on the machine moves a pair alike,
@@ -38,9 +39,10 @@ alone and the worker's partition on the first CUDA device; ``cpu`` hides every d
    Prefill time per request from the worker's metrics (charlm reads prompts inside its decode
    steps: its share of the decode calls up to its first character; chartf prefills in
    ``prefill_from``); the callers' time to first character, cold and cached, beside it.
-4. ``--null`` (chartf): the saturating load against a *null* transformer, the same serving,
-   block pool, block tables and steps with no arithmetic (each step emits a newline): the
-   worker's and Redis's share alone, where continuous must be at least 1.0x static.
+4. ``--null`` (chartf): the saturating mix (5x the requests at 20x the rate: both keep up
+   with the saturating load itself) against a *null* transformer, the same serving, block
+   pool, block tables and steps with no arithmetic (each step emits a newline): the worker's
+   and Redis's share alone, where continuous must be at least 1.0x static.
 
 ``--json PATH`` writes every ratio measured, per model.
 
@@ -191,13 +193,13 @@ def summarize(name: str, sent: list[Sent], seconds: float) -> dict[str, float]:
     return figures
 
 
-def model_alone(model: Model, load: Load, device: str) -> dict[str, float]:
+def model_alone(model: Model, load: Load, device: str, repeat: int = 1) -> dict[str, float]:
     """Static vs continuous schedules of the same requests, all at once, no Redis: CPU seconds
-    of one thread on a CPU (steady however busy the machine; wall time is not), wall seconds
-    on CUDA; and what each schedule asks of the model: decode calls and sequences per call."""
+    of one thread on a CPU (steadier than wall time on a busy machine, but not steady: a
+    neighbour's burst once doubled one run), wall seconds on CUDA, ``repeat`` interleaved
+    pairs, the median of each schedule counting; and what each schedule asks of the model:
+    decode calls and sequences per call."""
     import torch
-
-    from tasks.charlm import StaticCharLM
 
     torch.set_num_threads(1)
     on_cuda = device.startswith("cuda")
@@ -209,39 +211,60 @@ def model_alone(model: Model, load: Load, device: str) -> dict[str, float]:
         return time.process_time()
 
     items = [item for _, item in load]
-    partition = qs.Partition(device=device)
+    static, cont = _model_servings(model, qs.Partition(device=device))
+    timings: dict[str, list[float]] = {"static": [], "continuous": []}
+    calls: dict[str, tuple[int, int]] = {}
+    for _ in range(repeat):
+        started = clock()
+        calls["static"] = _static_schedule(static, items)
+        timings["static"].append(clock() - started)
+        started = clock()
+        calls["continuous"] = _continuous_schedule(cont, items)
+        timings["continuous"].append(clock() - started)
+    static_s, cont_s = (sorted(t)[len(t) // 2] for t in timings.values())
+    chars = sum(int(str(item["max_new"])) for item in items)
+    what = "wall s" if on_cuda else "CPU s of one thread"
+    print(f"{model.name} alone, {len(items)} requests at once, {what} (median of {repeat}): "
+          f"static {static_s:.2f}s ({chars / static_s:.0f} chars/s), continuous {cont_s:.2f}s "
+          f"({chars / cont_s:.0f} chars/s): {static_s / cont_s:.2f}x")
+    print("  decode calls: " + ", ".join(
+        f"{name} {n} ({rows / n:.1f} sequences per call)" for name, (n, rows) in calls.items()))
+    return {"model_alone_static_s": static_s, "model_alone_continuous_s": cont_s,
+            "model_alone_ratio": static_s / cont_s}
+
+
+def _model_servings(model: Model, partition: qs.Partition) -> tuple[Any, Any]:
+    """The static serving's steps and the continuous serving of ``model``, set up."""
+    from tasks.charlm import StaticCharLM
+
     static: Any = StaticCharLM() if model.name == "charlm" else StaticCharTF()
     static.setup(partition)
     cont: Any = CharLM() if model.name == "charlm" else CharTF(prefix_cache_bytes=0)
     cont.setup(partition)
-    started = clock()
-    static_calls = static_rows = 0
+    return static.lm, cont
+
+
+def _static_schedule(lm: Any, items: list[dict[str, object]]) -> tuple[int, int]:
+    """Batches of SLOTS to their longest end: (decode calls, sequences decoded)."""
+    calls = rows = 0
     for b in range(0, len(items), SLOTS):
-        for row in static.lm.static_steps(items[b : b + SLOTS]):
-            static_calls += 1
-            static_rows += sum(out is not qs.END for out in row)
-    static_s = clock() - started
-    started = clock()
-    waiting: list[dict[str, object]] = list(items)
-    running: list[Any] = []
-    cont_calls = cont_rows = 0
+        for row in lm.static_steps(items[b : b + SLOTS]):
+            calls, rows = calls + 1, rows + sum(out is not qs.END for out in row)
+    return calls, rows
+
+
+def _continuous_schedule(lm: Any, items: list[dict[str, object]]) -> tuple[int, int]:
+    """A sequence joins as soon as a slot frees: (decode calls, sequences decoded)."""
+    waiting, running = list(items), list[Any]()
+    calls = rows = 0
     while waiting or running:
         free = SLOTS - len(running)
-        running += cont.prefill(waiting[:free])
+        running += lm.prefill(waiting[:free])
         waiting = waiting[free:]
-        outs = cont.decode(running)
-        cont_calls, cont_rows = cont_calls + 1, cont_rows + len(running)
+        outs = lm.decode(running)
+        calls, rows = calls + 1, rows + len(running)
         running = [st for st, out in zip(running, outs, strict=True) if out is not qs.END]
-    cont_s = clock() - started
-    chars = sum(int(str(item["max_new"])) for item in items)
-    what = "wall s" if on_cuda else "CPU s of one thread"
-    print(f"{model.name} alone, {len(items)} requests at once, {what}: static "
-          f"{static_s:.2f}s ({chars / static_s:.0f} chars/s), continuous {cont_s:.2f}s "
-          f"({chars / cont_s:.0f} chars/s): {static_s / cont_s:.2f}x")
-    print(f"  decode calls: static {static_calls} ({static_rows / static_calls:.1f} sequences "
-          f"per call), continuous {cont_calls} ({cont_rows / cont_calls:.1f} per call)")
-    return {"model_alone_static_s": static_s, "model_alone_continuous_s": cont_s,
-            "model_alone_ratio": static_s / cont_s}
+    return calls, rows
 
 
 def offered(load: Load) -> str:
@@ -358,7 +381,7 @@ def run_model(model: Model, args: argparse.Namespace, device: str) -> dict[str, 
     load = workload(args.requests, args.rate, args.seed, model.prompts, model.most_out)
     saturating = workload(args.saturating_requests, args.saturating_rate, args.seed + 1,
                           model.prompts, model.most_out)
-    figures = model_alone(model, saturating, device)
+    figures = model_alone(model, saturating, device, args.repeat)
     port = free_port()
     names = [model.name, model.static, model.cold]
     with charlm_worker(model.specs(), names, "--metrics-port", str(port)) as (
@@ -390,10 +413,11 @@ def run_model(model: Model, args: argparse.Namespace, device: str) -> dict[str, 
 
 
 def null_run(args: argparse.Namespace) -> dict[str, float]:
-    """The saturating chartf load against the null transformer, static and continuous: at 20
-    times the saturating rate, since with no arithmetic both keep up with that rate."""
-    saturating = workload(args.saturating_requests, 20 * args.saturating_rate, args.seed + 1,
-                          MODELS["chartf"].prompts, MODELS["chartf"].most_out)
+    """The saturating chartf load against the null transformer, static and continuous: 5 times
+    the requests at 20 times the rate, since with no arithmetic both keep up with the
+    saturating load itself, in a tenth of a second."""
+    saturating = workload(5 * args.saturating_requests, 20 * args.saturating_rate,
+                          args.seed + 1, MODELS["chartf"].prompts, MODELS["chartf"].most_out)
     names = ["null_static", "null_cold"]
     with charlm_worker([f"bench.generate:{n}" for n in names], names) as (
             client, worker, redis_server):
