@@ -7,7 +7,8 @@
 """
 
 from queueserve.client.aio import AsyncClient, AsyncTicket
-from queueserve.client.sync import Client, Ticket
+from queueserve.client.sync import Client
+from queueserve.client.ticket import Ticket
 from queueserve.errors import (
     BadRequest,
     Cancelled,

@@ -11,93 +11,26 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
-import time
 from collections import deque
 from collections.abc import Iterable, Iterator
-from functools import partial
 from typing import Any
 
 from queueserve.broker.retry import Retry
-from queueserve.client.base import INBOX_BLOCK_S, ServingRef
-from queueserve.client.calls import Call, deadline_after
+from queueserve.client.base import ServingRef
+from queueserve.client.calls import deadline_after
 from queueserve.client.events import RequestStream
 from queueserve.client.progress import ProgressCallback
-from queueserve.client.sending import Sending
-from queueserve.client.targets import Part, Target, plan, stream_parts
-from queueserve.client.windows import MapWindow, StreamPacer, collect, kept_parts
+from queueserve.client.targets import Target, plan, stream_parts
+from queueserve.client.ticket import Ticket
+from queueserve.client.waiting import Waiting
+from queueserve.client.windows import MapWindow, StreamPacer
 from queueserve.errors import Cancelled, QueueServeError, Timeout
 from queueserve.hooks import Event
 from queueserve.wire import protocol as P
-from queueserve.wire.timing import ALIVE_WITHIN_S, RECONNECT_WITHIN_S
+from queueserve.wire.timing import RECONNECT_WITHIN_S
 
 
-class Ticket:
-    """A submitted request: ``.result(timeout)``, ``.cancel()``, ``.done()``, ``.id``."""
-
-    __slots__ = ("_calls", "_client", "_deadline", "_inbox", "_parts", "_target", "_timeout")
-
-    def __init__(
-        self,
-        client: Client,
-        target: Target,
-        parts: list[Part],
-        calls: list[Call],
-        timeout: float | None,
-        inbox: str | None = None,
-    ) -> None:
-        self._client = client
-        self._inbox = inbox  # the caller's own inbox, which it reads while it waits
-        self._target = target
-        self._parts = kept_parts(parts)
-        # One call (the common case) kept as itself: a list per ticket in flight is one more
-        # object for the garbage collector to walk.
-        self._calls: Call | list[Call] = calls[0] if len(calls) == 1 else calls
-        self._timeout = timeout
-        self._deadline = None if timeout is None else time.monotonic() + timeout
-
-    @property
-    def _each(self) -> list[Call]:
-        calls = self._calls
-        return [calls] if isinstance(calls, Call) else calls
-
-    @property
-    def id(self) -> str:
-        """Request id, unique across clients (``client_id-request``; one per batch key)."""
-        return ",".join(f"{self._client.client_id}-{c.rid}" for c in self._each)
-
-    def done(self) -> bool:
-        return all(c.state != "pending" for c in self._each)
-
-    def result(self, timeout: float | None = None, *, return_exceptions: bool = False) -> list[Any]:
-        """Results in item order; raises the first item's error unless return_exceptions."""
-        calls = self._each
-        for call in calls:
-            self._wait(call, timeout)
-        return collect(self._target, self._parts, calls, return_exceptions)
-
-    def _wait(self, call: Call, timeout: float | None) -> None:
-        if call.state != "pending":  # answered already: the common case in a window
-            return
-        limit = timeout
-        if self._deadline is not None:
-            left = self._deadline - time.monotonic()
-            limit = left if limit is None else min(limit, left)
-        if self._client._wait_watched(self._target, call, limit, self._inbox):
-            return
-        expired = self._deadline is not None and time.monotonic() >= self._deadline
-        if expired:
-            self._client._expire(call, self._target, self._timeout)
-            return
-        raise Timeout(self._client._timeout_text(self._target, timeout))
-
-    def cancel(self) -> bool:
-        """Withdraw the request. True when it will never run; False when a worker already
-        holds it or it shares an entry with other requests (a pack: it runs with them; either
-        way its result is dropped), or it had finished."""
-        return all([self._client._withdraw(call) for call in self._each])
-
-
-class Client(Sending):
+class Client(Waiting):
     """Dispatch items to servings over Redis.
 
     >>> client = qs.Client("redis://localhost:6379/0")
@@ -109,9 +42,6 @@ class Client(Sending):
         self, url: str | None = None, *, prefix: str | None = None, codec: str | None = None
     ) -> None:
         super().__init__(url, prefix, codec)
-        self._reader: threading.Thread | None = None
-        self._events: threading.Thread | None = None
-        self._start_lock = threading.Lock()
 
     # -- public API ------------------------------------------------------------------------
     def dispatch(
@@ -354,70 +284,3 @@ class Client(Sending):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    # -- internals -------------------------------------------------------------------------
-    def _target(self, serving: ServingRef) -> Target:
-        target = self._cached(serving)
-        if target is not None:
-            return target
-        keys = self._meta_keys(serving)
-        meta = self._broker.meta(keys) if keys else {}
-        last = self._last_shard(keys, meta)  # confirms a count of shards over 1
-        return self._remember(serving, meta, self._broker.meta(last) if last else None)
-
-    # -- what Ticket calls: _wait_watched, _expire, _timeout_text, _withdraw --------------
-    def _expire(self, call: Call, target: Target, timeout: float | None) -> None:
-        """Fail ``call`` with Timeout: its request's own deadline passed."""
-        self._table.forget(call)
-        call.fail(Timeout(self._timeout_text(target, timeout)))
-
-    def _timeout_text(self, target: Target, timeout: float | None) -> str:
-        return self._timeout_message(target, timeout, self._alive(target))
-
-    def _alive(self, target: Target) -> int | None:
-        try:
-            return self._broker.alive_workers(target.keys, ALIVE_WITHIN_S)
-        except QueueServeError:
-            return None
-
-    def _wait_watched(
-        self, target: Target, call: Call, limit: float | None, inbox: str | None = None
-    ) -> bool:
-        """``call.wait(limit)``, warning once if it waits on a serving no worker serves;
-        reading ``inbox`` meanwhile when the answer goes to the caller's own inbox."""
-        wait = call.wait if inbox is None else partial(self._read_own_inbox, inbox, call)
-        first = self._unserved.first_wait(target.keys.name, limit)
-        if first is not None:
-            if wait(first):
-                return True
-            self._unserved.check(target, self._alive(target))
-            limit = None if limit is None else limit - first
-        return wait(limit)
-
-    def _read_own_inbox(self, inbox: str, call: Call, limit: float | None) -> bool:
-        """Read ``inbox`` until ``call`` is answered (True) or ``limit`` seconds passed."""
-        end = None if limit is None else time.monotonic() + limit
-        retry = Retry(self._broker.outage, "caller")
-        while call.state == "pending":  # close() fails it: seen within one blocking read
-            left = INBOX_BLOCK_S if end is None else min(INBOX_BLOCK_S, end - time.monotonic())
-            if left <= 0:
-                return False
-            wait = max(left, 0.001)  # a timeout of 0 would block for ever
-            retry.once(partial(self._broker.read_inbox, inbox, wait), self._deliver, most=left)
-        return True
-
-    def _ensure_reader(self) -> None:
-        if self._reader is not None:
-            return
-        with self._start_lock:
-            if self._reader is None:
-                self._start_sender()
-                self._reader = threading.Thread(
-                    target=self._read_inbox, name=f"queueserve-inbox-{self.client_id}", daemon=True
-                )
-                self._reader.start()
-
-    def _read_inbox(self) -> None:
-        retry = Retry(self._broker.outage, "inbox reader")
-        while not self._closed:
-            retry.once(lambda: self._broker.read_inbox(self._inbox, INBOX_BLOCK_S), self._deliver)

@@ -1,0 +1,78 @@
+"""A submitted request of the sync client: ``Ticket``."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from queueserve.client.calls import Call
+from queueserve.client.targets import Part, Target
+from queueserve.client.waiting import Waiting
+from queueserve.client.windows import collect, kept_parts
+from queueserve.errors import Timeout
+
+
+class Ticket:
+    """A submitted request: ``.result(timeout)``, ``.cancel()``, ``.done()``, ``.id``."""
+
+    __slots__ = ("_calls", "_client", "_deadline", "_inbox", "_parts", "_target", "_timeout")
+
+    def __init__(
+        self,
+        client: Waiting,
+        target: Target,
+        parts: list[Part],
+        calls: list[Call],
+        timeout: float | None,
+        inbox: str | None = None,
+    ) -> None:
+        self._client = client
+        self._inbox = inbox  # the caller's own inbox, which it reads while it waits
+        self._target = target
+        self._parts = kept_parts(parts)
+        # One call (the common case) kept as itself: a list per ticket in flight is one more
+        # object for the garbage collector to walk.
+        self._calls: Call | list[Call] = calls[0] if len(calls) == 1 else calls
+        self._timeout = timeout
+        self._deadline = None if timeout is None else time.monotonic() + timeout
+
+    @property
+    def _each(self) -> list[Call]:
+        calls = self._calls
+        return [calls] if isinstance(calls, Call) else calls
+
+    @property
+    def id(self) -> str:
+        """Request id, unique across clients (``client_id-request``; one per batch key)."""
+        return ",".join(f"{self._client.client_id}-{c.rid}" for c in self._each)
+
+    def done(self) -> bool:
+        return all(c.state != "pending" for c in self._each)
+
+    def result(self, timeout: float | None = None, *, return_exceptions: bool = False) -> list[Any]:
+        """Results in item order; raises the first item's error unless return_exceptions."""
+        calls = self._each
+        for call in calls:
+            self._wait(call, timeout)
+        return collect(self._target, self._parts, calls, return_exceptions)
+
+    def _wait(self, call: Call, timeout: float | None) -> None:
+        if call.state != "pending":  # answered already: the common case in a window
+            return
+        limit = timeout
+        if self._deadline is not None:
+            left = self._deadline - time.monotonic()
+            limit = left if limit is None else min(limit, left)
+        if self._client._wait_watched(self._target, call, limit, self._inbox):
+            return
+        expired = self._deadline is not None and time.monotonic() >= self._deadline
+        if expired:
+            self._client._expire(call, self._target, self._timeout)
+            return
+        raise Timeout(self._client._timeout_text(self._target, timeout))
+
+    def cancel(self) -> bool:
+        """Withdraw the request. True when it will never run; False when a worker already
+        holds it or it shares an entry with other requests (a pack: it runs with them; either
+        way its result is dropped), or it had finished."""
+        return all([self._client._withdraw(call) for call in self._each])

@@ -1,0 +1,93 @@
+"""The sync client's waiting: resolving a serving, the inbox reader thread, and a caller
+waiting for its answer (on the shared inbox, or on its own), with the warnings and errors a
+wait that gets nothing says. ``Client`` (sync.py) adds the calls."""
+
+from __future__ import annotations
+
+import threading
+import time
+from functools import partial
+
+from queueserve.broker.retry import Retry
+from queueserve.client.base import INBOX_BLOCK_S, ServingRef
+from queueserve.client.calls import Call
+from queueserve.client.sending import Sending
+from queueserve.client.targets import Target
+from queueserve.errors import QueueServeError, Timeout
+from queueserve.wire.timing import ALIVE_WITHIN_S
+
+
+class Waiting(Sending):
+    """``Client``'s reader thread and its callers' waits (``Client`` adds the calls)."""
+
+    def __init__(self, url: str | None, prefix: str | None, codec: str | None) -> None:
+        super().__init__(url, prefix, codec)
+        self._reader: threading.Thread | None = None
+        self._events: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+
+    def _target(self, serving: ServingRef) -> Target:
+        target = self._cached(serving)
+        if target is not None:
+            return target
+        keys = self._meta_keys(serving)
+        meta = self._broker.meta(keys) if keys else {}
+        last = self._last_shard(keys, meta)  # confirms a count of shards over 1
+        return self._remember(serving, meta, self._broker.meta(last) if last else None)
+
+    # -- what Ticket calls: _wait_watched, _expire, _timeout_text, _withdraw --------------
+    def _expire(self, call: Call, target: Target, timeout: float | None) -> None:
+        """Fail ``call`` with Timeout: its request's own deadline passed."""
+        self._table.forget(call)
+        call.fail(Timeout(self._timeout_text(target, timeout)))
+
+    def _timeout_text(self, target: Target, timeout: float | None) -> str:
+        return self._timeout_message(target, timeout, self._alive(target))
+
+    def _alive(self, target: Target) -> int | None:
+        try:
+            return self._broker.alive_workers(target.keys, ALIVE_WITHIN_S)
+        except QueueServeError:
+            return None
+
+    def _wait_watched(
+        self, target: Target, call: Call, limit: float | None, inbox: str | None = None
+    ) -> bool:
+        """``call.wait(limit)``, warning once if it waits on a serving no worker serves;
+        reading ``inbox`` meanwhile when the answer goes to the caller's own inbox."""
+        wait = call.wait if inbox is None else partial(self._read_own_inbox, inbox, call)
+        first = self._unserved.first_wait(target.keys.name, limit)
+        if first is not None:
+            if wait(first):
+                return True
+            self._unserved.check(target, self._alive(target))
+            limit = None if limit is None else limit - first
+        return wait(limit)
+
+    def _read_own_inbox(self, inbox: str, call: Call, limit: float | None) -> bool:
+        """Read ``inbox`` until ``call`` is answered (True) or ``limit`` seconds passed."""
+        end = None if limit is None else time.monotonic() + limit
+        retry = Retry(self._broker.outage, "caller")
+        while call.state == "pending":  # close() fails it: seen within one blocking read
+            left = INBOX_BLOCK_S if end is None else min(INBOX_BLOCK_S, end - time.monotonic())
+            if left <= 0:
+                return False
+            wait = max(left, 0.001)  # a timeout of 0 would block for ever
+            retry.once(partial(self._broker.read_inbox, inbox, wait), self._deliver, most=left)
+        return True
+
+    def _ensure_reader(self) -> None:
+        if self._reader is not None:
+            return
+        with self._start_lock:
+            if self._reader is None:
+                self._start_sender()
+                self._reader = threading.Thread(
+                    target=self._read_inbox, name=f"queueserve-inbox-{self.client_id}", daemon=True
+                )
+                self._reader.start()
+
+    def _read_inbox(self) -> None:
+        retry = Retry(self._broker.outage, "inbox reader")
+        while not self._closed:
+            retry.once(lambda: self._broker.read_inbox(self._inbox, INBOX_BLOCK_S), self._deliver)
