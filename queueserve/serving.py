@@ -15,6 +15,7 @@ from queueserve.hooks import END, NO_OUTPUT
 from queueserve.options.serving import OnError, ServingOptions, resolve
 from queueserve.results import BatchResults
 from queueserve.wire.protocol import Keys
+from queueserve.wire.request import FIELDS
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -339,6 +340,9 @@ class Serving:
             # Workers of this version read packs (several requests in one entry); clients
             # pack up to this many items (enqueue.lua).
             "pack_items": self.batch_size,
+            # They read the header's optional fields: clients send trace context only then
+            # (docs/architecture.md, "Wire versions").
+            "header_fields": ",".join(FIELDS),
         }
 
     def __repr__(self) -> str:

@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from queueserve import tracing
 from queueserve.broker.urls import redact_url
 from queueserve.client.calls import Call, CallTable
 from queueserve.client.events import RequestStream
@@ -28,6 +29,7 @@ from queueserve.client.unserved import UnservedWatch
 from queueserve.errors import BadRequest, Cancelled, QueueServeError, RedisUnavailable
 from queueserve.serving import Serving
 from queueserve.settings import Settings, check_prefix, check_redis_url, check_timeout
+from queueserve.tracing import reads_trace, trace_fields
 from queueserve.wire import protocol as P
 from queueserve.wire.codec import get_codec
 from queueserve.wire.options import parse_declared
@@ -66,6 +68,8 @@ class BaseClient:
         # would otherwise be built again (some twenty strings) and kept by the call in flight.
         self._keys: dict[str, P.Keys] = {}
         self._spreads: dict[str, ShardSpread] = {}
+        # Servings whose workers declared they read trace context (tracing.py), by name
+        self._traced: dict[str, bool] = {}
 
     def _timeout_for(self, timeout: float | None) -> float | None:
         """The call's timeout, checked (a mistake is reported now, not as a Timeout later);
@@ -88,7 +92,11 @@ class BaseClient:
     def _meta_keys(self, serving: ServingRef) -> P.Keys | None:
         """Keys whose meta hash to read before ``remember``: None when a serving object (or
         a cached name) says all there is to know."""
-        return self._keys_of(serving) if isinstance(serving, str) else None
+        if isinstance(serving, str):
+            return self._keys_of(serving)
+        if tracing.AVAILABLE and isinstance(serving, Serving) and serving.name not in self._traced:
+            return self._keys_of(serving.name)  # read once, for the trace gate
+        return None
 
     def _keys_of(self, name: str) -> P.Keys:
         keys = self._keys.get(name)
@@ -117,6 +125,7 @@ class BaseClient:
             deadline,
             self._events_channel if streamed else "",
             priority,
+            trace_fields() if target.traced else None,
         )
         try:
             target.check_payload(payload, call.n)
@@ -223,6 +232,7 @@ class BaseClient:
         """The target for ``serving``, given the options its workers declared (maybe none)
         and, for a count of shards over 1, the last shard's meta hash (``last_shard``)."""
         target = self._target_for(serving, meta.get("codec"))
+        target.traced = tracing.AVAILABLE and self._reads_trace(target.keys.name, meta)
         if target.serving is not None:
             target.batch_size = target.serving.batch_size
             target.hooks = target.serving.hooks is not None
@@ -242,6 +252,16 @@ class BaseClient:
             self._targets[serving] = target
         self._table.accept(target.codec)
         return target
+
+    def _reads_trace(self, name: str, meta: dict[str, str]) -> bool:
+        """Whether serving ``name``'s workers read trace context; learnt once a worker has
+        declared the serving (``meta`` holds its codec), from then on without a round trip."""
+        known = self._traced.get(name)
+        if known is None:
+            known = reads_trace(meta)
+            if "codec" in meta:
+                self._traced[name] = known
+        return known
 
     def _spread(self, keys: P.Keys, count: int) -> ShardSpread:
         """This client's ShardSpread of a serving (one per shard count it was told)."""

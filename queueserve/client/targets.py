@@ -68,6 +68,7 @@ class Target:
     batch_size: int | None = None  # likewise; a streamed request holds at most this many items
     hooks: bool = False  # the serving streams hook events: its requests are never split
     durable: bool = False  # each enqueue waits for a replica (the serving's durable option)
+    traced: bool = False  # its requests carry the caller's trace context (tracing.py)
     # Where its requests go: the serving's shards, shared by every Target of the serving
     # in this client (a caller passing the Serving object gets a new Target per call).
     spread: ShardSpread | None = None

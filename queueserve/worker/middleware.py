@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from queueserve.serving import Partition, Serving
 
 if TYPE_CHECKING:
+    from queueserve.worker.pipeline.batching import Slice
     from queueserve.worker.pipeline.stepping import StepRecord
 
 log = logging.getLogger(__name__)
@@ -24,6 +25,12 @@ class Middleware:
 
     def partition_started(self, servings: Sequence[Serving], partition: Partition) -> None:
         """The partition process is serving (after every serving's setup())."""
+
+    def batch_opened(
+        self, serving: Serving, key: str, partition: Partition, slices: Sequence[Slice]
+    ) -> None:
+        """A batch of these requests' slices is about to start (just before batch_started,
+        on the same thread); for a step serving, the sequences of one decode step."""
 
     def batch_started(
         self, serving: Serving, key: str, partition: Partition, size: int, waited: float
@@ -64,6 +71,11 @@ class Middlewares(Middleware):
 
     def partition_started(self, servings: Sequence[Serving], partition: Partition) -> None:
         self._each("partition_started", servings, partition)
+
+    def batch_opened(
+        self, serving: Serving, key: str, partition: Partition, slices: Sequence[Slice]
+    ) -> None:
+        self._each("batch_opened", serving, key, partition, slices)
 
     def batch_started(
         self, serving: Serving, key: str, partition: Partition, size: int, waited: float

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 from typing import Any
 
+from queueserve import tracing
 from queueserve.serving import Partition, Serving
 from queueserve.worker.config import ServingSource, WorkerConfig
 from queueserve.worker.middleware import Middleware
@@ -156,6 +157,16 @@ def host_for(
         partition,
         batch_keys=config.options.batch_keys,
         max_concurrent_batches=config.options.max_concurrent_batches,
-        middleware=[*config.middleware, *extra],
+        middleware=[*config.middleware, *extra, *_tracing()],
         on_fatal=on_fatal,
     )
+
+
+def _tracing() -> list[Middleware]:
+    """Spans of batches when the ``otel`` extra is installed (worker/tracing.py); without
+    it, opentelemetry is never imported."""
+    if not tracing.AVAILABLE:
+        return []
+    from queueserve.worker.tracing import TracingMiddleware
+
+    return [TracingMiddleware()]

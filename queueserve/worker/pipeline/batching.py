@@ -58,6 +58,7 @@ class Request:
     # A streamed replay's token, sent with its events and its answer (client/events.py); 0 in
     # a first run, whose events and answer carry none
     run: int = 0
+    fields: dict[str, Any] | None = None  # the header's optional fields (trace context), if any
     remaining: int = field(init=False)  # items not answered yet; the entry is acked at 0
     events_sent: int = field(init=False, default=0)
 

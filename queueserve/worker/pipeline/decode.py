@@ -83,6 +83,7 @@ def decode_plain(
         return None
     request = Request(entry_id, stream, header[1], header[3], deadline_ms / 1000.0, n)
     request.priority = header[7] if size > 7 else 0
+    request.fields = header[8] if size > 8 else None
     request.admitted = count
     return request, Slice(request, 0, items)
 
@@ -147,6 +148,7 @@ def decode_entry(
         no_split,
     )
     request.priority = header_priority(header)
+    request.fields = header[P.H_FIELDS] if len(header) > P.H_FIELDS else None
     payload = fields.get(b"p")
     admitted = _admitted(fields, n, payload)
     request.admitted = admitted or 0

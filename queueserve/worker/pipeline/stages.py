@@ -239,6 +239,7 @@ class Stages:
 
     def _execute(self, batch: TakenBatch, live: list[Slice], parts: list[Part]) -> None:
         items = batch.items()
+        self.middleware.batch_opened(self.serving, batch.key, self.partition, live)
         self.middleware.batch_started(
             self.serving, batch.key, self.partition, len(items), time.monotonic() - batch.opened
         )

@@ -1,0 +1,82 @@
+"""Tracing middleware (the ``otel`` extra): one span per batch, and per step of a step
+serving, linked to the span each of its requests was sent from.
+
+A batch's requests come from many traces, so its span is a root of its own with a link to
+every request's context (queueserve/tracing.py reads them from the header) rather than a
+child of one of them. The span is current while the batch function runs: spans the function
+starts are its children. Spans go to whatever TracerProvider the process set (the served
+module, or opentelemetry's own configuration); with none set they cost next to nothing.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry import context, trace
+
+from queueserve import tracing
+from queueserve.serving import Partition, Serving
+from queueserve.steps import StepServing
+from queueserve.worker.middleware import Middleware
+
+if TYPE_CHECKING:
+    from queueserve.worker.pipeline.batching import Slice
+
+
+class TracingMiddleware(Middleware):
+    """Spans of batches. Hooks of one batch run on one thread (its device thread): the span
+    in progress is kept per thread."""
+
+    def __init__(self) -> None:
+        self.tracer = trace.get_tracer("queueserve")
+        self._local = threading.local()
+
+    def batch_opened(
+        self, serving: Serving, key: str, partition: Partition, slices: Sequence[Slice]
+    ) -> None:
+        links, seen = [], set()
+        for piece in slices:
+            request = piece.request
+            if id(request) in seen:  # a request's several slices (or sequences) link once
+                continue
+            seen.add(id(request))
+            remote = tracing.remote_context(request.fields)
+            if remote is not None:
+                links.append(trace.Link(remote))
+        self._local.links = links
+        self._local.requests = len(seen)
+
+    def batch_started(
+        self, serving: Serving, key: str, partition: Partition, size: int, waited: float
+    ) -> None:
+        local = self._local
+        links, local.links = getattr(local, "links", []), []
+        attributes: dict[str, Any] = {
+            "queueserve.serving": serving.name,
+            "queueserve.batch.size": size,
+            "queueserve.batch.requests": getattr(local, "requests", 0),
+            "queueserve.batch.key": key,
+            "queueserve.partition": partition.index,
+        }
+        kind = "step" if isinstance(serving, StepServing) else "batch"
+        span = self.tracer.start_span(
+            f"{serving.name} {kind}",
+            kind=trace.SpanKind.CONSUMER,
+            links=links,
+            attributes=attributes,
+        )
+        local.span = span
+        local.token = context.attach(trace.set_span_in_context(span))
+
+    def batch_finished(
+        self, serving: Serving, key: str, partition: Partition, size: int, seconds: float
+    ) -> None:
+        local = self._local
+        span = getattr(local, "span", None)
+        if span is None:
+            return
+        local.span = None
+        context.detach(local.token)
+        span.end()
