@@ -11,7 +11,8 @@
 -- about a batch whatever the size of the requests.
 -- ARGV[6]  name prefix of priority-0 streams, P:{S}:in:
 -- ARGV[7]  name prefix of priority-N streams, P:{S}:p (the stream is P:{S}:pN:K)
--- ARGV[8..] batch keys not to read: the worker holds a whole batch of each already
+-- ARGV[8..] '<priority><batch key>': streams of that key at that priority or below are not to
+--           be read: the worker holds a whole batch of it already, as urgent or more
 -- Streams are named from the ready set's members: all share the serving's hash tag, so they
 -- live in the slot of KEYS[1].
 -- A stream that gave fewer entries than asked is drained and leaves the ready set (enqueue.lua
@@ -28,7 +29,7 @@ local step = tonumber(ARGV[3])
 local budget = tonumber(ARGV[4])
 local per_key = tonumber(ARGV[5])
 local full = {}
-for i = 8, #ARGV do full[ARGV[i]] = true end
+for i = 8, #ARGV do full[string.sub(ARGV[i], 2)] = tonumber(string.sub(ARGV[i], 1, 1)) end
 local function items_of(entry)
   local fields = entry[2]
   for j = 1, #fields, 2 do
@@ -54,7 +55,7 @@ while budget > 0 do
     local want = math.min(per_key - (taken[key] or 0), budget)
     if not priority then  -- not a mark enqueue.lua or sweep.lua wrote (anyone may ZADD): drop it
       drained[#drained + 1] = member
-    elseif full[key] then
+    elseif full[key] and priority <= full[key] then
       out[2] = out[2] + 1
     elseif want > 0 then
       local stream

@@ -168,6 +168,35 @@ class Assembler:
         """Keys holding a whole batch waiting: reading more of them would only buffer."""
         return [k for k, q in self.queues.items() if q.weight >= self.capacity]
 
+    def full_marks(self) -> list[str]:
+        """``<priority><key>`` for each key holding a whole batch at that priority and above
+        (read.lua reads none of the key's streams at or below it: they would only buffer; a
+        more urgent stream is read, its request goes in the key's next batch)."""
+        marks = []
+        for key, queue in self.queues.items():
+            if queue.weight < self.capacity:
+                continue
+            levels = queue.levels
+            if len(levels) == 1:
+                marks.append(f"{next(iter(levels))}{key}")
+                continue
+            held = 0.0
+            for priority in sorted(levels, reverse=True):
+                held += sum(piece.weight for piece in levels[priority])
+                if held >= self.capacity:
+                    marks.append(f"{priority}{key}")
+                    break
+        return marks
+
+    def look_ahead(self) -> float:
+        """What the reader's budget counts as held: at most one batch per key. A key holding
+        more (one big request, or chunks of one) is not read again until a batch leaves it,
+        and the rest of the look-ahead stays for other keys and priorities."""
+        capacity = self.capacity
+        if self.weight <= capacity:
+            return self.weight
+        return sum(min(q.weight, capacity) for q in self.queues.values())
+
     def room(self, key: str) -> float:
         """Capacity left before ``key`` holds one full batch waiting."""
         queue = self.queues.get(key)

@@ -112,7 +112,7 @@ class ReadLease:
         # ever. A reclaim meanwhile (dead consumers' work, rare) may bring one look-ahead more.
         budget, per_key = self._room()
         return WakeRead(
-            wake_id, READ_BLOCK_MS, self.consumer, budget, per_key, self.assembler.full_keys()
+            wake_id, READ_BLOCK_MS, self.consumer, budget, per_key, self.assembler.full_marks()
         )
 
     def give_back(self, wake_id: bytes) -> None:

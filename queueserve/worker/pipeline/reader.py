@@ -167,11 +167,13 @@ class Reader:
         """Items to read now over all keys (caller holds cond).
 
         The partition's look-ahead is one batch beyond each executor's: reading stops while
-        that much waits. Keys holding a whole batch are not read at all (``full_keys``), so
-        the look-ahead always has room for other keys: a quiet key is read while a busy key's
-        batch waits, and a key can fill its batch while others hold partial ones. Capacity is
-        in items or cost; read.lua counts items: divide by what an item usually costs."""
-        room = self.assembler.capacity * (self.executors + 1) - self.assembler.weight
+        that much waits. A key counts for one batch at most (``look_ahead``), and keys holding
+        a whole batch are not read (``full_marks``, but for priorities above what they hold),
+        so the look-ahead always has room for other keys and priorities: a quiet key is read
+        while a busy key's backlog waits, however big its requests, and runs in one of the
+        next batches (keys take turns by batch). Capacity is in items or cost; read.lua counts
+        items: divide by what an item usually costs."""
+        room = self.assembler.capacity * (self.executors + 1) - self.assembler.look_ahead()
         room -= self._reserved * self._item_weight
         return max(1, int(room / self._item_weight)) if room > 0 else 0
 
@@ -203,7 +205,7 @@ class Reader:
             if budget <= 0:  # the look-ahead is full: an executor taking a batch wakes us
                 self.cond.wait(RECLAIM_EVERY_S)
                 return
-            full = self.assembler.full_keys()
+            full = self.assembler.full_marks()
             per_key = self.per_key()
             if len(self.shards) > 1 and keys.shard in lease.drained_at:
                 # This read blocks first (up to READ_BLOCK_MS) on a drained shard: it
@@ -237,7 +239,7 @@ class Reader:
                 # whole batch, reading again finds nothing until a batch is taken.
                 self._wait_while_full({keys.batch_key_of(s) for s, _ in read.entries})
         elif read.skipped:  # work waits only on keys we hold a full batch of
-            self._wait_while_full(set(full))
+            self._wait_while_full({mark[1:] for mark in full})
         elif self.lease.lends:
             # A blocking read that timed out: an idle executor takes the next one.
             with self.cond:

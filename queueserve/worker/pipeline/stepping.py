@@ -100,6 +100,7 @@ class StepRecord:
     cache_saved_tokens: int = 0  # prompt tokens not computed thanks to the cache
     # sequences reading their prompts in the step: qs.NO_OUTPUT, or their first output
     reading: int = 0
+    first_outputs: tuple[bytes, ...] = ()  # stream entry ids of sequences with a first output
 
 
 class StepQueue:
@@ -125,6 +126,13 @@ class StepQueue:
     def full_keys(self) -> list[str]:
         """Keys the reader should not read: all of them once a running set's worth waits."""
         return list({w.key for w in self.waiting}) if self.buffered >= self.capacity else []
+
+    def full_marks(self) -> list[str]:
+        """read.lua's form of ``full_keys``: every priority of each key."""
+        return [f"9{key}" for key in self.full_keys()]
+
+    def look_ahead(self) -> float:
+        return float(self.buffered)
 
     def room(self, key: str) -> float:
         """Items the reader may still read: one running set's worth waits, no more."""

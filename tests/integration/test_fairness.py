@@ -1,0 +1,83 @@
+"""Fairness at the level of items (docs/usage.md, "Batch keys, fairness and priorities"): what
+one batch key or one request holds never stops the worker from reading other keys and
+priorities. Under a backlog on key "bulk" built by one big ``submit``, a ``dispatch_many`` or a
+``map``, a request on a quiet key, and a priority-9 request on the busy key, run within
+QUIET_BOUND batches of being sent. Counted in batches the serving recorded, not in time: the
+batch function's speed and the machine's load change nothing."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+import queueserve as qs
+from tests.support.helpers import WAIT_S, wait_until
+from tests.support.servings import Recording
+
+StartWorker = Callable[..., qs.Worker]
+
+BATCH_S = 0.01  # each batch takes at least this long: the backlog lasts for seconds
+BACKLOG = 3000  # items on key "bulk": 300 batches
+QUIET_BOUND = 2  # batches that may start between a quiet request's send and its own
+
+
+def slow_echo(items: list[Any]) -> list[Any]:
+    time.sleep(BATCH_S)
+    return items
+
+
+def _backlog(client: qs.Client, shape: str) -> Iterator[None]:
+    """Builds the backlog in the way ``shape`` names; yields once it is sent, and ends when
+    every item of it was answered."""
+    items = [f"b{i}" for i in range(BACKLOG)]
+    if shape == "submit":
+        ticket = client.submit("fair", items, batch_key="bulk")
+        yield
+        ticket.result(WAIT_S * 4)
+        return
+    done: list[Any] = []
+    if shape == "dispatch_many":
+        run = lambda: done.append(client.dispatch_many("fair", items, batch_key="bulk"))  # noqa: E731
+    else:  # map is lazy: its results must be consumed for its chunks to be sent
+        run = lambda: done.append(list(client.map("fair", items, batch_key="bulk")))  # noqa: E731
+    sender = threading.Thread(target=run, daemon=True)
+    sender.start()
+    yield
+    sender.join(WAIT_S * 4)
+    assert done and done[0] == items
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("shape", ["submit", "dispatch_many", "map"])
+def test_a_quiet_key_and_a_priority_9_request_run_within_two_batches_of_a_backlog(
+    shape: str, start_worker: StartWorker, redis_url: str, prefix: str
+) -> None:
+    # Given a worker draining a backlog of BACKLOG items on batch key "bulk"
+    serving = Recording(slow_echo, name="fair", batch_size=10, batch_timeout=0.005)
+    start_worker(serving)
+    backlog_client = qs.Client(redis_url, prefix=prefix)
+    client = qs.Client(redis_url, prefix=prefix)
+    backlog = _backlog(backlog_client, shape)
+    next(backlog)
+    wait_until(lambda: len(serving.batches) >= 5, "the backlog running")
+
+    # When a request comes on a quiet key, and then a priority-9 one on the busy key
+    before_quiet = len(serving.batches)
+    assert client.dispatch("fair", "quiet", batch_key="quiet") == "quiet"
+    before_urgent = len(serving.batches)
+    assert client.dispatch("fair", "urgent", batch_key="bulk", priority=9) == "urgent"
+
+    # Then each ran within QUIET_BOUND batches of being sent, long before the backlog drained
+    ran = serving.batches
+    quiet_at = next(i for i, (_, items) in enumerate(ran) if "quiet" in items)
+    urgent_at = next(i for i, (_, items) in enumerate(ran) if "urgent" in items)
+    assert quiet_at - before_quiet <= QUIET_BOUND, (quiet_at, before_quiet)
+    assert urgent_at - before_urgent <= QUIET_BOUND, (urgent_at, before_urgent)
+    assert sum(len(items) for _, items in ran[: urgent_at + 1]) < BACKLOG
+    next(backlog, None)  # and the backlog was answered in full
+    client.close()
+    backlog_client.close()
