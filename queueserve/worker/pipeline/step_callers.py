@@ -11,30 +11,36 @@ from collections.abc import Iterable
 from queueserve.broker.consumer import Consumer
 from queueserve.errors import RedisCommandError, RedisUnavailable
 from queueserve.wire.timing import CALLER_CHECK_EVERY_S
-from queueserve.worker.pipeline.batching import Request
-from queueserve.worker.pipeline.stepping import CallerWatch
+from queueserve.worker.pipeline.step_calls import Member
+from queueserve.worker.pipeline.stepping import CallerWatch, Waiting
 
 log = logging.getLogger(__name__)
 
 
 class GoneCallers:
-    """A step serving's look at its streaming callers (``caller_gone_after`` seconds)."""
+    """A step serving's look at its streaming callers (``caller_gone_after`` seconds; None:
+    it never looks)."""
 
-    def __init__(self, name: str, broker: Consumer, gone_after: float) -> None:
+    def __init__(self, name: str, broker: Consumer, gone_after: float | None) -> None:
         self.name = name
         self.broker = broker
-        self.watch = CallerWatch(gone_after, min(CALLER_CHECK_EVERY_S, gone_after))
+        self.watch = (
+            None
+            if gone_after is None
+            else CallerWatch(gone_after, min(CALLER_CHECK_EVERY_S, gone_after))
+        )
 
-    def watched(self, requests: Iterable[Request]) -> set[str] | None:
-        """The event channels of streaming callers among ``requests``, when it is time to look
-        whether they are still there; None otherwise (caller holds cond)."""
-        if not self.watch.due(time.monotonic()):
+    def watched(self, running: list[Member], waiting: Iterable[Waiting]) -> set[str] | None:
+        """The event channels of the streaming callers of what runs and waits, when it is time
+        to look whether they are still there; None otherwise (caller holds cond)."""
+        if self.watch is None or not self.watch.due(time.monotonic()):
             return None
+        requests = [m.request for m in running] + [w.piece.request for w in waiting]
         return {r.events for r in requests if r.events}
 
     def gone(self, channels: set[str] | None) -> set[str]:
         """The channels among ``channels`` whose callers went away (one PUBSUB NUMSUB)."""
-        if channels is None:
+        if channels is None or self.watch is None:
             return set()
         try:
             counts: dict[str, int] | None = self.broker.subscribers(sorted(channels))

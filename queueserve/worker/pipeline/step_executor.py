@@ -88,8 +88,7 @@ class StepExecutor:
         self.running: list[Member] = []
         self.cache = PrefixCache(serving.prefix_cache_bytes) if serving.prefix_cache_bytes else None
         self.calls = StepCalls(serving, self.cache)
-        gone_after = serving.caller_gone_after
-        self.callers = None if gone_after is None else GoneCallers(serving.name, broker, gone_after)
+        self.callers = GoneCallers(serving.name, broker, serving.caller_gone_after)
         # _withdraw looks at every request only when something may leave: a cancel, a caller
         # gone, the earliest deadline it saw passed, or a request arrived since.
         self._next_deadline = 0.0
@@ -109,9 +108,9 @@ class StepExecutor:
                 if not self.reading():
                     return False
                 self.cond.wait(IDLE_WAIT_S)
-            watched = None if self.callers is None else self.callers.watched(self._requests())
+            watched = self.callers.watched(self.running, self.queue.waiting)
             departed = self.queue.departed
-        gone = set() if self.callers is None else self.callers.gone(watched)
+        gone = self.callers.gone(watched)
         with self.cond:
             self._follow_config()
             rows, left = self._withdraw(gone)
@@ -157,9 +156,6 @@ class StepExecutor:
             w.budget = -1
 
     # -- leaving -------------------------------------------------------------------------------
-    def _requests(self) -> list[Request]:
-        return [m.request for m in self.running] + [w.piece.request for w in self.queue.waiting]
-
     def _withdraw(self, gone_callers: set[str]) -> tuple[list[Row], int]:
         """Rows for cancelled, abandoned and expired requests, waiting or running (caller
         holds cond), and how many running sequences left."""
