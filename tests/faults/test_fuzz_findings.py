@@ -196,3 +196,26 @@ def test_consumers_of_a_missing_stream_or_a_key_of_another_type_are_none(
         assert redis_client.xinfo_consumers(stream, P.GROUP) == []
     finally:
         broker.close()
+
+
+def test_junk_in_the_admission_counters_is_reset_by_the_ack_and_the_reply_goes_once(
+    start_worker: StartWorker, redis_client: redis.Redis, prefix: str,
+) -> None:
+    # Given a worker, and an admitted request whose key's depth field someone overwrote with
+    # what is not a count
+    start_worker(echo("counts"))
+    keys = P.Keys(prefix, "counts")
+    inbox = RawInbox(redis_client, prefix)
+    redis_client.set(keys.queued, 1)
+    redis_client.hset(keys.depth, "default", "junk")
+    redis_client.xadd(keys.stream("default"),
+                      {"h": header(3, 1, inbox.key), "p": bytes(msgpack.packb(["x"])), "a": "1"})
+
+    # When it is answered and acked, then the counters are back at zero, the junk reset (the
+    # ack script failed on it: the replier retried and sent the reply again, and the field
+    # stayed), and the caller got one reply
+    wait_until(lambda: inbox.answered([3]), "the answer")
+    wait_until(lambda: int(redis_client.get(keys.queued) or 0) == 0
+               and not redis_client.hexists(keys.depth, "default"), "the counters at zero")
+    inbox.drain()
+    assert inbox.error_kind(3) is None

@@ -39,12 +39,15 @@ end
 redis.call('XDEL', KEYS[1], unpack(ids))
 local summary = redis.pcall('XPENDING', KEYS[1], ARGV[1])
 if type(summary) == 'table' and not summary.err and summary[1] == 0 then
-  redis.call('ZREM', KEYS[4], KEYS[1])
+  redis.pcall('ZREM', KEYS[4], KEYS[1])
 end
+-- The counters are keys anyone may write. One that holds no count, or a key of another type,
+-- is reset, never a failed ack: the entries are acked and deleted above already, and a
+-- script that failed here made the replier send its replies again, for every ack of the key.
 if released > 0 then
-  if redis.call('DECRBY', KEYS[2], released) < 0 then redis.call('SET', KEYS[2], 0) end
-  if redis.call('HINCRBY', KEYS[3], ARGV[2], -released) <= 0 then
-    redis.call('HDEL', KEYS[3], ARGV[2])
-  end
+  local left = redis.pcall('DECRBY', KEYS[2], released)
+  if type(left) ~= 'number' or left < 0 then redis.call('SET', KEYS[2], 0) end
+  local depth = redis.pcall('HINCRBY', KEYS[3], ARGV[2], -released)
+  if type(depth) ~= 'number' or depth <= 0 then redis.pcall('HDEL', KEYS[3], ARGV[2]) end
 end
 return acked
