@@ -373,18 +373,41 @@ class CharTF(qs.StepServing):
         size = self.block_size
         slots = torch.tensor([t.blocks[p // size] * size + p % size
                               for t, p in zip(tables, pos, strict=True)], device=self.device)
-        longest = max(pos) + 1
-        seen = (torch.arange(longest, device=self.device)[None, :]
-                <= positions[:, None])[:, None, None, :]
-        index = self._index([t.blocks for t in tables], longest)
+        groups = [self._group(rows, tables, pos, positions) for rows in self._by_length(pos)]
         x = net.embed(ids, positions)
         for layer in range(net.layers):
             q, k, v = net.qkv(layer, x)
             self._store(layer, slots, k, v)
-            keys, values = self._gather(layer, index, len(seqs), longest)
-            x = net.finish(layer, x, _attend(q[:, :, None], keys, values, seen,
-                                             net.scale)[:, :, 0])
+            if len(groups) == 1:
+                attended = self._attend_group(layer, q, groups[0])
+            else:
+                attended = torch.empty_like(q)
+                for group in groups:
+                    attended[group.rows] = self._attend_group(layer, q[group.rows], group)
+            x = net.finish(layer, x, attended)
         return net.logits(x)
+
+    def _by_length(self, pos: list[int]) -> list[list[int]]:
+        """The rows of a step in groups of like lengths (1, 2, 3-4, 5-8, 9-16... blocks): each
+        group is padded to its own longest row, not the step's, so a long sequence does not
+        make fifteen short ones attend over its length."""
+        groups: dict[int, list[int]] = {}
+        for row, p in enumerate(pos):
+            groups.setdefault((p // self.block_size).bit_length(), []).append(row)
+        return list(groups.values())
+
+    def _group(self, rows: list[int], tables: list[BlockTable], pos: list[int],
+               positions: torch.Tensor) -> _Group:
+        longest = max(pos[r] for r in rows) + 1
+        index = torch.tensor(rows, device=self.device)
+        seen = (torch.arange(longest, device=self.device)[None, :]
+                <= positions[index][:, None])[:, None, None, :]
+        return _Group(index, longest, self._index([tables[r].blocks for r in rows], longest),
+                      seen)
+
+    def _attend_group(self, layer: int, q: torch.Tensor, group: _Group) -> torch.Tensor:
+        keys, values = self._gather(layer, group.blocks, len(q), group.longest)
+        return _attend(q[:, :, None], keys, values, group.seen, self.net.scale)[:, :, 0]
 
     def _store(self, layer: int, slots: torch.Tensor, keys: torch.Tensor,
                values: torch.Tensor) -> None:
@@ -418,6 +441,17 @@ class CharTF(qs.StepServing):
                 probs = torch.softmax(logits[i] / s.req.temperature, dim=-1)
                 picks[i] = int(torch.multinomial(probs, 1, generator=s.rng))
         return picks
+
+
+@dataclass(frozen=True, slots=True)
+class _Group:
+    """Rows of a decode step attended together: their indexes in the step, their longest
+    length, the blocks to gather (``CharTF._index``) and what each row may see."""
+
+    rows: torch.Tensor
+    longest: int
+    blocks: torch.Tensor
+    seen: torch.Tensor
 
 
 def _attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, seen: torch.Tensor,
