@@ -23,9 +23,11 @@ from typing import Any
 import msgpack
 import redis
 
+from queueserve.client.jobs import Job
 from queueserve.errors import QueueServeError
 from queueserve.ops.deadletter import DeadLetters
 from queueserve.wire import protocol as P
+from queueserve.wire.jobs import job_key
 from tests.faults.fuzz.values import FAMILIES, NUMBERS, WRONG_TYPE, hostile_object
 from tests.support.broker import RedisBroker
 
@@ -461,7 +463,10 @@ def worker_record(t: Target, value: bytes) -> None:
     consumers = t.consumers()
     if consumers and t.rng.random() < 0.5:
         name = P.worker_key(t.prefix, t.rng.choice(consumers))
-        t.r.hset(name, t.rng.choice((b"heartbeat_ms", b"pid", value[:64] or b"?")), value)
+        field = t.rng.choice((b"heartbeat_ms", b"pid", value[:64] or b"?"))
+        t.r.hset(name, field, value)
+        if field not in (b"heartbeat_ms", b"pid"):  # the next heartbeat rewrites those two
+            t.note(name, field)
         return
     name = P.worker_key(t.prefix, "fuzz-" + value[:32].decode("latin-1"))
     t.r.hset(name, mapping={"heartbeat_ms": value, "pid": value, "servings": value})
@@ -473,6 +478,32 @@ def live_worker_record(t: Target) -> str:
     if not consumers:
         return P.worker_key(t.prefix, "fuzz-nobody")
     return P.worker_key(t.prefix, t.rng.choice(consumers))
+
+
+_JOB_FIELDS = (b"s", b"n", b"m", b"b", b"r1", b"k", b"st", b"e", b"sv", b"f", b"x")
+
+
+def job_record(t: Target, value: bytes) -> None:
+    """A field of a job's record (wire/jobs.py), then a request of that job, which a worker
+    answers into the forged record (job.lua), with a job id and keep that may be junk too;
+    then the record read as ``Client.job`` reads it: its answer, or a QueueServeError."""
+    job_id = f"fuzzjob-{t.rng.randrange(100)}"  # the ids wrong_type replaces, now and then
+    name = job_key(t.prefix, job_id)
+    t.r.hset(name, t.rng.choice((*_JOB_FIELDS, value[:64] or b"?")), value)
+    t.r.pexpire(name, 60_000)
+    t.created.add(name)
+    fields = t.rng.choice((
+        {"job": job_id, "keep": 60_000},
+        {"job": value[:80].decode("latin-1"), "keep": 1000},
+        {"job": job_id, "keep": t.rng.choice((-1, 0, "x", 10**13, 1.5))},
+    ))
+    header = t.header(f6="", f7=0, f8=fields)
+    with contextlib.suppress(QueueServeError):  # a full queue, as it says
+        t.broker.enqueue(t.keys(), [("default", 1, header, msgpack.packb([1]), 0)], 0)
+    job = Job(t.broker.jobs, t.broker.cancel, t.prefix, job_id, None)
+    with contextlib.suppress(QueueServeError):  # refused with a clear error
+        job.status()
+        job.progress()
 
 
 SURFACES: tuple[Surface, ...] = (
@@ -528,6 +559,10 @@ SURFACES: tuple[Surface, ...] = (
     Surface("events", "clients: streamed events", (Attack("message", events_message),)),
     Surface("worker", "worker: heartbeat", (
         Attack("field", worker_record), _wrong_type("worker", live_worker_record),
+    )),
+    Surface("job", "worker: job.lua; clients: Client.job; queueserve job", (
+        Attack("field", job_record),
+        _wrong_type("job", lambda t: job_key(t.prefix, f"fuzzjob-{t.rng.randrange(100)}")),
     )),
 )
 
