@@ -55,6 +55,24 @@ class KeyStats:
     read: int = 0  # entries the consumer group read so far
 
 
+@dataclass(slots=True)
+class StreamDepth:
+    """One request stream of a serving's shard, as its metrics read it."""
+
+    keys: Keys
+    key: str  # batch key
+    priority: int
+    length: int  # entries in it: waiting and pending
+    pending: int  # read and not acked
+    first_ms: int  # when its oldest entry was enqueued (Redis's clock), unix ms; 0 = none
+
+
+def _entry_ms(entry_id: Any) -> int:
+    """The milliseconds part of a stream entry id (XADD's, Redis's clock)."""
+    ms = text(entry_id, "replace").partition("-")[0]
+    return int(ms) if ms.isascii() and ms.isdigit() and len(ms) <= 15 else 0
+
+
 def _ms(score: float | None) -> int:
     """A unix-ms score read from a sorted set anyone may write: 0 unless finite."""
     return int(score) if score is not None and math.isfinite(score) else 0
@@ -88,12 +106,11 @@ def _add_stream(row: KeyStats, length: Any, groups: Any, first: Any, now_ms: int
 class Admin(BrokerCore):
     """The operators' reads and changes of one Redis deployment."""
 
-    def queue_depths(self, keys_list: Sequence[Keys]) -> list[tuple[Keys, str, int, int]]:
-        """(serving keys, batch key, stream length, pending) for every batch key whose streams
-        hold entries: those in the ready set (unread entries) or the active set (pending ones).
-        What it reads grows with the streams that hold work, never with the keys ever seen.
-
-        Acked entries are deleted, so length - pending is what waits to be read."""
+    def queue_depths(self, keys_list: Sequence[Keys]) -> list[StreamDepth]:
+        """A row for every stream holding entries: those in the ready set (unread entries) or
+        the active set (pending ones). What it reads grows with the streams that hold work,
+        never with the keys ever seen. Acked entries are deleted, so length - pending is what
+        waits to be read, and the first entry is the oldest not answered."""
         with redis_errors(self.url):
             pipe = self.redis.pipeline(transaction=False)
             for keys in keys_list:
@@ -109,14 +126,35 @@ class Admin(BrokerCore):
             for _, _, stream in streams:
                 pipe.xlen(stream)
                 pipe.xpending(stream, GROUP)
+                pipe.xrange(stream, count=1)
             out = pipe.execute(raise_on_error=False)
-        rows: dict[tuple[Keys, str], list[int]] = {}
-        for i, (keys, key, _) in enumerate(streams):
-            length, summary = out[2 * i], out[2 * i + 1]
-            row = rows.setdefault((keys, key), [0, 0])
-            row[0] += length if isinstance(length, int) else 0
-            row[1] += int(summary["pending"]) if isinstance(summary, dict) else 0
-        return [(keys, key, length, held) for (keys, key), (length, held) in rows.items()]
+        rows = []
+        for i, (keys, key, stream) in enumerate(streams):
+            length, summary, first = out[3 * i : 3 * i + 3]
+            rows.append(
+                StreamDepth(
+                    keys,
+                    key,
+                    keys.parse_stream(stream)[1],
+                    length if isinstance(length, int) else 0,
+                    int(summary["pending"]) if isinstance(summary, dict) else 0,
+                    _entry_ms(first[0][0]) if isinstance(first, list) and first else 0,
+                )
+            )
+        return rows
+
+    def queued_items(self, keys_list: Sequence[Keys]) -> list[tuple[Keys, int]]:
+        """Each shard's admission counter: items admitted and not yet acked, of every key and
+        priority (what ``max_queue`` bounds)."""
+        with redis_errors(self.url):
+            pipe = self.redis.pipeline(transaction=False)
+            for keys in keys_list:
+                pipe.get(keys.queued)
+            raw = pipe.execute()
+        return [
+            (keys, _count(text(r, "replace")) if r else 0)
+            for keys, r in zip(keys_list, raw, strict=True)
+        ]
 
     def servings(self, prefix: str) -> list[str]:
         """Names of the servings any worker ever declared under ``prefix``."""

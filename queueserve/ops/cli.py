@@ -23,9 +23,10 @@ from queueserve.settings import Settings, check_prefix, check_redis_url
 from queueserve.wire.options import OPTIONS
 from queueserve.wire.protocol import Keys
 from queueserve.wire.timing import ALIVE_WITHIN_S
+from queueserve.worker import logs
 from queueserve.worker.loading import ServingNotFound, load_servings
 from queueserve.worker.options import ENV_PREFIX, WorkerOptions, option_from_text, unknown_variables
-from queueserve.worker.worker import EXIT_ERROR, EXIT_OK, EXIT_USAGE, Worker
+from queueserve.worker.worker import EXIT_ERROR, EXIT_OK, EXIT_USAGE, Worker, require_extras
 
 log = logging.getLogger("queueserve.cli")
 
@@ -233,6 +234,12 @@ def worker_command(args: argparse.Namespace) -> int:
         return _check([s for spec in args.servings for s in load_servings(spec)], url, prefix)
     flags = {n: getattr(args, n) for n in WorkerOptions.model_fields if hasattr(args, n)}
     options = WorkerOptions.of(flags)  # the flags win over QUEUESERVE_* variables
+    try:
+        require_extras(options)
+    except ImportError as e:
+        print(f"queueserve: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    logs.configure(args.log_level.upper(), options.log_format)
     # redis_url/prefix None: the worker takes the setting, and logs where its Redis came from
     worker = Worker(args.servings, redis_url=args.redis_url, prefix=args.prefix, **dict(options))
     return worker.run()
@@ -291,10 +298,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(processName)s %(name)s: %(message)s",
-    )
+    logs.configure(args.log_level.upper())
     _cwd_on_path()
     try:
         if args.redis_url is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import traceback
 
 from queueserve.errors import QueueServeError
 from queueserve.serving import Serving
@@ -24,6 +25,10 @@ def load_servings(spec: str) -> list[Serving]:
         raise ServingNotFound(
             f"cannot import module {module_name!r} for {spec!r}: {e}{_where_hint(module_name, e)}"
         ) from None
+    except Exception as e:  # a SyntaxError, or the module's own code raised: one line, exit 2
+        raise ServingNotFound(
+            f"cannot import module {module_name!r} for {spec!r}: {_raised_at(e)}"
+        ) from None
     try:
         obj = getattr(module, attr)
     except AttributeError:
@@ -36,6 +41,16 @@ def load_servings(spec: str) -> list[Serving]:
             f"{spec} is {type(obj).__name__}, not a qs.Serving (or a subclass, or a list of them)"
         )
     return list(found)
+
+
+def _raised_at(e: Exception) -> str:
+    """What a failing import raised, with where: the offending line of a SyntaxError, else the
+    innermost frame of the traceback."""
+    if isinstance(e, SyntaxError):
+        return f"{type(e).__name__}: {e.msg} ({e.filename}, line {e.lineno})"
+    frames = traceback.extract_tb(e.__traceback__)
+    where = f" ({frames[-1].filename}, line {frames[-1].lineno})" if frames else ""
+    return f"{type(e).__name__}: {e}{where}"
 
 
 def _where_hint(module_name: str, error: ImportError) -> str:

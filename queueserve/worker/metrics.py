@@ -1,9 +1,9 @@
 """Prometheus metrics for workers (``queueserve worker --metrics-port``), with health probes.
 
 Partitions record into prometheus-client's multiprocess files; the supervisor serves them
-merged on one port, together with queue depth and pending counts read from Redis at scrape
-time, ``/healthz`` (every partition process alive) and ``/readyz`` (Redis answers and every
-partition has sent a heartbeat). Busy ratio per partition is
+merged on one port, together with the queue gauges read from Redis at scrape time
+(queue_metrics.py), ``/healthz`` (every partition process alive) and ``/readyz`` (Redis
+answers and every partition has sent a heartbeat). Busy ratio per partition is
 ``rate(queueserve_partition_busy_seconds_total[1m])``.
 
 What a scrape costs is bounded whatever the number of batch keys: a ``key`` label names the
@@ -20,14 +20,13 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from queueserve.broker.admin import Admin
-from queueserve.errors import RedisUnavailable
 from queueserve.serving import Partition, Serving
-from queueserve.wire import protocol as P
+from queueserve.steps import StepServing
 from queueserve.worker.middleware import Middleware
 from queueserve.worker.pipeline.stepping import StepRecord
 
@@ -36,6 +35,8 @@ log = logging.getLogger(__name__)
 _SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 _RATIO_BUCKETS = (0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
 _TIME_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+# Waits in a queue and whole requests run longer than batches: up to 10 minutes.
+_LATENCY_BUCKETS = (*_TIME_BUCKETS, 30, 60, 120, 300, 600)
 
 DEFAULT_HOST = "127.0.0.1"  # --metrics-host: 0.0.0.0 to be scraped from other hosts
 KEY_LABELS = 20  # --metrics-keys: batch keys with a label of their own, besides declared ones
@@ -65,16 +66,14 @@ class KeyLabels:
         return key
 
 
-def _labelled_keys(
-    totals: dict[str, int], declared: Iterable[str], limit: int
-) -> tuple[list[str], list[str]]:
-    """(keys with a label of their own, keys summed under ``other``): the declared keys (shown
-    even when idle) and the ``limit`` others with the largest ``totals``."""
-    own = [k for k in dict.fromkeys(declared) if k != OTHER_KEY]
-    ranked = sorted((k for k in totals if k not in own), key=lambda k: (-totals[k], k))
-    named = [k for k in ranked if k != OTHER_KEY][:limit]
-    labelled = set(named)
-    return own + named, [k for k in ranked if k not in labelled]
+def since_enqueue(entry_id: bytes, now: float) -> float:
+    """Seconds from a request's enqueue, its stream entry id's milliseconds (Redis's clock,
+    which XADD stamps), to ``now`` (this host's): 0 when the clocks disagree the other way,
+    or for an id anyone wrote that holds no time."""
+    ms = entry_id.partition(b"-")[0]
+    if not ms.isdigit() or len(ms) > 15:
+        return 0.0
+    return max(0.0, now - int(ms) / 1000)
 
 
 def _prometheus() -> Any:
@@ -181,6 +180,51 @@ class PrometheusMiddleware(Middleware):
         self.dead_letters = pc.Counter(
             "queueserve_dead_letters", "Entries moved to the dead-letter stream", ["serving"], **kw
         )
+        self.queue_time = pc.Histogram(
+            "queueserve_queue_time_seconds",
+            "From a request's enqueue (its stream entry id, Redis's clock) to its first batch",
+            ["serving"],
+            buckets=_LATENCY_BUCKETS,
+            **kw,
+        )
+        self.end_to_end = pc.Histogram(
+            "queueserve_end_to_end_seconds",
+            "From a request's enqueue (Redis's clock) to its last answer written",
+            ["serving"],
+            buckets=_LATENCY_BUCKETS,
+            **kw,
+        )
+        self.first_output = pc.Histogram(
+            "queueserve_time_to_first_output_seconds",
+            "Step servings: from a request's enqueue to its first output",
+            ["serving"],
+            buckets=_LATENCY_BUCKETS,
+            **kw,
+        )
+        self.per_output = pc.Histogram(
+            "queueserve_time_per_output_seconds",
+            "Step servings: a decode step that produced outputs (the time between outputs)",
+            ["serving"],
+            buckets=_TIME_BUCKETS,
+            **kw,
+        )
+
+    def batch_opened(
+        self, serving: Serving, key: str, partition: Partition, slices: Sequence[Any]
+    ) -> None:
+        if isinstance(serving, StepServing):  # decode steps, not arrivals: see step()
+            return
+        now = time.time()
+        queue_time = self.queue_time.labels(serving.name)
+        for piece in slices:
+            if piece.offset == 0:  # a request's first batch (a split one has several)
+                queue_time.observe(since_enqueue(piece.request.entry_id, now))
+
+    def requests_answered(self, serving: Serving, entry_ids: Sequence[bytes]) -> None:
+        now = time.time()
+        end_to_end = self.end_to_end.labels(serving.name)
+        for entry_id in entry_ids:
+            end_to_end.observe(since_enqueue(entry_id, now))
 
     def batch_started(
         self, serving: Serving, key: str, partition: Partition, size: int, waited: float
@@ -213,75 +257,19 @@ class PrometheusMiddleware(Middleware):
         if record.cache_misses:
             self.cache_lookups.labels(name, "miss").inc(record.cache_misses)
         self.cache_saved.labels(name).inc(record.cache_saved_tokens)
+        if record.generated:
+            self.per_output.labels(name).observe(record.decode_seconds)
+        if record.first_outputs:
+            now = time.time()
+            first_output = self.first_output.labels(name)
+            for entry_id in record.first_outputs:
+                first_output.observe(since_enqueue(entry_id, now))
 
     def redelivered(self, serving: Serving, entries: int) -> None:
         self.redeliveries.labels(serving.name).inc(entries)
 
     def dead_lettered(self, serving: Serving, entries: int) -> None:
         self.dead_letters.labels(serving.name).inc(entries)
-
-
-class QueueCollector:
-    """Queue depth, pending and dead letters per serving and key, read from Redis per scrape:
-    for the declared keys and the ``key_labels`` keys holding the most entries, the rest summed
-    under ``key="other"``. Only streams holding entries are read."""
-
-    def __init__(
-        self,
-        broker: Admin,
-        prefix: str,
-        servings: Sequence[str],
-        *,
-        declared: Iterable[str] = ("default",),
-        key_labels: int = KEY_LABELS,
-    ) -> None:
-        self.broker = broker
-        self.keys = [P.Keys(prefix, s) for s in servings]
-        self.declared = tuple(declared)
-        self.key_labels = key_labels
-
-    def collect(self) -> Iterator[Any]:
-        _prometheus()
-        from prometheus_client.core import GaugeMetricFamily
-
-        depth = GaugeMetricFamily(
-            "queueserve_queue_depth", "Entries waiting to be read", labels=["serving", "key"]
-        )
-        pending = GaugeMetricFamily(
-            "queueserve_pending", "Entries read and not yet acked", labels=["serving", "key"]
-        )
-        dead = GaugeMetricFamily(
-            "queueserve_dead_letter_depth", "Entries in the dead-letter stream", labels=["serving"]
-        )
-        waiting: dict[str, dict[str, list[int]]] = {k.name: {} for k in self.keys}
-        dead_letters: dict[str, int] = {}
-        try:
-            shards = [s for keys in self.keys for s in self.broker.shards(keys)]
-            for keys, key, length, held in self.broker.queue_depths(shards):
-                row = waiting[keys.name].setdefault(key, [0, 0])  # shards summed
-                row[0] += max(0, length - held)
-                row[1] += held
-            for keys, length in self.broker.dead_letter_depths(shards):
-                dead_letters[keys.name] = dead_letters.get(keys.name, 0) + length
-        except RedisUnavailable as e:
-            log.warning("metrics: %s", e)
-            return
-        for name, rows in waiting.items():
-            for key, (ready, held) in self._bounded(rows).items():
-                depth.add_metric([name, key], ready)
-                pending.add_metric([name, key], held)
-        for name, length in dead_letters.items():
-            dead.add_metric([name], length)
-        yield from (depth, pending, dead)
-
-    def _bounded(self, rows: dict[str, list[int]]) -> dict[str, list[int]]:
-        named, rest = _labelled_keys(
-            {k: sum(v) for k, v in rows.items()}, self.declared, self.key_labels
-        )
-        out = {k: rows.get(k, [0, 0]) for k in named}
-        if rest:
-            out[OTHER_KEY] = [sum(rows[k][0] for k in rest), sum(rows[k][1] for k in rest)]
-        return out
 
 
 class _BoundedHTTPServer(ThreadingHTTPServer):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Protocol
 
@@ -15,8 +16,8 @@ from queueserve.worker.metrics import (
     KEY_LABELS,
     MetricsServer,
     PrometheusMiddleware,
-    QueueCollector,
 )
+from queueserve.worker.queue_metrics import QueueCollector, SupervisorCollector
 
 if TYPE_CHECKING:
     from queueserve.worker.partition import PartitionHost
@@ -92,6 +93,7 @@ def supervisor_metrics(worker: Worker, supervisor: Supervisor) -> Iterator[Metri
         broker = Admin(worker.redis_url)
         stack.callback(broker.close)
         registry.register(_collector(worker, broker))
+        registry.register(SupervisorCollector(supervisor.restarts))
         assert worker.metrics_port is not None
         server = MetricsServer(
             worker.metrics_port,
@@ -113,6 +115,7 @@ def in_process_metrics(
     registry = CollectorRegistry()
     broker = Admin(worker.redis_url)
     registry.register(_collector(worker, broker))
+    registry.register(SupervisorCollector(Counter()))  # no supervisor: nothing restarts
 
     def healthy() -> bool:
         running = host()

@@ -23,6 +23,11 @@ log = logging.getLogger(__name__)
 class Middleware:
     """Base class with no-op hooks."""
 
+    def wants(self, hook: str) -> bool:
+        """Whether ``hook`` does anything here, so a caller can skip building its arguments
+        (requests_answered costs a list per reply)."""
+        return getattr(type(self), hook) is not getattr(Middleware, hook)
+
     def partition_started(self, servings: Sequence[Serving], partition: Partition) -> None:
         """The partition process is serving (after every serving's setup())."""
 
@@ -45,6 +50,10 @@ class Middleware:
     def replied(self, serving: Serving, items: int, requests: int, errors: dict[str, int]) -> None:
         """Answers were written: ``items`` answered, ``requests`` finished, errors by kind."""
 
+    def requests_answered(self, serving: Serving, entry_ids: Sequence[bytes]) -> None:
+        """These requests' last answers were written; each stream entry id's milliseconds
+        are when Redis enqueued it (end to end: now minus that). Only called when wanted."""
+
     def redelivered(self, serving: Serving, entries: int) -> None:
         """Entries of dead consumers were reclaimed."""
 
@@ -61,6 +70,10 @@ class Middlewares(Middleware):
 
     def __init__(self, middlewares: Sequence[Middleware] = ()) -> None:
         self.middlewares = list(middlewares)
+        self._wanted = {"requests_answered": any(m.wants("requests_answered") for m in middlewares)}
+
+    def wants(self, hook: str) -> bool:
+        return self._wanted.get(hook, True)
 
     def _each(self, hook: str, *args: object) -> None:
         for m in self.middlewares:
@@ -89,6 +102,9 @@ class Middlewares(Middleware):
 
     def replied(self, serving: Serving, items: int, requests: int, errors: dict[str, int]) -> None:
         self._each("replied", serving, items, requests, errors)
+
+    def requests_answered(self, serving: Serving, entry_ids: Sequence[bytes]) -> None:
+        self._each("requests_answered", serving, entry_ids)
 
     def redelivered(self, serving: Serving, entries: int) -> None:
         self._each("redelivered", serving, entries)

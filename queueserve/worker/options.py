@@ -18,6 +18,7 @@ from pydantic_settings import EnvSettingsSource, SettingsError
 from queueserve.options.serving import MAX_BATCH_SIZE, MAX_BATCH_TIMEOUT_S, validated
 from queueserve.options.units import ByteSize, checked_by, count, duration, from_text
 from queueserve.settings import Settings
+from queueserve.worker.logs import LogFormat
 from queueserve.worker.metrics_server import DEFAULT_HOST, KEY_LABELS
 from queueserve.worker.supervisor import check_partitions
 
@@ -27,6 +28,7 @@ ENV_PREFIX = "QUEUESERVE_"
 OTHER_VARIABLES = (
     *(f"{ENV_PREFIX}{n.upper()}" for n in Settings.model_fields),
     "QUEUESERVE_GATEWAY_TOKEN",
+    "QUEUESERVE_DASHBOARD_TOKEN",
     "QUEUESERVE_TEST_REDIS_URL",
 )
 
@@ -52,7 +54,9 @@ class WorkerOptions(BaseModel):
         "comma-separated); others are found",
     )
     max_concurrent_batches: Annotated[int, count(1)] = Field(
-        1, description="batches prefetched while one executes"
+        1,
+        description="batches a partition executes at once (one more is read and "
+        "decoded ahead meanwhile)",
     )
     shutdown_timeout: Annotated[float, duration()] = Field(
         30.0, description="how long SIGTERM may take to finish held work"
@@ -93,6 +97,12 @@ class WorkerOptions(BaseModel):
         KEY_LABELS,
         description="batch keys labelled by name in metrics besides declared "
         'ones, the deepest first; the rest are summed under key="other"',
+    )
+
+    log_format: LogFormat = Field(
+        "text",
+        description="text, or json: one JSON object a line with partition, batch_id and "
+        "request_ids (the logs extra)",
     )
 
     @classmethod

@@ -15,6 +15,7 @@ from typing import Any
 
 from queueserve import tracing
 from queueserve.serving import Partition, Serving
+from queueserve.worker import logs
 from queueserve.worker.config import ServingSource, WorkerConfig
 from queueserve.worker.middleware import Middleware
 from queueserve.worker.partition import PartitionHost, StartupFailed
@@ -45,10 +46,7 @@ def partition_main(
     threads = str(config.threads_per_partition)
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(var, threads)
-    logging.basicConfig(
-        level=config.log_level,
-        format=f"%(asctime)s %(levelname)s partition-{partition.index} %(name)s: %(message)s",
-    )
+    logs.configure(config.log_level, config.options.log_format, partition.index)
     # A SIGTERM sent to the whole process group arrives twice (directly and forwarded by the
     # supervisor): both mean "drain". Forcing is the supervisor's job (it SIGKILLs partitions).
     stop = threading.Event()

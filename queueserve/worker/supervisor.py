@@ -24,7 +24,7 @@ import os
 import signal
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
@@ -42,15 +42,26 @@ EXIT_OK = 0
 EXIT_ERROR = 1  # a partition could not start (setup() failed), or Redis unreachable at start
 EXIT_FORCED = 3  # a second SIGTERM/SIGINT: stopped at once, unfinished work left pending
 EXIT_CRASH_LOOP = 4  # a partition died max_restarts times within restart_window
+RESTART_REASONS = ("recycled", "died_in_batch", "crashed")
+# Where the NVIDIA kernel driver shows itself; with none of them, CUDA has no device to offer.
+NVIDIA_DRIVER_PATHS = ("/proc/driver/nvidia/version", "/dev/nvidiactl")
 
 
 def visible_cuda_devices() -> int:
-    """CUDA devices torch can see (honouring CUDA_VISIBLE_DEVICES); 0 without torch or CUDA."""
-    if importlib.util.find_spec("torch") is None:
+    """CUDA devices torch can see (honouring CUDA_VISIBLE_DEVICES); 0 without torch or CUDA.
+    Importing torch takes seconds, so it is asked only where an NVIDIA driver is loaded and
+    CUDA_VISIBLE_DEVICES does not hide every device: a CPU machine's worker starts at once."""
+    if importlib.util.find_spec("torch") is None or not _nvidia_driver():
+        return 0
+    if os.environ.get("CUDA_VISIBLE_DEVICES", "x").strip() in ("", "-1"):
         return 0
     import torch
 
     return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
+
+
+def _nvidia_driver() -> bool:
+    return any(os.path.exists(p) for p in NVIDIA_DRIVER_PATHS)
 
 
 def check_partitions(partitions: object) -> int | str:
@@ -63,8 +74,8 @@ def check_partitions(partitions: object) -> int | str:
 
 def resolve_partitions(partitions: int | str) -> tuple[int, str]:
     """(count, device kind) for ``auto`` or a number: one per visible CUDA device, else CPU.
-    Asks torch (importing it takes seconds), so only a supervisor that starts partitions
-    calls this."""
+    Asks torch where a GPU may be (visible_cuda_devices), so only a supervisor that starts
+    partitions calls this."""
     partitions = check_partitions(partitions)
     gpus = visible_cuda_devices()
     if partitions == "auto":
@@ -125,6 +136,10 @@ class Supervisor:
         self._signals = 0
         self._why_stop = "stop() was called"
         self.on_exit: list[Callable[[int], None]] = []  # each told every dead partition's pid
+        # (partition index, why: recycled, died_in_batch, crashed) -> restarts (metrics)
+        self.restarts: Counter[tuple[int, str]] = Counter(
+            {(p.index, why): 0 for p in partitions for why in RESTART_REASONS}
+        )
 
     def stop(self) -> None:
         """Ask for a graceful stop (what the first SIGTERM does)."""
@@ -296,6 +311,7 @@ class Supervisor:
         self._tell_exit(process)
         slot.process = None
         slot.restart_at = now if recycled else now + 0.5
+        self.restarts[slot.partition.index, "recycled" if recycled else "died_in_batch"] += 1
         if recycled:
             log.info(
                 "partition %d (pid %s) recycled; starting a fresh one",
@@ -343,6 +359,7 @@ class Supervisor:
             )
             return True
         delay = min(0.5 * 2 ** (len(slot.crashes) - 1), 30.0)
+        self.restarts[slot.partition.index, "crashed"] += 1
         slot.restart_at = now + delay
         log.warning(
             "partition %d (pid %s) %s; restarting in %.1fs",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import logging
 import os
 import platform
@@ -92,6 +93,7 @@ class Worker:
         metrics_port: int | None = None,
         metrics_host: str | None = None,
         metrics_keys: int | None = None,
+        log_format: str | None = None,
         middleware: Sequence[Middleware] = (),
         handle_signals: bool = True,
     ) -> None:
@@ -100,6 +102,7 @@ class Worker:
         options = self.options = WorkerOptions.of(
             {k: v for k, v in keywords.items() if k in WorkerOptions.model_fields and v is not None}
         )
+        require_extras(options)
         settings = Settings()
         if redis_url:
             self.redis_source = "given"
@@ -253,6 +256,23 @@ def _version() -> str:
         return metadata.version("queueserve")
     except metadata.PackageNotFoundError:  # run from a checkout that was never installed
         return "(not installed)"
+
+
+# option -> (module it needs, the extra that brings it, the option as a flag)
+_EXTRAS = {
+    "metrics_port": ("prometheus_client", "metrics", "--metrics-port"),
+    "log_format": ("pythonjsonlogger", "logs", "--log-format json"),
+}
+
+
+def require_extras(options: WorkerOptions) -> None:
+    """An ImportError naming the extra to install, said before anything starts (a partition
+    would otherwise die of a bare ModuleNotFoundError in a crash loop)."""
+    for name, (module, extra, flag) in _EXTRAS.items():
+        if getattr(options, name) in (None, "text"):
+            continue
+        if importlib.util.find_spec(module) is None:
+            raise ImportError(f"{flag} needs the {extra} extra: pip install 'queueserve[{extra}]'")
 
 
 def wait_for_redis(url: str, serving: str, prefix: str) -> None:

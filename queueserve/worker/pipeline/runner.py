@@ -319,4 +319,6 @@ class ServingRunner:
 
     def _settle(self, out: Composed) -> None:
         self.middleware.replied(self.serving, out.answered, len(out.finished), out.errors)
+        if out.finished and self.middleware.wants("requests_answered"):
+            self.middleware.requests_answered(self.serving, [ref[1] for ref in out.finished])
         self.ledger.settle(out.finished)

@@ -37,6 +37,7 @@ from queueserve import hooks
 from queueserve.serving import Partition, Serving
 from queueserve.wire import protocol as P
 from queueserve.wire.error import EXPIRED
+from queueserve.worker.logs import FailureLog, batch_scope
 from queueserve.worker.middleware import Middleware
 from queueserve.worker.pipeline.batch_context import BatchContext
 from queueserve.worker.pipeline.batching import Slice, TakenBatch
@@ -130,6 +131,7 @@ class Stages:
         self._lines: dict[str, deque[int]] = {}  # per key, seqs not yet on the device, in order
         self._preparers_left = self.preparers
         self.recent_batch_s = 0.0  # how long batches take, a moving average
+        self._failures = FailureLog(serving.name, log)
 
     # -- preparers ---------------------------------------------------------------------------
     def prepare_loop(self) -> None:
@@ -248,7 +250,7 @@ class Stages:
             self.serving.hooks, live, self._send, self._ledger.cancelled, self.serving.name
         )
         segments: list[Segment] = []
-        with hooks.running(context):
+        with hooks.running(context), batch_scope(live):
             for part in parts:
                 if part.error is not None:
                     segments.append((part.start, part.count, part.error))
@@ -265,6 +267,7 @@ class Stages:
         took = time.perf_counter() - started
         self.recent_batch_s = 0.8 * self.recent_batch_s + 0.2 * took
         self.middleware.batch_finished(self.serving, batch.key, self.partition, len(items), took)
+        self._failures.note(live, segments)
         log.debug(
             "serving %s key %s partition %d: batch of %d items (%d requests) in %.2f ms",
             self.serving.name,

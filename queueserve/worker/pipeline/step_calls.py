@@ -263,6 +263,7 @@ class Tally:
     cache_saved_tokens: int = 0
     reading: int = 0
     released_tokens: int = 0  # budgets of requests that finished after this step
+    first_outputs: list[bytes] = field(default_factory=list)  # entry ids: a first output each
 
     def freeze(self, batch_tokens: int) -> StepRecord:
         return StepRecord(
@@ -278,6 +279,7 @@ class Tally:
             self.cache_misses,
             self.cache_saved_tokens,
             self.reading,
+            tuple(self.first_outputs),
         )
 
 

@@ -343,7 +343,9 @@ class StepExecutor:
             elif out is NO_OUTPUT:
                 reading += 1
             else:
-                reading += not m.outputs[i]
+                if not m.outputs[i]:
+                    reading += 1
+                    record.first_outputs.append(m.waiting.piece.request.entry_id)
                 m.outputs[i].append(out)
                 record.generated += 1
         # A sequence's share of the calls up to its first output is its prompt's reading:
