@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import types
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -12,7 +12,7 @@ from pydantic import BaseModel, ValidationError
 
 from queueserve import hooks
 from queueserve.hooks import END, NO_OUTPUT
-from queueserve.options.serving import OnError, ServingOptions, resolve
+from queueserve.options.serving import KeyWeights, OnError, ServingOptions, resolve
 from queueserve.results import BatchResults
 from queueserve.wire.protocol import Keys
 from queueserve.wire.request import FIELDS
@@ -111,6 +111,9 @@ class Serving:
     shards: int
     durable: bool
     prepare_concurrency: int
+    priority_age: float
+    batch_key_weights: KeyWeights
+    max_latency: float
 
     def __init__(
         self,
@@ -134,6 +137,9 @@ class Serving:
         prepare: BatchFn | None = None,
         finish: FinishFn | None = None,
         prepare_concurrency: int | None = None,
+        priority_age: float | str | None = None,
+        batch_key_weights: Mapping[str, float] | str | None = None,
+        max_latency: float | str | None = None,
     ) -> None:
         cls = type(self)
         if fn is None and cls.handle_batch is Serving.handle_batch:
@@ -155,6 +161,9 @@ class Serving:
             "shards": shards,
             "durable": durable,
             "prepare_concurrency": prepare_concurrency,
+            "priority_age": priority_age,
+            "batch_key_weights": batch_key_weights,
+            "max_latency": max_latency,
         }
         # Plain attributes: the hot path reads them per batch, validated once here.
         vars(self).update(

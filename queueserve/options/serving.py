@@ -40,6 +40,48 @@ def _on_error(value: Any) -> OnError:
     raise ValueError(f"on_error must be 'isolate' or 'fail', got {value!r:.60}")
 
 
+MAX_KEY_WEIGHT = 1000.0
+MAX_WEIGHTED_KEYS = 10_000
+
+
+class KeyWeights(dict[str, float]):
+    """Batch key -> weight; written (``config set``, the meta hash) as ``key=w,key2=w2``."""
+
+    def __str__(self) -> str:
+        return ",".join(f"{key}={weight:g}" for key, weight in self.items())
+
+
+def key_weights(value: Any) -> KeyWeights:
+    """``batch_key_weights`` from a mapping or from ``key=w,key2=w2`` text ("" for none)."""
+    if isinstance(value, str):
+        pairs = [part.partition("=") for part in value.split(",") if part]
+        if any(not sep for _, sep, _ in pairs):
+            raise ValueError(
+                f"batch_key_weights must be key=weight pairs separated by commas "
+                f"(for example interactive=4,bulk=1), got {value!r:.60}"
+            )
+        value = {key: weight for key, _, weight in pairs}
+    if not isinstance(value, Mapping):
+        raise ValueError(f"batch_key_weights must be a dict of key -> weight, got {value!r:.60}")
+    if len(value) > MAX_WEIGHTED_KEYS:
+        raise ValueError(f"batch_key_weights names at most {MAX_WEIGHTED_KEYS} keys")
+    out = KeyWeights()
+    for key, weight in value.items():
+        try:
+            number_ = float(weight)
+        except (TypeError, ValueError):
+            number_ = float("nan")
+        if not isinstance(key, str) or not key or "," in key or "=" in key:
+            raise ValueError(f"batch_key_weights: {key!r:.60} is not a batch key without , or =")
+        if not 0 < number_ <= MAX_KEY_WEIGHT:
+            raise ValueError(
+                f"batch_key_weights: the weight of {key!r:.60} must be a number above 0 and at "
+                f"most {MAX_KEY_WEIGHT:g}, got {weight!r:.60}"
+            )
+        out[key] = number_
+    return out
+
+
 class ServingOptions(BaseModel):
     """A serving's batching options (``qs.Serving(...)`` keywords or class attributes)."""
 
@@ -90,6 +132,22 @@ class ServingOptions(BaseModel):
     prepare_concurrency: Annotated[int, count(1)] = Field(
         1, description="Threads running prepare_batch ahead of the device."
     )
+    priority_age: Annotated[float, duration(MAX_BATCH_TIMEOUT_S)] = Field(
+        1.0,
+        description="Waiting worth one priority level: low priorities age into high ones "
+        "(0: strict priorities, which may starve low ones).",
+    )
+    batch_key_weights: Annotated[KeyWeights, checked_by(key_weights)] = Field(
+        default_factory=KeyWeights,
+        description="Batch key -> weight (key=w,key2=w2): waiting counts w times, so under a "
+        "backlog a key of weight w gets about w times the batches of a weight-1 key.",
+    )
+    max_latency: Annotated[float, duration(MAX_BATCH_TIMEOUT_S)] = Field(
+        0.0,
+        description="Latency target, e.g. 50ms: a batch closes when waiting longer would "
+        "push its oldest item's expected answer past it (batch_timeout stays the upper "
+        "bound); 0: off.",
+    )
 
 
 class StepOptions(BaseModel):
@@ -124,6 +182,9 @@ RUNTIME = (
     "max_payload_bytes",
     "max_reply_bytes",
     "key_idle_ttl",
+    "priority_age",
+    "batch_key_weights",
+    "max_latency",
 )
 
 

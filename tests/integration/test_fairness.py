@@ -81,3 +81,42 @@ def test_a_quiet_key_and_a_priority_9_request_run_within_two_batches_of_a_backlo
     next(backlog, None)  # and the backlog was answered in full
     client.close()
     backlog_client.close()
+
+
+AGE_S = 0.1  # priority_age set at run time: 9 levels are 0.9 s
+FLOOD = 600  # priority-9 requests of one item: 150 batches of 4, several times the bound
+
+
+@pytest.mark.timeout(120)
+def test_priority_age_set_at_run_time_bounds_a_priority_zero_wait_under_a_flood(
+    start_worker: StartWorker,
+    redis_client: Any,
+    redis_url: str,
+    prefix: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Given a worker whose priority_age an operator set to AGE_S (`queueserve config set`)
+    serving = Recording(slow_echo, name="aged", batch_size=4, batch_timeout=0)
+    start_worker(serving)
+    caplog.set_level("WARNING")
+    redis_client.hset(f"{prefix}:{{aged}}:config", "priority_age", "100ms")
+    wait_until(lambda: "priority_age changed from 1.0 to 0.1" in caplog.text, "the new age")
+    # and a flood of priority-9 requests on the batch key
+    client = qs.Client(redis_url, prefix=prefix)
+    flood = [client.submit("aged", [f"h{i}"], priority=9) for i in range(FLOOD)]
+    wait_until(lambda: len(serving.batches) >= 5, "the flood running")
+
+    # When a priority-0 request is sent on the same key
+    before = len(serving.batches)
+    assert client.dispatch("aged", "low") == "low"
+
+    # Then it ran after at most the batches its 9 levels of AGE_S allow (and a few more as
+    # the ready set and the worker's ranking hand it over), long before the flood drained
+    ran = serving.item_batches
+    at = next(i for i, items in enumerate(ran) if "low" in items)
+    bound = int(9 * AGE_S / BATCH_S) + 4
+    assert at - before <= bound, (at - before, bound)
+    assert sum(len(b) for b in ran[: at + 1]) < FLOOD
+    for ticket in flood:
+        ticket.cancel()
+    client.close()

@@ -29,7 +29,8 @@ FLOOD = 600  # priority-9 requests, one item each: 150 batches, several times th
 
 @pytest.fixture
 def quick_ageing(monkeypatch: pytest.MonkeyPatch) -> None:
-    """PRIORITY_AGE_MS of AGE_MS wherever the worker and the client read it."""
+    """PRIORITY_AGE_MS of AGE_MS wherever the client reads it (the worker reads the serving's
+    priority_age)."""
     for module in (P, common, reads, consumer, admin):
         monkeypatch.setattr(module, "PRIORITY_AGE_MS", AGE_MS)
 
@@ -48,7 +49,9 @@ def test_a_priority_zero_request_waits_no_more_batches_than_its_ageing_allows(
     prefix: str,
 ) -> None:
     # Given a worker, and a flood of priority-9 requests on the batch key
-    serving = Recording(slow_echo, name="aged", batch_size=4, batch_timeout=0)
+    serving = Recording(
+        slow_echo, name="aged", batch_size=4, batch_timeout=0, priority_age=AGE_MS / 1000
+    )
     start_worker(serving)
     client = qs.Client(redis_url, prefix=prefix)
     flood = [client.submit("aged", [f"h{i}"], priority=9) for i in range(FLOOD)]

@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -156,6 +157,8 @@ class Assembler:
         self.capacity = capacity
         self.timeout = timeout
         self.age_per_priority = age_per_priority
+        # Batch key -> weight (batch_key_weights): a key's waiting counts that many times.
+        self.weights: Mapping[str, float] = {}
         # The clock passed in is monotonic; entry ids (when a request was enqueued) are unix
         # ms of the Redis server: unix time = now + unix_offset.
         self.unix_offset = time.time() - time.monotonic() if unix_offset is None else unix_offset
@@ -223,15 +226,20 @@ class Assembler:
 
         Runnable are full and due batches; of those, the one whose clock started first runs,
         each priority level of its most urgent item counting as ``age_per_priority`` seconds
-        earlier. A busy key's clock restarts with each batch it gives, so keys take turns.
+        earlier, and each second of waiting as ``weights[key]`` seconds (1 by default). A busy
+        key's clock restarts with each batch it gives, so keys take turns.
         ``flush`` treats every waiting batch as due (a stopping worker runs what it holds).
         """
         chosen: KeyQueue | None = None
         best = 0.0
         next_due: float | None = None
+        weights = self.weights
         for queue in self.queues.values():
             if flush or queue.weight >= self.capacity or queue.started + self.timeout <= now:
-                rank = queue.started - queue.urgent() * self.age_per_priority
+                started = queue.started
+                if weights and (weight := weights.get(queue.key)):
+                    started = now - weight * (now - started)
+                rank = started - queue.urgent() * self.age_per_priority
                 if chosen is None or rank < best:
                     chosen, best = queue, rank
             else:

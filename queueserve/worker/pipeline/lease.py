@@ -48,7 +48,7 @@ class ReadLease:
         *,
         lends: bool,
         reading: Callable[[], bool],
-        room: Callable[[], tuple[int, int]],
+        room: Callable[[], tuple[int, int, int]],
         take_in: Callable[[ReadOutcome, bool], None],
         batch_s: Callable[[], float],
     ) -> None:
@@ -59,7 +59,9 @@ class ReadLease:
         self.consumer = consumer
         self.lends = lends  # whether idle executors take shard 0's read
         self._reading = reading  # False once the partition stops: no read starts after
-        self._room = room  # (items to read, per key) now, as the reader would (caller holds cond)
+        # (items to read, per key, ms a priority level is worth) now, as the reader would
+        # (caller holds cond)
+        self._room = room
         self._take_in = take_in  # the reader's: what a lent read brings goes where its reads go
         self._batch_s = batch_s  # how long batches take now (the executors' moving average)
         self.drained_at: dict[int, bytes] = {}  # per shard: wake id of a read that left nothing
@@ -110,10 +112,9 @@ class ReadLease:
         # Not reserved against the reader's reclaims: this read may block for READ_BLOCK_MS
         # at a time, again and again on an idle worker, and reclaims would find no room for
         # ever. A reclaim meanwhile (dead consumers' work, rare) may bring one look-ahead more.
-        budget, per_key = self._room()
-        return WakeRead(
-            wake_id, READ_BLOCK_MS, self.consumer, budget, per_key, self.assembler.full_marks()
-        )
+        budget, per_key, age_ms = self._room()
+        full = self.assembler.full_marks()
+        return WakeRead(wake_id, READ_BLOCK_MS, self.consumer, budget, per_key, full, age_ms)
 
     def give_back(self, wake_id: bytes) -> None:
         """Give back a borrowed read that was never sent, as it was."""

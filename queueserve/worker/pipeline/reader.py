@@ -91,7 +91,7 @@ class Reader:
             consumer,
             lends=lends,
             reading=lambda: self.reading,
-            room=lambda: (self.budget(), self.per_key()),
+            room=lambda: (self.budget(), self.per_key(), self.age_ms()),
             take_in=self.take_in_read,
             batch_s=batch_s,
         )
@@ -190,6 +190,9 @@ class Reader:
             changed = apply_overrides(self.serving, parse_overrides(raw, self.keys))
             self.assembler.capacity = self.serving.batch_size
             self.assembler.timeout = self.serving.batch_timeout
+            if isinstance(self.assembler, Assembler):
+                self.assembler.age_per_priority = self.serving.priority_age
+                self.assembler.weights = self.serving.batch_key_weights
             self.cond.notify_all()
         if "batch_size" in changed:  # clients pack up to one batch (enqueue.lua)
             self.broker.declare(self.keys, {"pack_items": self.serving.batch_size})
@@ -253,7 +256,7 @@ class Reader:
         with self.cond:
             wake_id = drained_at.pop(keys.shard, None)
         if wake_id is None:
-            read = self.broker.read_ready(keys, self.consumer, budget, per_key, full)
+            read = self.broker.read_ready(keys, self.consumer, budget, per_key, full, self.age_ms())
             if read.entries or read.skipped:
                 return read
             if len(self.shards) > 1:  # block on the next turn, with a share of the room
@@ -261,8 +264,13 @@ class Reader:
                 return read
             wake_id = read.wake_id
         return self.broker.wait_then_read(
-            keys, WakeRead(wake_id, READ_BLOCK_MS, self.consumer, budget, per_key, full)
+            keys,
+            WakeRead(wake_id, READ_BLOCK_MS, self.consumer, budget, per_key, full, self.age_ms()),
         )
+
+    def age_ms(self) -> int:
+        """What read.lua ranks a priority level as: ms of waiting (priority_age)."""
+        return int(self.serving.priority_age * 1000)
 
     def _wait_while_full(self, keys: set[str]) -> None:
         """Wait for an executor to take a batch, if every key of ``keys`` still holds a whole
