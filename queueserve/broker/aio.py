@@ -34,6 +34,7 @@ from queueserve.broker.common import (
 )
 from queueserve.broker.connect import aclose, connect_async, is_cluster
 from queueserve.broker.errors import error_code, redis_errors
+from queueserve.broker.jobs import AsyncJobs
 from queueserve.broker.retry import Outage
 from queueserve.broker.urls import redact_url
 from queueserve.errors import NotReplicated, RedisUnavailable
@@ -129,6 +130,7 @@ class AsyncProducer:
         self._enqueue: AsyncScript = self.redis.register_script(load_script("enqueue.lua"))
         self._cancel: AsyncScript = self.redis.register_script(load_script("cancel.lua"))
         self._loaded = False  # enqueue.lua loaded (on every primary of a cluster), for durable
+        self.jobs = AsyncJobs(self.redis, url)
 
     async def aclose(self) -> None:
         await aclose(self.redis)

@@ -98,6 +98,7 @@ class BrokerCore:
         self.outage = Outage(owner or f"Redis at {redact_url(url)}")
         self._enqueue: Script = self.redis.register_script(load_script("enqueue.lua"))
         self._ack: Script = self.redis.register_script(load_script("ack.lua"))
+        self._job: Script = self.redis.register_script(load_script("job.lua"))
         self._cancel: Script = self.redis.register_script(load_script("cancel.lua"))
         self._read: Script = self.redis.register_script(load_script("read.lua"))
         self._sweep: Script = self.redis.register_script(load_script("sweep.lua"))

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import redis
+
 from queueserve.broker import raw
 from queueserve.broker.common import (
     Enqueued,
@@ -24,12 +26,19 @@ from queueserve.broker.common import (
 )
 from queueserve.broker.core import BrokerCore
 from queueserve.broker.errors import redis_errors
+from queueserve.broker.jobs import Jobs
 from queueserve.errors import NotReplicated
 from queueserve.wire.protocol import Keys
 
 
 class Producer(BrokerCore):
-    """The stream operations of a client."""
+    """The stream operations of a client; ``jobs``, its job records."""
+
+    def __init__(
+        self, url: str, *, client: redis.Redis | None = None, owner: str | None = None
+    ) -> None:
+        super().__init__(url, client=client, owner=owner)
+        self.jobs = Jobs(self.redis, url)
 
     def enqueue(
         self, keys: Keys, requests: Sequence[Request], max_queue: int, *, durable: bool = False

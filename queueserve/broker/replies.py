@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 from redis.exceptions import NoScriptError
 
@@ -16,6 +16,7 @@ from queueserve.broker.errors import redis_errors
 from queueserve.broker.reads import PendingRead, Reads, WakeRead
 from queueserve.broker.urls import redact_url
 from queueserve.errors import RedisUnavailable
+from queueserve.wire.jobs import LIVE_TTL_MS, MAX_JOB_BYTES, job_key
 from queueserve.wire.protocol import GROUP, Keys
 from queueserve.wire.timing import DURABLE_WAIT_MS
 
@@ -45,6 +46,42 @@ def _drop_undeliverable(failures: list[Exception]) -> None:
         log.warning("a reply could not be delivered and was dropped: %s", failure)
 
 
+class JobAnswer(Protocol):
+    """Answers of one job to keep in its record (worker/pipeline/replies.py's JobWrite)."""
+
+    @property
+    def job_id(self) -> str: ...
+    @property
+    def keep_ms(self) -> int: ...
+    @property
+    def n(self) -> int: ...
+    @property
+    def messages(self) -> list[bytes]: ...
+    @property
+    def final(self) -> bool: ...
+    @property
+    def errored(self) -> bool: ...
+
+
+def _job_commands(sha: str, prefix: str, jobs: Sequence[JobAnswer]) -> list[tuple[Any, ...]]:
+    return [
+        (
+            "EVALSHA",
+            sha,
+            1,
+            job_key(prefix, job.job_id),
+            job.keep_ms,
+            int(job.final),
+            int(job.errored),
+            job.n,
+            MAX_JOB_BYTES,
+            LIVE_TTL_MS,
+            *job.messages,
+        )
+        for job in jobs
+    ]
+
+
 class Replies(Reads):
     """Replies and acks of finished entries."""
 
@@ -58,6 +95,7 @@ class Replies(Reads):
         *,
         durable: bool = False,
         then_read: WakeRead | None = None,
+        jobs: Sequence[JobAnswer] = (),
     ) -> PendingRead | None:
         """Publish streamed events, push replies to client inboxes, then ack finished entries:
         one round trip, in that order (a batch's events precede its replies).
@@ -77,6 +115,10 @@ class Replies(Reads):
         whose request was acked survives the loss of its master. When no replica acknowledged
         within DURABLE_WAIT_MS the acks are held (RedisUnavailable, retried: the replies go
         again and the clients keep the first of each).
+
+        ``jobs``: answers kept in job records (job.lua), after the replies and before the
+        acks, in the same round trip: an acked job's record holds its answer, and a job run
+        again takes only its first answer (job.lua keeps nothing in a record that ended).
         """
         durable_replies = durable and bool(replies) and is_cluster(self.redis)
         if durable_replies:
@@ -88,6 +130,8 @@ class Replies(Reads):
         ]
         commands += _pushes(replies, inbox_ttl_ms)
         scripted = len(commands)
+        if jobs:
+            commands += _job_commands(self._job.sha, keys.prefix, jobs)
         commands += self._ack_commands(keys, acks)
         fused = then_read is not None and self._raw is not None and not durable_replies
         sent: raw.Sent | None = None
@@ -112,6 +156,7 @@ class Replies(Reads):
                     # Redis restarted or flushed its scripts: load, send again; the replies
                     # go twice and the clients keep the first of each.
                     self._load(self._ack)
+                    self._load(self._job)
                     failures = send()
                 _drop_undeliverable(failures)
         except BaseException:

@@ -18,6 +18,7 @@ from queueserve.client.async_sending import AsyncSending
 from queueserve.client.base import INBOX_BLOCK_S, ServingRef
 from queueserve.client.calls import Call, deadline_after
 from queueserve.client.events import RequestStream
+from queueserve.client.jobs import AsyncJob
 from queueserve.client.progress import ProgressCallback
 from queueserve.client.targets import Part, Target, plan, stream_parts
 from queueserve.client.windows import MapWindow, StreamPacer, collect, kept_parts
@@ -159,7 +160,9 @@ class AsyncClient(AsyncSending):
         batch_key: str | None = None,
         timeout: float | None = None,
         priority: int = 0,
+        keep: float | None = None,
     ) -> AsyncTicket:
+        """``Client.submit``: ``keep`` (seconds) makes it a job, followed by ``ticket.id``."""
         if self._closed:
             raise self._closed_error("AsyncClient")
         timeout = self._timeout_for(timeout)
@@ -167,11 +170,13 @@ class AsyncClient(AsyncSending):
         target = await self._target(serving)
         parts = plan(target, items if isinstance(items, list) else list(items), batch_key)
         deadline = deadline_after(timeout)
+        keep_ms = self._job_plan(parts, keep)
+        self._jobs_sent = self._jobs_sent or keep_ms > 0
         self._ensure_reader()
         loop = asyncio.get_running_loop()
         calls, futures = [], []
         for part in parts:
-            outgoing = self._request(target, part, deadline, priority)
+            outgoing = self._request(target, part, deadline, priority, keep_ms=keep_ms)
             future: asyncio.Future[None] = loop.create_future()
             outgoing.call.on_done = lambda _c, f=future: f.done() or f.set_result(None)
             calls.append(outgoing.call)
@@ -180,6 +185,16 @@ class AsyncClient(AsyncSending):
         if not self._flushing:
             await self._flush()
         return AsyncTicket(self, target, parts, calls, futures, timeout)
+
+    def job(self, job_id: str) -> AsyncJob:
+        """``Client.job``: the job ``job_id``, its methods awaited."""
+        return AsyncJob(
+            self._broker.jobs,
+            self._broker.cancel,
+            self.prefix,
+            job_id,
+            self._trusted_codec,
+        )
 
     async def map(
         self,

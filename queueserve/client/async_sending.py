@@ -33,6 +33,7 @@ class AsyncSending(BaseClient):
         self._durable_box: list[Outgoing] = []
         self._durable_task: asyncio.Task[None] | None = None
         self._durable_retry = Retry(self._broker.outage, "durable sender")
+        self._jobs_sent = False  # set by the first job: plain sends never look for jobs
 
     async def _withdraw(self, call: Call) -> bool:
         """Cancel ``call``: True when it will never run (see ``Client.withdraw``)."""
@@ -96,6 +97,11 @@ class AsyncSending(BaseClient):
                 self._fail_batch(group, e)
                 continue
             admitted(self._table, group, *reply)
+            if self._jobs_sent and (jobs := self._new_jobs(group)):
+                # Not retried with the enqueue (that would enqueue twice): without it a job
+                # has its record once answered (job.lua), and no cancel until then.
+                with contextlib.suppress(QueueServeError):
+                    await self._broker.jobs.created(jobs)
 
     async def _stop_durable(self) -> None:
         if self._durable_task is not None:

@@ -35,6 +35,7 @@ class Call:
         "error",
         "events_total",
         "filled",
+        "keep_ms",
         "keys",
         "kind",
         "n",
@@ -69,6 +70,7 @@ class Call:
         self.kind = P.RESULTS  # of the last slice applied (STEPS: a generator's answer)
         self.events_total = 0  # events published before the answer (streamed requests)
         self.run = 0  # the run that answered: 0 its first, else a replay's token (events.py)
+        self.keep_ms = 0  # a job's keep (wire/jobs.py): its answer is kept in Redis too
         # Made only when a caller waits before the answer came: most calls of a window of
         # submits are answered before their caller looks, and need none.
         self._waiter: threading.Lock | None = None

@@ -5,6 +5,7 @@ thread, and the durable sender that waits for replicas apart from the other serv
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -36,6 +37,7 @@ class Sending(BaseClient):
         self._durable_retry = Retry(self._broker.outage, "durable sender")
         # Inline senders and the sender thread take turns (never two at once): one state.
         self._send_retry = Retry(self._broker.outage, "sender")
+        self._jobs_sent = False  # set by the first job: plain sends never look for jobs
 
     def _send(self, outgoing: Outgoing, inline: bool) -> None:
         """Queue a request; with ``inline`` (a caller that will wait anyway) send it now from
@@ -139,6 +141,11 @@ class Sending(BaseClient):
                 self._fail_batch(group, e)
                 continue
             admitted(self._table, group, *reply)
+            if self._jobs_sent and (jobs := self._new_jobs(group)):
+                # Not retried with the enqueue (that would enqueue twice): without it a job
+                # has its record once answered (job.lua), and no cancel until then.
+                with contextlib.suppress(QueueServeError):
+                    self._broker.jobs.created(jobs)
 
     def _start_sender(self) -> None:
         self._sender = threading.Thread(

@@ -19,6 +19,7 @@ from queueserve.broker.retry import Retry
 from queueserve.client.base import ServingRef
 from queueserve.client.calls import deadline_after
 from queueserve.client.events import RequestStream
+from queueserve.client.jobs import Job
 from queueserve.client.progress import ProgressCallback
 from queueserve.client.targets import Target, plan, stream_parts
 from queueserve.client.ticket import Ticket
@@ -91,12 +92,37 @@ class Client(Waiting):
         batch_key: str | None = None,
         timeout: float | None = None,
         priority: int = 0,
+        keep: float | None = None,
     ) -> Ticket:
         """Send items as one request (one per batch key) without waiting; returns a Ticket.
 
         The request is sent by the client's sender thread, together with whatever else is
-        queued, so a loop of submits pays no round trip per call."""
-        return self._submit(serving, items, batch_key, timeout, inline=False, priority=priority)
+        queued, so a loop of submits pays no round trip per call.
+
+        ``keep`` (seconds) makes it a job: any process with the same Redis and prefix follows
+        it by ``ticket.id`` (``client.job(id)``), and its answer stays in Redis for ``keep``
+        after it ends. A job is sent before submit returns (with whatever else is queued), so
+        its id is good from then on, even if this process dies."""
+        return self._submit(
+            serving,
+            items,
+            batch_key,
+            timeout,
+            inline=keep is not None,
+            priority=priority,
+            keep=keep,
+        )
+
+    def job(self, job_id: str) -> Job:
+        """The job ``job_id`` (a ``ticket.id`` of ``submit(..., keep=...)``, from any
+        process): its status, progress, result, cancel and forget."""
+        return Job(
+            self._broker.jobs,
+            self._broker.cancel,
+            self.prefix,
+            job_id,
+            self._trusted_codec,
+        )
 
     def _submit(
         self,
@@ -107,6 +133,7 @@ class Client(Waiting):
         inline: bool,
         priority: int = 0,
         reply_to: str | None = None,
+        keep: float | None = None,
     ) -> Ticket:
         if self._closed:
             raise self._closed_error("Client")
@@ -115,12 +142,16 @@ class Client(Waiting):
         target = self._target(serving)
         parts = plan(target, items if isinstance(items, list) else list(items), batch_key)
         deadline = deadline_after(timeout)
+        keep_ms = self._job_plan(parts, keep)
+        self._jobs_sent = self._jobs_sent or keep_ms > 0
         self._ensure_reader()
         if len(parts) != 1:
             reply_to = None
         calls = []
         for part in parts:
-            outgoing = self._request(target, part, deadline, priority, reply_to=reply_to)
+            outgoing = self._request(
+                target, part, deadline, priority, reply_to=reply_to, keep_ms=keep_ms
+            )
             calls.append(outgoing.call)
             self._send(outgoing, inline)
         return Ticket(self, target, parts, calls, timeout, reply_to)

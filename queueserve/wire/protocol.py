@@ -31,6 +31,8 @@ each with the keys below; ``meta``, ``config`` and ``workers`` are read from sha
     P:inbox:C         list     replies for client C, one element per (client, batch) (TTL)
     P:events:C        channel  streamed events (hooks, generator steps) for client C
     P:worker:W        hash     registry record of worker process W (TTL)
+    P:job:J           hash     job J's record: status, where it waits, its kept answer
+                               (wire/jobs.py; TTL: keep once it ended, a week before)
 
 Request stream entry:
     h  msgpack [version, request_id, n_items, reply_to, deadline_ms, codec(, events(, priority
@@ -105,6 +107,7 @@ LAYOUT: Final = (
     ("inbox", "list"),
     ("events", "channel"),
     ("worker", "hash"),
+    ("job", "hash"),
 )
 # The fields of a request stream entry: one request (h, p, a) or a pack of them (a, k).
 ENTRY_FIELDS: Final = ("h", "p", "a", "k")

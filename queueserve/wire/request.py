@@ -26,9 +26,10 @@ import msgpack
 
 from queueserve.wire import protocol as P
 from queueserve.wire.codec import Codec, pack_plain
+from queueserve.wire.jobs import check_job_id, check_keep_ms
 
 # Optional header fields the project knows of (the map may carry others: they are ignored).
-FIELDS: Final = ("trace", "job", "tenant")
+FIELDS: Final = ("trace", "job", "keep", "tenant")
 _MAX_FIELDS = 64  # a map is a stranger's: its size is bounded like everything else read
 _VERSION: Final = P.WIRE_VERSION
 _unpackb = msgpack.unpackb
@@ -106,6 +107,18 @@ def _check_fields(fields: Any) -> None:
             f"header's optional fields must be a map of at most {_MAX_FIELDS} string keys, "
             f"got {fields!r:.200}"
         )
+    if "job" in fields:  # a job's key is made of its id: checked here, before any use
+        check_job_id(fields["job"])
+    if "keep" in fields:
+        check_keep_ms(fields["keep"])
+
+
+def job_of(fields: dict[str, Any] | None) -> tuple[str, int] | None:
+    """(job id, keep ms) from a checked header's optional fields; None when it is no job
+    (a job has both)."""
+    if fields is None or "job" not in fields or "keep" not in fields:
+        return None
+    return fields["job"], fields["keep"]
 
 
 def header_events(header: list[Any]) -> str:

@@ -231,7 +231,7 @@ def layout_problems(root: Path, package: str) -> dict[str, list[str]]:
 
 
 # What client/ may import of broker/: the producer side and the helpers it hands out.
-CLIENT_BROKER_MODULES = ("producer", "aio", "retry", "urls", "errors")
+CLIENT_BROKER_MODULES = ("producer", "aio", "jobs", "retry", "urls", "errors")
 
 
 def _producer_side_only(imports: list[Import], p: str) -> list[str]:

@@ -12,6 +12,7 @@ from queueserve.wire import protocol as P
 from queueserve.wire.codec import Codec
 from queueserve.wire.event import encode_events
 from queueserve.wire.reply import ReplyEncoder
+from queueserve.wire.request import job_of
 from queueserve.worker.pipeline.execute import Row
 
 
@@ -62,6 +63,24 @@ class ReplyQueue:
                 self._cond.notify()
 
 
+@dataclass(slots=True)
+class JobWrite:
+    """What one round trip writes into a job's record (job.lua): its rows of these batches,
+    whether they end it, and whether one of them is an error."""
+
+    job_id: str
+    keep_ms: int
+    request: Any  # the worker's Request: it ends the job once it has no item left
+    rows: list[list[Any]] = field(default_factory=list)
+    messages: list[bytes] = field(default_factory=list)
+    final: bool = False
+    errored: bool = False
+
+    @property
+    def n(self) -> int:
+        return int(self.request.n)
+
+
 @dataclass
 class Composed:
     """Everything one replier round trip writes, and what it tells the middleware."""
@@ -73,6 +92,7 @@ class Composed:
     finished: list[tuple[str, bytes]] = field(default_factory=list)  # (stream, id) answered
     answered: int = 0  # items answered (results, errors or dropped)
     errors: dict[str, int] = field(default_factory=dict)  # items by error kind
+    jobs: list[JobWrite] = field(default_factory=list)  # answers kept for jobs, before acks
 
 
 def compose(rows: list[Row], codec: Codec, max_bytes: int) -> Composed:
@@ -85,6 +105,7 @@ def compose(rows: list[Row], codec: Codec, max_bytes: int) -> Composed:
     messages: dict[str, list[list[Any]]] = defaultdict(list)
     acks: dict[str, dict[int, list[bytes]]] = defaultdict(dict)
     errors: dict[str, int] = defaultdict(int)
+    jobs: dict[int, JobWrite] = {}
     for request, offset, count, kind, body in rows:
         if kind == P.EVENT:
             events.append((request.events, [request.rid, offset, *body]))
@@ -99,22 +120,45 @@ def compose(rows: list[Row], codec: Codec, max_bytes: int) -> Composed:
             if request.events:
                 row += request.stream_tail()
             messages[request.reply_to].append(row)
+            if request.fields is not None:
+                _keep(jobs, request, row)
         request.remaining -= count
         if request.remaining <= 0:
-            admitted = request.admitted
-            if request.pack is not None:  # the entry is done when its last request is
-                request.pack.left -= 1
-                if request.pack.left > 0:
-                    continue
-                admitted = request.pack.admitted
-            runs = acks[request.stream]
-            if admitted in runs:
-                runs[admitted].append(request.entry_id)
-            else:
-                runs[admitted] = [request.entry_id]
-            out.finished.append(request.ref)
+            _finish(request, acks, out)
     out.events = list(encode_events(codec, events, max_bytes))
     encoder = ReplyEncoder(codec, bytes((codec.tag,)), max_bytes - 1, errors)
     out.messages = {inbox: encoder.messages(m) for inbox, m in messages.items()}
     out.acks, out.errors = dict(acks), dict(errors)
+    for job in jobs.values():
+        job.messages = encoder.messages(job.rows)
+        job.final = job.request.remaining <= 0
+    out.jobs = list(jobs.values())
     return out
+
+
+def _finish(request: Any, acks: dict[str, dict[int, list[bytes]]], out: Composed) -> None:
+    """Ack a request with no item left; a pack's entry once its last request has none."""
+    admitted = request.admitted
+    if request.pack is not None:
+        request.pack.left -= 1
+        if request.pack.left > 0:
+            return
+        admitted = request.pack.admitted
+    runs = acks[request.stream]
+    if admitted in runs:
+        runs[admitted].append(request.entry_id)
+    else:
+        runs[admitted] = [request.entry_id]
+    out.finished.append(request.ref)
+
+
+def _keep(jobs: dict[int, JobWrite], request: Any, row: list[Any]) -> None:
+    """Add ``row`` to what is written into its job's record (a request that is a job)."""
+    job = job_of(request.fields)
+    if job is None:
+        return
+    write = jobs.get(id(request))
+    if write is None:
+        write = jobs[id(request)] = JobWrite(job[0], job[1], request)
+    write.rows.append(row)
+    write.errored = write.errored or row[3] == P.ERROR

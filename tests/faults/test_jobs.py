@@ -1,0 +1,329 @@
+"""Jobs (docs/guarantees.md, "Jobs"): a request sent with ``keep`` is followed, fetched and
+cancelled by its id from any process; its answer is kept in Redis for ``keep`` after it ends,
+through the death of the process that sent it and of the worker that ran it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+
+import pytest
+import redis
+
+import queueserve as qs
+from queueserve.broker.jobs import Jobs, NewJob
+from queueserve.wire.codec import get_codec
+from queueserve.wire.jobs import job_key
+from queueserve.wire.protocol import Keys
+from queueserve.wire.request import encode_request
+from tests.support.broker import RedisBroker
+from tests.support.fault_app import Workers
+from tests.support.helpers import REPO, child_env, stream_key, wait_until
+from tests.support.servings import Recording, tag_items
+
+StartWorker = Callable[..., qs.Worker]
+
+
+@pytest.fixture
+def other(redis_url: str, prefix: str) -> Iterator[qs.Client]:
+    """A second client: another process's view, in this one."""
+    with qs.Client(redis_url, prefix=prefix) as c:
+        yield c
+
+
+def record(r: redis.Redis, prefix: str, job_id: str) -> dict[bytes, bytes]:
+    return r.hgetall(job_key(prefix, job_id))
+
+
+def in_another_process(redis_url: str, prefix: str, code: str) -> str:
+    """Run ``code`` (with ``client`` a qs.Client of this Redis and prefix) in a new Python
+    process; its stdout."""
+    script = (
+        "import json, sys, queueserve as qs\n"
+        f"client = qs.Client({redis_url!r}, prefix={prefix!r})\n" + code
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=REPO,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_a_job_goes_queued_running_done_and_another_process_fetches_its_result(
+    start_worker: StartWorker, client: qs.Client, other: qs.Client, redis_url: str, prefix: str
+) -> None:
+    # Given a job sent before any worker serves it
+    ticket = client.submit("tagged", ["a", "b"], keep=60)
+    job = other.job(ticket.id)
+    wait_until(lambda: job.status() == "queued", "the job recorded, queued")
+    assert job.progress() == (0, 2)
+
+    # When a worker takes it and its batch is held
+    serving = Recording(tag_items, gated=True, name="tagged", batch_size=4, batch_timeout=0)
+    start_worker(serving)
+    # Then it is running, until the batch ends: done, with its results
+    wait_until(lambda: job.status() == "running", "the job running")
+    serving.release()
+    assert job.result(timeout=30) == ["r:a", "r:b"]
+    assert job.status() == "done" and job.progress() == (2, 2)
+    assert ticket.result() == ["r:a", "r:b"]  # its submitter is answered as ever
+
+    # And a second OS process fetches it by its id alone
+    out = in_another_process(
+        redis_url, prefix, f"print(json.dumps(client.job({ticket.id!r}).result(timeout=30)))"
+    )
+    assert json.loads(out) == ["r:a", "r:b"]
+
+
+def test_a_job_s_item_errors_end_it_failed_with_the_errors_a_ticket_gives(
+    start_worker: StartWorker, client: qs.Client, other: qs.Client
+) -> None:
+    def half_broken(xs: list[int]) -> list[int]:
+        if -1 in xs:
+            raise ValueError("negative item")
+        return [x * 2 for x in xs]
+
+    start_worker(qs.Serving(half_broken, name="halfbroken", batch_size=4, batch_timeout=0))
+    ticket = client.submit("halfbroken", [1, -1], keep=60)
+    job = other.job(ticket.id)
+    with pytest.raises(qs.RemoteError, match="negative item"):
+        job.result(timeout=30)
+    assert job.status() == "failed"
+    first, second = job.result(return_exceptions=True)
+    assert first == 2 and isinstance(second, qs.RemoteError)
+
+
+def test_cancel_by_id_of_a_queued_job_takes_it_out_of_its_stream(
+    client: qs.Client, other: qs.Client, redis_client: redis.Redis, prefix: str
+) -> None:
+    ticket = client.submit("nobody", ["a"], keep=60)
+    job = other.job(ticket.id)
+    wait_until(lambda: job.status() == "queued", "the job recorded")
+    assert job.cancel() is True
+    assert job.status() == "cancelled"
+    assert redis_client.xlen(stream_key(prefix, "nobody")) == 0  # it never runs
+    assert job.cancel() is False  # it ended already
+    with pytest.raises(qs.Cancelled):
+        job.result(timeout=5)
+
+
+def test_cancel_by_id_of_a_running_job_keeps_no_answer_and_it_stays_cancelled(
+    start_worker: StartWorker,
+    client: qs.Client,
+    other: qs.Client,
+    redis_client: redis.Redis,
+    prefix: str,
+) -> None:
+    serving = Recording(tag_items, gated=True, name="held", batch_size=4, batch_timeout=0)
+    start_worker(serving)
+    ticket = client.submit("held", ["a"], keep=60)
+    job = other.job(ticket.id)
+    wait_until(lambda: job.status() == "running", "the job running")
+
+    assert job.cancel() is True
+    serving.release()  # the batch ends; its answer for this job is not kept
+    wait_until(lambda: redis_client.xlen(stream_key(prefix, "held")) == 0, "entry acked")
+    assert job.status() == "cancelled"
+    assert b"r1" not in record(redis_client, prefix, ticket.id)
+
+
+def test_cancel_by_id_of_a_packed_job_leaves_the_others_of_its_pack_done(
+    start_worker: StartWorker,
+    other: qs.Client,
+    redis_client: redis.Redis,
+    redis_url: str,
+    prefix: str,
+) -> None:
+    # Given three jobs in one pack entry (enqueue.lua packs once pack_items is declared)
+    keys = Keys(prefix, "packs")
+    redis_client.hset(keys.meta, "pack_items", 8)
+    broker = RedisBroker(redis_url)
+    inbox = f"{prefix}:inbox:packer"
+    ids = [f"packer-{rid}" for rid in (1, 2, 3)]
+    requests = []
+    for rid, item in zip((1, 2, 3), "abc", strict=True):
+        h, p = encode_request(
+            get_codec("msgpack"),
+            rid,
+            [item],
+            inbox,
+            None,
+            fields={"job": ids[rid - 1], "keep": 60_000},
+        )
+        requests.append(("default", 1, h, p, 0))
+    _, _, entries = broker.enqueue(keys, requests, 0)
+    assert len(set(entries)) == 1  # one pack
+    Jobs(redis_client, redis_url).created(
+        [
+            NewJob(job_key(prefix, i), 1, 60_000, "packs", keys.stream("default"), entries[0])
+            for i in ids
+        ]
+    )
+
+    # When the second is cancelled by id, then a worker runs the pack
+    assert other.job(ids[1]).cancel() is True
+    start_worker(qs.Serving(tag_items, name="packs", batch_size=8, batch_timeout=0))
+
+    # Then the others end done, and the cancelled one stays cancelled, its answer not kept
+    assert other.job(ids[0]).result(timeout=30) == ["r:a"]
+    assert other.job(ids[2]).result(timeout=30) == ["r:c"]
+    assert other.job(ids[1]).status() == "cancelled"
+    assert b"r1" not in record(redis_client, prefix, ids[1])
+
+
+def test_a_sigkilled_submitter_s_job_is_still_answered_and_fetched(
+    start_worker: StartWorker, other: qs.Client, redis_url: str, prefix: str
+) -> None:
+    # Given a process that submitted a job (no worker yet) and was SIGKILLed
+    code = (
+        "ticket = client.submit('orphaned', ['x'], keep=60)\n"
+        "job = client.job(ticket.id)\n"
+        "import time\n"
+        "while job.status() != 'queued': time.sleep(0.01)\n"
+        "print(ticket.id, flush=True)\n"
+        "import os, signal; os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    script = (
+        f"import queueserve as qs\nclient = qs.Client({redis_url!r}, prefix={prefix!r})\n" + code
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO, env=child_env(), capture_output=True, text=True
+    )
+    assert done.returncode == -9, done.stderr
+    job_id = done.stdout.strip()
+
+    # When a worker starts, then the job is answered and fetched by its id
+    start_worker(qs.Serving(tag_items, name="orphaned", batch_size=4, batch_timeout=0))
+    assert other.job(job_id).result(timeout=30) == ["r:x"]
+    assert other.job(job_id).status() == "done"
+
+
+def test_a_sigkilled_worker_s_job_still_ends_done_once(
+    workers: Workers, other: qs.Client, redis_client: redis.Redis, prefix: str
+) -> None:
+    # Given a worker that dies mid-batch (the "slow" serving waits for its gate on "long")
+    first = workers.start("slow")
+    ticket = other.submit("slow", ["long"], keep=60)
+    rec = f"{prefix}:fault"
+    wait_until(lambda: redis_client.llen(f"{rec}:exec") >= 1, "batch started", process=first)
+    first.kill_group()
+
+    # When another worker reclaims and runs it
+    redis_client.set(f"{rec}:go", 1)
+    second = workers.start("slow")
+    job = other.job(ticket.id)
+    assert job.result(timeout=60) == ["done:long"]
+
+    # Then it ended done, with one answer kept
+    wait_until(lambda: job.status() == "done", "done", process=second)
+    kept = record(redis_client, prefix, ticket.id)
+    assert kept[b"m"] == b"1" and kept[b"s"] == b"done"
+
+
+def test_expiry_frees_a_job_s_memory(
+    start_worker: StartWorker, client: qs.Client, redis_client: redis.Redis, prefix: str
+) -> None:
+    start_worker(qs.Serving(tag_items, name="brief", batch_size=4, batch_timeout=0))
+    ticket = client.submit("brief", ["a"], keep=0.3)
+    job = client.job(ticket.id)
+    assert job.result(timeout=30) == ["r:a"]
+    assert 0 < redis_client.pttl(job_key(prefix, ticket.id)) <= 300
+    wait_until(lambda: job.status() == "expired", "the record expired")
+    assert not redis_client.exists(job_key(prefix, ticket.id))
+    with pytest.raises(qs.QueueServeError, match="keep passed"):
+        job.result()
+
+
+def test_forget_deletes_a_job_s_record(
+    start_worker: StartWorker, client: qs.Client, redis_client: redis.Redis, prefix: str
+) -> None:
+    start_worker(qs.Serving(tag_items, name="forgotten", batch_size=4, batch_timeout=0))
+    ticket = client.submit("forgotten", ["a"], keep=60)
+    job = client.job(ticket.id)
+    assert job.result(timeout=30) == ["r:a"]
+    assert job.forget() is True
+    assert job.status() == "expired" and not redis_client.exists(job_key(prefix, ticket.id))
+
+
+def test_an_answer_over_the_job_size_limit_ends_it_failed_with_a_clear_error(
+    start_worker: StartWorker, client: qs.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("queueserve.broker.replies.MAX_JOB_BYTES", 1000)
+    start_worker(qs.Serving(lambda xs: ["x" * 5000 for _ in xs], name="big", batch_size=4))
+    ticket = client.submit("big", ["a"], keep=60)
+    assert ticket.result() == ["x" * 5000]  # its submitter still gets it
+    job = client.job(ticket.id)
+    with pytest.raises(qs.QueueServeError, match="over 1000 bytes, the most one job keeps"):
+        job.result(timeout=30)
+    assert job.status() == "failed"
+
+
+def test_forged_job_records_and_ids_are_refused_with_a_clear_error(
+    client: qs.Client, redis_client: redis.Redis, prefix: str
+) -> None:
+    # Ids that would name a key outside this prefix's job records
+    for bad in ("../x", "a:b-1", "{tag}-1", "x" * 100 + "-1", "nodash", 7):
+        with pytest.raises(ValueError, match="is not a job id"):
+            client.job(bad)  # type: ignore[arg-type]
+    # A record whose status is no status, whose counts are no counts, or that claims more
+    # answers than it holds
+    forged = {
+        "f1-1": {"s": "exploded"},
+        "f1-2": {"s": "done", "n": "many"},
+        "f1-3": {"s": "done", "n": "1", "m": "5"},
+        "f1-4": {"s": "done", "n": "1", "m": str(10**9)},
+        "f1-5": {"s": "done", "n": "1", "m": "1", "r1": b"\x00garbage"},
+    }
+    for job_id, fields in forged.items():
+        redis_client.hset(job_key(prefix, job_id), mapping=fields)
+        with pytest.raises(qs.QueueServeError, match=f"job {job_id}"):
+            client.job(job_id).result(timeout=5)
+
+
+def test_a_forged_job_field_in_a_header_is_dead_lettered_with_the_reason(
+    start_worker: StartWorker, redis_client: redis.Redis, redis_url: str, prefix: str
+) -> None:
+    start_worker(qs.Serving(tag_items, name="strict", batch_size=4, batch_timeout=0))
+    keys = Keys(prefix, "strict")
+    inbox = f"{prefix}:inbox:forger"
+    h, p = encode_request(
+        get_codec("msgpack"), 1, ["a"], inbox, None, fields={"job": "x:{y}-1", "keep": 1000}
+    )
+    RedisBroker(redis_url).enqueue(keys, [("default", 1, h, p, 0)], 0)
+    dead = wait_until(lambda: redis_client.xrange(keys.dead), "dead-lettered")
+    reason = dead[0][1][b"reason"].decode()
+    assert "is not a job id" in reason
+    assert not redis_client.keys(f"{prefix}:job:*")
+
+
+async def test_an_async_client_submits_follows_and_cancels_jobs(
+    start_worker: StartWorker, redis_url: str, prefix: str
+) -> None:
+    start_worker(qs.Serving(tag_items, name="asyncjobs", batch_size=4, batch_timeout=0))
+    async with qs.AsyncClient(redis_url, prefix=prefix) as client:
+        ticket = await client.submit("asyncjobs", ["a"], keep=60)
+        job = client.job(ticket.id)
+        assert await job.result(timeout=30) == ["r:a"]
+        assert await job.status() == "done"
+        assert await job.progress() == (1, 1)
+        queued = client.job((await client.submit("nobody", ["b"], keep=60)).id)
+        assert await queued.cancel() is True
+        assert await queued.status() == "cancelled"
+        assert await job.forget() is True
+
+
+def test_keep_is_checked_and_a_job_is_one_request(client: qs.Client) -> None:
+    for bad in (0, -1, "60", True, 10**9):
+        with pytest.raises(ValueError, match="keep must be"):
+            client.submit("nobody", ["a"], keep=bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="a job is one request"):
+        client.submit(
+            qs.Serving(tag_items, name="nobody", batch_key=lambda x: x), ["a", "b"], keep=60
+        )
