@@ -93,7 +93,7 @@ class ServingRunner:
             self.assembler = StepQueue(serving.batch_size)
         else:
             self.assembler = Assembler(
-                serving.batch_size, serving.batch_timeout, P.PRIORITY_AGE_MS / 1000
+                serving.batch_size, serving.batch_timeout, serving.priority_age
             )
         step = isinstance(serving, StepServing)
         self.executors = 1 if step else max_concurrent_batches

@@ -368,7 +368,8 @@ def meta_codec(t: Target, value: bytes) -> None:
 
 
 CONFIG_FIELDS = ("batch_size", "batch_timeout", "max_queue", "max_deliveries",
-                 "max_payload_bytes", "max_reply_bytes", "key_idle_ttl")
+                 "max_payload_bytes", "max_reply_bytes", "key_idle_ttl", "priority_age",
+                 "batch_key_weights", "max_latency")
 
 
 def config_field(t: Target, value: bytes) -> None:
