@@ -42,3 +42,14 @@ ensure_redis_server() {
     command -v redis-server >/dev/null && command -v redis-cli >/dev/null || {
         echo "error: redis-server or redis-cli still not found" >&2; exit 1; }
 }
+
+ensure_chromium() {
+    # tests/integration/test_dashboard.py drives the dashboard's page in a headless Chromium
+    if command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; then
+        return
+    fi
+    say "installing chromium and chromium-driver (apt-get)"
+    apt_install chromium chromium-driver
+    command -v chromium >/dev/null && command -v chromedriver >/dev/null || {
+        echo "error: chromium or chromedriver still not found" >&2; exit 1; }
+}

@@ -255,7 +255,9 @@ class PartitionHost:
             return
 
     def _beat(self) -> None:
-        self.broker.heartbeat(self._keys(), self.consumer, HEARTBEAT_TTL_MS, self._info)
+        # With what it ran so far: the dashboard's throughput and batch sizes (board.py)
+        info = {**self._info, **self.tally.snapshot()}
+        self.broker.heartbeat(self._keys(), self.consumer, HEARTBEAT_TTL_MS, info)
 
     def _heartbeat_loop(self) -> None:
         # A missed beat is retried at the next one: a backoff shorter than the beat is moot.

@@ -1,0 +1,183 @@
+"""``create_app``: the dashboard as an ASGI app (Starlette, like the gateway: errors, bodies
+and their limits are the gateway's own). Reads are open to whoever reaches the address (it
+binds 127.0.0.1 by default); every change (replay, drop, config set) needs the token.
+
+Routes: ``/`` the page, ``/dashboard.js`` its script (plain files in static/, no build step),
+``/api/overview``, ``/api/dead-letters/{name}``, and the changes under ``/api/...`` as POSTs.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pydantic
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import FileResponse, Response
+from starlette.routing import Route
+
+from queueserve.broker.fleet import Fleet
+from queueserve.dashboard.board import Board
+from queueserve.gateway.app import api_error, http_error
+from queueserve.gateway.body import JSON, parse
+from queueserve.gateway.errors import ApiError, error_response
+from queueserve.ops.deadletter import DeadLetters
+from queueserve.settings import Settings
+from queueserve.wire.options import parse_assignments
+from queueserve.wire.protocol import Keys
+
+STATIC = Path(__file__).parent / "static"
+MAX_BODY_BYTES = 64 * 1024
+
+
+class DeadLetterAction(pydantic.BaseModel, extra="forbid"):
+    serving: str = pydantic.Field(max_length=200)
+    # As `queueserve dead-letter list` shows it: a stream entry id, @shard beyond shard 0
+    id: str = pydantic.Field(pattern=r"^[0-9]{1,20}-[0-9]{1,20}(@[0-9]{1,4})?$")
+
+
+class ConfigSet(pydantic.BaseModel, extra="forbid"):
+    serving: str = pydantic.Field(max_length=200)
+    assignments: list[pydantic.constr(max_length=200)] = pydantic.Field(  # type: ignore[valid-type]
+        min_length=1, max_length=20
+    )
+
+
+def create_app(
+    redis_url: str | None = None, *, prefix: str | None = None, token: str | None = None
+) -> Starlette:
+    """The dashboard of the servings under ``prefix`` on ``redis_url`` (defaults:
+    QUEUESERVE_REDIS_URL, QUEUESERVE_PREFIX). Without ``token`` the page is read-only."""
+    if token is not None and not token:
+        raise ValueError("the dashboard's token must not be empty; leave it out for read-only")
+    settings = Settings()
+    fleet = Fleet(redis_url or settings.redis_url)
+    views = Views(Board(fleet, prefix or settings.prefix), token)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        fleet.close()
+
+    return Starlette(
+        routes=[
+            Route("/", views.page, methods=["GET"]),
+            Route("/dashboard.js", views.script, methods=["GET"]),
+            Route("/api/overview", views.overview, methods=["GET"]),
+            Route("/api/dead-letters/{name}", views.dead_letters, methods=["GET"]),
+            Route("/api/dead-letters/replay", views.replay, methods=["POST"]),
+            Route("/api/dead-letters/drop", views.drop, methods=["POST"]),
+            Route("/api/config", views.config_set, methods=["POST"]),
+        ],
+        lifespan=lifespan,
+        exception_handlers={
+            ApiError: api_error,
+            HTTPException: http_error,
+            Exception: internal_error,
+        },
+    )
+
+
+class Views:
+    """The routes' handlers; Redis is read in the thread pool (the admin side is sync)."""
+
+    def __init__(self, board: Board, token: str | None) -> None:
+        self.board = board
+        self.token = token
+
+    async def page(self, request: Request) -> Response:
+        return FileResponse(STATIC / "index.html", media_type="text/html")
+
+    async def script(self, request: Request) -> Response:
+        return FileResponse(STATIC / "dashboard.js", media_type="text/javascript")
+
+    async def overview(self, request: Request) -> Response:
+        return JSON(await run_in_threadpool(self.board.overview))
+
+    async def dead_letters(self, request: Request) -> Response:
+        name = await _declared(self.board, request.path_params["name"])
+        return JSON({"dead_letters": await run_in_threadpool(self.board.dead_letters, name)})
+
+    async def replay(self, request: Request) -> Response:
+        _authorize(request, self.token)
+        body = await parse(request, DeadLetterAction, MAX_BODY_BYTES)
+        letters = await _letters(self.board, body.serving)
+        return JSON({"replayed": body.id, "entries": await _run(letters.replay, body.id)})
+
+    async def drop(self, request: Request) -> Response:
+        _authorize(request, self.token)
+        body = await parse(request, DeadLetterAction, MAX_BODY_BYTES)
+        letters = await _letters(self.board, body.serving)
+        if not await _run(letters.drop, body.id):
+            raise ApiError(404, "not_found", f"no dead letter {body.id} (dropped or replayed)")
+        return JSON({"dropped": body.id})
+
+    async def config_set(self, request: Request) -> Response:
+        _authorize(request, self.token)
+        body = await parse(request, ConfigSet, MAX_BODY_BYTES)
+        name = await _declared(self.board, body.serving)
+        try:
+            options = parse_assignments(body.assignments)
+        except (TypeError, ValueError) as e:
+            raise ApiError(400, "bad_request", str(e)) from None
+        keys = Keys(self.board.prefix, name)
+        fleet = self.board.fleet
+        await run_in_threadpool(fleet.set_config, keys, options)
+        return JSON({"serving": name, "options": await run_in_threadpool(fleet.meta, keys)})
+
+
+def _authorize(request: Request, token: str | None) -> None:
+    if token is None:
+        raise ApiError(
+            403,
+            "read_only",
+            "this dashboard is read-only: start it with --token (or "
+            "QUEUESERVE_DASHBOARD_TOKEN) to replay, drop or change options",
+        )
+    given = request.headers.get("authorization", "").encode("utf-8", "replace")
+    if not hmac.compare_digest(given, f"Bearer {token}".encode()):
+        raise ApiError(
+            401,
+            "unauthorized",
+            "missing or wrong token: enter the dashboard's --token in the page",
+            {"WWW-Authenticate": "Bearer"},
+        )
+
+
+async def _declared(board: Board, name: str) -> str:
+    """``name`` when a worker declared that serving; 404 otherwise."""
+    if name not in await run_in_threadpool(board.servings):
+        raise ApiError(
+            404,
+            "not_found",
+            f"no worker has declared serving {name[:200]!r} under prefix {board.prefix!r}",
+        )
+    return name
+
+
+async def _letters(board: Board, name: str) -> DeadLetters:
+    name = await _declared(board, name)
+    return await run_in_threadpool(DeadLetters, board.fleet, board.prefix, name)
+
+
+async def _run(call: Any, dead_id: str) -> Any:
+    """A dead-letter action: 404 when there is no such record, 400 when it cannot be
+    replayed (DeadLetters says why)."""
+    try:
+        return await run_in_threadpool(call, dead_id)
+    except KeyError as e:
+        raise ApiError(404, "not_found", str(e.args[0] if e.args else e)) from None
+    except ValueError as e:
+        raise ApiError(400, "bad_request", str(e)) from None
+
+
+async def internal_error(request: Request, exc: Exception) -> Response:
+    return error_response(
+        ApiError(500, "internal_error", f"{type(exc).__name__} in the dashboard (see its log)")
+    )

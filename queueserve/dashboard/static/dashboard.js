@@ -1,0 +1,137 @@
+// queueserve dashboard: polls /api/overview each second and draws it; no build step.
+"use strict";
+
+const POLL_MS = 1000;
+const tokenInput = document.getElementById("token");
+tokenInput.value = sessionStorage.getItem("qs-token") || "";
+tokenInput.addEventListener("change", () => sessionStorage.setItem("qs-token", tokenInput.value));
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
+    else node.setAttribute(k, v);
+  }
+  for (const c of children) node.append(c instanceof Node ? c : String(c));
+  return node;
+}
+
+function ago(ms) {
+  if (ms < 1000) return `${ms} ms`;
+  if (ms < 120000) return `${(ms / 1000).toFixed(1)} s`;
+  return `${Math.round(ms / 60000)} min`;
+}
+
+function table(headers, rows, numeric) {
+  const head = el("tr", {}, ...headers.map((h, i) => el("th", numeric[i] ? { class: "num" } : {}, h)));
+  const body = rows.map((r) => el("tr", {}, ...r.map((c, i) => el("td", numeric[i] ? { class: "num" } : {}, c))));
+  return el("table", {}, head, ...body);
+}
+
+function chart(points, field, label) {
+  const w = 300, h = 60;
+  const values = points.map((p) => p[field]).filter((v) => v !== null);
+  const top = Math.max(1, ...values);
+  const step = points.length > 1 ? w / (points.length - 1) : w;
+  const path = points
+    .map((p, i) => (p[field] === null ? null : `${(i * step).toFixed(1)},${(h - (p[field] / top) * (h - 4)).toFixed(1)}`))
+    .filter((p) => p !== null)
+    .join(" ");
+  const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg");
+  svg.setAttribute("width", w);
+  svg.setAttribute("height", h);
+  svg.innerHTML = `<polyline fill="none" stroke="#2f6fdb" stroke-width="1.5" points="${path}"/>`;
+  return el("div", {}, el("h3", {}, `${label} (last ${Math.round((points.length * 2) / 60)} min, max ${top.toFixed(1)})`), svg);
+}
+
+async function change(path, body) {
+  const response = await fetch(path, {
+    method: "POST",
+    headers: { "content-type": "application/json", authorization: `Bearer ${tokenInput.value}` },
+    body: JSON.stringify(body),
+  });
+  const answer = await response.json();
+  setStatus(response.ok ? `${path.split("/").pop()}: done` : answer.error.message, !response.ok);
+  refresh();
+  return response.ok;
+}
+
+function setStatus(text, error) {
+  const status = document.getElementById("status");
+  status.textContent = text;
+  status.className = error ? "error" : "";
+}
+
+const deadLetters = {};  // serving -> last list read
+
+async function readDeadLetters(name) {
+  const response = await fetch(`api/dead-letters/${encodeURIComponent(name)}`);
+  if (response.ok) deadLetters[name] = (await response.json()).dead_letters;
+}
+
+function servingSection(s) {
+  const last = s.history.length ? s.history[s.history.length - 1] : null;
+  const items = s.workers.reduce((n, w) => n + w.items, 0);
+  const waiting = s.queues.reduce((n, q) => n + q.entries - q.pending, 0);
+  const oldest = s.queues.reduce((n, q) => Math.max(n, q.age_ms), 0);
+  const figure = (cls, value, label) => el("div", { class: `figure ${cls}` }, el("b", {}, value), el("span", {}, label));
+  const options = el("div", { class: "options" }, ...Object.entries(s.options).sort().map(([k, v]) =>
+    el("span", s.overrides[k] !== undefined ? { class: "set" } : {}, `${k}=${v}  `)));
+  const config = el("input", { class: "config", placeholder: "batch_size=64 batch_timeout=5ms", size: 32 });
+  const configure = el("button", { class: "config-set", onclick: () =>
+    change("api/config", { serving: s.name, assignments: config.value.split(/\s+/).filter(Boolean) }) }, "config set");
+  const letters = (deadLetters[s.name] || []).map((d) => [
+    d.id, d.reason, d.deliveries, ago(Math.max(0, Date.now() - d.at_ms)),
+    el("span", {},
+      el("button", { class: "replay", "data-id": d.id, onclick: () => change("api/dead-letters/replay", { serving: s.name, id: d.id }) }, "replay"),
+      " ",
+      el("button", { class: "drop", "data-id": d.id, onclick: () => change("api/dead-letters/drop", { serving: s.name, id: d.id }) }, "drop")),
+  ]);
+  return el("section", { class: "serving", "data-serving": s.name },
+    el("h2", {}, s.name),
+    el("div", { class: "figures" },
+      figure("throughput", last ? last.items_per_s.toFixed(1) : "–", "items/s"),
+      figure("batch-size", last && last.batch_size !== null ? last.batch_size.toFixed(1) : "–", "mean batch size"),
+      figure("items-run", items, "items run (alive workers)"),
+      figure("waiting", waiting, "entries waiting"),
+      figure("oldest", ago(oldest), "oldest waiting"),
+      figure("dead", s.dead_letters, "dead letters")),
+    options,
+    el("div", {}, config, " ", configure),
+    el("div", { class: "grid" },
+      chart(s.history, "items_per_s", "items/s"),
+      chart(s.history, "batch_size", "batch size"),
+      el("div", {}, el("h3", {}, "workers"), table(
+        ["consumer", "host", "pid", "partition", "device", "heartbeat", "batches", "items"],
+        s.workers.map((w) => [w.id, w.host, w.pid, w.partition, w.device, ago(w.heartbeat_age_ms), w.batches, w.items]),
+        [0, 0, 1, 1, 0, 1, 1, 1])),
+      el("div", {}, el("h3", {}, "queues by key and priority"), table(
+        ["key", "priority", "entries", "read, not done", "items of key", "oldest"],
+        s.queues.map((q) => [q.key, q.priority, q.entries, q.pending, q.key_items, ago(q.age_ms)]),
+        [0, 1, 1, 1, 1, 1]))),
+    el("div", { class: "dead-letters" }, el("h3", {}, "dead letters"), table(
+      ["id", "reason", "deliveries", "age", ""], letters, [0, 0, 1, 1, 0])));
+}
+
+async function refresh() {
+  try {
+    const response = await fetch("api/overview");
+    if (!response.ok) throw new Error((await response.json()).error.message);
+    const overview = await response.json();
+    await Promise.all(overview.servings.filter((s) => s.dead_letters > 0 || deadLetters[s.name]?.length)
+      .map((s) => readDeadLetters(s.name)));
+    document.getElementById("prefix").textContent = `prefix ${overview.prefix}`;
+    const main = document.getElementById("servings");
+    const focused = document.activeElement;
+    if (focused && focused.classList.contains("config") && focused.value) return;  // being typed
+    main.replaceChildren(...overview.servings.map(servingSection));
+    if (!document.getElementById("status").classList.contains("error")) {
+      setStatus(`updated ${new Date().toLocaleTimeString()}`, false);
+    }
+  } catch (e) {
+    setStatus(`cannot read the dashboard's API: ${e.message}`, true);
+  }
+}
+
+refresh();
+setInterval(refresh, POLL_MS);

@@ -1,0 +1,177 @@
+"""The dashboard's fuzzer: hostile bodies, fields, headers and serving names sent to every
+HTTP endpoint of a real ``queueserve dashboard`` process in front of a real worker
+(docs/operations.md, "Dashboard"), in the manner of test_gateway_fuzz.py, whose hostile
+values it reuses. ENDPOINTS holds every route of the app; ``test_every_route_has_a_fuzz_entry``
+fails when a route of ``create_app`` has no entry (or an entry no route).
+
+Every answer must be an expected status (never 500 or 503, never a hang) in the gateway's
+error shape when it is an error; the log holds no traceback; no hostile request changes an
+option or loses a dead letter; valid requests are answered as before, after it all.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis
+
+from queueserve.dashboard import create_app
+from queueserve.wire.protocol import Keys
+from tests.faults.test_gateway_fuzz import (
+    HOSTILE_BODIES,
+    HOSTILE_HEADERS,
+    HOSTILE_NAMES,
+    HOSTILE_VALUES,
+    check,
+)
+from tests.support.dashboard_proc import DashboardProc
+from tests.support.fault_app import WorkerProc
+from tests.support.helpers import wait_until
+
+TOKEN = "fuzz-token"  # the gateway fuzzer's: its hostile headers are built on it
+SEED = 27
+
+
+@dataclass
+class Endpoint:
+    """One route: a valid request, its answer's status, and which fields to attack."""
+
+    method: str
+    path: str  # with a real serving in place of {name}
+    valid: dict[str, Any] | None = None
+    fields: list[str] = field(default_factory=list)
+    ok: int = 200  # a valid request's status (a dead letter that is not there: 404)
+    named: bool = False  # the path ends with a serving name to attack
+
+
+ENDPOINTS: dict[tuple[str, str], Endpoint] = {
+    ("GET", "/"): Endpoint("GET", "/"),
+    ("GET", "/dashboard.js"): Endpoint("GET", "/dashboard.js"),
+    ("GET", "/api/overview"): Endpoint("GET", "/api/overview"),
+    ("GET", "/api/dead-letters/{name}"): Endpoint("GET", "/api/dead-letters/square", named=True),
+    ("POST", "/api/dead-letters/replay"): Endpoint(
+        "POST",
+        "/api/dead-letters/replay",
+        {"serving": "square", "id": "1-1"},
+        ["serving", "id"],
+        404,
+    ),
+    ("POST", "/api/dead-letters/drop"): Endpoint(
+        "POST", "/api/dead-letters/drop", {"serving": "square", "id": "1-1"}, ["serving", "id"], 404
+    ),
+    ("POST", "/api/config"): Endpoint(
+        "POST",
+        "/api/config",
+        {"serving": "square", "assignments": ["batch_size=8"]},
+        ["serving", "assignments"],
+    ),
+}
+
+
+def routes_of_the_app() -> set[tuple[str, str]]:
+    app = create_app("redis://127.0.0.1:1/0")  # never connects: the client is made on use
+    found = set()
+    for route in app.routes:
+        for method in getattr(route, "methods", None) or ():
+            if method != "HEAD":
+                found.add((method, route.path))  # type: ignore[attr-defined]
+    return found
+
+
+def test_every_route_has_a_fuzz_entry() -> None:
+    routes = routes_of_the_app()
+    assert routes - ENDPOINTS.keys() == set(), "routes the dashboard fuzzer does not attack"
+    assert ENDPOINTS.keys() - routes == set(), "fuzz entries for routes the app lacks"
+
+
+@pytest.fixture
+def dashboard(redis_url: str, prefix: str, tmp_path: Path) -> Iterator[DashboardProc]:
+    worker = WorkerProc(
+        [
+            "tests.support.cli_app:square",
+            *("--redis-url", redis_url, "--prefix", prefix, "--partitions", "1"),
+        ],
+        redis_url,
+        prefix,
+        tmp_path / "worker.log",
+    )
+    proc = None
+    try:
+        r = redis.Redis.from_url(redis_url)
+        wait_until(lambda: r.exists(f"{prefix}:{{square}}:meta"), "the worker", process=worker)
+        r.close()
+        proc = DashboardProc(redis_url, prefix, tmp_path / "dashboard.log", "--token", TOKEN)
+        yield proc
+    finally:
+        if proc is not None:
+            proc.stop()
+        worker.kill_group()
+
+
+Attack = tuple[str, str, bytes, dict[str, str]]
+
+
+def attacks(endpoint: Endpoint, rng: random.Random) -> Iterator[Attack]:
+    valid = b"" if endpoint.valid is None else json.dumps(endpoint.valid).encode()
+    for i, headers in enumerate(HOSTILE_HEADERS):
+        yield f"header {i}", endpoint.path, valid, headers
+    if endpoint.valid is not None:
+        for i, body in enumerate(HOSTILE_BODIES):
+            yield f"body {i}", endpoint.path, body, {}
+        for name in endpoint.fields:
+            for i, value in enumerate(HOSTILE_VALUES):
+                rest = {k: v for k, v in endpoint.valid.items() if k != name}
+                head = json.dumps(rest)[:-1] + (", " if rest else "")
+                yield (
+                    f"field {name} value {i}",
+                    endpoint.path,
+                    f'{head}"{name}": {value}}}'.encode(),
+                    {},
+                )
+    if endpoint.named:
+        base = endpoint.path.rsplit("/", 1)[0]
+        for name in rng.sample(HOSTILE_NAMES, len(HOSTILE_NAMES)):
+            yield f"name {name[:20]!r}", f"{base}/{name}", valid, {}
+
+
+def test_hostile_requests_to_every_endpoint_get_clear_answers(
+    dashboard: DashboardProc, redis_client: redis.Redis, prefix: str
+) -> None:
+    # Given a dead letter the attacks must not lose, and the options as the worker declared
+    keys = Keys(prefix, "square")
+    kept = redis_client.xadd(keys.dead, {"reason": "kept", "stream": "x", "entry_id": "1-0"})
+    rng = random.Random(SEED)
+    sent = 0
+    with httpx.Client(
+        base_url=dashboard.url, timeout=60, headers={"authorization": f"Bearer {TOKEN}"}
+    ) as http:
+        for key, endpoint in ENDPOINTS.items():
+            for what, path, body, headers in attacks(endpoint, rng):
+                response = http.request(
+                    endpoint.method, path, content=body or None, headers=headers
+                )
+                check(f"{key} {what}", response)
+                sent += 1
+        # Then every endpoint answers a valid request as before
+        for key, endpoint in ENDPOINTS.items():
+            response = http.request(endpoint.method, endpoint.path, json=endpoint.valid)
+            assert response.status_code == endpoint.ok, (key, response.text[:500])
+        # and changes without the token are refused
+        for key, endpoint in ENDPOINTS.items():
+            if endpoint.method == "POST":
+                response = http.post(
+                    endpoint.path, json=endpoint.valid, headers={"authorization": ""}
+                )
+                assert response.status_code == 401, (key, response.text[:500])
+    assert sent > 300
+    assert [i for i, _ in redis_client.xrange(keys.dead)] == [kept]
+    assert redis_client.hget(keys.meta, "batch_size") == b"8"
+    assert dashboard.proc.poll() is None
+    assert "Traceback" not in dashboard.output(), dashboard.output()[-5000:]

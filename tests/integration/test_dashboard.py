@@ -1,0 +1,158 @@
+"""``queueserve dashboard`` in a real headless Chromium against a real worker process
+(docs/operations.md, "Dashboard"): the page shows the serving, its workers and its numbers
+moving under load, replays a dead letter (the request is then served) and sets an option.
+
+QS_DASHBOARD_SCREENSHOT=path saves the page as a PNG (docs/img/dashboard.png was taken so).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import msgpack
+import pytest
+import redis
+from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys as Key
+from selenium.webdriver.remote.webdriver import WebDriver
+
+import queueserve as qs
+from queueserve.wire.protocol import Keys
+from tests.support.dashboard_proc import DashboardProc, chromium
+from tests.support.fault_app import RawInbox, WorkerProc, header
+from tests.support.helpers import stream_key, wait_until
+
+TOKEN = "dash-token"
+
+
+@pytest.fixture
+def dashboard(redis_url: str, prefix: str, tmp_path: Path) -> Iterator[DashboardProc]:
+    worker = WorkerProc(
+        [
+            "tests.support.cli_app:square",
+            *("--redis-url", redis_url, "--prefix", prefix, "--partitions", "1"),
+        ],
+        redis_url,
+        prefix,
+        tmp_path / "worker.log",
+    )
+    proc = None
+    try:
+        r = redis.Redis.from_url(redis_url)
+        wait_until(lambda: r.exists(f"{prefix}:{{square}}:meta"), "the worker", process=worker)
+        r.close()
+        proc = DashboardProc(redis_url, prefix, tmp_path / "dashboard.log", "--token", TOKEN)
+        yield proc
+    finally:
+        if proc is not None:
+            proc.stop()
+        worker.kill_group()
+
+
+@pytest.fixture
+def browser() -> Iterator[WebDriver]:
+    driver = chromium()
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+# The page draws itself again each second: elements are read and clicked in one script each,
+# never held across a redraw.
+SECTION = 'section[data-serving="square"]'
+
+
+def figure(browser: WebDriver, name: str) -> str:
+    text = browser.execute_script(
+        "const b = document.querySelector(arguments[0]); return b ? b.textContent : '';",
+        f"{SECTION} .{name} b",
+    )
+    return str(text)
+
+
+def exists(browser: WebDriver, selector: str) -> bool:
+    return bool(browser.execute_script("return !!document.querySelector(arguments[0]);", selector))
+
+
+def click(browser: WebDriver, selector: str) -> None:
+    browser.execute_script("document.querySelector(arguments[0]).click();", selector)
+
+
+def forge_dead_letter(r: redis.Redis, prefix: str, inbox: RawInbox, rid: int) -> str:
+    """A dead letter as a worker writes one (ops/deadletter.py reads it): one item, 7."""
+    record = {
+        "stream": stream_key(prefix, "square"),
+        "entry_id": "1-0",
+        "reason": "the batch function timed out 3 times",
+        "deliveries": 3,
+        "at_ms": int(time.time() * 1000) - 90_000,
+        "field:h": header(rid, 1, inbox.key),
+        "field:p": msgpack.packb([7]),
+    }
+    return str(r.xadd(Keys(prefix, "square").dead, record).decode())
+
+
+def test_the_page_shows_numbers_moving_replays_a_dead_letter_and_sets_an_option(
+    dashboard: DashboardProc,
+    browser: WebDriver,
+    redis_client: redis.Redis,
+    redis_url: str,
+    prefix: str,
+) -> None:
+    # Given the page of a live worker's serving
+    browser.get(dashboard.url)
+    wait_until(lambda: figure(browser, "items-run"), "the serving's section", process=dashboard)
+    before = int(figure(browser, "items-run"))
+    assert exists(browser, f"{SECTION} td"), "no worker row"
+
+    # When callers send load, the items run move on the page
+    stop = threading.Event()
+
+    def load() -> None:
+        with qs.Client(redis_url, prefix=prefix) as client:
+            while not stop.is_set():
+                client.dispatch_many("square", list(range(32)), timeout=60)
+
+    sender = threading.Thread(target=load)
+    sender.start()
+    try:
+        wait_until(lambda: int(figure(browser, "items-run") or 0) > before, "the numbers to move")
+        wait_until(
+            lambda: figure(browser, "throughput") not in ("", "\u2013", "0.0"), "a throughput"
+        )
+
+        # and a dead letter shows with its replay button
+        inbox = RawInbox(redis_client, prefix)
+        dead_id = forge_dead_letter(redis_client, prefix, inbox, 41)
+        replay = f'button.replay[data-id="{dead_id}"]'
+        wait_until(lambda: exists(browser, replay), "the dead letter")
+        shot = os.environ.get("QS_DASHBOARD_SCREENSHOT")
+        if shot:
+            wait_until(lambda: exists(browser, "polyline[points*=' ']"), "the charts")
+            browser.save_screenshot(shot)
+    finally:
+        stop.set()
+        sender.join(90)
+
+    # Then replaying it through the page (with the token) serves the request
+    browser.find_element(By.ID, "token").send_keys(TOKEN, Key.TAB)
+    click(browser, replay)
+    wait_until(lambda: inbox.answered([41]), "the replayed request's answer")
+    assert inbox.slices[41][0][3] == [49]
+    wait_until(lambda: figure(browser, "dead") == "0", "the dead letter gone from the page")
+
+    # and an option set on the page reaches the serving's workers
+    browser.execute_script(
+        "const s = document.querySelector(arguments[0]);"
+        "s.querySelector('input.config').value = 'batch_size=16';"
+        "s.querySelector('.config-set').click();",
+        SECTION,
+    )
+    keys = Keys(prefix, "square")
+    wait_until(lambda: redis_client.hget(keys.config, "batch_size") == b"16", "the option set")
+    assert "Traceback" not in dashboard.output(), dashboard.output()
