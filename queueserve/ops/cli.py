@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from queueserve.broker.admin import Admin
 from queueserve.errors import QueueServeError
 from queueserve.ops.admin_commands import config_command, dead_letter_command, unknown_servings
+from queueserve.ops.jobs import add_job_parser, job_command
 from queueserve.ops.stats import stats_command
 from queueserve.options.units import parse_duration, problem
 from queueserve.serving import Serving
@@ -220,6 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--log-level", default="WARNING")
     g.set_defaults(log_level="INFO")  # a server says where it listens
     b.set_defaults(log_level="INFO")
+    add_job_parser(sub, URL_HELP, PREFIX_HELP)
     return parser
 
 
@@ -319,6 +321,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "dead-letter": dead_letter_command,
     "config": config_command,
     "stats": stats_or_unknown,
+    "job": job_command,
     "gateway": gateway_command,
     "dashboard": dashboard_command,
 }

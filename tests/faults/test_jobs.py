@@ -327,3 +327,44 @@ def test_keep_is_checked_and_a_job_is_one_request(client: qs.Client) -> None:
         client.submit(
             qs.Serving(tag_items, name="nobody", batch_key=lambda x: x), ["a", "b"], keep=60
         )
+
+
+def cli(redis_url: str, prefix: str, *args: str) -> tuple[int, dict]:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "queueserve",
+            "job",
+            *args,
+            "--redis-url",
+            redis_url,
+            "--prefix",
+            prefix,
+        ],
+        cwd=REPO,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    return done.returncode, json.loads(done.stdout) if done.stdout else {"stderr": done.stderr}
+
+
+def test_queueserve_job_shows_waits_for_and_cancels_a_job_as_json(
+    start_worker: StartWorker, client: qs.Client, redis_url: str, prefix: str
+) -> None:
+    queued = client.submit("cliwait", ["a"], keep=60)
+    code, shown = cli(redis_url, prefix, "show", queued.id)
+    assert code == 0
+    assert shown == {"id": queued.id, "status": "queued", "progress": {"done": 0, "total": 1}}
+
+    start_worker(qs.Serving(tag_items, name="cliwait", batch_size=4, batch_timeout=0))
+    code, waited = cli(redis_url, prefix, "wait", queued.id, "--timeout", "30")
+    assert code == 0 and waited["status"] == "done" and waited["result"] == ["r:a"]
+
+    other = client.submit("clinobody", ["b"], keep=60)
+    code, cancelled = cli(redis_url, prefix, "cancel", other.id)
+    assert code == 0 and cancelled == {"id": other.id, "cancelled": True, "status": "cancelled"}
+    code, failed = cli(redis_url, prefix, "wait", other.id)
+    assert code == 1 and "was cancelled" in failed["error"]
