@@ -207,7 +207,7 @@ square = qs.Serving(lambda xs: [x * x for x in xs], name="plain", batch_size=4)
 worker = qs.Worker([square], redis_url={redis_url!r}, prefix={prefix!r}, handle_signals=False)
 worker.start()
 with qs.Client({redis_url!r}, prefix={prefix!r}) as client:
-    assert client.dispatch("plain", [3], timeout=60) == [9]
+    assert client.dispatch("plain", 3, timeout=60) == 9
 worker.stop(timeout=10)
 assert [m for m in sys.modules if m.startswith("opentelemetry.")] == []
 print("ok")
