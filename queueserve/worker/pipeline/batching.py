@@ -29,6 +29,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from queueserve.worker.pipeline.latency import BatchTimes, LatencyPlan
+
 
 @dataclass(eq=False, slots=True)
 class Pack:
@@ -159,6 +161,8 @@ class Assembler:
         self.age_per_priority = age_per_priority
         # Batch key -> weight (batch_key_weights): a key's waiting counts that many times.
         self.weights: Mapping[str, float] = {}
+        self.batch_times = BatchTimes()  # what batches take here (the executors measure)
+        self.latency: LatencyPlan | None = None  # when max_latency is set
         # The clock passed in is monotonic; entry ids (when a request was enqueued) are unix
         # ms of the Redis server: unix time = now + unix_offset.
         self.unix_offset = time.time() - time.monotonic() if unix_offset is None else unix_offset
@@ -191,6 +195,15 @@ class Assembler:
                     break
         return marks
 
+    def plan_latency(self, target: float) -> None:
+        """Close batches to answer within ``target`` seconds (max_latency; 0: off)."""
+        if target <= 0:
+            self.latency = None
+        elif self.latency is None:
+            self.latency = LatencyPlan(target, self.batch_times)
+        else:
+            self.latency.target = target
+
     def look_ahead(self) -> float:
         """What the reader's budget counts as held: at most one batch per key. A key holding
         more (one big request, or chunks of one) is not read again until a batch leaves it,
@@ -212,6 +225,8 @@ class Assembler:
         levels = queue.levels
         if not levels:
             queue.started = now
+        if self.latency is not None:
+            self.latency.arrived(len(piece.items), now)
         priority = piece.request.priority
         slices = levels.get(priority)
         if slices is None:
@@ -233,9 +248,12 @@ class Assembler:
         chosen: KeyQueue | None = None
         best = 0.0
         next_due: float | None = None
-        weights = self.weights
+        weights, latency, capacity = self.weights, self.latency, self.capacity
         for queue in self.queues.values():
-            if flush or queue.weight >= self.capacity or queue.started + self.timeout <= now:
+            at = queue.started + self.timeout
+            if latency is not None and at > now and queue.weight < capacity:
+                at = min(at, latency.due(queue.started, queue.weight, now))
+            if flush or queue.weight >= capacity or at <= now:
                 started = queue.started
                 if weights and (weight := weights.get(queue.key)):
                     started = now - weight * (now - started)
@@ -243,7 +261,6 @@ class Assembler:
                 if chosen is None or rank < best:
                     chosen, best = queue, rank
             else:
-                at = queue.started + self.timeout
                 next_due = at if next_due is None else min(next_due, at)
         if chosen is not None:
             return chosen, None
@@ -270,6 +287,8 @@ class Assembler:
                 del levels[priority]
         opened = queue.started
         taken_weight = self.capacity - room
+        if self.latency is not None:
+            self.latency.closed(opened, taken_weight, now)
         queue.weight = max(0.0, queue.weight - taken_weight)
         self.weight = max(0.0, self.weight - taken_weight)
         if levels:

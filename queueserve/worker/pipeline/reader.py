@@ -193,6 +193,7 @@ class Reader:
             if isinstance(self.assembler, Assembler):
                 self.assembler.age_per_priority = self.serving.priority_age
                 self.assembler.weights = self.serving.batch_key_weights
+                self.assembler.plan_latency(self.serving.max_latency)
             self.cond.notify_all()
         if "batch_size" in changed:  # clients pack up to one batch (enqueue.lua)
             self.broker.declare(self.keys, {"pack_items": self.serving.batch_size})

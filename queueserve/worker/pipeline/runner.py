@@ -139,6 +139,8 @@ class ServingRunner:
             send=self._hand_over,
             count_delivery=self._count_delivery,
         )
+        if isinstance(self.assembler, Assembler):
+            self.stages.batch_times = self.assembler.batch_times
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:

@@ -52,6 +52,7 @@ from queueserve.worker.pipeline.execute import (
     rows_for,
     run_isolated,
 )
+from queueserve.worker.pipeline.latency import BatchTimes
 from queueserve.worker.pipeline.ledger import Ledger
 
 log = logging.getLogger(__name__)
@@ -131,6 +132,7 @@ class Stages:
         self._lines: dict[str, deque[int]] = {}  # per key, seqs not yet on the device, in order
         self._preparers_left = self.preparers
         self.recent_batch_s = 0.0  # how long batches take, a moving average
+        self.batch_times: BatchTimes | None = None  # the model max_latency plans with
         self._failures = FailureLog(serving.name, log)
 
     # -- preparers ---------------------------------------------------------------------------
@@ -265,6 +267,9 @@ class Stages:
                     part.prepared,
                 )
         took = time.perf_counter() - started
+        if self.batch_times is not None:  # in the unit batches are measured in (latency.py)
+            weight = len(items) if self.serving.cost is None else sum(s.weight for s in live)
+            self.batch_times.observe(weight, took)
         self.recent_batch_s = 0.8 * self.recent_batch_s + 0.2 * took
         self.middleware.batch_finished(self.serving, batch.key, self.partition, len(items), took)
         self._failures.note(live, segments)

@@ -1,0 +1,52 @@
+"""A serving's max_latency, set at run time (`queueserve config set NAME max_latency=...`):
+the worker learns what its batches take and closes a batch as soon as waiting longer would
+not help, or would push its oldest item past the target; batch_timeout stays the upper bound.
+Checked by outcome, not by timing: with a batch_timeout of an hour, a lone request is answered
+only if the plan closed its batch."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import redis
+
+import queueserve as qs
+from tests.support.helpers import WAIT_S, wait_until
+from tests.support.servings import Recording
+
+StartWorker = Callable[..., qs.Worker]
+
+
+@pytest.mark.timeout(120)
+def test_with_max_latency_set_at_run_time_a_lone_request_does_not_wait_for_batch_timeout(
+    start_worker: StartWorker,
+    redis_client: redis.Redis,
+    redis_url: str,
+    prefix: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Given a worker whose batches wait up to an hour to fill, and a first batch run full
+    serving = Recording(name="slow_fill", batch_size=4, batch_timeout="1h")
+    start_worker(serving)
+    client = qs.Client(redis_url, prefix=prefix)
+    assert client.dispatch_many("slow_fill", [1, 2, 3, 4]) == [1, 2, 3, 4]
+
+    # When an operator sets a latency target
+    caplog.set_level("WARNING")
+    redis_client.hset(f"{prefix}:{{slow_fill}}:config", "max_latency", "200ms")
+    wait_until(lambda: "max_latency changed from 0.0 to 0.2" in caplog.text, "the target")
+
+    # Then lone requests are answered (in batches of their own), not an hour later
+    for i in range(3):
+        assert client.submit("slow_fill", [f"lone{i}"]).result(WAIT_S) == [f"lone{i}"]
+    assert serving.item_batches[-3:] == [["lone0"], ["lone1"], ["lone2"]]
+
+    # And once it is unset, batches wait for batch_timeout again
+    redis_client.hset(f"{prefix}:{{slow_fill}}:config", "max_latency", "0")
+    wait_until(lambda: "max_latency changed from 0.2 to 0.0" in caplog.text, "no target")
+    waiting = client.submit("slow_fill", ["waits"])
+    assert client.dispatch_many("slow_fill", [1, 2, 3]) == [1, 2, 3]
+    assert waiting.result(WAIT_S) == ["waits"]  # it ran in the full batch, with those three
+    assert sorted(map(str, serving.item_batches[-1])) == ["1", "2", "3", "waits"]
+    client.close()

@@ -1,0 +1,89 @@
+"""The latency target's model (worker/pipeline/latency.py): what a batch of n items takes,
+learned online, and when a batch filling up closes. Pure logic: the clock is passed in."""
+
+from __future__ import annotations
+
+import pytest
+
+from queueserve.worker.pipeline.batching import Assembler, Request, Slice
+from queueserve.worker.pipeline.latency import SAFETY, BatchTimes, LatencyPlan
+
+_ids = iter(range(1, 10**9))
+
+
+def piece(n: int) -> Slice:
+    rid = next(_ids)
+    request = Request(f"{rid}-0".encode(), "qs:{s}:in:k", rid, "qs:inbox:c", 0.0, n)
+    return Slice(request, 0, list(range(n)))
+
+
+def learned(a: float, b: float, sizes: range = range(1, 11), rounds: int = 10) -> BatchTimes:
+    times = BatchTimes()
+    for _ in range(rounds):
+        for n in sizes:
+            times.observe(n, a + b * n)
+    return times
+
+
+def test_it_learns_a_plus_b_n_from_the_batches_run() -> None:
+    times = learned(0.002, 0.001)
+    assert times.a == pytest.approx(0.002)
+    assert times.b == pytest.approx(0.001)
+    assert times.predict(32) == pytest.approx(0.034)
+
+
+def test_it_forgets_what_batches_took_long_ago() -> None:
+    # Given a model of a quick device, when the same batches take twice as long from now on
+    times = learned(0.002, 0.001)
+    for _ in range(20):
+        for n in range(1, 11):
+            times.observe(n, 2 * (0.002 + 0.001 * n))
+    # then it follows the machine as it is now
+    assert times.predict(10) == pytest.approx(0.024, rel=0.05)
+
+
+def test_with_one_batch_size_seen_every_item_costs_the_same() -> None:
+    times = learned(0.004, 0.0, sizes=range(2, 3))
+    assert (times.a, times.b) == (0.0, pytest.approx(0.002))
+
+
+def test_nonsense_measurements_are_ignored() -> None:
+    times = learned(0.002, 0.001)
+    for n, t in ((0, 1.0), (4, float("inf")), (4, float("nan")), (4, -1.0)):
+        times.observe(n, t)
+    assert times.predict(10) == pytest.approx(0.012)
+
+
+def test_a_lone_item_at_low_load_runs_at_once() -> None:
+    plan = LatencyPlan(0.05, learned(0.002, 0.001))
+    plan.arrived(1, now=100.0)  # one item in the last RATE_S: about 2 items/s
+    assert plan.due(started=100.0, weight=1, now=100.0) == 100.0
+
+
+def test_under_load_a_batch_grows_until_its_oldest_item_would_miss_the_target() -> None:
+    # Given about 800 items/s arriving where a batch takes 2 ms + 1 ms per item: one item
+    # per batch could not keep up (800 * 3 ms > 1 s)
+    plan = LatencyPlan(0.05, learned(0.002, 0.001))
+    for i in range(400):
+        plan.arrived(1, now=100.0 + i / 800)
+    now = 100.0 + 399 / 800
+    # then a batch of one waits: until the target less the safety and its predicted time
+    due = plan.due(started=now, weight=1, now=now)
+    assert due == pytest.approx(now + 0.05 * (1 - SAFETY) - 0.003)
+    # and a batch big enough to keep up closes at once
+    assert plan.due(started=now, weight=20, now=now) == now
+
+
+def test_the_assembler_closes_a_batch_when_the_plan_says_and_batch_timeout_bounds_it() -> None:
+    a = Assembler(capacity=100, timeout=0.01)
+    a.batch_times.observe(1, 0.003)
+    a.batch_times.observe(5, 0.007)  # a = 2 ms, b = 1 ms
+    a.plan_latency(1.0)
+    assert a.latency is not None
+    for i in range(400):  # under load: the plan alone would wait ~0.8 s
+        a.latency.arrived(1, now=100.0 + i / 800)
+    a.add("k", piece(1), now=100.5)
+    chosen, wait = a.pick(now=100.5)
+    assert chosen is None and wait == pytest.approx(0.01)  # batch_timeout is the bound
+    a.plan_latency(0.0)  # off: nothing changes from a serving without it
+    assert a.latency is None
