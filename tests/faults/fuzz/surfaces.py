@@ -347,7 +347,7 @@ def queued_value(t: Target, value: bytes) -> None:
 
 
 META_FIELDS = ("max_payload_bytes", "batch_size", "shards", "pack_items", "streaming", "durable",
-               "max_queue", "hooks")
+               "max_queue", "hooks", "header_fields")
 
 
 def meta_field(t: Target, value: bytes) -> None:
