@@ -16,7 +16,7 @@ import queueserve as qs
 torch = pytest.importorskip("torch")
 
 from queueserve.worker.pipeline.prefix_cache import PrefixCache  # noqa: E402
-from tasks.chartf import CharTF, State  # noqa: E402
+from tasks.chartf import CharTF, State, _attend, _attend_plain  # noqa: E402
 
 PROMPTS = ["Return the ", "This module ", "Raise ValueError if ", "Open a file and ",
            "The socket ", "If *strict* is true, ", "A list of ", "Set the "]
@@ -202,3 +202,20 @@ def test_the_pool_is_sized_by_bytes_and_must_hold_a_context_beside_the_cache() -
     assert lm.pool.blocks == (10 << 20) // lm.block_bytes
     with pytest.raises(ValueError, match="cannot hold one whole context"):
         CharTF(kv_blocks=20, prefix_cache_bytes=lm.block_bytes * 10).setup(qs.Partition())
+
+
+def test_the_plain_attention_cuda_runs_equals_the_fused_one() -> None:
+    """CUDA runs the attention as matmuls and a softmax (the fused kernels' mask rules vary
+    with torch versions); on this CPU both run: they agree to float32 rounding."""
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(3, 4, 1, 32, generator=gen)
+    keys, values = torch.randn(2, 3, 50, 4, 32, generator=gen)
+    seen = (torch.arange(50)[None] <= torch.tensor([10, 30, 49])[:, None])[:, None, None, :]
+    fused = _attend(q, keys, values, seen, 0.17)
+    assert torch.allclose(_attend_plain(q, keys, values, seen, 0.17), fused, atol=1e-5)
+    # and a prompt's positions, each seeing itself and those before it
+    q = torch.randn(1, 4, 7, 32, generator=gen)
+    keys, values = torch.randn(2, 1, 20, 4, 32, generator=gen)
+    seen = (torch.arange(20)[None, :] <= torch.arange(13, 20)[:, None])[None, None]
+    fused = _attend(q, keys, values, seen, 0.17)
+    assert torch.allclose(_attend_plain(q, keys, values, seen, 0.17), fused, atol=1e-5)
