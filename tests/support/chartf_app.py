@@ -28,5 +28,5 @@ class PacedCharTF(CharTF):
         return super().decode(states)
 
 
-# A pool of 40 blocks (640 positions) for 4 slots of up to 256: preempts under load.
+# A pool of 40 blocks (640 positions) for 4 slots of up to 256 positions each.
 paced = PacedCharTF(max_slots=4, kv_blocks=40, prefix_cache_bytes=0)
