@@ -53,3 +53,15 @@ ensure_chromium() {
     command -v chromium >/dev/null && command -v chromedriver >/dev/null || {
         echo "error: chromium or chromedriver still not found" >&2; exit 1; }
 }
+
+ensure_prometheus() {
+    # tests/integration/test_grafana.py runs deploy/grafana/queueserve.json's queries against
+    # a real Prometheus scraping a worker
+    if command -v prometheus >/dev/null 2>&1; then
+        return
+    fi
+    say "installing prometheus (apt-get)"
+    apt_install prometheus
+    command -v prometheus >/dev/null || {
+        echo "error: prometheus still not found" >&2; exit 1; }
+}

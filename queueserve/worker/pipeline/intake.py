@@ -219,6 +219,7 @@ class Intake:
             }
             for fields, reason in orphans
         ]
+        self.middleware.dead_lettered(self.serving, len(records))
         return DeadLetter(entry.stream, entry.entry_id, records, ack_now)
 
     def _rejected_pack(self, entry: Entry, why: str) -> DeadLetter:
@@ -242,6 +243,7 @@ class Intake:
             entry.stream,
             reason,
         )
+        self.middleware.dead_lettered(self.serving, 1)  # counted as every dead letter is
         record = {"reason": reason, "deliveries": entry.deliveries, **_raw(entry)}
         return DeadLetter(entry.stream, entry.entry_id, [record], True)
 
