@@ -69,6 +69,7 @@ SERVING = "noop"
 BASELINE_STREAM = "bl:stream"
 
 BUDGET_SINGLE_RATIO = 0.8
+BUDGET_KEEP_RATIO = 0.7  # submit with keep (a job) against plain submit, same shape
 BUDGET_PACKED = 500_000
 BUDGET_RT_P50_MS = 0.4  # issue 16 (docs/design.md §9); §8 had 0.5 / 1.5
 BUDGET_RT_P99_MS = 1.0
@@ -143,14 +144,17 @@ def baseline_dispatch(client: BaselineClient, n: int, threads: int) -> float:
     return run_threads(threads, body)
 
 
-def qs_windows(client: qs.Client, n: int, threads: int, window: int) -> float:
+def qs_windows(
+    client: qs.Client, n: int, threads: int, window: int, keep: float | None = None
+) -> float:
+    """``keep``: each ticket a job, whose answer stays in Redis (docs/usage.md, "Jobs")."""
     parts = shares(n, threads)
 
     def body(i: int) -> None:
         part = parts[i]
         for lo in range(part.start, part.stop, window):
             items = range(lo, min(part.stop, lo + window))
-            tickets = [client.submit(SERVING, [x]) for x in items]
+            tickets = [client.submit(SERVING, [x], keep=keep) for x in items]
             check([t.result(WAIT_S)[0] for t in tickets], items)
 
     return run_threads(threads, body)
@@ -388,6 +392,9 @@ class Bench:
         for _ in range(self.repeats):
             self.timed("baseline", bl, n, lambda: baseline_windows(self.baseline, n, 8, 512))
             self.timed("qs_submit_window", w, n, lambda: qs_windows(self.client, n, 8, 512))
+            self.timed(
+                "qs_submit_keep_window", w, n, lambda: qs_windows(self.client, n, 8, 512, 60)
+            )
             self.timed("qs_dispatch_64", w, n, lambda: qs_dispatch(self.client, n, 64))
             self.timed(
                 "baseline_dispatch_64", bl, k, lambda: baseline_dispatch(self.baseline, k, 64)
@@ -492,8 +499,11 @@ def summarise(bench: Bench) -> dict[str, Any]:
         }
     if "baseline" in out:
         base = out["baseline"]["median"]
-        for name in ("qs_submit_window", "qs_dispatch_64"):
+        for name in ("qs_submit_window", "qs_dispatch_64", "qs_submit_keep_window"):
             out[name]["ratio_to_baseline"] = round(out[name]["median"] / base, 3)
+        out["qs_submit_keep_window"]["ratio_to_submit"] = round(
+            out["qs_submit_keep_window"]["median"] / out["qs_submit_window"]["median"], 3
+        )
         for shape in ("dispatch_64", "dispatch_async_64"):
             out[f"qs_{shape}"][f"ratio_to_baseline_{shape}"] = round(
                 out[f"qs_{shape}"]["median"] / out[f"baseline_{shape}"]["median"], 3
@@ -507,6 +517,9 @@ def checks(out: dict[str, Any], max_in_flight: tuple[int, ...]) -> dict[str, boo
     if "baseline" in out:
         ok[f"single item qs_submit_window >= {BUDGET_SINGLE_RATIO}x baseline"] = (
             out["qs_submit_window"]["ratio_to_baseline"] >= BUDGET_SINGLE_RATIO
+        )
+        ok[f"submit with keep >= {BUDGET_KEEP_RATIO}x submit (issue 26)"] = (
+            out["qs_submit_keep_window"]["ratio_to_submit"] >= BUDGET_KEEP_RATIO
         )
         # 64 blocking callers keep 64 requests in flight, the windowed loop 4,096: the
         # dispatch shape is held to the loop in that same shape.
@@ -547,6 +560,7 @@ def _throughput_lines(out: dict[str, Any], max_in_flight: tuple[int, ...]) -> li
         )
         for name, label in (
             ("qs_submit_window", "submit, 8 thr x 512 window"),
+            ("qs_submit_keep_window", "submit keep=60 (jobs), same shape"),
             ("qs_dispatch_64", "dispatch, 64 threads"),
         ):
             ratio = out[name]["ratio_to_baseline"]

@@ -10,36 +10,50 @@ from typing import Any, NamedTuple
 
 from redis.exceptions import NoScriptError, ResponseError
 
+from queueserve.broker import raw
 from queueserve.broker.common import load_script
+from queueserve.broker.connect import is_cluster
 from queueserve.broker.errors import redis_errors
 from queueserve.wire.jobs import LIVE_TTL_MS, MAX_KEEP_MS
 from queueserve.wire.protocol import GROUP
 
 _NEW = load_script("job_new.lua")
+_PLACED = load_script("job_placed.lua")
 _CANCEL = load_script("job_cancel.lua")
 
 
 class NewJob(NamedTuple):
-    """A job just enqueued: its record's key and what job_new.lua writes there."""
+    """A job about to be enqueued: its record's key and what is written there first."""
 
     key: str
     n: int
     keep_ms: int
     serving: str
-    stream: str
-    entry_id: bytes
 
 
-def _new_args(job: NewJob) -> tuple[Any, ...]:
-    return (
-        job.key,
-        job.n,
-        job.keep_ms,
-        job.serving,
-        job.stream,
-        job.entry_id,
-        LIVE_TTL_MS,
-    )
+Placed = tuple[str, str, bytes | None]  # record key, stream, entry id (None: refused)
+
+
+def _per_call(items: Sequence[Any], cluster: bool) -> list[list[Any]]:
+    """One script call for all, or on a cluster one per record (each its own slot)."""
+    return [[item] for item in items] if cluster else [list(items)]
+
+
+def _new_commands(sha: str, jobs: Sequence[NewJob], cluster: bool) -> list[tuple[Any, ...]]:
+    commands = []
+    for group in _per_call(jobs, cluster):
+        args = [v for job in group for v in (job.n, job.keep_ms, job.serving)]
+        keys = [job.key for job in group]
+        commands.append(("EVALSHA", sha, len(keys), *keys, LIVE_TTL_MS, *args))
+    return commands
+
+
+def _placed_commands(sha: str, placed: Sequence[Placed], cluster: bool) -> list[tuple[Any, ...]]:
+    commands = []
+    for group in _per_call(placed, cluster):
+        args = [v for _, stream, entry in group for v in (stream, entry or b"")]
+        commands.append(("EVALSHA", sha, len(group), *(key for key, _, _ in group), *args))
+    return commands
 
 
 def _failures(out: Sequence[Any]) -> list[Exception]:
@@ -47,26 +61,41 @@ def _failures(out: Sequence[Any]) -> list[Exception]:
 
 
 class Jobs:
-    """Job records through one sync Redis client."""
+    """Job records through one sync Redis client (and its raw connections, where it has
+    them: the records of a send cost one command, not a redis-py pipeline's)."""
 
-    def __init__(self, client: Any, url: str) -> None:
-        self.redis, self.url = client, url
+    def __init__(self, client: Any, url: str, connections: raw.Connections | None = None) -> None:
+        self.redis, self.url, self._raw = client, url, connections
         self._new = client.register_script(_NEW)
+        self._placed = client.register_script(_PLACED)
         self._cancel = client.register_script(_CANCEL)
+        self._cluster = is_cluster(client)
 
     def created(self, jobs: Sequence[NewJob]) -> None:
-        """Record ``jobs`` (one round trip; the script loaded first on a server without it)."""
+        """Write the records of ``jobs`` about to be enqueued (one round trip)."""
+        self._scripted(_NEW, _new_commands(self._new.sha, jobs, self._cluster))
+
+    def placed(self, placed: Sequence[Placed]) -> None:
+        """Where enqueued jobs wait; the records of refused ones go (one round trip)."""
+        self._scripted(_PLACED, _placed_commands(self._placed.sha, placed, self._cluster))
+
+    def _scripted(self, script: str, commands: list[tuple[Any, ...]]) -> None:
+        """Send script calls; on a server without the script, load it and send them again."""
         with redis_errors(self.url):
-            for _ in range(2):
-                pipe = self.redis.pipeline(transaction=False)
-                for job in jobs:
-                    pipe.execute_command("EVALSHA", self._new.sha, 1, *_new_args(job))
-                failures = _failures(pipe.execute(raise_on_error=False))
-                if not any(isinstance(f, NoScriptError) for f in failures):
-                    break
-                self.redis.script_load(_NEW)
+            failures = _failures(self._send(commands))
+            if any(isinstance(f, NoScriptError) for f in failures):
+                self._send([("SCRIPT", "LOAD", script)])
+                failures = _failures(self._send(commands))
             if failures:
                 raise failures[0]
+
+    def _send(self, commands: list[tuple[Any, ...]]) -> list[Any]:
+        if self._raw is not None:
+            return raw.run(self._raw, commands)
+        pipe = self.redis.pipeline(transaction=False)
+        for command in commands:
+            pipe.execute_command(*command)
+        return list(pipe.execute(raise_on_error=False))
 
     def record(self, key: str) -> dict[bytes, bytes]:
         with redis_errors(self.url):
@@ -96,20 +125,30 @@ class AsyncJobs:
     def __init__(self, client: Any, url: str) -> None:
         self.redis, self.url = client, url
         self._new = client.register_script(_NEW)
+        self._placed = client.register_script(_PLACED)
         self._cancel = client.register_script(_CANCEL)
+        self._cluster = is_cluster(client)
 
     async def created(self, jobs: Sequence[NewJob]) -> None:
+        await self._scripted(_NEW, _new_commands(self._new.sha, jobs, self._cluster))
+
+    async def placed(self, placed: Sequence[Placed]) -> None:
+        await self._scripted(_PLACED, _placed_commands(self._placed.sha, placed, self._cluster))
+
+    async def _scripted(self, script: str, commands: list[tuple[Any, ...]]) -> None:
         with redis_errors(self.url):
-            for _ in range(2):
-                pipe = self.redis.pipeline(transaction=False)
-                for job in jobs:
-                    pipe.execute_command("EVALSHA", self._new.sha, 1, *_new_args(job))
-                failures = _failures(await pipe.execute(raise_on_error=False))
-                if not any(isinstance(f, NoScriptError) for f in failures):
-                    break
-                await self.redis.script_load(_NEW)
+            failures = _failures(await self._send(commands))
+            if any(isinstance(f, NoScriptError) for f in failures):
+                await self.redis.script_load(script)
+                failures = _failures(await self._send(commands))
             if failures:
                 raise failures[0]
+
+    async def _send(self, commands: list[tuple[Any, ...]]) -> list[Any]:
+        pipe = self.redis.pipeline(transaction=False)
+        for command in commands:
+            pipe.execute_command(*command)
+        return list(await pipe.execute(raise_on_error=False))
 
     async def record(self, key: str) -> dict[bytes, bytes]:
         with redis_errors(self.url):

@@ -38,7 +38,7 @@ class Producer(BrokerCore):
         self, url: str, *, client: redis.Redis | None = None, owner: str | None = None
     ) -> None:
         super().__init__(url, client=client, owner=owner)
-        self.jobs = Jobs(self.redis, url)
+        self.jobs = Jobs(self.redis, url, self._raw)
 
     def enqueue(
         self, keys: Keys, requests: Sequence[Request], max_queue: int, *, durable: bool = False

@@ -63,23 +63,20 @@ class JobAnswer(Protocol):
     def errored(self) -> bool: ...
 
 
-def _job_commands(sha: str, prefix: str, jobs: Sequence[JobAnswer]) -> list[tuple[Any, ...]]:
-    return [
-        (
-            "EVALSHA",
-            sha,
-            1,
-            job_key(prefix, job.job_id),
-            job.keep_ms,
-            int(job.final),
-            int(job.errored),
-            job.n,
-            MAX_JOB_BYTES,
-            LIVE_TTL_MS,
-            *job.messages,
-        )
-        for job in jobs
-    ]
+def _job_commands(
+    sha: str, prefix: str, jobs: Sequence[JobAnswer], cluster: bool
+) -> list[tuple[Any, ...]]:
+    """job.lua calls: one for all ``jobs``, or on a cluster one per job (each its own slot)."""
+    groups = [[job] for job in jobs] if cluster else [list(jobs)]
+    commands = []
+    for group in groups:
+        args: list[Any] = [MAX_JOB_BYTES, LIVE_TTL_MS]
+        for job in group:
+            args += (job.keep_ms, int(job.final), int(job.errored), job.n, len(job.messages))
+            args += job.messages
+        keys = [job_key(prefix, job.job_id) for job in group]
+        commands.append(("EVALSHA", sha, len(keys), *keys, *args))
+    return commands
 
 
 class Replies(Reads):
@@ -131,7 +128,7 @@ class Replies(Reads):
         commands += _pushes(replies, inbox_ttl_ms)
         scripted = len(commands)
         if jobs:
-            commands += _job_commands(self._job.sha, keys.prefix, jobs)
+            commands += _job_commands(self._job.sha, keys.prefix, jobs, is_cluster(self.redis))
         commands += self._ack_commands(keys, acks)
         fused = then_read is not None and self._raw is not None and not durable_replies
         sent: raw.Sent | None = None

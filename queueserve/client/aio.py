@@ -18,6 +18,7 @@ from queueserve.client.async_sending import AsyncSending
 from queueserve.client.base import INBOX_BLOCK_S, ServingRef
 from queueserve.client.calls import Call, deadline_after
 from queueserve.client.events import RequestStream
+from queueserve.client.job_records import job_plan
 from queueserve.client.jobs import AsyncJob
 from queueserve.client.progress import ProgressCallback
 from queueserve.client.targets import Part, Target, plan, stream_parts
@@ -170,7 +171,7 @@ class AsyncClient(AsyncSending):
         target = await self._target(serving)
         parts = plan(target, items if isinstance(items, list) else list(items), batch_key)
         deadline = deadline_after(timeout)
-        keep_ms = self._job_plan(parts, keep)
+        keep_ms = job_plan(parts, keep)
         self._jobs_sent = self._jobs_sent or keep_ms > 0
         self._ensure_reader()
         loop = asyncio.get_running_loop()

@@ -14,10 +14,10 @@ from collections.abc import Callable
 from typing import Any
 
 from queueserve import tracing
-from queueserve.broker.jobs import NewJob
 from queueserve.broker.urls import redact_url
 from queueserve.client.calls import Call, CallTable
 from queueserve.client.events import RequestStream
+from queueserve.client.job_records import job_id
 from queueserve.client.outgoing import Outgoing
 from queueserve.client.targets import (
     Part,
@@ -33,7 +33,6 @@ from queueserve.settings import Settings, check_prefix, check_redis_url, check_t
 from queueserve.tracing import reads_trace, trace_fields
 from queueserve.wire import protocol as P
 from queueserve.wire.codec import get_codec
-from queueserve.wire.jobs import check_keep, job_key
 from queueserve.wire.options import parse_declared
 from queueserve.wire.request import encode_request
 from queueserve.wire.timing import ALIVE_WITHIN_S, RECONNECT_WITHIN_S
@@ -124,7 +123,7 @@ class BaseClient:
         fields: dict[str, Any] | None = trace_fields() if target.traced else None
         if keep_ms:
             call.keep_ms = keep_ms
-            fields = {**(fields or {}), "job": self._job_id(call), "keep": keep_ms}
+            fields = {**(fields or {}), "job": job_id(self.client_id, call.rid), "keep": keep_ms}
         header, payload = encode_request(
             target.codec,
             call.rid,
@@ -143,37 +142,6 @@ class BaseClient:
         # tuple.__new__ directly: the NamedTuple's own __new__ is a Python function, which
         # cost 0.25 µs more per request on the client's hot path.
         return _new_tuple(Outgoing, (target, part.batch_key, call, header, payload))
-
-    def _job_id(self, call: Call) -> str:
-        """The id of a call's job: its ticket's id, unique across clients."""
-        return f"{self.client_id}-{call.rid}"
-
-    def _job_plan(self, parts: list[Part], keep: float | None) -> int:
-        """A job's keep in ms (0: no job), checked: a job is one request."""
-        if keep is None:
-            return 0
-        keep_ms = check_keep(keep)
-        if len(parts) != 1:
-            raise ValueError(
-                f"a job is one request, and these items go as {len(parts)} (one per batch "
-                "key the serving's batch_key function gave): submit one job per batch key"
-            )
-        return keep_ms
-
-    def _new_jobs(self, group: list[Outgoing]) -> list[NewJob]:
-        """Records of the jobs of an enqueued group (those admitted)."""
-        return [
-            NewJob(
-                job_key(self.prefix, self._job_id(o.call)),
-                o.call.n,
-                o.call.keep_ms,
-                o.call.keys.name,
-                o.call.keys.stream(o.call.batch_key, o.call.priority),
-                o.call.entry_id,
-            )
-            for o in group
-            if o.call.keep_ms and o.call.entry_id
-        ]
 
     def _streamed_request(
         self,

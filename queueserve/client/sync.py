@@ -19,6 +19,7 @@ from queueserve.broker.retry import Retry
 from queueserve.client.base import ServingRef
 from queueserve.client.calls import deadline_after
 from queueserve.client.events import RequestStream
+from queueserve.client.job_records import job_plan
 from queueserve.client.jobs import Job
 from queueserve.client.progress import ProgressCallback
 from queueserve.client.targets import Target, plan, stream_parts
@@ -101,14 +102,14 @@ class Client(Waiting):
 
         ``keep`` (seconds) makes it a job: any process with the same Redis and prefix follows
         it by ``ticket.id`` (``client.job(id)``), and its answer stays in Redis for ``keep``
-        after it ends. A job is sent before submit returns (with whatever else is queued), so
-        its id is good from then on, even if this process dies."""
+        after it ends. A job is sent as any submit is; ``ticket.id`` returns once it is in
+        Redis, so the id is good in any process from then on, even if this one dies."""
         return self._submit(
             serving,
             items,
             batch_key,
             timeout,
-            inline=keep is not None,
+            inline=False,
             priority=priority,
             keep=keep,
         )
@@ -142,7 +143,7 @@ class Client(Waiting):
         target = self._target(serving)
         parts = plan(target, items if isinstance(items, list) else list(items), batch_key)
         deadline = deadline_after(timeout)
-        keep_ms = self._job_plan(parts, keep)
+        keep_ms = job_plan(parts, keep)
         self._jobs_sent = self._jobs_sent or keep_ms > 0
         self._ensure_reader()
         if len(parts) != 1:

@@ -43,7 +43,11 @@ class Ticket:
 
     @property
     def id(self) -> str:
-        """Request id, unique across clients (``client_id-request``; one per batch key)."""
+        """Request id, unique across clients (``client_id-request``; one per batch key). A
+        job's (``submit(..., keep=)``) returns once the job is in Redis: from then on any
+        process reaches it by this id, whatever becomes of this one."""
+        if self._each[0].keep_ms:
+            self._client._until_sent(self._each)
         return ",".join(f"{self._client.client_id}-{c.rid}" for c in self._each)
 
     def done(self) -> bool:

@@ -14,7 +14,9 @@ from queueserve.client.calls import Call
 from queueserve.client.sending import Sending
 from queueserve.client.targets import Target
 from queueserve.errors import QueueServeError, Timeout
-from queueserve.wire.timing import ALIVE_WITHIN_S
+from queueserve.wire.timing import ALIVE_WITHIN_S, RECONNECT_WITHIN_S
+
+_SENT_POLL_S = 0.0005  # another thread is sending this job: its send takes a round trip
 
 
 class Waiting(Sending):
@@ -36,6 +38,22 @@ class Waiting(Sending):
         return self._remember(serving, meta, self._broker.meta(last) if last else None)
 
     # -- what Ticket calls: _wait_watched, _expire, _timeout_text, _withdraw --------------
+    def _until_sent(self, calls: list[Call]) -> None:
+        """Return once the jobs of ``calls`` are enqueued (their records were written first),
+        sending what is queued from this thread if no one is sending, for at most
+        RECONNECT_WITHIN_S (a send that fails fails its calls)."""
+        with self._out_lock:
+            mine = not self._flushing and bool(self._outbox)
+            self._flushing = self._flushing or mine
+        if mine:
+            self._flush()
+        end = time.monotonic() + RECONNECT_WITHIN_S
+        while (
+            any(c.entry_id is None and c.state == "pending" for c in calls)
+            and time.monotonic() < end
+        ):
+            time.sleep(_SENT_POLL_S)
+
     def _expire(self, call: Call, target: Target, timeout: float | None) -> None:
         """Fail ``call`` with Timeout: its request's own deadline passed."""
         self._table.forget(call)

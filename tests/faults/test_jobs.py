@@ -160,12 +160,9 @@ def test_cancel_by_id_of_a_packed_job_leaves_the_others_of_its_pack_done(
         requests.append(("default", 1, h, p, 0))
     _, _, entries = broker.enqueue(keys, requests, 0)
     assert len(set(entries)) == 1  # one pack
-    Jobs(redis_client, redis_url).created(
-        [
-            NewJob(job_key(prefix, i), 1, 60_000, "packs", keys.stream("default"), entries[0])
-            for i in ids
-        ]
-    )
+    jobs = Jobs(redis_client, redis_url)
+    jobs.created([NewJob(job_key(prefix, i), 1, 60_000, "packs") for i in ids])
+    jobs.placed([(job_key(prefix, i), keys.stream("default"), entries[0]) for i in ids])
 
     # When the second is cancelled by id, then a worker runs the pack
     assert other.job(ids[1]).cancel() is True

@@ -1,47 +1,56 @@
--- Keep a job's answer (wire/jobs.py): the worker's write, sent before the ack of its entry in
--- the same round trip, so a job's record holds its answer whenever its entry was acked.
--- KEYS[1]  P:job:ID       the job's record (hash)
--- ARGV[1]  keep, ms: the record's TTL once the job ended
--- ARGV[2]  '1' when these messages end the job (its last item is answered), else '0'
--- ARGV[3]  '1' when one of these items was answered with an error
--- ARGV[4]  item count
--- ARGV[5]  the most bytes of answers one job keeps (MAX_JOB_BYTES)
--- ARGV[6]  the TTL of a record still waiting (LIVE_TTL_MS)
--- ARGV[7..] reply messages (wire/reply.py), as an inbox would get them
+-- Keep jobs' answers (wire/jobs.py): the worker's write, sent before the ack of their entries
+-- in the same round trip, so a job's record holds its answer whenever its entry was acked.
+-- KEYS[1..N]  P:job:ID    the records of N jobs (hashes; one per call on a cluster)
+-- ARGV[1]  the most bytes of answers one job keeps (MAX_JOB_BYTES)
+-- ARGV[2]  the TTL of a record still waiting (LIVE_TTL_MS)
+-- then per job, in KEYS order: keep (ms: the record's TTL once the job ended), '1' when these
+--          messages end it (its last item is answered) else '0', '1' when one of these items
+--          was answered with an error, its item count, how many messages follow, the reply
+--          messages (wire/reply.py) as an inbox would get them
 -- A job that ended already (done, failed, cancelled) takes nothing more: a run repeated after
 -- its worker died, or a job cancelled while its pack ran, leaves its record as it was.
 -- Everything in a record may have been written by anyone: counts that are no count are 0.
--- Returns 1 when written, 0 when the job had ended.
-local s = redis.call('HGET', KEYS[1], 's')
-if s == 'done' or s == 'failed' or s == 'cancelled' then return 0 end
-local function count(field)
-  local n = tonumber(redis.call('HGET', KEYS[1], field) or '0')
+-- Returns how many jobs were written.
+local limit, live = tonumber(ARGV[1]), ARGV[2]
+local function count(value)
+  local n = tonumber(value or '0')
   if not n or n < 0 or n > 1048576 * 1048576 then return 0 end
   return math.floor(n)
 end
-local bytes, m = count('b'), math.min(count('m'), 1048576)
-local added = 0
-for i = 7, #ARGV do added = added + #ARGV[i] end
-if bytes + added > tonumber(ARGV[5]) then
-  redis.call('DEL', KEYS[1])  -- its answers so far go too: one command, whatever it held
-  redis.call('HSET', KEYS[1], 's', 'failed', 'x',
-    'its answer is over ' .. ARGV[5] .. ' bytes, the most one job keeps in Redis: return '
-    .. 'smaller results, or send fewer items per job')
-  redis.call('PEXPIRE', KEYS[1], ARGV[1])
-  return 1
+local written, a = 0, 3
+for k = 1, #KEYS do
+  local key = KEYS[k]
+  local keep, final, errored, n, messages = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3],
+    tonumber(ARGV[a + 4])
+  local first = a + 5
+  a = first + messages
+  local state = redis.call('HMGET', key, 's', 'b', 'm', 'f')
+  local s = state[1]
+  if not (s == 'done' or s == 'failed' or s == 'cancelled') then
+    written = written + 1
+    local bytes, m = count(state[2]), math.min(count(state[3]), 1048576)
+    local added = 0
+    for i = first, a - 1 do added = added + #ARGV[i] end
+    if bytes + added > limit then
+      redis.call('DEL', key)  -- its answers so far go too: one command, whatever it held
+      redis.call('HSET', key, 's', 'failed', 'x',
+        'its answer is over ' .. limit .. ' bytes, the most one job keeps in Redis: return '
+        .. 'smaller results, or send fewer items per job')
+      redis.call('PEXPIRE', key, keep)
+    else
+      local fields = {}
+      for i = first, a - 1 do
+        m = m + 1
+        fields[#fields + 1] = 'r' .. m
+        fields[#fields + 1] = ARGV[i]
+      end
+      local failed = errored == '1' or state[4] ~= false
+      local status = s or 'queued'
+      if final == '1' then status = failed and 'failed' or 'done' end
+      redis.call('HSET', key, 's', status, 'm', m, 'b', bytes + added, 'n', n, unpack(fields))
+      if errored == '1' then redis.call('HSET', key, 'f', 1) end
+      redis.call('PEXPIRE', key, final == '1' and keep or live)
+    end
+  end
 end
-for i = 7, #ARGV do
-  m = m + 1
-  redis.call('HSET', KEYS[1], 'r' .. m, ARGV[i])
-end
-redis.call('HSET', KEYS[1], 'm', m, 'b', bytes + added, 'n', ARGV[4])
-if ARGV[3] == '1' then redis.call('HSET', KEYS[1], 'f', 1) end
-if ARGV[2] == '1' then
-  local failed = ARGV[3] == '1' or redis.call('HEXISTS', KEYS[1], 'f') == 1
-  redis.call('HSET', KEYS[1], 's', failed and 'failed' or 'done')
-  redis.call('PEXPIRE', KEYS[1], ARGV[1])
-else
-  redis.call('HSETNX', KEYS[1], 's', 'queued')
-  redis.call('PEXPIRE', KEYS[1], ARGV[6])
-end
-return 1
+return written

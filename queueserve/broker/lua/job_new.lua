@@ -1,15 +1,12 @@
--- Record a job its client just enqueued (wire/jobs.py): where it waits, for cancel and status.
--- KEYS[1]  P:job:ID       the job's record (hash)
--- ARGV[1]  item count; ARGV[2] keep, ms; ARGV[3] serving; ARGV[4] stream; ARGV[5] entry id;
--- ARGV[6]  the TTL of a record still waiting (LIVE_TTL_MS)
--- A worker may have answered first (job.lua wrote the record): then only where it waited is
--- added, its status and TTL stay.
--- Returns 1 when the record is new, 0 when a worker had written it.
-if redis.call('EXISTS', KEYS[1]) == 1 then
-  redis.call('HSET', KEYS[1], 'sv', ARGV[3], 'st', ARGV[4], 'e', ARGV[5])
-  return 0
+-- Write the records of jobs about to be enqueued (wire/jobs.py), before their enqueue, so a
+-- worker's answer always finds one.
+-- KEYS[1..N]  P:job:ID       the records (one per call on a cluster)
+-- ARGV[1]  the TTL of a record still waiting (LIVE_TTL_MS)
+-- ARGV[3i-1], ARGV[3i], ARGV[3i+1]  job i's item count, keep (ms) and serving
+-- Returns N.
+for i = 1, #KEYS do
+  redis.call('HSET', KEYS[i], 's', 'queued', 'n', ARGV[3 * i - 1], 'k', ARGV[3 * i],
+    'sv', ARGV[3 * i + 1])
+  redis.call('PEXPIRE', KEYS[i], ARGV[1])
 end
-redis.call('HSET', KEYS[1], 's', 'queued', 'n', ARGV[1], 'k', ARGV[2], 'sv', ARGV[3],
-  'st', ARGV[4], 'e', ARGV[5])
-redis.call('PEXPIRE', KEYS[1], ARGV[6])
-return 1
+return #KEYS
