@@ -81,3 +81,20 @@ def test_the_options_are_read_from_text_and_checked() -> None:
             parse_assignments([f"batch_key_weights={bad}"])
     with pytest.raises(ValueError, match="max_latency"):
         parse_assignments(["max_latency=-1s"])
+
+
+def test_a_request_that_came_during_a_busy_keys_batch_goes_in_the_next_batch() -> None:
+    # Given a key with a backlog whose batches take 1 s, one taken at t=10
+    a = Assembler(capacity=2, timeout=0.5)
+    a.batch_times.observe(2, 1.0)
+    for _ in range(10):
+        a.add("bulk", piece(["b", "b"]), now=0.0)
+    chosen, _ = a.pick(now=10.0)
+    assert chosen is not None and a.take(chosen, now=10.0).key == "bulk"
+    # When a lone request comes on a quiet key during that batch
+    a.add("quiet", piece(["q"]), now=10.2)
+    # Then the next batch is its own, though its batch_timeout has not passed yet
+    chosen, _ = a.pick(now=11.0)
+    assert chosen is not None and a.take(chosen, now=11.0).key == "quiet"
+    chosen, _ = a.pick(now=11.5)
+    assert chosen is not None and chosen.key == "bulk"

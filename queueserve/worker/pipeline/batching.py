@@ -114,7 +114,7 @@ class Slice:
 class KeyQueue:
     """Waiting slices of one batch key: one run per priority level, in arrival order."""
 
-    __slots__ = ("key", "levels", "served", "started", "weight")
+    __slots__ = ("key", "levels", "served", "started", "turn", "weight")
 
     def __init__(self, key: str) -> None:
         self.key = key
@@ -122,6 +122,9 @@ class KeyQueue:
         self.served: dict[int, float] = {}  # priority -> when it last gave a batch items (unix)
         self.weight = 0.0
         self.started = 0.0  # when the batch clock started; meaningful while non-empty
+        # When its turn started: as ``started``, but after a batch it gave, from when that
+        # batch is expected to end (it runs meanwhile): what came during it goes first.
+        self.turn = 0.0
 
     def urgent(self) -> int:
         """The most urgent priority waiting."""
@@ -224,7 +227,7 @@ class Assembler:
             queue = self.queues[key] = KeyQueue(key)
         levels = queue.levels
         if not levels:
-            queue.started = now
+            queue.started = queue.turn = now
         if self.latency is not None:
             self.latency.arrived(len(piece.items), now)
         priority = piece.request.priority
@@ -239,31 +242,36 @@ class Assembler:
     def pick(self, now: float, flush: bool = False) -> tuple[KeyQueue | None, float | None]:
         """The queue to run now, else seconds to wait.
 
-        Runnable are full and due batches; of those, the one whose clock started first runs,
+        Runnable are full and due batches; of those, the one whose turn started first runs,
         each priority level of its most urgent item counting as ``age_per_priority`` seconds
         earlier, and each second of waiting as ``weights[key]`` seconds (1 by default). A busy
-        key's clock restarts with each batch it gives, so keys take turns.
+        key's turn restarts with each batch it gives, from when that batch is expected to end,
+        so keys take turns, and a request that came during a batch goes in the next one: a
+        batch still filling runs early rather than wait behind a key ranked after it.
         ``flush`` treats every waiting batch as due (a stopping worker runs what it holds).
         """
         chosen: KeyQueue | None = None
-        best = 0.0
+        early: KeyQueue | None = None  # the first ranked of the batches not due yet
+        best = early_rank = 0.0
         next_due: float | None = None
         weights, latency, capacity = self.weights, self.latency, self.capacity
         for queue in self.queues.values():
+            turn = queue.turn
+            if weights and (weight := weights.get(queue.key)):
+                turn = now - weight * (now - turn)
+            rank = turn - queue.urgent() * self.age_per_priority
             at = queue.started + self.timeout
             if latency is not None and at > now and queue.weight < capacity:
                 at = min(at, latency.due(queue.started, queue.weight, now))
             if flush or queue.weight >= capacity or at <= now:
-                started = queue.started
-                if weights and (weight := weights.get(queue.key)):
-                    started = now - weight * (now - started)
-                rank = started - queue.urgent() * self.age_per_priority
                 if chosen is None or rank < best:
                     chosen, best = queue, rank
             else:
                 next_due = at if next_due is None else min(next_due, at)
+                if early is None or rank < early_rank:
+                    early, early_rank = queue, rank
         if chosen is not None:
-            return chosen, None
+            return (early, None) if early is not None and early_rank < best else (chosen, None)
         return None, None if next_due is None else max(0.0, next_due - now)
 
     def take(self, queue: KeyQueue, now: float) -> TakenBatch:
@@ -293,6 +301,7 @@ class Assembler:
         self.weight = max(0.0, self.weight - taken_weight)
         if levels:
             queue.started = now
+            queue.turn = now + self.batch_times.predict(taken_weight)
         else:
             self.weight = max(0.0, self.weight - queue.weight)
             del self.queues[queue.key]

@@ -1,0 +1,198 @@
+"""Fairness under every shape of backlog (issue 25): a quiet key's and a priority-9 request's
+wait, in batch times, while key "bulk" drains a backlog.
+
+The serving's batch takes a fixed BATCH_S (``batch_size=10, batch_timeout=5ms``, one
+partition), so "a batch time" is a fixed, known duration on any machine. Shapes of backlog:
+
+- ``submit``: one ``submit`` of ITEMS items;
+- ``dispatch_many``: one ``dispatch_many`` of ITEMS items (from a thread: it blocks);
+- ``map``: ``list(client.map(..., chunk_size=256))`` of ITEMS items (map is lazy: its results
+  are consumed, so its chunks are sent as it goes);
+- ``packs16``: 16 clients, each submitting ITEMS / 16 one-item requests (clients pack them);
+- ``keys1000``: 1,000 batch keys with ITEMS / 1,000 items each (the priority-9 request goes on
+  one of them; the quiet key is a 1,001st).
+
+Per shape: the backlog alone (its items/s), then again with SAMPLES quiet-key dispatches and
+SAMPLES priority-9 dispatches, one at a time, alternating; p50 and p99 of their latencies in
+batch times, and the backlog's items/s with them over alone. Budget (issue 25): p99 <= 2 batch
+times, backlog >= 0.9x alone. The wait includes the request's own batch (1 batch time).
+
+    python -m bench.fairness [--quick] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import queueserve as qs
+
+from ._harness import RedisServer, percentile, spawn_module, stop_process, wait_until
+
+PREFIX = "bfair"
+BATCH_S = 0.01
+WAIT_S = 300.0
+
+
+def _fixed_time(xs: list[Any]) -> list[Any]:
+    time.sleep(BATCH_S)
+    return xs
+
+
+fair = qs.Serving(_fixed_time, name="bfair", batch_size=10, batch_timeout=0.005)
+
+
+def _backlog(url: str, shape: str, items: int) -> Callable[[], None]:
+    """Starts the backlog of ``shape`` on threads; returns a function that waits until all of
+    it was answered (and checks the answers)."""
+    clients = [qs.Client(url, prefix=PREFIX) for _ in range(16 if shape == "packs16" else 1)]
+    errors: list[BaseException] = []
+
+    def guarded(fn: Callable[[], None]) -> Callable[[], None]:
+        def run() -> None:
+            try:
+                fn()
+            except BaseException as e:  # reported by the waiting thread
+                errors.append(e)
+
+        return run
+
+    def one_request(send: Callable[[list[int]], list[int]]) -> Callable[[], None]:
+        def run() -> None:
+            if send(list(range(items))) != list(range(items)):
+                raise AssertionError(f"{shape}: wrong answers")
+
+        return run
+
+    c = clients[0]
+    bodies: list[Callable[[], None]]
+    if shape == "submit":
+        bodies = [one_request(lambda xs: c.submit("bfair", xs, batch_key="bulk").result(WAIT_S))]
+    elif shape == "dispatch_many":
+        bodies = [one_request(lambda xs: c.dispatch_many("bfair", xs, batch_key="bulk"))]
+    elif shape == "map":
+        bodies = [one_request(lambda xs: list(c.map("bfair", xs, batch_key="bulk")))]
+    elif shape == "packs16":
+        share = items // len(clients)
+
+        def packs(client: qs.Client) -> Callable[[], None]:
+            def run() -> None:
+                tickets = [client.submit("bfair", [i], batch_key="bulk") for i in range(share)]
+                if [t.result(WAIT_S) for t in tickets] != [[i] for i in range(share)]:
+                    raise AssertionError("packs16: wrong answers")
+
+            return run
+
+        bodies = [packs(client) for client in clients]
+    else:  # keys1000
+        per_key = max(1, items // 1000)
+
+        def many_keys() -> None:
+            tickets = [
+                c.submit("bfair", list(range(per_key)), batch_key=f"k{k}") for k in range(1000)
+            ]
+            for t in tickets:
+                t.result(WAIT_S)
+
+        bodies = [many_keys]
+    threads = [threading.Thread(target=guarded(b), daemon=True) for b in bodies]
+    for t in threads:
+        t.start()
+
+    def wait() -> None:
+        for t in threads:
+            t.join(WAIT_S)
+        for client in clients:
+            client.close()
+        if errors:
+            raise RuntimeError(f"{shape}: the backlog failed") from errors[0]
+
+    return wait
+
+
+def one_shape(url: str, shape: str, items: int, samples: int) -> dict[str, float]:
+    probe = qs.Client(url, prefix=PREFIX)
+    try:
+        t0 = time.perf_counter()
+        _backlog(url, shape, items)()
+        alone = items / (time.perf_counter() - t0)
+        urgent_key = "k7" if shape == "keys1000" else "bulk"
+        t0 = time.perf_counter()
+        wait = _backlog(url, shape, items)
+        time.sleep(20 * BATCH_S)  # the backlog sent and running
+        quiet: list[float] = []
+        urgent: list[float] = []
+        for _ in range(samples):
+            for key, priority, out in (("quiet", 0, quiet), (urgent_key, 9, urgent)):
+                sent = time.perf_counter()
+                assert probe.dispatch("bfair", 7, batch_key=key, priority=priority) == 7
+                out.append((time.perf_counter() - sent) / BATCH_S)
+                time.sleep(2 * BATCH_S)
+        wait()
+        mixed = items / (time.perf_counter() - t0)
+    finally:
+        probe.close()
+    quiet.sort()
+    urgent.sort()
+    row = {
+        "quiet_p50": percentile(quiet, 50),
+        "quiet_p99": percentile(quiet, 99),
+        "p9_p50": percentile(urgent, 50),
+        "p9_p99": percentile(urgent, 99),
+        "backlog_ratio": mixed / alone,
+    }
+    print(
+        f"| {shape} | {row['quiet_p50']:.2f} / {row['quiet_p99']:.2f} | "
+        f"{row['p9_p50']:.2f} / {row['p9_p99']:.2f} | {row['backlog_ratio']:.2f} |",
+        flush=True,
+    )
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="2,000 items, 10 samples")
+    parser.add_argument("--json", help="write the figures to this file")
+    args = parser.parse_args(argv)
+    items, samples = (2000, 10) if args.quick else (5000, 50)
+    shapes = ["submit", "dispatch_many", "map", "packs16", "keys1000"]
+    results: dict[str, Any] = {"batch_s": BATCH_S, "items": items, "samples": samples}
+    server = RedisServer().start()
+    try:
+        proc = spawn_module(
+            "queueserve",
+            "worker",
+            "bench.fairness:fair",
+            "--redis-url",
+            server.url,
+            "--prefix",
+            PREFIX,
+            "--log-level",
+            "WARNING",
+        )
+        try:
+            client = qs.Client(server.url, prefix=PREFIX)
+            wait_until(lambda: client.dispatch("bfair", 0, timeout=30) == 0, 60, "the worker")
+            client.close()
+            print(f"backlog of {items:,} items on key 'bulk'; {samples} calls of each kind")
+            print("| backlog | quiet key p50 / p99 | priority 9 p50 / p99 | backlog vs alone |")
+            print("|---|---|---|---|")
+            for shape in shapes:
+                results[shape] = one_shape(server.url, shape, items, samples)
+        finally:
+            stop_process(proc)
+    finally:
+        server.stop()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
