@@ -24,6 +24,9 @@ from . import indexing
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 INDEX_TASK = "tasks.index_corpus"
 SEARCH_TASK = "tasks.search"
+SUBMIT_TASK = "tasks.submit_index"
+STATUS_TASK = "tasks.index_status"
+COLLECT_TASK = "tasks.collect_index"
 
 
 def celery_redis_url(url: str) -> str:
@@ -72,6 +75,11 @@ def make_app(settings: dict[str, Any] | None = None) -> Celery:
     app.add_defaults(settings if settings is not None else settings_from_env)
     app.task(bind=True, name=INDEX_TASK)(indexing.index_corpus)
     app.task(name=SEARCH_TASK)(indexing.search)
+    # The jobs flow: submit returns the queueserve job ids at once; status and collect check
+    # on them later, from any worker (docs/indexing.md, "Submit now, collect later").
+    app.task(name=SUBMIT_TASK)(indexing.submit_index)
+    app.task(name=STATUS_TASK)(indexing.index_status)
+    app.task(name=COLLECT_TASK)(indexing.collect_index)
     return app
 
 

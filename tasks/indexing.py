@@ -1,9 +1,11 @@
 """Index a corpus through queueserve, and search it: the bodies of the Celery tasks.
 
 ``tasks.celery_app`` registers :func:`index_corpus` (bound: it reports progress as task state)
-and :func:`search` as the tasks ``tasks.index_corpus`` and ``tasks.search``. The embedding itself
-runs in queueserve workers (``queueserve worker tasks.embed:embed``): the task only chunks
-documents, streams them through ``client.map`` and stores what comes back.
+and :func:`search` as the tasks ``tasks.index_corpus`` and ``tasks.search``; and the jobs
+flow, :func:`submit_index` (returns at once with the queueserve job ids), :func:`index_status`
+and :func:`collect_index`, any of which may run in another process than the others. The
+embedding itself runs in queueserve workers (``queueserve worker tasks.embed:embed``): the
+tasks only chunk documents, send them through queueserve and store what comes back.
 
 The index is one ``index.npz`` in a directory (``index_dir=``, else ``$EMBED_INDEX_DIR``, else
 ``./.index``): float32 unit vectors (n, 384), and the ids and texts as UTF-8 bytes with offsets,
@@ -32,6 +34,7 @@ from .embed import DIM, embed, length_bucket
 
 INDEX_FILE = "index.npz"
 PROGRESS_EVERY_S = 0.25  # at most four PROGRESS writes a second to the result backend
+JOB_KEEP_S = 24 * 3600  # how long submit_index's answers wait in Redis for collect_index
 
 
 def resolve_index_dir(path: str | os.PathLike[str] | None = None) -> Path:
@@ -166,6 +169,68 @@ def index_corpus(
         "items_per_s": round(len(texts) / seconds, 2) if seconds > 0 else None,
         "index": str(path),
         "buckets": dict(sorted(Counter(length_bucket(t) for t in texts).items())),
+    }
+
+
+def submit_index(
+    limit: int | None = None, chunk_size: int = 128, keep: float = JOB_KEEP_S
+) -> dict[str, Any]:
+    """Send the corpus as queueserve jobs (``submit(..., keep=)``) and return at once: one job
+    per chunk of one length bucket, each with the passages it holds. What it returns is all
+    ``index_status`` and ``collect_index`` need, from any process: the process that submitted
+    may restart, the answers wait in Redis for ``keep`` seconds after they are done."""
+    texts = [p.text for p in stdlib_passages(limit)]
+    buckets: dict[str, list[int]] = {}
+    for i, text in enumerate(texts):
+        buckets.setdefault(length_bucket(text), []).append(i)
+    jobs = []
+    for bucket, positions in buckets.items():
+        for lo in range(0, len(positions), chunk_size):
+            part = positions[lo : lo + chunk_size]
+            chunk = [texts[i] for i in part]
+            ticket = client().submit(embed, chunk, batch_key=bucket, keep=keep)
+            jobs.append([ticket.id, part])
+    return {"limit": limit, "count": len(texts), "jobs": jobs}
+
+
+def index_status(submitted: dict[str, Any]) -> dict[str, Any]:
+    """How far the jobs of ``submit_index`` are: "running" until all are done ("failed" as
+    soon as one failed, was cancelled or expired), items embedded of the total, jobs by
+    status."""
+    done, statuses = 0, Counter[str]()
+    for job_id, positions in submitted["jobs"]:
+        job = client().job(job_id)
+        status = job.status()
+        statuses[status] += 1
+        if status == "done":
+            done += len(positions)
+        elif status in ("queued", "running"):
+            done += job.progress().done
+    ended_badly = any(s in statuses for s in ("failed", "cancelled", "expired"))
+    whole = statuses["done"] == len(submitted["jobs"])
+    state = "failed" if ended_badly else "done" if whole else "running"
+    return {"status": state, "done": done, "total": submitted["count"], "jobs": dict(statuses)}
+
+
+def collect_index(
+    submitted: dict[str, Any], index_dir: str | None = None, timeout: float = 600.0
+) -> dict[str, Any]:
+    """Wait for the jobs of ``submit_index`` (up to ``timeout`` seconds each) and store the
+    index, as ``index_corpus`` does; returns its summary."""
+    started = time.perf_counter()
+    passages = stdlib_passages(submitted["limit"])
+    texts = [p.text for p in passages]
+    vectors = np.empty((len(texts), DIM), dtype=np.float32)
+    for job_id, positions in submitted["jobs"]:
+        for i, vector in zip(positions, client().job(job_id).result(timeout=timeout), strict=True):
+            vectors[i] = vector
+    path = Index([p.id for p in passages], texts, vectors).save(resolve_index_dir(index_dir))
+    search_cache.cache_clear()
+    return {
+        "count": len(texts),
+        "seconds": round(time.perf_counter() - started, 3),
+        "index": str(path),
+        "jobs": len(submitted["jobs"]),
     }
 
 

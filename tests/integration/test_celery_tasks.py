@@ -26,7 +26,15 @@ import pytest
 import redis
 from celery import Celery
 
-from tasks.celery_app import INDEX_TASK, SEARCH_TASK, celery_settings, make_app
+from tasks.celery_app import (
+    COLLECT_TASK,
+    INDEX_TASK,
+    SEARCH_TASK,
+    STATUS_TASK,
+    SUBMIT_TASK,
+    celery_settings,
+    make_app,
+)
 from tasks.indexing import Index
 from tests.support.helpers import REPO
 from tests.support.redis_server import delete_keys
@@ -213,3 +221,44 @@ def test_search_without_an_index_says_what_to_run(stack: Stack, tmp_path: Path) 
     )
     with pytest.raises(FileNotFoundError, match="index_corpus"):
         result.get(timeout=TASK_TIMEOUT_S)
+
+
+def test_a_task_submits_jobs_and_other_tasks_check_on_them_and_collect_the_index(
+    stack: Stack, tmp_path: Path
+) -> None:
+    # A task submits the corpus as queueserve jobs and returns at once with their ids
+    submitted = (
+        stack.app.tasks[SUBMIT_TASK]
+        .apply_async(kwargs={"limit": LIMIT, "chunk_size": CHUNK})
+        .get(timeout=TASK_TIMEOUT_S)
+    )
+    assert submitted["count"] == LIMIT
+    assert sorted(i for _, part in submitted["jobs"] for i in part) == list(range(LIMIT))
+    # A second task checks on them until they are done
+    status = stack.app.tasks[STATUS_TASK]
+    deadline = time.monotonic() + TASK_TIMEOUT_S
+    while (state := status.apply_async(args=(submitted,)).get(timeout=TASK_TIMEOUT_S))[
+        "status"
+    ] == "running":
+        assert state["total"] == LIMIT and 0 <= state["done"] <= LIMIT
+        assert time.monotonic() < deadline, state
+    assert state == {
+        "status": "done",
+        "done": LIMIT,
+        "total": LIMIT,
+        "jobs": {"done": len(submitted["jobs"])},
+    }
+    # A third collects the answers kept in Redis and stores the index, which search reads
+    summary = (
+        stack.app.tasks[COLLECT_TASK]
+        .apply_async(args=(submitted,), kwargs={"index_dir": str(tmp_path)})
+        .get(timeout=TASK_TIMEOUT_S)
+    )
+    assert summary["count"] == LIMIT
+    index = Index.load(tmp_path)
+    hits = (
+        stack.app.tasks[SEARCH_TASK]
+        .apply_async(args=(index.texts[3],), kwargs={"k": 1, "index_dir": str(tmp_path)})
+        .get(timeout=TASK_TIMEOUT_S)
+    )
+    assert hits[0][0] == index.ids[3]
