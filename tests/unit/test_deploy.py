@@ -6,10 +6,9 @@
   ``deploy/prometheus/prometheus.yml`` against the focused schemas in ``deploy/schemas/``.
 - ``deploy/Dockerfile*``: hadolint (parser and rules), and their structure through BuildKit's
   parser (the ``dockerfile`` package).
-- Cross-checks a schema cannot make: the drain timeout against every grace period, the KEDA
-  streams and group against queueserve's key layout and the serving's batch keys, the metrics
-  port across command, probes, annotations and Prometheus, the Redis the scaler reads against
-  the Redis the worker uses.
+- Cross-checks a schema cannot make: the drain timeout against every grace period, KEDA's
+  query against the metric of the serving's whole backlog (every key and priority, max over
+  workers, pods scraped), the metrics port across command, probes, annotations and Prometheus.
 
 Every validator and every cross-check is also fed a deliberately broken copy, which must fail.
 """
@@ -40,7 +39,6 @@ import yaml
 
 from queueserve.broker.connect import parse_url
 from queueserve.ops.cli import build_parser
-from queueserve.wire.protocol import GROUP, Keys
 from tests.support.helpers import REPO
 
 DEPLOY = REPO / "deploy"
@@ -48,6 +46,7 @@ K8S = DEPLOY / "k8s"
 SCHEMAS = DEPLOY / "schemas"
 COMPOSE = REPO / "docker-compose.yml"
 PROMETHEUS = DEPLOY / "prometheus" / "prometheus.yml"
+GRAFANA = DEPLOY / "grafana" / "queueserve.json"
 DOCKERFILES = (DEPLOY / "Dockerfile", DEPLOY / "Dockerfile.cuda")
 
 SERVING = "embed"  # the serving the worker runs and KEDA scales on (tasks.embed:embed)
@@ -511,10 +510,10 @@ BROKEN_MANIFESTS: dict[str, Callable[[list[Doc]], Doc]] = {
     "pdb misspelt field": lambda d: _set(
         find(d, "PodDisruptionBudget")["spec"], "maxUnavailble", 1, find(d, "PodDisruptionBudget")
     ),
-    "keda count not a string": lambda d: _set(_trigger(d), "lagCount", 16, _scaled(d)),
-    "keda misspelt metadata": lambda d: _set(_trigger(d), "consumerGroups", "qs", _scaled(d)),
-    "keda lag without group": lambda d: _pop(_trigger(d), "consumerGroup", _scaled(d)),
-    "keda no stream": lambda d: _pop(_trigger(d), "stream", _scaled(d)),
+    "keda threshold not a string": lambda d: _set(_trigger(d), "threshold", 256, _scaled(d)),
+    "keda misspelt metadata": lambda d: _set(_trigger(d), "serverAdress", "http://p", _scaled(d)),
+    "keda no query": lambda d: _pop(_trigger(d), "query", _scaled(d)),
+    "keda server not a URL": lambda d: _set(_trigger(d), "serverAddress", "prometheus", _scaled(d)),
     "keda misspelt spec field": lambda d: _set(_scaled(d)["spec"], "maxReplicas", 8, _scaled(d)),
     "kustomization misspelt": lambda d: _set(
         find(d, "Kustomization"), "resource", [], find(d, "Kustomization")
@@ -656,23 +655,9 @@ def test_worker_cross_checks_catch_a_broken_copy(breakage: str) -> None:
     assert worker_problems(docs) != []
 
 
-def expected_streams(docs: list[Doc]) -> set[str]:
-    """Every stream the embed serving's requests land on, by queueserve's key layout."""
-    prefix = config_value(docs, _worker_container(docs), "QUEUESERVE_PREFIX")
-    keys = Keys(prefix, SERVING)
-    embed = embed_serving()
-    # Callers that pass the serving object get its batch key (token-length buckets); callers
-    # that dispatch by name get "default".
-    bucket_keys = {embed.key_for("x" * n, None) for n in range(0, 20_000, 7)}
-    return {keys.stream(k) for k in {"default", *bucket_keys}}
-
-
-def _batch_key(keys: Keys, stream: str) -> str | None:
-    """The batch key of one of the serving's streams; None for a stream that is not one."""
-    try:
-        return keys.batch_key_of(stream)
-    except ValueError:
-        return None
+# What KEDA scales on: the serving's whole backlog in items, every batch key and priority
+# (docs/operations.md, "Metrics"), taken with max() since every worker exports the same value.
+BACKLOG_METRIC = "queueserve_queued_items"
 
 
 def keda_problems(docs: list[Doc]) -> list[str]:
@@ -682,77 +667,50 @@ def keda_problems(docs: list[Doc]) -> list[str]:
     problems: list[str] = []
     if so["scaleTargetRef"]["name"] != deployment["metadata"]["name"]:
         problems.append("scaleTargetRef is not the worker Deployment")
-    c = container(deployment, so["scaleTargetRef"].get("envSourceContainerName", "worker"))
-    streams = {t["metadata"]["stream"] for t in so["triggers"]}
-    if streams != expected_streams(docs):
-        problems.append(f"streams {sorted(streams)} != {sorted(expected_streams(docs))}")
-    declared = {"default", *parse_worker(queueserve_args(k8s_argv(c))).batch_keys}
-    keys = Keys(config_value(docs, c, "QUEUESERVE_PREFIX"), SERVING)
-    if {_batch_key(keys, s) for s in streams} - declared:
-        problems.append("KEDA watches streams the worker does not create at start (--batch-key)")
-    names = [t.get("name") for t in so["triggers"]]
-    formula = so.get("advanced", {}).get("scalingModifiers", {}).get("formula", "")
-    if len(set(names)) != len(names) or set(re.findall(r"[A-Za-z_]\w*", formula)) != set(names):
-        problems.append(f"scalingModifiers formula {formula!r} must add up triggers {names}")
     if not 1 <= so.get("minReplicaCount", 0) <= so.get("maxReplicaCount", 100):
         problems.append("keep one warm worker (minReplicaCount >= 1) and min <= max")
-    return problems + [p for t in so["triggers"] for p in trigger_problems(docs, c, t)]
+    if len(so["triggers"]) != 1:
+        problems.append("one trigger on the whole backlog: several would scale on the largest")
+    return problems + [p for t in so["triggers"] for p in trigger_problems(docs, t)]
 
 
-def trigger_problems(docs: list[Doc], c: Doc, trigger: Doc) -> list[str]:
-    """One trigger: the lag of queueserve's group, in the Redis the worker uses; behind
-    Sentinel, asked of the worker's sentinels for the worker's master."""
+def trigger_problems(docs: list[Doc], trigger: Doc) -> list[str]:
+    """The trigger reads the serving's whole backlog from the workers' metrics: one the worker
+    serves, of this serving, every key and priority, max over workers, on a port Prometheus
+    scrapes."""
     meta, name = trigger["metadata"], trigger.get("name")
-    raw_url = config_value(docs, c, "QUEUESERVE_REDIS_URL")
+    query = meta.get("query", "")
     problems = []
-    if meta.get("consumerGroup") != GROUP:
-        problems.append(f"{name}: not a trigger on group {GROUP!r}")
-    if "lagCount" not in meta:
-        problems.append(f"{name}: scale on the group's lag (lagCount)")
-    topology = parse_url(raw_url)
-    if topology.kind == "sentinel":
-        if trigger["type"] != "redis-sentinel-streams":
-            problems.append(
-                f"{name}: the worker follows the master through Sentinel, so KEDA "
-                "must too (redis-sentinel-streams): a fixed address stops being the "
-                "master after a failover"
-            )
-        sentinels = ",".join(f"{h}:{p}" for h, p in topology.hosts)
-        env = meta.get("addressesFromEnv")
-        if env is None or config_value(docs, c, env) != sentinels:
-            problems.append(f"{name}: KEDA asks other sentinels than the worker ({sentinels})")
-        if meta.get("sentinelMaster") != topology.service:
-            problems.append(f"{name}: sentinelMaster is not the worker's {topology.service!r}")
-        database = str(topology.db)
-    else:
-        url = urlparse(raw_url)
-        if trigger["type"] != "redis-streams":
-            problems.append(f"{name}: not a redis-streams trigger")
-        env = meta.get("addressFromEnv")
-        if env is None or config_value(docs, c, env) != f"{url.hostname}:{url.port or 6379}":
-            problems.append(f"{name}: KEDA reads another Redis than the worker")
-        database = url.path.strip("/") or "0"
-    if meta.get("databaseIndex", "0") != database:
-        problems.append(f"{name}: databaseIndex differs from the worker's URL")
+    if trigger["type"] != "prometheus":
+        problems.append(f"{name}: not a prometheus trigger")
+    found = re.fullmatch(r"max\((\w+)\{(.*)\}\)", query.replace(" ", ""))
+    if found is None:
+        return [*problems, f"{name}: {query!r} is not max(metric{{serving=...}})"]
+    metric, labels = found.groups()
+    if metric != BACKLOG_METRIC:
+        problems.append(f"{name}: scale on {BACKLOG_METRIC} (every key and priority), not {metric}")
+    if labels != f'serving="{SERVING}"':
+        problems.append(f"{name}: select the serving alone ({{serving={SERVING!r}}}), got {labels}")
+    annotations = deployment_annotations(docs)
+    if annotations.get("prometheus.io/scrape") != "true":
+        problems.append(f"{name}: the worker pods are not annotated for Prometheus to scrape")
     return problems
+
+
+def deployment_annotations(docs: list[Doc]) -> dict[str, str]:
+    annotations: dict[str, str] = _worker(docs)["spec"]["template"]["metadata"].get(
+        "annotations", {}
+    )
+    return annotations
 
 
 def test_keda_cross_checks() -> None:
     assert keda_problems(k8s_docs()) == []
 
 
-def test_keda_watches_the_default_stream_by_the_key_layout() -> None:
-    streams = {t["metadata"]["stream"] for t in _scaled(k8s_docs())["spec"]["triggers"]}
-    assert Keys("qs", SERVING).stream("default") == "qs:{embed}:in:default"
-    assert "qs:{embed}:in:default" in streams
-    assert {t["metadata"]["consumerGroup"] for t in _scaled(k8s_docs())["spec"]["triggers"]} == {
-        GROUP
-    }
-
-
-def _drop_option(args: list[str], option: str, value: str) -> list[str]:
-    i = next(i for i in range(len(args) - 1) if args[i : i + 2] == [option, value])
-    return args[:i] + args[i + 2 :]
+def test_keda_scales_on_a_metric_the_worker_serves() -> None:
+    documented = (REPO / "docs" / "operations.md").read_text().split("## Metrics", 1)[1]
+    assert f"| `{BACKLOG_METRIC}` | gauge | serving |" in documented
 
 
 def _meta(docs: list[Doc], i: int = 0) -> Doc:
@@ -761,21 +719,20 @@ def _meta(docs: list[Doc], i: int = 0) -> Doc:
 
 
 BROKEN_KEDA: dict[str, Callable[[list[Doc]], object]] = {
-    "stream without hash tag": lambda d: _meta(d).update(stream="qs:embed:in:default"),
-    "stream of another prefix": lambda d: _meta(d).update(stream="queueserve:{embed}:in:default"),
-    "a bucket not watched": lambda d: _scaled(d)["spec"]["triggers"].pop(),
-    "wrong group": lambda d: _meta(d).update(consumerGroup="workers"),
-    "pending instead of lag": lambda d: _meta(d).update(
-        pendingEntriesCount=_meta(d).pop("lagCount")
+    "summed over workers": lambda d: _meta(d).update(query=_meta(d)["query"].replace("max", "sum")),
+    "one priority only": lambda d: _meta(d).update(
+        query=f'max({BACKLOG_METRIC}{{serving="{SERVING}",priority="0"}})'
     ),
-    "address of another env": lambda d: _meta(d).update(addressFromEnv="QUEUESERVE_PREFIX"),
-    "another database": lambda d: _meta(d).update(databaseIndex="1"),
-    "formula misses a trigger": lambda d: _scaled(d)["spec"]["advanced"]["scalingModifiers"].update(
-        formula="lag_default"
+    "entries of one key": lambda d: _meta(d).update(
+        query=f'max(queueserve_queue_depth{{serving="{SERVING}",key="default"}})'
     ),
+    "another serving": lambda d: _meta(d).update(query=f'max({BACKLOG_METRIC}{{serving="x"}})'),
     "wrong target": lambda d: _scaled(d)["spec"]["scaleTargetRef"].update(name="celery"),
-    "undeclared batch key": lambda d: _worker_container(d).update(
-        args=_drop_option(_worker_container(d)["args"], "--batch-key", "t256")
+    "a second trigger": lambda d: _scaled(d)["spec"]["triggers"].append(
+        copy.deepcopy(_scaled(d)["spec"]["triggers"][0])
+    ),
+    "pods not scraped": lambda d: deployment_annotations(d).update(
+        {"prometheus.io/scrape": "false"}
     ),
 }
 
@@ -1000,44 +957,11 @@ def test_sentinel_overlay_points_queueserve_at_its_sentinels() -> None:
     assert "--maxmemory-policy noeviction" in scripts["redis.sh"]
 
 
-def test_keda_follows_the_master_behind_sentinel() -> None:
-    # every trigger asks the worker's sentinels for the worker's master, on the same streams,
-    # group and lag as the base
+def test_keda_needs_no_change_behind_sentinel() -> None:
+    # the backlog comes from the workers' metrics, and the workers follow the master
     docs = overlay_docs()
     assert keda_problems(docs) == []
-    triggers = _scaled(docs)["spec"]["triggers"]
-    assert {t["type"] for t in triggers} == {"redis-sentinel-streams"}
-    base = {t["name"]: t["metadata"]["stream"] for t in _scaled(k8s_docs())["spec"]["triggers"]}
-    assert {t["name"]: t["metadata"]["stream"] for t in triggers} == base
-
-
-BROKEN_SENTINEL_KEDA: dict[str, Callable[[list[Doc]], object]] = {
-    "base triggers kept": lambda d: _scaled(d)["spec"].update(
-        triggers=_scaled(k8s_docs())["spec"]["triggers"]
-    ),
-    "another master": lambda d: _meta(d).update(sentinelMaster="mymaster"),
-    "a fixed address": lambda d: find(d, "ConfigMap", "queueserve-config")["data"].update(
-        REDIS_ADDRESS="redis-0.redis-sentinel-nodes.queueserve.svc.cluster.local:6379"
-    ),
-    "no sentinel addresses": lambda d: _meta(d).update(
-        addressFromEnv=_meta(d).pop("addressesFromEnv")
-    ),
-    "another database": lambda d: _meta(d).update(databaseIndex="2"),
-}
-
-
-@pytest.mark.parametrize("breakage", BROKEN_SENTINEL_KEDA)
-def test_sentinel_keda_cross_checks_catch_a_broken_copy(breakage: str) -> None:
-    docs = overlay_docs()
-    BROKEN_SENTINEL_KEDA[breakage](docs)
-    assert keda_problems(docs) != []
-
-
-def test_the_schema_rejects_a_sentinel_trigger_without_its_master() -> None:
-    docs = overlay_docs()
-    _meta(docs).pop("sentinelMaster")
-    with pytest.raises(jsonschema.ValidationError):
-        validate_k8s(_scaled(docs), K8S_VERSIONS[-1])
+    assert _scaled(docs) == _scaled(k8s_docs())
 
 
 def test_every_file_in_deploy_is_checked_here() -> None:
@@ -1048,6 +972,7 @@ def test_every_file_in_deploy_is_checked_here() -> None:
         *K8S.glob("*.yaml"),
         *SCHEMAS.iterdir(),
         *SENTINEL_OVERLAY.glob("*.yaml"),
+        GRAFANA,  # its queries run against a real Prometheus: tests/integration/test_grafana.py
     }
     unchecked = {p for p in DEPLOY.rglob("*") if p.is_file()} - checked
     assert unchecked == set(), sorted(str(p.relative_to(REPO)) for p in unchecked)
