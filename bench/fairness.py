@@ -23,6 +23,7 @@ times, backlog >= 0.9x alone. The wait includes the request's own batch (1 batch
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import threading
@@ -47,60 +48,58 @@ def _fixed_time(xs: list[Any]) -> list[Any]:
 fair = qs.Serving(_fixed_time, name="bfair", batch_size=10, batch_timeout=0.005)
 
 
+def _checked(shape: str, send: Callable[[list[int]], list[int]], items: int) -> None:
+    if send(list(range(items))) != list(range(items)):
+        raise AssertionError(f"{shape}: wrong answers")
+
+
+def _packs(client: qs.Client, share: int) -> None:
+    tickets = [client.submit("bfair", [i], batch_key="bulk") for i in range(share)]
+    if [t.result(WAIT_S) for t in tickets] != [[i] for i in range(share)]:
+        raise AssertionError("packs16: wrong answers")
+
+
+def _many_keys(client: qs.Client, per_key: int) -> None:
+    tickets = [client.submit("bfair", list(range(per_key)), batch_key=f"k{k}") for k in range(1000)]
+    for t in tickets:
+        if t.result(WAIT_S) != list(range(per_key)):
+            raise AssertionError("keys1000: wrong answers")
+
+
+def _bodies(shape: str, clients: list[qs.Client], items: int) -> list[Callable[[], None]]:
+    """What each thread of the backlog of ``shape`` runs."""
+    c = clients[0]
+    if shape == "submit":
+        send: Callable[[list[int]], list[int]] = lambda xs: c.submit(  # noqa: E731
+            "bfair", xs, batch_key="bulk"
+        ).result(WAIT_S)
+    elif shape == "dispatch_many":
+        send = lambda xs: c.dispatch_many("bfair", xs, batch_key="bulk")  # noqa: E731
+    elif shape == "map":
+        send = lambda xs: list(c.map("bfair", xs, batch_key="bulk"))  # noqa: E731
+    elif shape == "packs16":
+        return [functools.partial(_packs, client, items // len(clients)) for client in clients]
+    else:
+        return [functools.partial(_many_keys, c, max(1, items // 1000))]
+    return [functools.partial(_checked, shape, send, items)]
+
+
 def _backlog(url: str, shape: str, items: int) -> Callable[[], None]:
     """Starts the backlog of ``shape`` on threads; returns a function that waits until all of
     it was answered (and checks the answers)."""
     clients = [qs.Client(url, prefix=PREFIX) for _ in range(16 if shape == "packs16" else 1)]
     errors: list[BaseException] = []
 
-    def guarded(fn: Callable[[], None]) -> Callable[[], None]:
-        def run() -> None:
-            try:
-                fn()
-            except BaseException as e:  # reported by the waiting thread
-                errors.append(e)
+    def guarded(body: Callable[[], None]) -> None:
+        try:
+            body()
+        except BaseException as e:  # reported by the waiting thread
+            errors.append(e)
 
-        return run
-
-    def one_request(send: Callable[[list[int]], list[int]]) -> Callable[[], None]:
-        def run() -> None:
-            if send(list(range(items))) != list(range(items)):
-                raise AssertionError(f"{shape}: wrong answers")
-
-        return run
-
-    c = clients[0]
-    bodies: list[Callable[[], None]]
-    if shape == "submit":
-        bodies = [one_request(lambda xs: c.submit("bfair", xs, batch_key="bulk").result(WAIT_S))]
-    elif shape == "dispatch_many":
-        bodies = [one_request(lambda xs: c.dispatch_many("bfair", xs, batch_key="bulk"))]
-    elif shape == "map":
-        bodies = [one_request(lambda xs: list(c.map("bfair", xs, batch_key="bulk")))]
-    elif shape == "packs16":
-        share = items // len(clients)
-
-        def packs(client: qs.Client) -> Callable[[], None]:
-            def run() -> None:
-                tickets = [client.submit("bfair", [i], batch_key="bulk") for i in range(share)]
-                if [t.result(WAIT_S) for t in tickets] != [[i] for i in range(share)]:
-                    raise AssertionError("packs16: wrong answers")
-
-            return run
-
-        bodies = [packs(client) for client in clients]
-    else:  # keys1000
-        per_key = max(1, items // 1000)
-
-        def many_keys() -> None:
-            tickets = [
-                c.submit("bfair", list(range(per_key)), batch_key=f"k{k}") for k in range(1000)
-            ]
-            for t in tickets:
-                t.result(WAIT_S)
-
-        bodies = [many_keys]
-    threads = [threading.Thread(target=guarded(b), daemon=True) for b in bodies]
+    threads = [
+        threading.Thread(target=guarded, args=(body,), daemon=True)
+        for body in _bodies(shape, clients, items)
+    ]
     for t in threads:
         t.start()
 

@@ -209,6 +209,28 @@ class PrometheusMiddleware(Middleware):
             **kw,
         )
 
+        self.model = pc.Gauge(
+            "queueserve_batch_model_seconds",
+            "max_latency set: learned batch time a + b*n (term a: per batch, b: per item or "
+            "cost unit)",
+            ["serving", "partition", "term"],
+            **kw,
+        )
+        self.slack = pc.Gauge(
+            "queueserve_latency_slack_seconds",
+            "max_latency set: the last batch's max_latency less its oldest item's wait and run",
+            ["serving", "partition"],
+            **kw,
+        )
+
+    def batch_model(
+        self, serving: Serving, partition: Partition, a: float, b: float, slack: float
+    ) -> None:
+        name, index = serving.name, str(partition.index)
+        self.model.labels(name, index, "a").set(a)
+        self.model.labels(name, index, "b").set(b)
+        self.slack.labels(name, index).set(slack)
+
     def batch_opened(
         self, serving: Serving, key: str, partition: Partition, slices: Sequence[Any]
     ) -> None:

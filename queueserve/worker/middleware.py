@@ -47,6 +47,13 @@ class Middleware:
     ) -> None:
         """The batch function returned (or failed) after ``seconds``."""
 
+    def batch_model(
+        self, serving: Serving, partition: Partition, a: float, b: float, slack: float
+    ) -> None:
+        """With max_latency set, after each batch: the learned batch time (``a + b*n``
+        seconds, n in items or cost units) and the batch's ``slack``: max_latency less its
+        oldest item's wait and run (negative: the target was missed)."""
+
     def replied(self, serving: Serving, items: int, requests: int, errors: dict[str, int]) -> None:
         """Answers were written: ``items`` answered, ``requests`` finished, errors by kind."""
 
@@ -99,6 +106,11 @@ class Middlewares(Middleware):
         self, serving: Serving, key: str, partition: Partition, size: int, seconds: float
     ) -> None:
         self._each("batch_finished", serving, key, partition, size, seconds)
+
+    def batch_model(
+        self, serving: Serving, partition: Partition, a: float, b: float, slack: float
+    ) -> None:
+        self._each("batch_model", serving, partition, a, b, slack)
 
     def replied(self, serving: Serving, items: int, requests: int, errors: dict[str, int]) -> None:
         self._each("replied", serving, items, requests, errors)

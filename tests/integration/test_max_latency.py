@@ -6,6 +6,8 @@ only if the plan closed its batch."""
 
 from __future__ import annotations
 
+import re
+import urllib.request
 from collections.abc import Callable
 
 import pytest
@@ -28,7 +30,7 @@ def test_with_max_latency_set_at_run_time_a_lone_request_does_not_wait_for_batch
 ) -> None:
     # Given a worker whose batches wait up to an hour to fill, and a first batch run full
     serving = Recording(name="slow_fill", batch_size=4, batch_timeout="1h")
-    start_worker(serving)
+    worker = start_worker(serving, metrics_port=0)
     client = qs.Client(redis_url, prefix=prefix)
     assert client.dispatch_many("slow_fill", [1, 2, 3, 4]) == [1, 2, 3, 4]
 
@@ -41,6 +43,13 @@ def test_with_max_latency_set_at_run_time_a_lone_request_does_not_wait_for_batch
     for i in range(3):
         assert client.submit("slow_fill", [f"lone{i}"]).result(WAIT_S) == [f"lone{i}"]
     assert serving.item_batches[-3:] == [["lone0"], ["lone1"], ["lone2"]]
+    # and /metrics shows the learned batch time and the last batch's slack
+    url = f"http://127.0.0.1:{worker.metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as r:
+        text = r.read().decode()
+    labels = 'partition="0",serving="slow_fill"'
+    assert re.search(rf'^queueserve_batch_model_seconds{{{labels},term="b"}} \S+$', text, re.M)
+    assert re.search(rf"^queueserve_latency_slack_seconds{{{labels}}} \S+$", text, re.M)
 
     # And once it is unset, batches wait for batch_timeout again
     redis_client.hset(f"{prefix}:{{slow_fill}}:config", "max_latency", "0")

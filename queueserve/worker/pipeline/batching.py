@@ -295,8 +295,6 @@ class Assembler:
                 del levels[priority]
         opened = queue.started
         taken_weight = self.capacity - room
-        if self.latency is not None:
-            self.latency.closed(opened, taken_weight, now)
         queue.weight = max(0.0, queue.weight - taken_weight)
         self.weight = max(0.0, self.weight - taken_weight)
         if levels:

@@ -23,7 +23,7 @@ import math
 
 FORGET = 0.95  # each batch weighs this much less than the next one in the fit
 SAFETY = 0.2  # share of max_latency kept for reading, replying and the model's error
-HEADROOM = 0.9  # a batch size keeps up when its time per item uses at most this share
+HEADROOM = 1.0  # a batch size keeps up when its time per item uses at most this share
 RATE_S = 0.5  # the arrival rate is measured over about this long
 
 
@@ -71,14 +71,13 @@ class BatchTimes:
 class LatencyPlan:
     """When a batch filling up should close to answer within ``target`` seconds."""
 
-    __slots__ = ("_at", "_level", "slack", "target", "times")
+    __slots__ = ("_at", "_level", "target", "times")
 
     def __init__(self, target: float, times: BatchTimes) -> None:
         self.target = target
         self.times = times
         self._level = 0.0  # items read lately, decaying over RATE_S
         self._at = 0.0
-        self.slack = 0.0  # seconds to spare of the last batch closed: target - expected
 
     def arrived(self, items: int, now: float) -> None:
         self._level = self._level * math.exp(-(now - self._at) / RATE_S) + items
@@ -98,7 +97,3 @@ class LatencyPlan:
         if spare > 0 and weight * spare >= rate * times.a:
             return now  # this size keeps up with what arrives: waiting only adds latency
         return started + self.target * (1 - SAFETY) - times.predict(weight)
-
-    def closed(self, started: float, weight: float, now: float) -> None:
-        """Record the slack of a batch taken now."""
-        self.slack = self.target - (now - started) - self.times.predict(weight)

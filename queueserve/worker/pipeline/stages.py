@@ -270,6 +270,10 @@ class Stages:
         if self.batch_times is not None:  # in the unit batches are measured in (latency.py)
             weight = len(items) if self.serving.cost is None else sum(s.weight for s in live)
             self.batch_times.observe(weight, took)
+            if self.serving.max_latency:
+                slack = self.serving.max_latency - (time.monotonic() - batch.opened)
+                model = self.batch_times
+                self.middleware.batch_model(self.serving, self.partition, model.a, model.b, slack)
         self.recent_batch_s = 0.8 * self.recent_batch_s + 0.2 * took
         self.middleware.batch_finished(self.serving, batch.key, self.partition, len(items), took)
         self._failures.note(live, segments)
