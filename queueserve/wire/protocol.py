@@ -46,6 +46,8 @@ Request stream entry:
        (trace context, job id, tenant): the header grows there without a version bump.
     p  the items, a list encoded with the serving's codec
     a  the items admission counted (enqueue.lua), released by the entry's ack
+    r  present on the entries split.lua makes of a reclaimed pack: the request ran before,
+       so it runs again as a replay
 
 Pack entry (several requests in one entry; enqueue.lua writes them once workers declared
 ``pack_items`` in the meta hash):

@@ -11,6 +11,8 @@
 -- ARGV[5]  the most requests a pack may hold (protocol.MAX_PACK_REQUESTS)
 -- The new entries carry each request's own admitted items ('a'), so the admission counters,
 -- which count the pack's items, stay right; the pack is acked and deleted without releasing.
+-- They carry 'r' too: each request already ran once, in the pack, so it runs again as a replay
+-- (a streamed one restarts its caller's stream).
 -- Returns the number of entries written; 0 when the entry is gone or is not a pack; -1 when
 -- its 'k' field is not a pack as enqueue.lua writes one, or holds more requests than ARGV[5]
 -- (the caller dead-letters it whole).
@@ -33,7 +35,7 @@ for _, m in ipairs(members) do
   end
 end
 for _, m in ipairs(members) do
-  redis.call('XADD', KEYS[1], '*', 'h', m[1], 'p', m[2], 'a', m[3])
+  redis.call('XADD', KEYS[1], '*', 'h', m[1], 'p', m[2], 'a', m[3], 'r', '1')
 end
 redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
 redis.call('XDEL', KEYS[1], ARGV[2])

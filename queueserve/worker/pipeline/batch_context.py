@@ -146,7 +146,7 @@ def event_rows(request: Request, body: list[Any]) -> list[Row]:
     carry a token of its own, as its answer does (client/events.py): a caller never sees two
     runs spliced, and what it keeps adds up to the answer it gets."""
     rows = []
-    if request.redelivered and not request.run:
+    if (request.redelivered or request.replay) and not request.run:
         request.run = secrets.randbits(62) + 1  # not `random`: a serving may seed that
         rows.append(_numbered(request, restart_event(request.run)))
     if request.run:

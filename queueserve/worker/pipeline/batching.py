@@ -54,6 +54,9 @@ class Request:
     no_split: bool = False  # streamed and hook-serving requests run whole, in one batch
     admitted: int = 0  # items its admission counted (the 'a' field); released by its ack
     redelivered: bool = False  # reclaimed from a dead consumer: its run counts a delivery
+    # split from a reclaimed pack (split.lua): it ran before, so it streams as a replay, but
+    # its pack's run is not counted against it (its batch-mates did not die of it)
+    replay: bool = False
     alone: bool = False  # redelivered more than once: runs in a batch of its own
     counted: bool = False  # this run's delivery is counted (once, however many batches)
     priority: int = 0  # 0..9, larger first

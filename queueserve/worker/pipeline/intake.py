@@ -117,6 +117,7 @@ class Intake:
                 self._reject(entry, decoded, out)
             else:
                 decoded.request.redelivered = entry.reclaimed
+                decoded.request.replay = b"r" in entry.fields  # split from a reclaimed pack
                 decoded.request.alone = entry.reclaimed and runs_alone(
                     entry.deliveries, serving.max_deliveries
                 )
