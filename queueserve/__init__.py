@@ -20,6 +20,7 @@ from queueserve.errors import (
     RedisUnavailable,
     RemoteError,
     Timeout,
+    UnknownServing,
 )
 from queueserve.hooks import END, NO_OUTPUT, Hook, Output, Restart, emit
 from queueserve.serving import Batch, Partition, Serving, serving
@@ -64,4 +65,5 @@ __all__ = [  # noqa: RUF022 - grouped by use, as the docs present them
     "RedisUnavailable",
     "RemoteError",
     "Timeout",
+    "UnknownServing",
 ]

@@ -89,6 +89,12 @@ class RedisCommandError(QueueServeError):
     failing script, a wrong password. The message says which, with Redis's own words."""
 
 
+class UnknownServing(QueueServeError):
+    """A call named a serving that no worker ever declared under the client's prefix (a typo,
+    or another prefix or Redis). Raised at once, listing the declared names closest first;
+    a client started before its workers passes ``wait_for_worker=True`` to wait instead."""
+
+
 class NotReplicated(QueueServeError):
     """A request of a ``durable=True`` serving was queued on the primary, but no replica
     acknowledged it within the wait (``WAIT 1``): a failover now could lose it. It may still

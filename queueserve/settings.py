@@ -50,6 +50,13 @@ class Settings(BaseSettings):
         "timeout=; unset: such calls wait until answered. Env QUEUESERVE_DEFAULT_TIMEOUT.",
     )
 
+    wait_for_worker: bool = Field(
+        default=False,
+        description="Clients wait for a serving no worker declared yet instead of raising "
+        "UnknownServing (clients started before their workers); env "
+        "QUEUESERVE_WAIT_FOR_WORKER.",
+    )
+
     @field_validator("redis_url")
     @classmethod
     def _redis_url(cls, value: str) -> str:

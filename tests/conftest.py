@@ -36,6 +36,12 @@ from tests.support.redis_server import (
     start_redis_server,
 )
 
+# The suite's clients, and the processes it starts, are often made before the worker that
+# declares their serving: they wait for it, as a deployment's clients started first would
+# (QUEUESERVE_WAIT_FOR_WORKER). Tests of the default, which fails at once with
+# UnknownServing, pass wait_for_worker=False (tests/integration/test_unknown_serving.py).
+os.environ.setdefault("QUEUESERVE_WAIT_FOR_WORKER", "1")
+
 
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:

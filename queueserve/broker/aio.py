@@ -19,6 +19,8 @@ from queueserve.broker.common import (
     Enqueued,
     Request,
     cancel_arguments,
+    declared_names,
+    declared_pattern,
     durable_replies,
     enqueue_and_wait_commands,
     enqueue_arguments,
@@ -228,6 +230,14 @@ class AsyncProducer:
     async def alive_workers(self, keys: Keys, within: float) -> int:
         with redis_errors(self.url):
             return int(await self.redis.zcount(keys.workers, since_ms(within), "+inf"))
+
+    async def servings(self, prefix: str) -> list[str]:
+        """``Producer.servings``."""
+        with redis_errors(self.url):
+            keys = [
+                k async for k in self.redis.scan_iter(match=declared_pattern(prefix), count=500)
+            ]
+            return declared_names(keys)
 
     async def meta(self, keys: Keys) -> dict[str, str]:
         with redis_errors(self.url):

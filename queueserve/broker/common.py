@@ -175,3 +175,17 @@ def pubsub_data(message: Mapping[str, Any] | None) -> tuple[bool, bytes | None]:
     if message["type"] == "subscribe":
         return True, None
     return False, message["data"] if message["type"] == "message" else None
+
+
+def declared_pattern(prefix: str) -> str:
+    """SCAN pattern of the meta hashes workers declare servings in (``Keys.meta``)."""
+    return f"{prefix}:{{*}}:meta"
+
+
+def declared_names(keys: Iterable[bytes | str]) -> list[str]:
+    """Serving names from meta hash keys; a shard's (``S#i``) is its serving's already."""
+    names = set()
+    for key in keys:
+        name = text(key, "replace")
+        names.add(name[name.index("{") + 1 : name.rindex("}")])
+    return sorted(name for name in names if "#" not in name)

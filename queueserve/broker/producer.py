@@ -16,6 +16,8 @@ from queueserve.broker.common import (
     Enqueued,
     Request,
     cancel_arguments,
+    declared_names,
+    declared_pattern,
     durable_replies,
     enqueue_and_wait_commands,
     enqueue_arguments,
@@ -82,6 +84,13 @@ class Producer(BrokerCore):
         script_keys, args = cancel_arguments(keys, stream, entry_id, n)
         with redis_errors(self.url):
             return bool(self._cancel(keys=script_keys, args=args))
+
+    def servings(self, prefix: str) -> list[str]:
+        """Names of the servings a worker ever declared under ``prefix`` (a scan: for the
+        error of a call to an undeclared one, never on a call's path)."""
+        with redis_errors(self.url):
+            keys = self.redis.scan_iter(match=declared_pattern(prefix), count=500)
+            return declared_names(keys)
 
     def read_inbox(self, inbox: str, timeout: float) -> list[bytes]:
         """Replies waiting in ``inbox`` (BLMPOP), sent straight to the inbox's master."""

@@ -118,9 +118,19 @@ class AsyncClient(AsyncSending):
     """
 
     def __init__(
-        self, url: str | None = None, *, prefix: str | None = None, codec: str | None = None
+        self,
+        url: str | None = None,
+        *,
+        prefix: str | None = None,
+        codec: str | None = None,
+        wait_for_worker: bool | None = None,
     ) -> None:
+        """``wait_for_worker``: a call to a serving no worker declared yet waits for one
+        instead of raising UnknownServing (for clients started before their workers);
+        default QUEUESERVE_WAIT_FOR_WORKER, else False."""
         super().__init__(url, prefix, codec)
+        if wait_for_worker is not None:
+            self._wait_for_worker = wait_for_worker
         self._reader: asyncio.Task[None] | None = None
         self._events: asyncio.Task[None] | None = None
 
@@ -357,6 +367,9 @@ class AsyncClient(AsyncSending):
             return target
         keys = self._meta_keys(serving)
         meta = await self._broker.meta(keys) if keys else {}
+        if self._undeclared(keys, meta):
+            assert keys is not None
+            raise self._unknown(keys.name, await self._broker.servings(self.prefix))
         last = self._last_shard(keys, meta)  # confirms a count of shards over 1
         return self._remember(serving, meta, await self._broker.meta(last) if last else None)
 

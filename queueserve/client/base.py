@@ -26,8 +26,14 @@ from queueserve.client.targets import (
     claimed_shards,
     confirmed_shards,
 )
-from queueserve.client.unserved import UnservedWatch
-from queueserve.errors import BadRequest, Cancelled, QueueServeError, RedisUnavailable
+from queueserve.client.unserved import UnservedWatch, unknown_serving_message
+from queueserve.errors import (
+    BadRequest,
+    Cancelled,
+    QueueServeError,
+    RedisUnavailable,
+    UnknownServing,
+)
 from queueserve.serving import Serving
 from queueserve.settings import Settings, check_prefix, check_redis_url, check_timeout
 from queueserve.tracing import reads_trace, trace_fields
@@ -52,6 +58,8 @@ class BaseClient:
 
     def __init__(self, url: str | None, prefix: str | None, codec: str | None = None) -> None:
         settings = Settings()
+        # Set by Client/AsyncClient: a name no worker declared waits rather than failing.
+        self._wait_for_worker = settings.wait_for_worker
         # The codec a caller trusts for servings it names (None: msgpack only). Redis cannot
         # choose it: a codec read from a serving's meta hash was written by whoever can write
         # to Redis, and decoding pickle runs code.
@@ -98,6 +106,14 @@ class BaseClient:
         if tracing.AVAILABLE and isinstance(serving, Serving) and serving.name not in self._traced:
             return self._keys_of(serving.name)  # read once, for the trace gate
         return None
+
+    def _undeclared(self, keys: P.Keys | None, meta: dict[str, str]) -> bool:
+        """Whether a serving named by a string has no meta hash (no worker ever declared it)
+        and this client does not wait for workers: the call fails with ``_unknown``."""
+        return keys is not None and not meta and not self._wait_for_worker
+
+    def _unknown(self, name: str, known: list[str]) -> UnknownServing:
+        return UnknownServing(unknown_serving_message(name, known, self.prefix, self._shown_url))
 
     def _keys_of(self, name: str) -> P.Keys:
         keys = self._keys.get(name)

@@ -41,9 +41,19 @@ class Client(Waiting):
     """
 
     def __init__(
-        self, url: str | None = None, *, prefix: str | None = None, codec: str | None = None
+        self,
+        url: str | None = None,
+        *,
+        prefix: str | None = None,
+        codec: str | None = None,
+        wait_for_worker: bool | None = None,
     ) -> None:
+        """``wait_for_worker``: a call to a serving no worker declared yet waits for one
+        instead of raising UnknownServing (for clients started before their workers);
+        default QUEUESERVE_WAIT_FOR_WORKER, else False."""
         super().__init__(url, prefix, codec)
+        if wait_for_worker is not None:
+            self._wait_for_worker = wait_for_worker
 
     # -- public API ------------------------------------------------------------------------
     def dispatch(

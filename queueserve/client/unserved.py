@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import logging
 import threading
 
@@ -55,3 +56,16 @@ class UnservedWatch:
             url,
             prefix,
         )
+
+
+def unknown_serving_message(name: str, known: list[str], prefix: str, url: str) -> str:
+    """Why a call to ``name`` failed: no worker declared it; the declared names, closest
+    first."""
+    ranked = sorted(known, key=lambda k: -difflib.SequenceMatcher(None, name, k).ratio())
+    listed = ", ".join(map(repr, ranked)) if ranked else "none yet"
+    return (
+        f"no worker has declared a serving named {name!r} under prefix {prefix!r} on Redis "
+        f"{url}; declared servings, closest first: {listed}. Check the name, the prefix and "
+        "the Redis URL; a client started before its workers passes wait_for_worker=True "
+        "(or sets QUEUESERVE_WAIT_FOR_WORKER=1) to wait for them"
+    )

@@ -34,6 +34,9 @@ class Waiting(Sending):
             return target
         keys = self._meta_keys(serving)
         meta = self._broker.meta(keys) if keys else {}
+        if self._undeclared(keys, meta):
+            assert keys is not None
+            raise self._unknown(keys.name, self._broker.servings(self.prefix))
         last = self._last_shard(keys, meta)  # confirms a count of shards over 1
         return self._remember(serving, meta, self._broker.meta(last) if last else None)
 

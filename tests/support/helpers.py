@@ -79,6 +79,8 @@ def child_env(**extra: str) -> dict[str, str]:
     """The environment of a process a test starts: this checkout's ``queueserve`` and ``tests``
     importable, no stray ``QUEUESERVE_*`` settings of the caller's, unbuffered output."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("QUEUESERVE_")}
+    if "QUEUESERVE_WAIT_FOR_WORKER" in os.environ:  # the suite's own (tests/conftest.py)
+        env["QUEUESERVE_WAIT_FOR_WORKER"] = os.environ["QUEUESERVE_WAIT_FOR_WORKER"]
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra)
