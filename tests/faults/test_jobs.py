@@ -365,3 +365,26 @@ def test_queueserve_job_shows_waits_for_and_cancels_a_job_as_json(
     assert code == 0 and cancelled == {"id": other.id, "cancelled": True, "status": "cancelled"}
     code, failed = cli(redis_url, prefix, "wait", other.id)
     assert code == 1 and "was cancelled" in failed["error"]
+
+
+def test_a_job_key_of_another_type_costs_only_its_own_job_s_record(
+    start_worker: StartWorker,
+    client: qs.Client,
+    other: qs.Client,
+    redis_client: redis.Redis,
+    prefix: str,
+) -> None:
+    # Given a worker held on a batch, and two jobs that will share one reply
+    serving = Recording(tag_items, gated=True, name="shared", batch_size=8, batch_timeout=0)
+    start_worker(serving)
+    first = client.submit("shared", ["a"], keep=60)
+    second = client.submit("shared", ["b"], keep=60)
+    wait_until(lambda: other.job(second.id).status() == "running", "both read")
+    # When someone makes the first job's record a list before the reply
+    key = job_key(prefix, first.id)
+    redis_client.delete(key)
+    redis_client.rpush(key, "junk")
+    serving.release()
+    # Then both callers are answered, and the second job's record keeps its answer
+    assert first.result(timeout=30) == ["r:a"] and second.result(timeout=30) == ["r:b"]
+    assert other.job(second.id).result(timeout=30) == ["r:b"]

@@ -9,7 +9,8 @@
 --          messages (wire/reply.py) as an inbox would get them
 -- A job that ended already (done, failed, cancelled) takes nothing more: a run repeated after
 -- its worker died, or a job cancelled while its pack ran, leaves its record as it was.
--- Everything in a record may have been written by anyone: counts that are no count are 0.
+-- Everything in a record may have been written by anyone: counts that are no count are 0, and
+-- a key of another type is left alone (its job's answer goes to its caller's inbox only).
 -- Returns how many jobs were written.
 local limit, live = tonumber(ARGV[1]), ARGV[2]
 local function count(value)
@@ -24,9 +25,10 @@ for k = 1, #KEYS do
     tonumber(ARGV[a + 4])
   local first = a + 5
   a = first + messages
-  local state = redis.call('HMGET', key, 's', 'b', 'm', 'f')
-  local s = state[1]
-  if not (s == 'done' or s == 'failed' or s == 'cancelled') then
+  -- pcall: a key someone made another type fails alone, not the other jobs of this reply
+  local state = redis.pcall('HMGET', key, 's', 'b', 'm', 'f')
+  local s = state.err == nil and state[1]
+  if state.err == nil and not (s == 'done' or s == 'failed' or s == 'cancelled') then
     written = written + 1
     local bytes, m = count(state[2]), math.min(count(state[3]), 1048576)
     local added = 0

@@ -10,9 +10,9 @@ for i = 1, #KEYS do
   local stream, entry = ARGV[2 * i - 1], ARGV[2 * i]
   if entry == '' then
     redis.call('DEL', KEYS[i])
-  elseif redis.call('EXISTS', KEYS[i]) == 1 then
-    redis.call('HSET', KEYS[i], 'st', stream, 'e', entry)
-    updated = updated + 1
+  elseif redis.call('EXISTS', KEYS[i]) == 1
+      and type(redis.pcall('HSET', KEYS[i], 'st', stream, 'e', entry)) == 'number' then
+    updated = updated + 1  -- (a key of another type is left alone)
   end
 end
 return updated
