@@ -98,3 +98,18 @@ def test_a_request_that_came_during_a_busy_keys_batch_goes_in_the_next_batch() -
     assert chosen is not None and a.take(chosen, now=11.0).key == "quiet"
     chosen, _ = a.pick(now=11.5)
     assert chosen is not None and chosen.key == "bulk"
+
+
+def test_a_key_sending_one_batch_per_request_gives_its_turn_as_a_long_request_would() -> None:
+    # Given a key whose requests hold one batch each (the batch takes 1 s), one taken at t=10
+    a = Assembler(capacity=2, timeout=0.0)
+    a.batch_times.observe(2, 1.0)
+    a.add("bulk", piece(["b", "b"]), now=0.0)
+    chosen, _ = a.pick(now=10.0)
+    assert chosen is not None and a.take(chosen, now=10.0).key == "bulk"
+    # When the key's next request is read during that batch, and then a quiet one comes
+    a.add("bulk", piece(["b", "b"]), now=10.1)
+    a.add("quiet", piece(["q"]), now=10.2)
+    # Then the quiet one runs next
+    chosen, _ = a.pick(now=11.0)
+    assert chosen is not None and chosen.key == "quiet"

@@ -31,6 +31,8 @@ from typing import Any
 
 from queueserve.worker.pipeline.latency import BatchTimes, LatencyPlan
 
+ENDS_KEPT = 1000  # expected batch ends of emptied keys kept before the ended ones are dropped
+
 
 @dataclass(eq=False, slots=True)
 class Pack:
@@ -175,6 +177,9 @@ class Assembler:
         # Only keys with something waiting: an idle key costs nothing here.
         self.queues: dict[str, KeyQueue] = {}
         self.buffered = 0  # items waiting, all keys
+        # Keys whose queue emptied with a batch still expected to run: when it should end (a
+        # key's requests of one batch each restart its turn as its longer ones do)
+        self._ends: dict[str, float] = {}
         self.weight = 0.0  # items (or cost) waiting, all keys
 
     def full_keys(self) -> list[str]:
@@ -231,6 +236,8 @@ class Assembler:
         levels = queue.levels
         if not levels:
             queue.started = queue.turn = now
+            if self._ends:
+                queue.turn = max(now, self._ends.pop(key, now))
         if self.latency is not None:
             self.latency.arrived(len(piece.items), now)
         priority = piece.request.priority
@@ -306,8 +313,19 @@ class Assembler:
         else:
             self.weight = max(0.0, self.weight - queue.weight)
             del self.queues[queue.key]
+            self._ended(queue.key, now + self.batch_times.predict(taken_weight), now)
         self.buffered -= sum(len(s.items) for s in taken)
         return TakenBatch(queue.key, taken, opened)
+
+    def _ended(self, key: str, end: float, now: float) -> None:
+        """Remember when the batch just taken from ``key``'s emptied queue should end; what
+        ended already is forgotten, a thousand keys at a time."""
+        if end <= now:
+            return
+        ends = self._ends
+        if len(ends) >= ENDS_KEPT:
+            self._ends = ends = {k: t for k, t in ends.items() if t > now}
+        ends[key] = end
 
     def _next_level(self, queue: KeyQueue, unix_now: float) -> int:
         """The priority whose head a batch takes next: the lowest ``since - priority * age``,
