@@ -84,15 +84,22 @@ def configure(
     global _partition
     if partition is not None:
         _partition = str(partition)
-    handler = logging.StreamHandler()
+    root = logging.getLogger()
+    ours = [h for h in root.handlers if isinstance(h, _Handler)]
+    if root.handlers and not ours:  # configured by someone else (an embedding app, a test
+        return  # runner): left alone, as logging.basicConfig does
+    for old in ours:  # the CLI's first, text, handler, before the options said json
+        root.removeHandler(old)
+    handler = _Handler()
     handler.addFilter(IdsFilter())
     handler.addFilter(RedisNoiseFilter())
     handler.setFormatter(_formatter(log_format, partition))
-    root = logging.getLogger()
-    for old in list(root.handlers):
-        root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level)
+
+
+class _Handler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Stderr, as configure() installs it (so that a second call replaces it)."""
 
 
 def _formatter(log_format: LogFormat, partition: int | None) -> logging.Formatter:
