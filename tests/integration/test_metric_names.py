@@ -12,7 +12,9 @@ from pathlib import Path
 
 import queueserve as qs
 from queueserve.worker.queue_metrics import version
+from tests.integration.test_cli import Spawn, spawn  # noqa: F401
 from tests.support.helpers import wait_until
+from tests.support.redis_server import free_port
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
 
@@ -137,3 +139,40 @@ def test_queue_time_end_to_end_and_the_backlog_by_priority(
     finally:
         gate.set()
         worker.stop()
+
+
+def test_a_recycled_partition_counts_as_a_restart(
+    spawn: Spawn,  # noqa: F811
+    redis_url: str,
+    prefix: str,
+    client: qs.Client,
+) -> None:
+    port = free_port()
+    worker = spawn(
+        "tests.support.log_app:flaky",
+        "--redis-url",
+        redis_url,
+        "--prefix",
+        prefix,
+        "--partitions",
+        "1",
+        "--max-batches-per-partition",
+        "1",
+        "--metrics-port",
+        str(port),
+    )
+    url = f"http://127.0.0.1:{port}/metrics"
+
+    def restarts() -> float:
+        try:
+            with urllib.request.urlopen(url, timeout=10) as r:
+                text = r.read().decode()
+        except OSError:
+            return 0.0
+        return _sample(
+            text, "queueserve_partition_restarts_total", partition="0", reason="recycled"
+        )
+
+    assert client.dispatch("flaky", 1, timeout=60) == 2  # its one batch: then it is recycled
+    wait_until(lambda: restarts() >= 1, "a restart counted", process=worker)
+    assert client.dispatch("flaky", 2, timeout=60) == 3  # served by the fresh partition
