@@ -46,6 +46,17 @@ def _drop_undeliverable(failures: list[Exception]) -> None:
         log.warning("a reply could not be delivered and was dropped: %s", failure)
 
 
+def _drop_job_failures(out: list[Any], job_writes: range) -> None:
+    """A job write Redis refused (other than for a missing script, which is loaded and sent
+    again) is dropped with a warning: its callers have their answers in their inboxes, and
+    holding the acks behind it would retry for ever."""
+    for i in job_writes:
+        failure = out[i]
+        if isinstance(failure, Exception) and not isinstance(failure, NoScriptError):
+            log.warning("a job's answer could not be kept in its record: %s", failure)
+            out[i] = None
+
+
 class JobAnswer(Protocol):
     """Answers of one job to keep in its record (worker/pipeline/replies.py's JobWrite)."""
 
@@ -129,6 +140,7 @@ class Replies(Reads):
         scripted = len(commands)
         if jobs:
             commands += _job_commands(self._job.sha, keys.prefix, jobs, is_cluster(self.redis))
+        job_writes = range(scripted, len(commands))
         commands += self._ack_commands(keys, acks)
         fused = then_read is not None and self._raw is not None and not durable_replies
         sent: raw.Sent | None = None
@@ -141,6 +153,7 @@ class Replies(Reads):
                 out = sent.read(len(commands))
             else:
                 out = self._send_commands(commands, scripted)
+            _drop_job_failures(out, job_writes)
             failures = [r for r in out if isinstance(r, Exception)]
             for failure in failures:
                 self._moved(next(iter(acks), ""), failure)

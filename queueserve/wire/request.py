@@ -107,18 +107,15 @@ def _check_fields(fields: Any) -> None:
             f"header's optional fields must be a map of at most {_MAX_FIELDS} string keys, "
             f"got {fields!r:.200}"
         )
-    if "job" in fields:  # a job's key is made of its id: checked here, before any use
-        check_job_id(fields["job"])
-    if "keep" in fields:
-        check_keep_ms(fields["keep"])
 
 
 def job_of(fields: dict[str, Any] | None) -> tuple[str, int] | None:
     """(job id, keep ms) from a checked header's optional fields; None when it is no job
-    (a job has both)."""
-    if fields is None or "job" not in fields or "keep" not in fields:
+    (a job has both); ValueError saying what is wrong with a forged one (its id becomes a
+    key name: it must stay among this prefix's job records)."""
+    if fields is None or "job" not in fields:
         return None
-    return fields["job"], fields["keep"]
+    return check_job_id(fields["job"]), check_keep_ms(fields.get("keep"))
 
 
 def header_events(header: list[Any]) -> str:

@@ -19,7 +19,7 @@ from queueserve.wire.jobs import job_key
 from queueserve.wire.protocol import Keys
 from queueserve.wire.request import encode_request
 from tests.support.broker import RedisBroker
-from tests.support.fault_app import Workers
+from tests.support.fault_app import RawInbox, Workers
 from tests.support.helpers import REPO, child_env, stream_key, wait_until
 from tests.support.servings import Recording, tag_items
 
@@ -284,20 +284,28 @@ def test_forged_job_records_and_ids_are_refused_with_a_clear_error(
             client.job(job_id).result(timeout=5)
 
 
-def test_a_forged_job_field_in_a_header_is_dead_lettered_with_the_reason(
-    start_worker: StartWorker, redis_client: redis.Redis, redis_url: str, prefix: str
+def test_a_forged_job_field_in_a_header_is_answered_with_no_record_and_the_reason_logged(
+    start_worker: StartWorker,
+    redis_client: redis.Redis,
+    redis_url: str,
+    prefix: str,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     start_worker(qs.Serving(tag_items, name="strict", batch_size=4, batch_timeout=0))
     keys = Keys(prefix, "strict")
-    inbox = f"{prefix}:inbox:forger"
-    h, p = encode_request(
-        get_codec("msgpack"), 1, ["a"], inbox, None, fields={"job": "x:{y}-1", "keep": 1000}
-    )
-    RedisBroker(redis_url).enqueue(keys, [("default", 1, h, p, 0)], 0)
-    dead = wait_until(lambda: redis_client.xrange(keys.dead), "dead-lettered")
-    reason = dead[0][1][b"reason"].decode()
-    assert "is not a job id" in reason
+    inbox = RawInbox(redis_client, prefix, "forger")
+    forged = ({"job": "x:{y}-1", "keep": 1000}, {"job": "ok-1", "keep": -5}, {"job": 7})
+    requests = []
+    for rid, fields in enumerate(forged, start=1):
+        h, p = encode_request(get_codec("msgpack"), rid, ["a"], inbox.key, None, fields=fields)
+        requests.append(("default", 1, h, p, 0))
+    RedisBroker(redis_url).enqueue(keys, requests, 0)
+    # Each caller is answered, its admitted items released, and no job key is written
+    wait_until(lambda: inbox.answered([1, 2, 3]), "every forger answered")
+    assert all(inbox.slices[rid][0][3] == ["r:a"] for rid in (1, 2, 3))
+    wait_until(lambda: int(redis_client.get(keys.queued) or 0) == 0, "admission released")
     assert not redis_client.keys(f"{prefix}:job:*")
+    assert "is not a job id" in caplog.text and "'keep' must be ms" in caplog.text
 
 
 async def test_an_async_client_submits_follows_and_cancels_jobs(

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
@@ -14,6 +15,8 @@ from queueserve.wire.event import encode_events
 from queueserve.wire.reply import ReplyEncoder
 from queueserve.wire.request import job_of
 from queueserve.worker.pipeline.execute import Row
+
+log = logging.getLogger(__name__)
 
 
 class ReplyQueue:
@@ -154,7 +157,12 @@ def _finish(request: Any, acks: dict[str, dict[int, list[bytes]]], out: Composed
 
 def _keep(jobs: dict[int, JobWrite], request: Any, row: list[Any]) -> None:
     """Add ``row`` to what is written into its job's record (a request that is a job)."""
-    job = job_of(request.fields)
+    try:
+        job = job_of(request.fields)
+    except ValueError as e:
+        # A forged header: its caller is answered as ever, and no record is written.
+        log.warning("request %s: its answer is kept in no job record: %s", request.rid, e)
+        return
     if job is None:
         return
     write = jobs.get(id(request))
