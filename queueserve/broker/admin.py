@@ -166,6 +166,22 @@ class Admin(BrokerCore):
         # S#i: the meta hash of a shard (names never hold '#'), where workers confirm `shards`
         return sorted(name for name in names if "#" not in name)
 
+    def undeclared_waiting(self, prefix: str) -> list[tuple[str, int]]:
+        """(serving, items admitted) for each serving with requests waiting that no worker
+        ever declared (clients with wait_for_worker=True, a typo among them)."""
+        declared = set(self.servings(prefix))
+        out = []
+        with redis_errors(self.url):
+            for key in self.redis.scan_iter(match=f"{prefix}:{{*}}:queued", count=500):
+                name = text(key, "replace")
+                serving = name[name.index("{") + 1 : name.rindex("}")]
+                items = self.redis.get(key) or b"0"
+                if "#" in serving or serving in declared or not items.isdigit():
+                    continue
+                if int(items) > 0:
+                    out.append((serving, int(items)))
+        return sorted(out)
+
     def key_stats(self, keys: Keys, recent: int = STATS_RECENT_KEYS) -> list[KeyStats]:
         """Per batch key with work (streams in the ready or active set, items admitted) and
         per key among the ``recent`` last enqueued to: items queued, entries waiting and

@@ -39,12 +39,24 @@ def format_row(name: str, row: KeyStats, rate: float, workers: int, dead: int, n
     )
 
 
+def print_undeclared(broker: Admin, prefix: str) -> None:
+    """Requests waiting on servings no worker ever declared: a misspelled name, or workers
+    not started yet (clients with wait_for_worker=True)."""
+    for serving, items in broker.undeclared_waiting(prefix):
+        print(
+            f"{serving!r}: {items} items waiting, and no worker ever declared this serving "
+            f"under prefix {prefix!r} (a misspelled name, or its workers not started)"
+        )
+
+
 def stats_command(args: argparse.Namespace) -> int:
     settings = Settings()
     broker = Admin(args.redis_url or settings.redis_url)
     prefix = args.prefix or settings.prefix
     try:
         servings = [Keys(prefix, s) for s in (args.servings or broker.servings(prefix))]
+        if not args.servings:
+            print_undeclared(broker, prefix)
         if not servings:
             print(f"no servings under prefix {prefix!r}")
             return 0

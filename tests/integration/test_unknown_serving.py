@@ -4,11 +4,15 @@ its workers (wait_for_worker=True, QUEUESERVE_WAIT_FOR_WORKER)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Callable
 
 import pytest
+import redis
 
 import queueserve as qs
+from tests.support.helpers import REPO, child_env, stream_key, wait_until
 from tests.support.servings import tag_items
 
 StartWorker = Callable[..., qs.Worker]
@@ -58,3 +62,36 @@ def test_a_client_that_waits_for_its_worker_is_served_once_it_starts(
         ticket = client.submit("later", ["a"])
         servings(start_worker, "later")
         assert ticket.result(timeout=30) == ["r:a"]
+
+
+def test_stats_lists_requests_waiting_on_a_serving_no_worker_declared(
+    start_worker: StartWorker, redis_client: redis.Redis, redis_url: str, prefix: str
+) -> None:
+    servings(start_worker, "square")
+    with qs.Client(redis_url, prefix=prefix, wait_for_worker=True) as client:
+        client.submit("sqaure", [1, 2, 3])
+        wait_until(lambda: redis_client.exists(stream_key(prefix, "sqaure")), "it is sent")
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "queueserve",
+                "stats",
+                "--redis-url",
+                redis_url,
+                "--prefix",
+                prefix,
+                "--interval",
+                "10ms",
+            ],
+            cwd=REPO,
+            env=child_env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert done.returncode == 0, done.stderr
+    assert "'sqaure': 3 items waiting, and no worker ever declared this serving" in done.stdout, (
+        done.stdout
+    )
+    assert "'square': " not in done.stdout
