@@ -14,6 +14,7 @@
     │                        WRONGTYPE, a failing script, a wrong password)
     ├── NotReplicated        a durable serving's request reached the primary, but no replica
     │                        acknowledged it in time: a failover now could lose it
+    ├── UnknownServing       the call named a serving no worker ever declared under the prefix
     ├── BatchResultError     (results.py) a batch function's return value does not give one
     │                        result per item; its callers get it as a RemoteError
     ├── ServingNotFound      (worker/loading.py) a ``module:attr`` that names no serving

@@ -125,9 +125,7 @@ class AsyncClient(AsyncSending):
         codec: str | None = None,
         wait_for_worker: bool | None = None,
     ) -> None:
-        """``wait_for_worker``: a call to a serving no worker declared yet waits for one
-        instead of raising UnknownServing (for clients started before their workers);
-        default QUEUESERVE_WAIT_FOR_WORKER, else False."""
+        """``wait_for_worker``: wait for a serving no worker declared yet, not UnknownServing."""
         super().__init__(url, prefix, codec)
         if wait_for_worker is not None:
             self._wait_for_worker = wait_for_worker
@@ -199,13 +197,8 @@ class AsyncClient(AsyncSending):
 
     def job(self, job_id: str) -> AsyncJob:
         """``Client.job``: the job ``job_id``, its methods awaited."""
-        return AsyncJob(
-            self._broker.jobs,
-            self._broker.cancel,
-            self.prefix,
-            job_id,
-            self._trusted_codec,
-        )
+        broker = self._broker
+        return AsyncJob(broker.jobs, broker.cancel, self.prefix, job_id, self._trusted_codec)
 
     async def map(
         self,

@@ -48,9 +48,7 @@ class Client(Waiting):
         codec: str | None = None,
         wait_for_worker: bool | None = None,
     ) -> None:
-        """``wait_for_worker``: a call to a serving no worker declared yet waits for one
-        instead of raising UnknownServing (for clients started before their workers);
-        default QUEUESERVE_WAIT_FOR_WORKER, else False."""
+        """``wait_for_worker``: wait for a serving no worker declared yet, not UnknownServing."""
         super().__init__(url, prefix, codec)
         if wait_for_worker is not None:
             self._wait_for_worker = wait_for_worker
@@ -127,13 +125,8 @@ class Client(Waiting):
     def job(self, job_id: str) -> Job:
         """The job ``job_id`` (a ``ticket.id`` of ``submit(..., keep=...)``, from any
         process): its status, progress, result, cancel and forget."""
-        return Job(
-            self._broker.jobs,
-            self._broker.cancel,
-            self.prefix,
-            job_id,
-            self._trusted_codec,
-        )
+        broker = self._broker
+        return Job(broker.jobs, broker.cancel, self.prefix, job_id, self._trusted_codec)
 
     def _submit(
         self,
