@@ -9,7 +9,7 @@ it (``due``):
 - as soon as it is big enough for the executor to keep up with the items arriving (their rate
   measured as they are read): at low load that is one item, so a lone request runs at once,
   as with ``batch_timeout=0``; under load batches grow just as far as the load needs;
-- otherwise after waiting as long as the batch would take to run, and at the latest when
+- otherwise after waiting for as long as a batch costs whatever its size (a), at the latest when
   waiting longer would push its oldest item's expected answer (its wait so far plus the
   batch's predicted time) past the target, less SAFETY of it for the read, the reply and the
   model's error.
@@ -97,7 +97,7 @@ class LatencyPlan:
         spare = HEADROOM - rate * times.b
         if spare > 0 and weight * spare >= rate * times.a:
             return now  # this size keeps up with what arrives: waiting only adds latency
+        # Waiting saves the items that come meanwhile a batch's fixed cost (a) each; waiting
+        # longer than that costs the items waiting more than it saves them.
         run = times.predict(weight)
-        # Waiting longer than the batch itself would take costs more than it saves: it can
-        # only double what its items wait for a batch that is at most twice as big.
-        return min(started + run, started + self.target * (1 - SAFETY) - run)
+        return min(started + times.a, started + self.target * (1 - SAFETY) - run)
