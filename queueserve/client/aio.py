@@ -179,7 +179,7 @@ class AsyncClient(AsyncSending):
         target = await self._target(serving)
         parts = plan(target, items if isinstance(items, list) else list(items), batch_key)
         deadline = deadline_after(timeout)
-        keep_ms = job_plan(parts, keep)
+        keep_ms = job_plan(target, parts, keep)
         self._jobs_sent = self._jobs_sent or keep_ms > 0
         self._ensure_reader()
         loop = asyncio.get_running_loop()

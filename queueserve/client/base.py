@@ -256,6 +256,8 @@ class BaseClient:
         and, for a count of shards over 1, the last shard's meta hash (``last_shard``)."""
         target = self._target_for(serving, meta.get("codec"))
         target.traced = tracing.AVAILABLE and self._reads_trace(target.keys.name, meta)
+        if meta:
+            target.keeps_jobs = "job" in meta.get(tracing.HEADER_FIELDS, "").split(",")
         if target.serving is not None:
             target.batch_size = target.serving.batch_size
             target.hooks = target.serving.hooks is not None

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from queueserve.broker.jobs import NewJob, Placed
 from queueserve.client.outgoing import Outgoing
-from queueserve.client.targets import Part
+from queueserve.client.targets import Part, Target
 from queueserve.wire.jobs import check_keep, job_key
 
 
@@ -14,11 +14,17 @@ def job_id(client_id: str, rid: int) -> str:
     return f"{client_id}-{rid}"
 
 
-def job_plan(parts: list[Part], keep: float | None) -> int:
-    """A job's keep in ms (0: no job), checked: a job is one request."""
+def job_plan(target: Target, parts: list[Part], keep: float | None) -> int:
+    """A job's keep in ms (0: no job), checked: a job is one request, to workers that keep
+    jobs (older ones would dead-letter its header)."""
     if keep is None:
         return 0
     keep_ms = check_keep(keep)
+    if target.keeps_jobs is False:
+        raise ValueError(
+            f"the workers of serving {target.keys.name!r} do not keep jobs ('job' is not among "
+            "the header_fields of its meta hash): upgrade them before submitting with keep="
+        )
     if len(parts) != 1:
         raise ValueError(
             f"a job is one request, and these items go as {len(parts)} (one per batch "

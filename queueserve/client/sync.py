@@ -146,7 +146,7 @@ class Client(Waiting):
         target = self._target(serving)
         parts = plan(target, items if isinstance(items, list) else list(items), batch_key)
         deadline = deadline_after(timeout)
-        keep_ms = job_plan(parts, keep)
+        keep_ms = job_plan(target, parts, keep)
         self._jobs_sent = self._jobs_sent or keep_ms > 0
         self._ensure_reader()
         if len(parts) != 1:

@@ -69,6 +69,9 @@ class Target:
     hooks: bool = False  # the serving streams hook events: its requests are never split
     durable: bool = False  # each enqueue waits for a replica (the serving's durable option)
     traced: bool = False  # its requests carry the caller's trace context (tracing.py)
+    # Whether its workers declared that they keep jobs (``job`` among the header fields they
+    # read); None: not known (no worker declared it yet, or the caller passed the object)
+    keeps_jobs: bool | None = None
     # Where its requests go: the serving's shards, shared by every Target of the serving
     # in this client (a caller passing the Serving object gets a new Target per call).
     spread: ShardSpread | None = None

@@ -396,3 +396,14 @@ def test_a_job_key_of_another_type_costs_only_its_own_job_s_record(
     # Then both callers are answered, and the second job's record keeps its answer
     assert first.result(timeout=30) == ["r:a"] and second.result(timeout=30) == ["r:b"]
     assert other.job(second.id).result(timeout=30) == ["r:b"]
+
+
+def test_a_job_for_workers_that_do_not_keep_jobs_is_refused_before_sending(
+    client: qs.Client, redis_client: redis.Redis, prefix: str
+) -> None:
+    # Workers of a version before jobs: their meta hash lists no 'job' among header_fields
+    keys = Keys(prefix, "older")
+    redis_client.hset(keys.meta, mapping={"codec": "msgpack", "header_fields": "trace"})
+    with pytest.raises(ValueError, match="do not keep jobs"):
+        client.submit("older", ["a"], keep=60)
+    assert not redis_client.exists(stream_key(prefix, "older"))
