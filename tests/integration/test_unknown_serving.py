@@ -95,3 +95,21 @@ def test_stats_lists_requests_waiting_on_a_serving_no_worker_declared(
         done.stdout
     )
     assert "'square': " not in done.stdout
+
+
+def test_what_is_sent_to_an_undeclared_serving_lives_at_most_key_idle_ttl(
+    start_worker: StartWorker, redis_client: redis.Redis, redis_url: str, prefix: str
+) -> None:
+    default_ttl_ms = int(qs.Serving(tag_items, name="x").key_idle_ttl * 1000)
+    stream = stream_key(prefix, "unborn")
+    with qs.Client(redis_url, prefix=prefix, wait_for_worker=True) as client:
+        first = client.submit("unborn", ["a"])
+        wait_until(lambda: redis_client.exists(stream), "it is sent")
+        for key in (stream, f"{prefix}:{{unborn}}:queued", f"{prefix}:{{unborn}}:seen"):
+            assert 0 < redis_client.pttl(key) <= default_ttl_ms, key
+        # Once a worker declares it, the next send takes the TTLs off
+        servings(start_worker, "unborn")
+        assert first.result(timeout=30) == ["r:a"]
+        assert client.dispatch("unborn", "b", timeout=30) == "r:b"
+        for key in (stream, f"{prefix}:{{unborn}}:queued", f"{prefix}:{{unborn}}:seen"):
+            assert redis_client.pttl(key) == -1, key

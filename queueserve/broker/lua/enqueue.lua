@@ -27,6 +27,11 @@
 local limit = tonumber(redis.call('HGET', KEYS[3], 'max_queue') or '')
 if not (limit and limit >= 0 and limit <= 1e12) then limit = tonumber(ARGV[1]) end
 local pack_items = tonumber(redis.call('HGET', KEYS[3], 'pack_items') or '0') or 0
+-- A serving no worker ever declared (no meta hash; its callers passed wait_for_worker, or
+-- misspelled it): what they send lives at most the default key_idle_ttl past the last send,
+-- so a misspelled name costs nothing for long. Once declared, a send takes those TTLs off.
+local UNDECLARED_TTL_MS = 3600000  -- options/serving.py's default key_idle_ttl
+local declared = redis.call('EXISTS', KEYS[3]) == 1
 local MAX_PACK_REQUESTS = 1024  -- protocol.MAX_PACK_REQUESTS (tests/faults/test_pack_limits.py)
 local queued = tonumber(redis.call('GET', KEYS[1]) or '0')
 local step = tonumber(ARGV[3])
@@ -100,6 +105,17 @@ if admitted > 0 then
     redis.call('ZADD', KEYS[2], now, key)
     redis.call('HINCRBY', KEYS[6], key, n)
   end
+end
+local function each_key(command, ...)
+  for k = 1, 6 do
+    if k ~= 3 then redis.call(command, KEYS[k], ...) end
+  end
+  for s = 1, streams do redis.call(command, KEYS[6 + s], ...) end
+end
+if not declared then
+  each_key('PEXPIRE', UNDECLARED_TTL_MS)
+elseif redis.call('PTTL', KEYS[2]) > 0 then  -- sent to while undeclared: its keys now stay
+  each_key('PERSIST')
 end
 out[2] = queued + admitted
 return out
