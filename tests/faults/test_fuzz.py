@@ -257,20 +257,30 @@ def problems_after(
             assert client.dispatch(serving, "after", timeout=60) == app.answer("after")
     for name in SERVINGS:
         keys = target.keys(name)
-        wait_until(lambda k=keys: int(r.get(k.queued) or 0) == 0  # type: ignore[misc]
-                   and all(int(v) == 0 for v in r.hvals(k.depth)),
-                   f"{name}'s admission counter and depth hash at zero")
+        try:
+            wait_until(lambda k=keys: int(r.get(k.queued) or 0) == 0  # type: ignore[misc]
+                       and all(int(v) == 0 for v in r.hvals(k.depth)),
+                       f"{name}'s admission counter and depth hash at zero")
+        except AssertionError as e:
+            return [f"{e}: queued {r.get(keys.queued)!r}, depth {r.hgetall(keys.depth)!r}"]
     return []
 
 
 def settled_memory(r: redis.Redis, prefix: str, baseline: int) -> int:
-    """Redis's used_memory over ``baseline`` once the dead letters (kept until dropped:
-    docs/guarantees.md, "Bad input") are gone, waited for until within MEMORY_SLACK."""
-    r.delete(f"{prefix}:fuzz:exec", *(P.Keys(prefix, n).dead for n in SERVINGS))
+    """Redis's used_memory over ``baseline``, waited for until within MEMORY_SLACK, without
+    the dead letters (kept until dropped: docs/guarantees.md, "Bad input") and the answers to
+    forged entries (kept until their inbox's TTL), which the worker writes until it has read
+    the last junk entry."""
+    kept = [f"{prefix}:fuzz:exec", P.inbox_key(prefix, "fuzzjunk"),
+            *(P.Keys(prefix, n).dead for n in SERVINGS)]
+
+    def over() -> int:
+        r.delete(*kept)
+        m = int(r.info("memory")["used_memory"]) - baseline
+        return max(m, 1) if m <= MEMORY_SLACK else 0
+
     try:
-        return wait_until(
-            lambda: (m := int(r.info("memory")["used_memory"]) - baseline) <= MEMORY_SLACK
-            and max(m, 1), f"used_memory within {MEMORY_SLACK} bytes of {baseline}, before")
+        return wait_until(over, f"used_memory within {MEMORY_SLACK} bytes of {baseline}, before")
     except AssertionError as e:
         info = r.info("memory")
         parts = {k: info[k] for k in ("used_memory_dataset", "used_memory_overhead",
