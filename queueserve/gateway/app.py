@@ -15,7 +15,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from queueserve.client.aio import AsyncClient
-from queueserve.gateway import openai_api, servings
+from queueserve.gateway import jobs, openai_api, servings
 from queueserve.gateway.auth import BearerAuth
 from queueserve.gateway.body import DEFAULT_MAX_BODY_BYTES, JSON
 from queueserve.gateway.core import Gateway
@@ -70,6 +70,7 @@ def create_app(
             Route("/healthz", healthz, methods=["GET"]),
             Route("/metrics", metrics.endpoint, methods=["GET"]),
             *servings.routes(gw),
+            *jobs.routes(gw),
             *openai_api.routes(gw),
         ],
         middleware=middleware,

@@ -93,6 +93,24 @@ class Gateway:
         """``AsyncClient.stream``, typed as what it is: closing it withdraws its requests."""
         return cast(AsyncGenerator[Event, None], self.client.stream(serving, items, **options))
 
+    async def submit(
+        self, serving: str, items: Iterable[Any], options: Any, keep: float | None = None
+    ) -> AsyncTicket:
+        """``AsyncClient.submit`` with the request's options, its errors as HTTP ones."""
+        try:
+            return await self.client.submit(
+                serving,
+                items,
+                batch_key=options.batch_key,
+                timeout=options.timeout,
+                priority=options.priority,
+                keep=keep,
+            )
+        except QueueServeError as e:
+            raise from_queueserve(e) from None
+        except (TypeError, ValueError, OverflowError) as e:  # an item the codec cannot carry
+            raise bad_request(str(e)) from None
+
     async def call(
         self,
         request: Request,
@@ -102,18 +120,7 @@ class Gateway:
         return_exceptions: bool = False,
     ) -> list[Any]:
         """``items``' results, the request withdrawn if the HTTP client disconnects first."""
-        try:
-            ticket = await self.client.submit(
-                serving,
-                items,
-                batch_key=options.batch_key,
-                timeout=options.timeout,
-                priority=options.priority,
-            )
-        except QueueServeError as e:
-            raise from_queueserve(e) from None
-        except (TypeError, ValueError, OverflowError) as e:  # an item the codec cannot carry
-            raise bad_request(str(e)) from None
+        ticket = await self.submit(serving, items, options)
         watcher = asyncio.get_running_loop().create_task(cancel_on_disconnect(request, ticket))
         try:
             return await ticket.result(return_exceptions=return_exceptions)

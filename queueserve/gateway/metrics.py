@@ -17,7 +17,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 METHODS = frozenset({"GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"})
 MAX_CACHED = 4096  # series kept looked up (serving names are the client's to choose)
-SERVING_ACTIONS = frozenset({"dispatch", "dispatch_many", "stream"})
+SERVING_ACTIONS = frozenset({"dispatch", "dispatch_many", "stream", "jobs"})
+JOB_ACTIONS = frozenset({"result", "cancel"})
 # Up to 2 s in fine steps (an HTTP round trip is a millisecond or two), then long generations.
 BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300)
 
@@ -29,6 +30,11 @@ def route_of(path: str, known: frozenset[str]) -> str:
     parts = path.split("/")
     if len(parts) == 5 and parts[:3] == ["", "v1", "servings"] and parts[4] in SERVING_ACTIONS:
         return f"/v1/servings/{{name}}/{parts[4]}"
+    if parts[:3] == ["", "v1", "jobs"] and parts[3]:
+        if len(parts) == 4:
+            return "/v1/jobs/{id}"
+        if len(parts) == 5 and parts[4] in JOB_ACTIONS:
+            return f"/v1/jobs/{{id}}/{parts[4]}"
     return "other"
 
 
@@ -86,8 +92,10 @@ class HttpMetrics:
     def _series(self, path: str, method: str, status: int) -> tuple[Counter, Histogram]:
         """The two series of one request; looked up once per (path, method, status): the
         labels() calls cost more than the counting (bounded: unknown paths are one key)."""
+        if path.startswith("/v1/jobs/"):  # an id per job: cached by its template
+            path = route_of(path, self.known)
         key = (
-            path if path in self.known or path.startswith("/v1/servings/") else "",
+            path if path in self.known or path.startswith(("/v1/servings/", "/v1/jobs/")) else "",
             method,
             status,
         )

@@ -40,7 +40,7 @@ SERVINGS = [
 NAMES = ["gated", "hooked", "vectors", "spell"]
 # What a hostile request may get: a clear refusal, or an answer (an item is anything JSON
 # holds, and a serving may fail on it: 502). Never 500 or 503: those are the gateway's faults.
-EXPECTED = {200, 400, 401, 404, 405, 413, 502, 504}
+EXPECTED = {200, 202, 400, 401, 404, 405, 409, 413, 502, 504}
 
 # JSON values of every shape a field may meet: wrong types, extremes, NaN, deep nesting,
 # long and odd strings (separators of Redis keys, NUL, a lone surrogate).
@@ -125,6 +125,22 @@ HOSTILE_NAMES: list[str] = [
     " ",
     "%7Bgated%7D",
 ]
+# Job ids in the path: the names above, and ids of a job's shape that are not one.
+HOSTILE_IDS: list[str] = [
+    *HOSTILE_NAMES,
+    "a-1",
+    "-1",
+    "a-",
+    "a-1-2",
+    "a-" + "9" * 30,
+    "x" * 65 + "-1",
+    "a.b_c-0",
+    "a-1,a-2",
+    "a:job:b-1",
+]
+# Values of query parameters.
+HOSTILE_QUERY: list[str] = ["", "-1", "nan", "inf", "1e400", "301", "0x10", "True", "x" * 5000]
+JOB = "{job}"  # in an entry's path: a fresh job's id, submitted before each use
 
 
 @dataclass
@@ -136,6 +152,7 @@ class Endpoint:
     valid: dict[str, Any] | None = None  # a valid JSON body (None: no body)
     fields: list[str] = field(default_factory=list)
     named: bool = False  # the path holds a serving name to attack
+    query: list[str] = field(default_factory=list)  # query parameters to attack
 
 
 ENDPOINTS: dict[tuple[str, str], Endpoint] = {
@@ -162,6 +179,19 @@ ENDPOINTS: dict[tuple[str, str], Endpoint] = {
         ["items", "batch_key", "priority", "timeout", "max_in_flight"],
         named=True,
     ),
+    ("POST", "/v1/servings/{name}/jobs"): Endpoint(
+        "POST",
+        "/v1/servings/gated/jobs",
+        {"items": ["a", "b"], "keep": 60},
+        ["items", "batch_key", "priority", "timeout", "keep"],
+        named=True,
+    ),
+    ("GET", "/v1/jobs/{id}"): Endpoint("GET", f"/v1/jobs/{JOB}"),
+    ("DELETE", "/v1/jobs/{id}"): Endpoint("DELETE", f"/v1/jobs/{JOB}"),
+    ("GET", "/v1/jobs/{id}/result"): Endpoint(
+        "GET", f"/v1/jobs/{JOB}/result", query=["timeout", "return_exceptions"]
+    ),
+    ("POST", "/v1/jobs/{id}/cancel"): Endpoint("POST", f"/v1/jobs/{JOB}/cancel"),
     ("GET", "/v1/models"): Endpoint("GET", "/v1/models"),
     ("POST", "/v1/embeddings"): Endpoint(
         "POST",
@@ -244,10 +274,22 @@ def attacks(endpoint: Endpoint, rng: random.Random) -> Iterator[Attack]:
                 head = json.dumps(rest)[:-1] + (", " if rest else "")
                 body = f'{head}"{name}": {value}}}'.encode()
                 yield f"field {name} value {i}", endpoint.path, body, {}
+    yield from path_attacks(endpoint, rng, valid)
+
+
+def path_attacks(endpoint: Endpoint, rng: random.Random, valid: bytes) -> Iterator[Attack]:
+    """Hostile serving names, job ids and query parameters, with a valid body."""
     if endpoint.named:
         action = endpoint.path.rsplit("/", 1)[1]
         for name in rng.sample(HOSTILE_NAMES, len(HOSTILE_NAMES)):
             yield f"name {name[:20]!r}", f"/v1/servings/{name}/{action}", valid, {}
+    if JOB in endpoint.path:
+        for job_id in rng.sample(HOSTILE_IDS, len(HOSTILE_IDS)):
+            yield f"id {job_id[:20]!r}", endpoint.path.replace(JOB, job_id), valid, {}
+    for name in endpoint.query:
+        for value in HOSTILE_QUERY:
+            path = f"{endpoint.path}?{name}={value}"
+            yield f"query {name}={value[:20]!r}", path, valid, {}
 
 
 def check(what: str, response: httpx.Response) -> None:
@@ -255,6 +297,15 @@ def check(what: str, response: httpx.Response) -> None:
     if response.status_code >= 400:
         error = response.json()["error"]
         assert error["status"] == response.status_code and error["type"] and error["message"]
+
+
+def with_job(http: httpx.Client, path: str) -> str:
+    """``path`` with a fresh job's id for JOB (an attack may have forgotten the last one)."""
+    if JOB not in path:
+        return path
+    submitted = http.post("/v1/servings/gated/jobs", json={"items": ["a"]})
+    assert submitted.status_code == 202, submitted.text[:500]
+    return path.replace(JOB, submitted.json()["id"])
 
 
 def test_hostile_requests_to_every_endpoint_get_clear_answers(gateway: GatewayProc) -> None:
@@ -266,14 +317,15 @@ def test_hostile_requests_to_every_endpoint_get_clear_answers(gateway: GatewayPr
         for key, endpoint in ENDPOINTS.items():
             for what, path, body, headers in attacks(endpoint, rng):
                 response = http.request(
-                    endpoint.method, path, content=body or None, headers=headers
+                    endpoint.method, with_job(http, path), content=body or None, headers=headers
                 )
                 check(f"{key} {what}", response)
                 sent += 1
         # After it all, every endpoint answers a valid request as before
         for key, endpoint in ENDPOINTS.items():
-            response = http.request(endpoint.method, endpoint.path, json=endpoint.valid)
-            assert response.status_code == 200, (key, response.text[:500])
+            path = with_job(http, endpoint.path)
+            response = http.request(endpoint.method, path, json=endpoint.valid)
+            assert response.status_code in (200, 202), (key, response.text[:500])
     assert sent > 500
     assert gateway.proc.poll() is None
     assert "Traceback" not in gateway.output(), gateway.output()[-5000:]

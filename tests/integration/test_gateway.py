@@ -259,6 +259,8 @@ def test_metrics_count_http_requests_by_route_and_status(stack: Stack) -> None:
         http.post("/v1/servings/gated/dispatch", json={"item": "m"})
         http.post("/v1/servings/nosuch/dispatch", json={"item": "m"})
         http.get(f"/random/{uuid4().hex}")
+        for _ in range(2):  # a route per template, whatever the job's id
+            http.get(f"/v1/jobs/nobody{uuid4().hex[:8]}-1/result")
         text = http.get("/metrics").text
     assert (
         'queueserve_http_requests_total{method="POST",'
@@ -266,6 +268,7 @@ def test_metrics_count_http_requests_by_route_and_status(stack: Stack) -> None:
     ) in text
     assert 'route="/v1/servings/{name}/dispatch",status="404"' in text
     assert 'route="other",status="404"' in text
+    assert 'method="GET",route="/v1/jobs/{id}/result",status="404"} 2.0' in text
     assert "queueserve_http_request_seconds_bucket" in text
 
 
@@ -386,6 +389,86 @@ def test_a_dispatch_whose_client_disconnects_is_cancelled(stack: Stack) -> None:
         lambda: stack.pending("ticker") == 0 and stack.queued("ticker") == 0,
         "the disconnected dispatch's request to leave the running set",
     )
+
+
+# --- jobs -------------------------------------------------------------------------------------
+def test_a_job_submitted_over_http_is_followed_by_id_from_a_python_client(stack: Stack) -> None:
+    # Given a job submitted over HTTP, held running
+    with stack.http() as http, qs.Client(stack.redis_url, prefix=stack.prefix) as client:
+        submitted = http.post(
+            "/v1/servings/gated/jobs", json={"items": ["hold:j1", "b"], "keep": 60}
+        )
+        assert submitted.status_code == 202, submitted.text
+        job_id = submitted.json()["id"]
+        assert submitted.headers["location"] == f"/v1/jobs/{job_id}"
+        job = client.job(job_id)  # this process is not the gateway's
+        wait_until(lambda: job.status() == "running", "the job to run")
+        shown = http.get(f"/v1/jobs/{job_id}").json()
+        assert shown == {"id": job_id, "status": "running", "done": 0, "total": 2}
+        # When it is not done, its result is 202 with where it stands
+        early = http.get(f"/v1/jobs/{job_id}/result", params={"timeout": 0})
+        assert early.status_code == 202 and early.json()["status"] == "running"
+        # Then once it ends, the Python client and HTTP both get its results
+        stack.open("j1")
+        assert job.result(timeout=60) == ["r:hold:j1", "r:b"]
+        done = http.get(f"/v1/jobs/{job_id}/result", params={"timeout": 60})
+        assert done.json() == {"id": job_id, "status": "done", "results": ["r:hold:j1", "r:b"]}
+        assert http.get(f"/v1/jobs/{job_id}").json()["done"] == 2
+        # And forgetting it over HTTP deletes it for everyone
+        assert http.delete(f"/v1/jobs/{job_id}").json() == {"id": job_id, "forgotten": True}
+        assert job.status() == "expired"
+        for gone in (http.get(f"/v1/jobs/{job_id}"), http.delete(f"/v1/jobs/{job_id}")):
+            assert gone.status_code == 404 and error_of(gone)["type"] == "unknown_job"
+
+
+def test_a_job_submitted_from_python_is_answered_over_http_with_its_errors(stack: Stack) -> None:
+    with stack.http() as http, qs.Client(stack.redis_url, prefix=stack.prefix) as client:
+        job_id = client.submit("gated", ["bad", "c"], keep=60).id
+        path = f"/v1/jobs/{job_id}/result"
+        failed = http.get(path, params={"timeout": 60})
+        assert failed.status_code == 502 and error_of(failed)["type"] == "remote_error"
+        each = http.get(path, params={"return_exceptions": "true"}).json()
+        assert each["status"] == "failed" and each["results"][1] == "r:c"
+        assert each["results"][0]["error"]["type"] == "remote_error"
+
+
+def test_cancel_over_http_of_a_queued_job(stack: Stack) -> None:
+    # Given a serving declared but not consumed (its worker's meta hash, copied): jobs wait
+    idle = f"{stack.prefix}:{{idle}}:meta"
+    stack.redis.hset(idle, mapping=stack.redis.hgetall(f"{stack.prefix}:{{gated}}:meta"))
+    with stack.http() as http:
+        job_id = http.post("/v1/servings/idle/jobs", json={"items": ["x"]}).json()["id"]
+        assert http.get(f"/v1/jobs/{job_id}").json()["status"] == "queued"
+        assert stack.redis.xlen(stream_key(stack.prefix, "idle")) == 1
+        # When it is cancelled over HTTP
+        cancelled = http.post(f"/v1/jobs/{job_id}/cancel").json()
+        # Then it leaves its stream, never to run, and says so to every reader
+        assert cancelled == {
+            "id": job_id,
+            "cancelled": True,
+            "status": "cancelled",
+            "done": 0,
+            "total": 1,
+        }
+        assert stack.redis.xlen(stream_key(stack.prefix, "idle")) == 0
+        assert http.post(f"/v1/jobs/{job_id}/cancel").json()["cancelled"] is False
+        result = http.get(f"/v1/jobs/{job_id}/result")
+        assert result.status_code == 409 and error_of(result)["type"] == "cancelled"
+
+
+def test_job_ids_and_queries_that_are_wrong_are_400_and_unknown_ones_404(stack: Stack) -> None:
+    with stack.http() as http:
+        for forged in ("a:b-1", "x-1,x-2", "{x}-1", "a%20b-1", "x" * 100 + "-1", "nodash"):
+            refused = http.get(f"/v1/jobs/{forged}")
+            assert refused.status_code == 400, forged
+            assert "not a job id" in error_of(refused)["message"]
+        assert http.get("/v1/jobs/nobody-1").status_code == 404
+        for query in ({"timeout": "-1"}, {"timeout": "nan"}, {"return_exceptions": "1"}, {"x": 1}):
+            assert http.get("/v1/jobs/nobody-1/result", params=query).status_code == 400
+        no_keep = http.post("/v1/servings/gated/jobs", json={"items": ["a"], "keep": 0})
+        assert no_keep.status_code == 400 and "keep" in error_of(no_keep)["message"]
+        unknown = http.post("/v1/servings/nope/jobs", json={"items": ["a"]})
+        assert unknown.status_code == 404
 
 
 # --- OpenAI-compatible endpoints, through the official client --------------------------------

@@ -1,0 +1,193 @@
+"""Jobs over HTTP (docs/http.md, "Jobs"): ``POST /v1/servings/{name}/jobs`` submits one, and
+``/v1/jobs/{id}`` follows it from any gateway or Python client with the same Redis and prefix:
+``GET`` its status and progress, ``GET .../result`` (waiting up to ``?timeout=``), ``POST
+.../cancel``, ``DELETE`` to forget it. The client's jobs API does the work (AsyncClient.job)."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from typing import Annotated, Any
+
+from pydantic import Field
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from queueserve.client.aio import AsyncTicket
+from queueserve.client.jobs import AsyncJob
+from queueserve.errors import Cancelled, QueueServeError, Timeout
+from queueserve.gateway.body import JSON, parse
+from queueserve.gateway.core import Gateway
+from queueserve.gateway.errors import ApiError, bad_request, from_queueserve, item_error
+from queueserve.gateway.servings import Options, encoded
+from queueserve.gateway.sse import disconnected
+from queueserve.wire.jobs import MAX_KEEP_MS
+
+DEFAULT_KEEP_S = 3600.0  # an answer no one fetched within the hour is rarely wanted
+MAX_WAIT_S = 300.0  # what one ``GET .../result`` may wait: proxies cut longer idle requests
+_FIRST_POLL_S, _MOST_POLL_S, PLACED_WITHIN_S = 0.001, 0.05, 30.0
+
+
+class SubmitJob(Options):
+    items: Annotated[list[Any], Field(min_length=1)]
+    keep: Annotated[float, Field(gt=0, le=MAX_KEEP_MS / 1000, allow_inf_nan=False)] = DEFAULT_KEEP_S
+
+
+def routes(gw: Gateway) -> list[Route]:
+    async def submit(request: Request) -> Response:
+        name = request.path_params["name"]
+        body = await parse(request, SubmitJob, gw.max_body_bytes)
+        await gw.require(name)
+        ticket = await gw.submit(name, body.items, body, keep=body.keep)
+        job = gw.client.job(ticket.id)
+        await placed(job, ticket)
+        return JSON(
+            {"id": job.id, "status": "queued", "total": len(body.items)},
+            status_code=202,
+            headers={"Location": f"/v1/jobs/{job.id}"},
+        )
+
+    async def show(request: Request) -> Response:
+        return JSON(await state(job_of(gw, request)))
+
+    async def result(request: Request) -> Response:
+        job = job_of(gw, request)
+        wait, return_exceptions = result_query(request)
+        try:
+            results = await until_disconnected(request, job.result(wait, return_exceptions=True))
+        except Timeout:  # not ended within the wait: where it stands, and to come back
+            return JSON(await state(job), status_code=202, headers={"Retry-After": "1"})
+        except QueueServeError as e:
+            raise await job_error(job, e) from None
+        return answer(job.id, results, return_exceptions)
+
+    async def cancel(request: Request) -> Response:
+        job = job_of(gw, request)
+        try:
+            cancelled = await job.cancel()
+        except QueueServeError as e:
+            raise await job_error(job, e) from None
+        return JSON({"id": job.id, "cancelled": cancelled, **await state(job)})
+
+    async def forget(request: Request) -> Response:
+        job = job_of(gw, request)
+        if not await job.forget():
+            raise unknown(job)
+        return JSON({"id": job.id, "forgotten": True})
+
+    return [
+        Route("/v1/servings/{name}/jobs", submit, methods=["POST"]),
+        Route("/v1/jobs/{id}", show, methods=["GET"]),
+        Route("/v1/jobs/{id}", forget, methods=["DELETE"]),
+        Route("/v1/jobs/{id}/result", result, methods=["GET"]),
+        Route("/v1/jobs/{id}/cancel", cancel, methods=["POST"]),
+    ]
+
+
+def answer(job_id: str, results: list[Any], return_exceptions: bool) -> Response:
+    """An ended job's results; without ``return_exceptions`` its first item error instead,
+    with the status a dispatch gets."""
+    failed = [r for r in results if isinstance(r, QueueServeError)]
+    if failed and not return_exceptions:
+        raise from_queueserve(failed[0])
+    return encoded(
+        {
+            "id": job_id,
+            "status": "failed" if failed else "done",
+            "results": [item_error(r) if isinstance(r, QueueServeError) else r for r in results],
+        }
+    )
+
+
+def job_of(gw: Gateway, request: Request) -> AsyncJob:
+    """The job the path names; 400 for what is no job id (it would name another key)."""
+    try:
+        return gw.client.job(request.path_params["id"])
+    except ValueError as e:
+        raise bad_request(str(e)) from None
+
+
+async def placed(job: AsyncJob, ticket: AsyncTicket) -> None:
+    """Return once the job's record is in Redis, so the id answered holds whatever becomes
+    of this process: at once unless another request's send carries it. A send Redis
+    refused (a full queue) raises its error."""
+    pause, waited = _FIRST_POLL_S, 0.0
+    while await job.status() == "expired":
+        if ticket.done():
+            await ticket.result()  # the send failed: its error; else the record went already
+            return
+        if waited >= PLACED_WITHIN_S:
+            raise ApiError(503, "not_placed", f"job {job.id} is not in Redis yet; retry later")
+        await asyncio.sleep(pause)
+        waited += pause
+        pause = min(pause * 2, _MOST_POLL_S)
+
+
+async def state(job: AsyncJob) -> dict[str, Any]:
+    """A job's ``{id, status, done, total}``; 404 when it has no record."""
+    try:
+        status = await job.status()
+        if status == "expired":
+            raise unknown(job)
+        progress = await job.progress()
+    except QueueServeError as e:
+        raise await job_error(job, e) from None
+    return {"id": job.id, "status": status, "done": progress.done, "total": progress.total}
+
+
+async def job_error(job: AsyncJob, error: QueueServeError) -> ApiError:
+    """The HTTP form of what a job's read raised: its own error mapped as any call's; a
+    cancelled job 409 (it ended so, asking again will not change it); no record 404;
+    a record that is not queueserve's 502."""
+    if isinstance(error, Cancelled):
+        return ApiError(409, "cancelled", str(error))
+    if type(error) is not QueueServeError:
+        return from_queueserve(error)
+    if await job.status() == "expired":
+        return unknown(job)
+    return ApiError(502, "job_failed", str(error))
+
+
+def unknown(job: AsyncJob) -> ApiError:
+    return ApiError(
+        404,
+        "unknown_job",
+        f"job {job.id} has no record under this prefix: its keep passed, it was forgotten, "
+        "or it never existed",
+    )
+
+
+def result_query(request: Request) -> tuple[float, bool]:
+    """``?timeout=`` (seconds to wait, 0 to MAX_WAIT_S, default 0) and
+    ``?return_exceptions=`` (true or false), or 400 saying what is wrong."""
+    query = request.query_params
+    extra = set(query) - {"timeout", "return_exceptions"}
+    if extra:
+        raise bad_request(f"unknown query parameters {sorted(extra)!r:.200}")
+    text = query.get("timeout", "0")
+    try:
+        wait = float(text)
+    except ValueError:
+        wait = math.nan
+    if not 0 <= wait <= MAX_WAIT_S:
+        raise bad_request(f"timeout must be seconds from 0 to {MAX_WAIT_S:g}, got {text!r:.50}")
+    flag = query.get("return_exceptions", "false")
+    if flag not in ("true", "false"):
+        raise bad_request(f"return_exceptions must be true or false, got {flag!r:.50}")
+    return wait, flag == "true"
+
+
+async def until_disconnected(request: Request, waiting: Any) -> Any:
+    """``waiting``'s result, or nothing more done if the HTTP client leaves first (the job
+    goes on: only the wait ends)."""
+    loop = asyncio.get_running_loop()
+    work, gone = loop.create_task(waiting), loop.create_task(disconnected(request.receive))
+    try:
+        await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        work.cancel()
+    if work.cancelled():  # no one reads this answer; the metrics count it
+        raise ApiError(499, "client_closed_request", "the HTTP client left before the answer")
+    return work.result()
