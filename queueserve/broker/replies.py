@@ -72,6 +72,8 @@ class JobAnswer(Protocol):
     def final(self) -> bool: ...
     @property
     def errored(self) -> bool: ...
+    @property
+    def hook(self) -> bytes: ...
 
 
 def _job_commands(
@@ -83,7 +85,8 @@ def _job_commands(
     for group in groups:
         args: list[Any] = [MAX_JOB_BYTES, LIVE_TTL_MS]
         for job in group:
-            args += (job.keep_ms, int(job.final), int(job.errored), job.n, len(job.messages))
+            args += (job.keep_ms, int(job.final), int(job.errored), job.n, job.hook)
+            args.append(len(job.messages))
             args += job.messages
         keys = [job_key(prefix, job.job_id) for job in group]
         commands.append(("EVALSHA", sha, len(keys), *keys, *args))

@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 from queueserve.broker.jobs import AsyncJobs, Jobs
 from queueserve.client.calls import Call, CallTable, outcome
 from queueserve.errors import Cancelled, QueueServeError, Timeout
+from queueserve.hooks import Hook
 from queueserve.wire import jobs as J
 from queueserve.wire import protocol as P
 from queueserve.wire.codec import get_codec
@@ -26,10 +27,12 @@ DEFAULT_KEEP_MS = 60_000  # what a cancel keeps a record whose keep is unreadabl
 
 
 class JobProgress(NamedTuple):
-    """Items of a job answered so far, of ``total``."""
+    """Items of a job answered so far, of ``total``; ``hook``: the last hook event
+    (``qs.emit``) of its batches, when its serving emits any."""
 
     done: int
     total: int
+    hook: Hook | None = None
 
 
 class _Reading:
@@ -90,7 +93,19 @@ class _Reading:
         if record is None:
             raise QueueServeError(self._gone())
         call = self._call(record)
-        return JobProgress(record.n - call.remaining, record.n)
+        return JobProgress(record.n - call.remaining, record.n, self._hook(record.hook))
+
+    def _hook(self, raw: bytes) -> Hook | None:
+        if not raw:
+            return None
+        try:
+            name, payload, start, size = J.parse_hook(raw, self._accepted)
+        except Exception as e:
+            raise QueueServeError(
+                f"job {self.id}'s record holds a hook event that cannot be read ({e}): it "
+                "was not written by queueserve; forget it"
+            ) from None
+        return Hook(name, payload, start, size)
 
     def _gone(self) -> str:
         return (

@@ -58,8 +58,10 @@ def _run(action: str, job: Any, timeout: float | None) -> tuple[dict[str, Any], 
         return {"id": job.id, "cancelled": cancelled, "status": job.status()}, EXIT_OK
     shown: dict[str, Any] = {"id": job.id, "status": job.status()}
     if shown["status"] != "expired":
-        done, total = job.progress()
+        done, total, hook = job.progress()
         shown["progress"] = {"done": done, "total": total}
+        if hook is not None:
+            shown["progress"]["hook"] = {"name": hook.name, "payload": hook.payload}
     if action == "show":
         return shown, EXIT_OK
     try:

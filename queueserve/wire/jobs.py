@@ -14,6 +14,8 @@ and by the worker that answers it (job.lua, in the reply-and-ack round trip, bef
     m   how many reply messages it holds; b, their bytes
     r1 .. rm  the reply messages, as an inbox would get them (wire/reply.py)
     x   why it failed without an answer (its answer went over MAX_JOB_BYTES)
+    h   the last hook event of its batches (``qs.emit``), as a codec tag and the encoding of
+        ``["h", name, payload, start, size]`` (wire/event.py), when the serving emits one
 
 Anyone who can write to Redis can write a record: ``parse_record`` checks every field.
 """
@@ -22,7 +24,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
+
+from queueserve.wire.codec import Codec, loads_tagged
 
 QUEUED, RUNNING, DONE, FAILED, CANCELLED, EXPIRED = (
     "queued",
@@ -93,6 +97,7 @@ class JobRecord:
     entry_id: bytes
     messages: list[bytes]
     failure: str
+    hook: bytes
 
 
 def parse_record(job_id: str, raw: dict[bytes, bytes]) -> JobRecord:
@@ -139,6 +144,7 @@ def parse_record(job_id: str, raw: dict[bytes, bytes]) -> JobRecord:
         raw.get(b"e", b""),
         messages,
         text(b"x"),
+        raw.get(b"h", b""),
     )
 
 
@@ -147,3 +153,20 @@ def _bad(job_id: str, name: bytes, value: bytes) -> ValueError:
         f"job {job_id}'s record has a bad {name.decode(errors='replace')!r} field "
         f"({value!r:.80}): it was not written by queueserve; forget it (job.forget())"
     )
+
+
+def encode_hook(codec: Codec, body: list[Any]) -> bytes:
+    """A hook event's body (wire/event.py's ``hook_event``) as a record keeps it: the codec
+    tag and its encoding."""
+    return bytes((codec.tag,)) + codec.dumps(body)
+
+
+def parse_hook(raw: bytes, accepted: set[int]) -> tuple[str, Any, int, int]:
+    """(name, payload, start, size) of a record's hook event; ValueError when it is none."""
+    body = loads_tagged(raw, accepted, "hook event")
+    if type(body) is not list or len(body) != 5 or body[0] != "h" or type(body[1]) is not str:
+        raise ValueError(f"not a hook event: {body!r:.100}")
+    _, name, payload, start, size = body
+    if type(start) is not int or type(size) is not int:
+        raise ValueError(f"not a hook event: {body!r:.100}")
+    return name, payload, start, size

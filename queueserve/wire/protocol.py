@@ -121,6 +121,7 @@ ERROR: Final = 2
 DROP: Final = 3  # worker-internal: the caller cancelled; ack without replying
 EVENT: Final = 4  # worker-internal: publish a streamed event (offset field holds its seq)
 STEPS: Final = 5
+JOB_HOOK: Final = 6  # worker-internal: a hook event of a job's batch, kept in its record
 
 # Error kinds carried in an ERROR slice, so the client raises the matching queueserve error.
 ERR_REMOTE: Final = "remote"

@@ -5,7 +5,8 @@
 -- ARGV[2]  the TTL of a record still waiting (LIVE_TTL_MS)
 -- then per job, in KEYS order: keep (ms: the record's TTL once the job ended), '1' when these
 --          messages end it (its last item is answered) else '0', '1' when one of these items
---          was answered with an error, its item count, how many messages follow, the reply
+--          was answered with an error, its item count, the last hook event of its batches
+--          ('' for none: the codec tag and its encoding), how many messages follow, the reply
 --          messages (wire/reply.py) as an inbox would get them
 -- A job that ended already (done, failed, cancelled) takes nothing more: a run repeated after
 -- its worker died, or a job cancelled while its pack ran, leaves its record as it was.
@@ -21,9 +22,10 @@ end
 local written, a = 0, 3
 for k = 1, #KEYS do
   local key = KEYS[k]
-  local keep, final, errored, n, messages = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3],
-    tonumber(ARGV[a + 4])
-  local first = a + 5
+  local keep, final, errored, n, hook = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3],
+    ARGV[a + 4]
+  local messages = tonumber(ARGV[a + 5])
+  local first = a + 6
   a = first + messages
   -- pcall: a key someone made another type fails alone, not the other jobs of this reply
   local state = redis.pcall('HMGET', key, 's', 'b', 'm', 'f')
@@ -51,6 +53,7 @@ for k = 1, #KEYS do
       if final == '1' then status = failed and 'failed' or 'done' end
       redis.call('HSET', key, 's', status, 'm', m, 'b', bytes + added, 'n', n, unpack(fields))
       if errored == '1' then redis.call('HSET', key, 'f', 1) end
+      if hook ~= '' then redis.call('HSET', key, 'h', hook) end
       redis.call('PEXPIRE', key, final == '1' and keep or live)
     end
   end

@@ -60,8 +60,14 @@ class BatchContext:
             return
         rows: list[Row] = []
         for start, s in self._positions():
-            if s.request.events and id(s.request) not in self.finished:
+            if id(s.request) in self.finished:
+                continue
+            if s.request.events:
                 rows += event_rows(s.request, hook_event(name, payload, start, len(s.items)))
+            elif s.request.fields is not None and "job" in s.request.fields:
+                # a job's progress keeps its last hook event (wire/jobs.py, field h)
+                body = hook_event(name, payload, start, len(s.items))
+                rows.append((s.request, 0, 0, P.JOB_HOOK, body))
         if rows:
             self.sink(rows)
 

@@ -12,11 +12,13 @@ from typing import Any
 from queueserve.wire import protocol as P
 from queueserve.wire.codec import Codec
 from queueserve.wire.event import encode_events
+from queueserve.wire.jobs import encode_hook
 from queueserve.wire.reply import ReplyEncoder
 from queueserve.wire.request import job_of
 from queueserve.worker.pipeline.execute import Row
 
 log = logging.getLogger(__name__)
+MAX_HOOK_BYTES = 64 * 1024  # a job's last hook event is kept up to this size
 
 
 class ReplyQueue:
@@ -78,6 +80,7 @@ class JobWrite:
     messages: list[bytes] = field(default_factory=list)
     final: bool = False
     errored: bool = False
+    hook: bytes = b""  # the last hook event of its batches, encoded (wire/jobs.py)
 
     @property
     def n(self) -> int:
@@ -113,6 +116,9 @@ def compose(rows: list[Row], codec: Codec, max_bytes: int) -> Composed:
         if kind == P.EVENT:
             events.append((request.events, [request.rid, offset, *body]))
             continue
+        if kind == P.JOB_HOOK:
+            _keep(jobs, request, None, encode_hook(codec, body))
+            continue
         out.answered += count
         if kind == P.DROP:
             errors["cancelled"] += count
@@ -132,11 +138,19 @@ def compose(rows: list[Row], codec: Codec, max_bytes: int) -> Composed:
     encoder = ReplyEncoder(codec, bytes((codec.tag,)), max_bytes - 1, errors)
     out.messages = {inbox: encoder.messages(m) for inbox, m in messages.items()}
     out.acks, out.errors = dict(acks), dict(errors)
-    for job in jobs.values():
-        job.messages = encoder.messages(job.rows)
-        job.final = job.request.remaining <= 0
-    out.jobs = list(jobs.values())
+    out.jobs = _job_writes(jobs, encoder)
     return out
+
+
+def _job_writes(jobs: dict[int, JobWrite], encoder: ReplyEncoder) -> list[JobWrite]:
+    """The jobs' rows encoded as an inbox's would be, whether each ends now, and its last
+    hook event (none when too large to keep)."""
+    for job in jobs.values():
+        job.messages = encoder.messages(job.rows) if job.rows else []
+        job.final = job.request.remaining <= 0
+        if len(job.hook) > MAX_HOOK_BYTES:  # too large to keep: progress() shows counts alone
+            job.hook = b""
+    return list(jobs.values())
 
 
 def _finish(request: Any, acks: dict[str, dict[int, list[bytes]]], out: Composed) -> None:
@@ -155,8 +169,11 @@ def _finish(request: Any, acks: dict[str, dict[int, list[bytes]]], out: Composed
     out.finished.append(request.ref)
 
 
-def _keep(jobs: dict[int, JobWrite], request: Any, row: list[Any]) -> None:
-    """Add ``row`` to what is written into its job's record (a request that is a job)."""
+def _keep(
+    jobs: dict[int, JobWrite], request: Any, row: list[Any] | None, hook: bytes = b""
+) -> None:
+    """Add ``row`` (or the encoded last ``hook`` event) to what is written into its job's
+    record (a request that is a job)."""
     try:
         job = job_of(request.fields)
     except ValueError as e:
@@ -168,5 +185,8 @@ def _keep(jobs: dict[int, JobWrite], request: Any, row: list[Any]) -> None:
     write = jobs.get(id(request))
     if write is None:
         write = jobs[id(request)] = JobWrite(job[0], job[1], request)
+    if row is None:
+        write.hook = hook
+        return
     write.rows.append(row)
     write.errored = write.errored or row[3] == P.ERROR
