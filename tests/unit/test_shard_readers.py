@@ -26,7 +26,7 @@ class ShardsBroker:
         self.blocked_with: list[tuple[int, int]] = []  # (its budget, room left to the others)
 
     def read_ready(
-        self, keys: Any, consumer: str, budget: int, per_key: int, full: Any
+        self, keys: Any, consumer: str, budget: int, per_key: int, full: Any, age_ms: int = 0
     ) -> ReadOutcome:
         return ReadOutcome(b"0-0", 0, False, 0, [])
 
