@@ -71,6 +71,13 @@ def _duration(value: str) -> float:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _positive_duration(value: str) -> float:
+    seconds = _duration(value)
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0 (for example 1s), got {value!r}")
+    return seconds
+
+
 def _positive_int(value: str) -> int:
     if not value.isdigit() or int(value) < 1:
         raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {value!r}")
@@ -162,7 +169,10 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("stats", help="queues, consumers, lag, throughput and dead letters")
     s.add_argument("servings", nargs="*", help="servings to show (default: all found)")
     s.add_argument(
-        "--interval", type=_duration, default=1.0, help="how long to sample throughput (default 1s)"
+        "--interval",
+        type=_positive_duration,
+        default=1.0,
+        help="how long to sample throughput (default 1s)",
     )
     g = sub.add_parser(
         "gateway",

@@ -305,3 +305,13 @@ def test_a_memory_limit_that_is_no_number_of_bytes_is_refused_with_an_example(te
 
     with pytest.raises(ValueError, match="a number of bytes like 2GiB"):
         parse_bytes(text, "max_partition_memory")
+
+
+@pytest.mark.parametrize("interval", ["0", "0s", "0ms"])
+def test_stats_refuses_an_interval_it_cannot_divide_by(
+    capsys: pytest.CaptureFixture[str], interval: str
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["stats", f"--interval={interval}", "--redis-url", URL, "--prefix", PREFIX])
+    assert exited.value.code == EXIT_USAGE
+    assert "must be more than 0" in capsys.readouterr().err
