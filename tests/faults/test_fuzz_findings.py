@@ -219,3 +219,27 @@ def test_junk_in_the_admission_counters_is_reset_by_the_ack_and_the_reply_goes_o
                and not redis_client.hexists(keys.depth, "default"), "the counters at zero")
     inbox.drain()
     assert inbox.error_kind(3) is None
+
+
+def test_a_depth_field_holding_no_count_is_reset_by_the_enqueue_and_the_request_runs_once(
+    start_worker: StartWorker, client: qs.Client, redis_client: redis.Redis, prefix: str,
+) -> None:
+    # Given a serving whose key's depth field someone overwrote with what is not a count
+    runs: Counter[Any] = Counter()
+
+    def run(items: list[Any]) -> list[Any]:
+        runs.update(items)
+        return items
+
+    serving = qs.Serving(run, name="depthjunk", batch_size=8, batch_timeout=0)
+    start_worker(serving)
+    keys = P.Keys(prefix, "depthjunk")
+    redis_client.hset(keys.depth, "default", "junk")
+
+    # When a caller dispatches, then it is answered, the request ran once and the counters end
+    # at zero (enqueue.lua failed after writing the entry: the client sent it again and again,
+    # and the admission counter kept what each copy added)
+    assert client.dispatch(serving, "x", timeout=WAIT_S) == "x"
+    wait_until(lambda: int(redis_client.get(keys.queued) or 0) == 0
+               and not redis_client.hexists(keys.depth, "default"), "the counters at zero")
+    assert runs["x"] == 1, runs

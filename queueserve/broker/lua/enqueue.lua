@@ -103,7 +103,11 @@ if admitted > 0 then
   redis.call('INCRBY', KEYS[1], admitted)
   for key, n in pairs(per_key) do
     redis.call('ZADD', KEYS[2], now, key)
-    redis.call('HINCRBY', KEYS[6], key, n)
+    -- A field anyone may overwrite: one that holds no count is reset (after the XADDs above
+    -- an error would leave the entries written and the caller told they were not)
+    if type(redis.pcall('HINCRBY', KEYS[6], key, n)) ~= 'number' then
+      redis.pcall('HSET', KEYS[6], key, n)
+    end
   end
 end
 local function each_key(command, ...)

@@ -43,7 +43,10 @@ for i = 6, #ARGV, 3 do
                              'a', ARGV[i + 2])
 end
 redis.call('INCRBY', KEYS[3], items)
-redis.call('HINCRBY', KEYS[7], key, items)
+-- A depth field that holds no count (anyone may write one) is reset, as enqueue.lua does
+if type(redis.pcall('HINCRBY', KEYS[7], key, items)) ~= 'number' then
+  redis.pcall('HSET', KEYS[7], key, items)
+end
 redis.call('ZADD', KEYS[4], now, key)
 if redis.call('ZADD', KEYS[5], 'NX', now - priority * tonumber(ARGV[5]), priority .. key) == 1 then
   redis.call('XADD', KEYS[6], 'MAXLEN', '~', 100, '*', 'k', priority .. key)
