@@ -20,6 +20,7 @@ from queueserve.gateway.auth import BearerAuth
 from queueserve.gateway.body import DEFAULT_MAX_BODY_BYTES, JSON
 from queueserve.gateway.core import Gateway
 from queueserve.gateway.errors import ApiError, error_response
+from queueserve.gateway.fast import FastDispatch
 from queueserve.gateway.metrics import HttpMetrics
 
 KNOWN_PATHS = frozenset({"/healthz", "/metrics", "/v1/models", "/v1/embeddings", "/v1/completions"})
@@ -65,6 +66,7 @@ def create_app(
     middleware = [Middleware(Measured, metrics=metrics)]
     if token is not None:
         middleware.append(Middleware(BearerAuth, token=token))
+    middleware.append(Middleware(FastDispatch, gateway=gw))  # after auth: it answers
     app = Starlette(
         routes=[
             Route("/healthz", healthz, methods=["GET"]),

@@ -13,8 +13,9 @@ import pydantic
 import pydantic_core
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import Receive, Scope
 
-from queueserve.gateway.errors import ApiError, bad_request
+from queueserve.gateway.errors import ApiError, ClientGone, bad_request
 
 M = TypeVar("M", bound=pydantic.BaseModel)
 
@@ -24,16 +25,26 @@ DEFAULT_MAX_BODY_BYTES = 1 << 20  # 1 MiB: a few thousand texts to embed
 async def read_body(request: Request, limit: int) -> bytes:
     """The body, refused with 413 as soon as it passes ``limit`` bytes: at once when
     Content-Length says so, else while it arrives (chunked bodies have no length)."""
-    declared = request.headers.get("content-length")
-    if declared is not None and (not declared.isdigit() or int(declared) > limit):
-        raise too_large(limit)
+    return await receive_body(request.scope, request.receive, limit)
+
+
+async def receive_body(scope: Scope, receive: Receive, limit: int) -> bytes:
+    """``read_body`` from the ASGI scope and channel; ClientGone if the client left first."""
+    for key, value in scope["headers"]:
+        if key == b"content-length" and (not value.isdigit() or int(value) > limit):
+            raise too_large(limit)
     chunks, size = [], 0
-    async for chunk in request.stream():
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            raise ClientGone
+        chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
             raise too_large(limit)
         chunks.append(chunk)
-    return b"".join(chunks)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def too_large(limit: int) -> ApiError:
@@ -47,7 +58,10 @@ def too_large(limit: int) -> ApiError:
 
 async def parse(request: Request, model: type[M], limit: int) -> M:
     """The body validated into ``model``; 400 saying what was wrong otherwise."""
-    body = await read_body(request, limit)
+    return validated(await read_body(request, limit), model)
+
+
+def validated(body: bytes, model: type[M]) -> M:
     try:
         return model.model_validate_json(body)
     except pydantic.ValidationError as e:

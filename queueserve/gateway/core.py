@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import AsyncGenerator, Iterable
 from typing import Any, cast
 
-from starlette.requests import Request
+from starlette.types import Receive
 
 from queueserve.broker.errors import redis_errors
 from queueserve.client.aio import AsyncClient, AsyncTicket
@@ -113,7 +113,7 @@ class Gateway:
 
     async def call(
         self,
-        request: Request,
+        receive: Receive,
         serving: str,
         items: Iterable[Any],
         options: Any,
@@ -121,7 +121,7 @@ class Gateway:
     ) -> list[Any]:
         """``items``' results, the request withdrawn if the HTTP client disconnects first."""
         ticket = await self.submit(serving, items, options)
-        watcher = asyncio.get_running_loop().create_task(cancel_on_disconnect(request, ticket))
+        watcher = asyncio.get_running_loop().create_task(cancel_on_disconnect(receive, ticket))
         try:
             return await ticket.result(return_exceptions=return_exceptions)
         except QueueServeError as e:
@@ -130,6 +130,6 @@ class Gateway:
             watcher.cancel()
 
 
-async def cancel_on_disconnect(request: Request, ticket: AsyncTicket) -> None:
-    await disconnected(request.receive)
+async def cancel_on_disconnect(receive: Receive, ticket: AsyncTicket) -> None:
+    await disconnected(receive)
     await ticket.cancel()

@@ -54,6 +54,10 @@ class ApiError(Exception):
         self.headers = headers or {}
 
 
+class ClientGone(Exception):
+    """The HTTP client disconnected."""
+
+
 def bad_request(message: str) -> ApiError:
     return ApiError(400, "bad_request", message)
 

@@ -104,7 +104,7 @@ def routes(gw: Gateway) -> list[Route]:
             )
         serving = await serving_of(gw, body.model)
         texts = [body.input] if isinstance(body.input, str) else body.input
-        vectors = await gw.call(request, serving, texts, Options())
+        vectors = await gw.call(request.receive, serving, texts, Options())
         return encoded(
             {
                 "object": "list",
@@ -133,7 +133,7 @@ def routes(gw: Gateway) -> list[Route]:
         }
         if body.stream:
             return EventStream(completion_frames(gw, serving, items, head), openai_error)
-        answers = await gw.call(request, serving, items, Options())
+        answers = await gw.call(request.receive, serving, items, Options())
         texts = ["".join(map(str, a)) for a in answers]
         return encoded(
             {**head, "choices": [choice(i, t, finish(items[i], t)) for i, t in enumerate(texts)]}

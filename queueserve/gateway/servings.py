@@ -55,14 +55,14 @@ def routes(gw: Gateway) -> list[Route]:
         name = request.path_params["name"]
         body = await parse(request, Dispatch, gw.max_body_bytes)
         await gw.require(name)
-        (result,) = await gw.call(request, name, [body.item], body)
+        (result,) = await gw.call(request.receive, name, [body.item], body)
         return encoded({"result": result})
 
     async def dispatch_many(request: Request) -> Response:
         name = request.path_params["name"]
         body = await parse(request, DispatchMany, gw.max_body_bytes)
         await gw.require(name)
-        results = await gw.call(request, name, body.items, body, body.return_exceptions)
+        results = await gw.call(request.receive, name, body.items, body, body.return_exceptions)
         return encoded(
             {"results": [item_error(r) if isinstance(r, QueueServeError) else r for r in results]}
         )

@@ -18,7 +18,13 @@ from starlette.types import Receive, Scope, Send
 
 from queueserve.errors import QueueServeError
 from queueserve.gateway.body import dumps
-from queueserve.gateway.errors import ApiError, error_body, error_response, from_queueserve
+from queueserve.gateway.errors import (
+    ApiError,
+    ClientGone,
+    error_body,
+    error_response,
+    from_queueserve,
+)
 
 HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
@@ -39,10 +45,6 @@ def frame(data: Any, event: str | None = None) -> bytes:
 
 def named_error(error: ApiError) -> bytes:
     return frame(error_body(error), "error")
-
-
-class ClientGone(Exception):
-    """The HTTP client disconnected."""
 
 
 async def disconnected(receive: Receive) -> None:
