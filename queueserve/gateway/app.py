@@ -12,7 +12,6 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from queueserve.client.aio import AsyncClient
 from queueserve.gateway import jobs, openai_api, servings
@@ -63,7 +62,8 @@ def create_app(
     async def healthz(request: Request) -> Response:
         return JSON({"status": "ok"})
 
-    middleware = [Middleware(Measured, metrics=metrics)]
+    # Outermost: refused and failed requests are counted too.
+    middleware = [Middleware(metrics.middleware)]
     if token is not None:
         middleware.append(Middleware(BearerAuth, token=token))
     middleware.append(Middleware(FastDispatch, gateway=gw))  # after auth: it answers
@@ -85,16 +85,6 @@ def create_app(
     )
     app.state.gateway = gw
     return app
-
-
-class Measured:
-    """The metrics middleware, outermost: refused and failed requests are counted too."""
-
-    def __init__(self, app: ASGIApp, metrics: HttpMetrics) -> None:
-        self.measured = metrics.middleware(app)
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self.measured(scope, receive, send)
 
 
 async def api_error(request: Request, exc: Exception) -> Response:
