@@ -3,14 +3,22 @@ apps in one process never clash), served at ``GET /metrics``.
 
 Routes are labelled by their template (``/v1/servings/{name}/dispatch``), never by the raw
 path: a client sending random paths would otherwise create a series per path.
+
+Requests are counted in plain numbers and turned into Prometheus families when scraped: the
+client library's counters and histograms take a lock per update, several per request, a
+tenth of the gateway's own CPU per request on its hottest route (bench/gateway.py).
 """
 
 from __future__ import annotations
 
 import time
+from bisect import bisect_left
+from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -21,6 +29,7 @@ SERVING_ACTIONS = frozenset({"dispatch", "dispatch_many", "stream", "jobs"})
 JOB_ACTIONS = frozenset({"result", "cancel"})
 # Up to 2 s in fine steps (an HTTP round trip is a millisecond or two), then long generations.
 BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300)
+BOUNDS = (*(repr(float(b)) for b in BUCKETS), "+Inf")  # the le labels, as Prometheus writes them
 
 
 def route_of(path: str, known: frozenset[str]) -> str:
@@ -38,34 +47,35 @@ def route_of(path: str, known: frozenset[str]) -> str:
     return "other"
 
 
-class HttpMetrics:
-    """The counters, and the ASGI middleware that fills them."""
+class Timings:
+    """One (route, method)'s histogram: seconds summed, and counts per bucket (not cumulative;
+    the last is past the largest bound)."""
+
+    __slots__ = ("buckets", "total")
+
+    def __init__(self) -> None:
+        self.total = 0.0
+        self.buckets = [0] * (len(BUCKETS) + 1)
+
+
+class Count:
+    __slots__ = ("n",)
+
+    def __init__(self) -> None:
+        self.n = 0
+
+
+class HttpMetrics(Collector):
+    """The counts, the ASGI middleware that fills them, and their families at scrape time."""
 
     def __init__(self, known_paths: frozenset[str]) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.known = known_paths
-        self.requests = Counter(
-            "queueserve_http_requests",
-            "HTTP requests answered, by route, method and status",
-            ["route", "method", "status"],
-            registry=self.registry,
-        )
-        self.seconds = Histogram(
-            "queueserve_http_request_seconds",
-            "time from the request's arrival to the end of its response (streams included)",
-            ["route", "method"],
-            buckets=BUCKETS,
-            registry=self.registry,
-        )
-        self._cache: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
-        # Counted in a plain int, read at scrape time: a Gauge's inc and dec take a lock each,
-        # twice per request on the gateway's hot path.
         self.active = 0
-        Gauge(
-            "queueserve_http_requests_in_flight",
-            "HTTP requests being answered",
-            registry=self.registry,
-        ).set_function(lambda: self.active)
+        self.counts: dict[tuple[str, str, str], Count] = {}
+        self.timings: dict[tuple[str, str], Timings] = {}
+        self._cache: dict[tuple[str, str, int], tuple[Count, Timings]] = {}
+        self.registry.register(self)
 
     def middleware(self, app: ASGIApp) -> ASGIApp:
         async def measured(scope: Scope, receive: Receive, send: Send) -> None:
@@ -86,15 +96,17 @@ class HttpMetrics:
                 await app(scope, receive, send_noting)
             finally:
                 self.active -= 1
-                count, seconds = self._series(scope["path"], scope["method"], status)
-                count.inc()
-                seconds.observe(time.perf_counter() - start)
+                count, timings = self._series(scope["path"], scope["method"], status)
+                count.n += 1
+                seconds = time.perf_counter() - start
+                timings.total += seconds
+                timings.buckets[bisect_left(BUCKETS, seconds)] += 1
 
         return measured
 
-    def _series(self, path: str, method: str, status: int) -> tuple[Counter, Histogram]:
-        """The two series of one request; looked up once per (path, method, status): the
-        labels() calls cost more than the counting (bounded: unknown paths are one key)."""
+    def _series(self, path: str, method: str, status: int) -> tuple[Count, Timings]:
+        """The two series of one request; looked up once per (path, method, status): finding
+        the route costs more than the counting (bounded: unknown paths are one key)."""
         if path.startswith("/v1/jobs/"):  # an id per job: cached by its template
             path = route_of(path, self.known)
         key = (
@@ -106,13 +118,36 @@ class HttpMetrics:
         if series is None:
             route = route_of(path, self.known)
             method = method if method in METHODS else "other"
-            series = (
-                self.requests.labels(route, method, str(status)),
-                self.seconds.labels(route, method),
-            )
+            count = self.counts.setdefault((route, method, str(status)), Count())
+            series = count, self.timings.setdefault((route, method), Timings())
             if len(self._cache) < MAX_CACHED:
                 self._cache[key] = series
         return series
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily | HistogramMetricFamily]:
+        requests = CounterMetricFamily(
+            "queueserve_http_requests",
+            "HTTP requests answered, by route, method and status",
+            labels=["route", "method", "status"],
+        )
+        for labels, count in self.counts.items():
+            requests.add_metric(list(labels), count.n)
+        seconds = HistogramMetricFamily(
+            "queueserve_http_request_seconds",
+            "time from the request's arrival to the end of its response (streams included)",
+            labels=["route", "method"],
+        )
+        for route_method, timings in self.timings.items():
+            seen, buckets = 0, []
+            for bound, n in zip(BOUNDS, timings.buckets, strict=True):
+                seen += n
+                buckets.append((bound, seen))
+            seconds.add_metric(list(route_method), buckets, timings.total)
+        yield requests
+        yield seconds
+        yield GaugeMetricFamily(
+            "queueserve_http_requests_in_flight", "HTTP requests being answered", self.active
+        )
 
     async def endpoint(self, request: Request) -> Response:
         return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
