@@ -15,8 +15,8 @@ import time
 import redis
 
 from queueserve.serving import Partition
-from queueserve.worker.watchdog import BatchClock, Limits, shared_clock
 from queueserve.worker.partition_process import _serve_until_stopped
+from queueserve.worker.watchdog import BatchClock, Limits, shared_clock
 
 WAIT_S = 60.0
 
