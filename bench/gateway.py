@@ -43,6 +43,7 @@ from bench._harness import (
     cpu_times,
     free_port,
     percentile,
+    process_tree,
     spawn_module,
     stop_process,
 )
@@ -50,6 +51,7 @@ from bench._harness import wait_until as wait_for
 
 PREFIX = "benchgw"
 CALLERS = 64
+CPU_OF = ("gateway", "callers", "worker", "redis")
 
 
 class RawHttp:
@@ -127,16 +129,23 @@ async def rate(send: Callable[[int, int], Awaitable[Any]], seconds: float) -> tu
 
 
 def cpu_s(pid: int) -> float:
-    return sum(cpu_times(pid))
+    """CPU seconds of ``pid`` and its live children (the worker's partition process; this
+    process, the callers', has the others as children: counted alone)."""
+    tree = [pid] if pid == os.getpid() else process_tree(pid)
+    return sum(sum(cpu_times(p)) for p in tree)
 
 
 async def measure(
-    redis_url: str, gateway_port: int, metrics_port: int, gateway_pid: int, args: argparse.Namespace
+    redis_url: str,
+    gateway_port: int,
+    metrics_port: int,
+    pids: dict[str, int],
+    args: argparse.Namespace,
 ) -> dict[str, Any]:
     out: dict[str, Any] = {}
     async with qs.AsyncClient(redis_url, prefix=PREFIX) as client:
         await round_trip_phase(client, gateway_port, args, out)
-        await load_phases(client, gateway_port, metrics_port, gateway_pid, args, out)
+        await load_phases(client, gateway_port, metrics_port, pids, args, out)
         if args.embed:
             await embed_phases(client, gateway_port, args, out)
     return out
@@ -173,10 +182,12 @@ async def load_phases(
     client: qs.AsyncClient,
     gateway_port: int,
     metrics_port: int,
-    gateway_pid: int,
+    pids: dict[str, int],
     args: argparse.Namespace,
     out: dict[str, Any],
 ) -> None:
+    """Items/s, mean batch, and CPU per item of each process: the gateway's, the callers'
+    (this one), and the worker's and Redis's (the same work in both phases)."""
     conns: list[RawHttp] = []
 
     async def one_http(c: int, i: int) -> Any:
@@ -190,15 +201,13 @@ async def load_phases(
             conn.close()
         conns[:] = [RawHttp(gateway_port, "/v1/servings/noop/dispatch") for _ in range(CALLERS)]
         before = batch_totals(metrics_port)
-        cpu_before = cpu_s(gateway_pid), cpu_s(os.getpid())
+        cpu_before = {who: cpu_s(pid) for who, pid in pids.items()}
         items_s, items = await rate(send, args.seconds)
         after = batch_totals(metrics_port)
-        out.setdefault(f"{name}_gateway_cpu_us", []).append(
-            (cpu_s(gateway_pid) - cpu_before[0]) / items * 1e6
-        )
-        out.setdefault(f"{name}_callers_cpu_us", []).append(
-            (cpu_s(os.getpid()) - cpu_before[1]) / items * 1e6
-        )
+        for who, pid in pids.items():
+            out.setdefault(f"{name}_{who}_cpu_us", []).append(
+                (cpu_s(pid) - cpu_before[who]) / items * 1e6
+            )
         out.setdefault(f"{name}_items_s", []).append(items_s)
         out.setdefault(f"{name}_mean_batch", []).append(
             (after[0] - before[0]) / max(1.0, after[1] - before[1])
@@ -272,9 +281,13 @@ def main() -> int:
     )
     try:
         wait_for(lambda: _answers(gateway_port), 60, "the gateway and the worker")
-        figures = asyncio.run(
-            measure(redis_server.url, gateway_port, metrics_port, gateway.pid, args)
-        )
+        pids = {
+            "gateway": gateway.pid,
+            "callers": os.getpid(),
+            "worker": worker.pid,
+            "redis": redis_server.proc.pid,  # type: ignore[union-attr]
+        }
+        figures = asyncio.run(measure(redis_server.url, gateway_port, metrics_port, pids, args))
     finally:
         stop_process(gateway)
         stop_process(worker)
@@ -304,18 +317,18 @@ def report(f: dict[str, Any]) -> None:
     print(f"  http p50 over direct: {over:+.3f} ms (budget <= +1 ms)")
     print(
         f"{CALLERS} concurrent callers, one item each: items/s (median), mean batch, CPU us "
-        "per item of the gateway and of the callers' process"
+        "per item of the gateway, the callers' process, the worker and Redis"
     )
     for name in ("direct_64", "http_64"):
         rates = f[f"{name}_items_s"]
         med = {
             k: statistics.median(f[f"{name}_{k}"])
-            for k in ("mean_batch", "gateway_cpu_us", "callers_cpu_us")
+            for k in ("mean_batch", *(f"{who}_cpu_us" for who in CPU_OF))
         }
+        cpu = "  ".join(f"{who} {med[f'{who}_cpu_us']:5.1f}" for who in CPU_OF)
         print(
             f"  {name:<10} {statistics.median(rates):9.0f}/s  batch {med['mean_batch']:5.1f}  "
-            f"gateway {med['gateway_cpu_us']:5.1f} us  callers {med['callers_cpu_us']:5.1f} us"
-            f"  runs {[round(r) for r in rates]}"
+            f"{cpu}  runs {[round(r) for r in rates]}"
         )
     ratio = statistics.median(f["http_64_items_s"]) / statistics.median(f["direct_64_items_s"])
     print(f"  http-64 / direct-64: {ratio:.2f}x (budget >= 0.5x)")
