@@ -62,7 +62,8 @@ class Reclaims:
                         self.serving.name,
                         len(got),
                         stream,
-                        owner,
+                        # a name that is not UTF-8 holds surrogates, which some log sinks refuse
+                        owner.encode("utf-8", "backslashreplace").decode(),
                     )
                 claimed += [Entry(stream, eid, fields, n, True) for eid, fields, n in got]
                 room -= len(got)
