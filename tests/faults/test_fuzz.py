@@ -55,17 +55,16 @@ MEMORY_SLACK = 8 * 1024 * 1024  # used_memory after cleanup over before: one 10 
 
 # (surface kind, attack, family) -> the break of issue 23 it meets, until its fix lands;
 # "*" matches any. They run alone, in test_known_break, expected to fail.
-KNOWN_BREAKS: dict[tuple[str, str, str], str] = {
-    ("meta", "field", "numbers"): "issue 23 class 1, meta values: enqueue.lua takes max_queue=1.5 "
-    "or 1e-07 from the meta hash, not a count (QueueFull for every caller of the serving)",
-}
+KNOWN_BREAKS: dict[tuple[str, str, str], str] = {}
 
 Plan = list[tuple[Surface, Attack, str]]
 
 
 def known(surface: Surface, attack: Attack, family: str) -> str | None:
-    return next((why for pattern, why in KNOWN_BREAKS.items()
-                 if matches(pattern, surface, attack, family)), None)
+    return next(
+        (why for pattern, why in KNOWN_BREAKS.items() if matches(pattern, surface, attack, family)),
+        None,
+    )
 
 
 def matches(pattern: tuple[str, ...], surface: Surface, attack: Attack, family: str) -> bool:
@@ -105,11 +104,13 @@ class Run:
 
     def report(self, seed: int) -> str:
         per = ", ".join(f"{k} {n}" for k, n in sorted(self.written.items()))
-        return (f"fuzz seed {seed}: {sum(self.written.values())} hostile writes ({per}; "
-                f"{self.huge} of them 10 MB); "
-                f"refused by Redis {sum(self.refused.values())}; operator reads {self.ops_runs};"
-                f" valid requests sent {self.sent}, answered correctly {self.answered}; "
-                f"used_memory after cleanup {self.memory_kib:+} KiB")
+        return (
+            f"fuzz seed {seed}: {sum(self.written.values())} hostile writes ({per}; "
+            f"{self.huge} of them 10 MB); "
+            f"refused by Redis {sum(self.refused.values())}; operator reads {self.ops_runs};"
+            f" valid requests sent {self.sent}, answered correctly {self.answered}; "
+            f"used_memory after cleanup {self.memory_kib:+} KiB"
+        )
 
 
 class Fuzzer:
@@ -152,8 +153,12 @@ class Fuzzer:
             return
         out = io.StringIO()
         common = ["--redis-url", self.target.url, "--prefix", self.target.prefix]
-        commands = (["stats", "--interval", "1ms"], ["dead-letter", "list"],
-                    ["dead-letter", "replay", "fz", "--all"], ["config", "get"])
+        commands = (
+            ["stats", "--interval", "1ms"],
+            ["dead-letter", "list"],
+            ["dead-letter", "replay", "fz", "--all"],
+            ["config", "get"],
+        )
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
             for argv in commands:
                 code = cli.main([*argv, *common])
@@ -165,8 +170,12 @@ class Fuzzer:
 @pytest.fixture
 def worker(redis_url: str, prefix: str, tmp_path: Path) -> Iterator[WorkerProc]:
     specs = [f"tests.faults.fuzz.app:{name}" for name in ("plain", "victim", "steps", "generate")]
-    proc = WorkerProc([*specs, "--redis-url", redis_url, "--prefix", prefix, "--partitions", "2"],
-                      redis_url, prefix, tmp_path / "worker.log")
+    proc = WorkerProc(
+        [*specs, "--redis-url", redis_url, "--prefix", prefix, "--partitions", "2"],
+        redis_url,
+        prefix,
+        tmp_path / "worker.log",
+    )
     try:
         yield proc
     finally:
@@ -174,7 +183,12 @@ def worker(redis_url: str, prefix: str, tmp_path: Path) -> Iterator[WorkerProc]:
 
 
 def fuzz(
-    worker: WorkerProc, r: redis.Redis, url: str, prefix: str, steps: Plan, seconds: float,
+    worker: WorkerProc,
+    r: redis.Redis,
+    url: str,
+    prefix: str,
+    steps: Plan,
+    seconds: float,
     seed: int,
 ) -> Run:
     """Run valid traffic and the fuzzer for ``seconds``, then check everything; an
@@ -182,8 +196,11 @@ def fuzz(
     # Given a worker serving every serving from both partitions
     for name in SERVINGS:
         keys = P.Keys(prefix, name)
-        wait_until(lambda k=keys: r.zcard(k.workers) >= 2 and r.hexists(k.meta, "codec"),  # type: ignore[misc]
-                   f"both partitions serving {name}", process=worker)
+        wait_until(
+            lambda k=keys: r.zcard(k.workers) >= 2 and r.hexists(k.meta, "codec"),  # type: ignore[misc]
+            f"both partitions serving {name}",
+            process=worker,
+        )
     partitions = sorted(worker.partition_pids())
     baseline = int(r.info("memory")["used_memory"])
     target = Target(r, prefix, random.Random(seed + 1), url)
@@ -221,8 +238,14 @@ def attack_under_traffic(worker: WorkerProc, fuzzer: Fuzzer, seconds: float) -> 
             for _ in range(WRITES_PER_ROUND):
                 fuzzer.write_one()
             fuzzer.operator_reads()
-            wait_until(lambda b=before: traffic.tally.answered + len(traffic.tally.wrong)  # type: ignore[misc]
-                       > b, "valid traffic to make progress", process=worker)
+            wait_until(
+                lambda b=before: (
+                    traffic.tally.answered + len(traffic.tally.wrong)  # type: ignore[misc]
+                    > b
+                ),
+                "valid traffic to make progress",
+                process=worker,
+            )
     finally:
         traffic.stop()
         target.clean(meta)
@@ -231,13 +254,17 @@ def attack_under_traffic(worker: WorkerProc, fuzzer: Fuzzer, seconds: float) -> 
 
 
 def problems_after(
-    worker: WorkerProc, target: Target, tally: Tally, partitions: list[int],
+    worker: WorkerProc,
+    target: Target,
+    tally: Tally,
+    partitions: list[int],
 ) -> list[str]:
     """Then every valid request was answered with its own result and ran exactly once, no
     thread died, no partition exited, every serving (the victim included) answers again, and
     the admission counters and depth hashes are back at zero."""
-    problems = [f"{len(tally.wrong)} valid requests failed: {tally.wrong[:20]}"] if tally.wrong \
-        else []
+    problems = (
+        [f"{len(tally.wrong)} valid requests failed: {tally.wrong[:20]}"] if tally.wrong else []
+    )
     if tally.answered != tally.sent:
         problems.append(f"valid requests sent {tally.sent}, answered {tally.answered}")
     r = target.r
@@ -246,8 +273,11 @@ def problems_after(
     if odd:
         problems.append(f"{len(odd)} valid items not run exactly once (item, runs): {odd[:20]}")
     log = worker.output()
-    problems += [f"{sign!r} in the worker's log" for sign in
-                 ("CRITICAL", "Traceback", "Exception in thread") if sign in log]
+    problems += [
+        f"{sign!r} in the worker's log"
+        for sign in ("CRITICAL", "Traceback", "Exception in thread")
+        if sign in log
+    ]
     if not worker.alive or sorted(worker.partition_pids()) != partitions:
         problems.append(f"partitions {partitions} are now {worker.partition_pids()}")
     if problems:  # what follows would only wait on a worker known to be broken
@@ -258,9 +288,13 @@ def problems_after(
     for name in SERVINGS:
         keys = target.keys(name)
         try:
-            wait_until(lambda k=keys: int(r.get(k.queued) or 0) == 0  # type: ignore[misc]
-                       and all(int(v) == 0 for v in r.hvals(k.depth)),
-                       f"{name}'s admission counter and depth hash at zero")
+            wait_until(
+                lambda k=keys: (
+                    int(r.get(k.queued) or 0) == 0  # type: ignore[misc]
+                    and all(int(v) == 0 for v in r.hvals(k.depth))
+                ),
+                f"{name}'s admission counter and depth hash at zero",
+            )
         except AssertionError as e:
             return [f"{e}: queued {r.get(keys.queued)!r}, depth {r.hgetall(keys.depth)!r}"]
     return []
@@ -271,8 +305,11 @@ def settled_memory(r: redis.Redis, prefix: str, baseline: int) -> int:
     the dead letters (kept until dropped: docs/guarantees.md, "Bad input") and the answers to
     forged entries (kept until their inbox's TTL), which the worker writes until it has read
     the last junk entry."""
-    kept = [f"{prefix}:fuzz:exec", P.inbox_key(prefix, "fuzzjunk"),
-            *(P.Keys(prefix, n).dead for n in SERVINGS)]
+    kept = [
+        f"{prefix}:fuzz:exec",
+        P.inbox_key(prefix, "fuzzjunk"),
+        *(P.Keys(prefix, n).dead for n in SERVINGS),
+    ]
 
     def over() -> int:
         r.delete(*kept)
@@ -283,10 +320,19 @@ def settled_memory(r: redis.Redis, prefix: str, baseline: int) -> int:
         return wait_until(over, f"used_memory within {MEMORY_SLACK} bytes of {baseline}, before")
     except AssertionError as e:
         info = r.info("memory")
-        parts = {k: info[k] for k in ("used_memory_dataset", "used_memory_overhead",
-                                      "mem_clients_normal", "used_memory_scripts") if k in info}
-        raise AssertionError(f"{e}; {parts}; the largest keys left: "
-                             f"{largest_keys(r, prefix)}") from e
+        parts = {
+            k: info[k]
+            for k in (
+                "used_memory_dataset",
+                "used_memory_overhead",
+                "mem_clients_normal",
+                "used_memory_scripts",
+            )
+            if k in info
+        }
+        raise AssertionError(
+            f"{e}; {parts}; the largest keys left: {largest_keys(r, prefix)}"
+        ) from e
 
 
 def largest_keys(r: redis.Redis, prefix: str, n: int = 10) -> str:
@@ -308,7 +354,10 @@ def notable(worker: WorkerProc) -> str:
 
 @pytest.mark.timeout(SECONDS + 240)
 def test_every_surface_fuzzed_under_valid_traffic_loses_nothing_and_kills_nothing(
-    worker: WorkerProc, redis_client: redis.Redis, redis_url: str, prefix: str,
+    worker: WorkerProc,
+    redis_client: redis.Redis,
+    redis_url: str,
+    prefix: str,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     run = fuzz(worker, redis_client, redis_url, prefix, plan(), SECONDS, SEED)
@@ -320,12 +369,18 @@ def test_every_surface_fuzzed_under_valid_traffic_loses_nothing_and_kills_nothin
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize(
-    "only", [pytest.param(k, marks=pytest.mark.xfail(reason=why, strict=False), id="-".join(k))
-             for k, why in KNOWN_BREAKS.items()] or [pytest.param(("-", "-", "-"), marks=(
-                 pytest.mark.skip(reason="no known break left")))],
+    "only",
+    [
+        pytest.param(k, marks=pytest.mark.xfail(reason=why, strict=False), id="-".join(k))
+        for k, why in KNOWN_BREAKS.items()
+    ]
+    or [pytest.param(("-", "-", "-"), marks=(pytest.mark.skip(reason="no known break left")))],
 )
 def test_known_break(
-    only: tuple[str, str, str], worker: WorkerProc, redis_client: redis.Redis, redis_url: str,
+    only: tuple[str, str, str],
+    worker: WorkerProc,
+    redis_client: redis.Redis,
+    redis_url: str,
     prefix: str,
 ) -> None:
     fuzz(worker, redis_client, redis_url, prefix, plan(only), min(SECONDS, 8.0), SEED)

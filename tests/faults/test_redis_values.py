@@ -221,6 +221,8 @@ BAD_META = [
     ("batch_size", b"\xff"),
     ("streaming", "perhaps"),
     ("max_queue", "abc"),  # enqueue.lua compared nil with a number: every send failed
+    ("max_queue", "1.5"),  # a fraction, taken as the limit: QueueFull for every caller
+    ("max_queue", "1e-07"),
 ]
 
 

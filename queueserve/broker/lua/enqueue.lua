@@ -23,9 +23,11 @@
 -- handle one entry for them all. Requests of one pack share its entry id. A pack holds at
 -- most MAX_PACK_REQUESTS requests (protocol.py; workers dead-letter a bigger one unread).
 -- Anyone may write the meta hash: a max_queue that is no count (not a number, NaN, negative,
--- past 10^12, the bound of qs.Serving) counts as not declared.
+-- a fraction, past 10^12, the bound of qs.Serving) counts as not declared.
 local limit = tonumber(redis.call('HGET', KEYS[3], 'max_queue') or '')
-if not (limit and limit >= 0 and limit <= 1e12) then limit = tonumber(ARGV[1]) end
+if not (limit and limit >= 0 and limit <= 1e12 and limit == math.floor(limit)) then
+  limit = tonumber(ARGV[1])
+end
 local pack_items = tonumber(redis.call('HGET', KEYS[3], 'pack_items') or '0') or 0
 -- A serving no worker ever declared (no meta hash; its callers passed wait_for_worker, or
 -- misspelled it): what they send lives at most the default key_idle_ttl past the last send,
