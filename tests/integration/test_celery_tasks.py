@@ -36,7 +36,7 @@ from tasks.celery_app import (
     make_app,
 )
 from tasks.indexing import Index
-from tests.support.helpers import REPO
+from tests.support.helpers import REPO, wait_until
 from tests.support.redis_server import delete_keys
 
 LIMIT = 80  # passages: enough for several requests of CHUNK, quick on two CPU cores
@@ -122,6 +122,14 @@ def stack(redis_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     )
     app = make_app(celery_settings(redis_server, prefix))
     try:
+        # Tasks go once the serving is declared, as a deployment starts its producers after
+        # its workers: a call to a name no worker declared fails at once (qs.UnknownServing)
+        with contextlib.closing(redis.Redis.from_url(redis_server)) as r:
+            wait_until(
+                lambda: r.exists(f"{prefix}:{{embed}}:meta"),
+                "the embed worker to declare its serving",
+                timeout=180,
+            )
         yield Stack(redis_server, prefix, app, tmp_path_factory.mktemp("index"), logs)
     finally:
         app.close()
