@@ -107,8 +107,11 @@ class Model:
         return f"{self.name}_cold"
 
     def specs(self) -> list[str]:
-        return [f"tasks.{self.name}:{self.name}", f"tasks.{self.name}:{self.static}",
-                f"bench.generate:{self.cold}"]
+        return [
+            f"tasks.{self.name}:{self.name}",
+            f"tasks.{self.name}:{self.static}",
+            f"bench.generate:{self.cold}",
+        ]
 
 
 MODELS = {
@@ -128,8 +131,9 @@ class Sent:
     n: int = 0
 
 
-def workload(count: int, rate: float, seed: int, prompts: tuple[int, int] = (10, 200),
-             most_out: int = 400) -> Load:
+def workload(
+    count: int, rate: float, seed: int, prompts: tuple[int, int] = (10, 200), most_out: int = 400
+) -> Load:
     """(arrival offset, item) pairs: prompts cut from docstrings, wide output lengths."""
     from tasks.corpus import stdlib_passages
 
@@ -147,8 +151,9 @@ def workload(count: int, rate: float, seed: int, prompts: tuple[int, int] = (10,
     return load
 
 
-def run_load(client: qs.Client, serving: str, load: list[tuple[float, dict[str, object]]]
-             ) -> tuple[list[Sent], float]:
+def run_load(
+    client: qs.Client, serving: str, load: list[tuple[float, dict[str, object]]]
+) -> tuple[list[Sent], float]:
     """Send every request at its arrival time as a stream of its own; (timings, seconds)."""
     sent = [Sent(0.0) for _ in load]
     started = time.perf_counter()
@@ -187,9 +192,11 @@ def summarize(name: str, sent: list[Sent], seconds: float) -> dict[str, float]:
         "ttft_p99": percentile(ttft, 99),
         "tpot": sum(tpot) / len(tpot),
     }
-    print(f"{name:<11} {tokens:>6} chars in {seconds:6.2f}s  {figures['tokens_s']:7.0f} chars/s  "
-          f"TTFT p50 {1000 * figures['ttft_p50']:7.1f} ms  p99 {1000 * figures['ttft_p99']:7.1f} "
-          f"ms  per output char {1000 * figures['tpot']:6.2f} ms")
+    print(
+        f"{name:<11} {tokens:>6} chars in {seconds:6.2f}s  {figures['tokens_s']:7.0f} chars/s  "
+        f"TTFT p50 {1000 * figures['ttft_p50']:7.1f} ms  p99 {1000 * figures['ttft_p99']:7.1f} "
+        f"ms  per output char {1000 * figures['tpot']:6.2f} ms"
+    )
     return figures
 
 
@@ -224,13 +231,22 @@ def model_alone(model: Model, load: Load, device: str, repeat: int = 1) -> dict[
     static_s, cont_s = (sorted(t)[len(t) // 2] for t in timings.values())
     chars = sum(int(str(item["max_new"])) for item in items)
     what = "wall s" if on_cuda else "CPU s of one thread"
-    print(f"{model.name} alone, {len(items)} requests at once, {what} (median of {repeat}): "
-          f"static {static_s:.2f}s ({chars / static_s:.0f} chars/s), continuous {cont_s:.2f}s "
-          f"({chars / cont_s:.0f} chars/s): {static_s / cont_s:.2f}x")
-    print("  decode calls: " + ", ".join(
-        f"{name} {n} ({rows / n:.1f} sequences per call)" for name, (n, rows) in calls.items()))
-    return {"model_alone_static_s": static_s, "model_alone_continuous_s": cont_s,
-            "model_alone_ratio": static_s / cont_s}
+    print(
+        f"{model.name} alone, {len(items)} requests at once, {what} (median of {repeat}): "
+        f"static {static_s:.2f}s ({chars / static_s:.0f} chars/s), continuous {cont_s:.2f}s "
+        f"({chars / cont_s:.0f} chars/s): {static_s / cont_s:.2f}x"
+    )
+    print(
+        "  decode calls: "
+        + ", ".join(
+            f"{name} {n} ({rows / n:.1f} sequences per call)" for name, (n, rows) in calls.items()
+        )
+    )
+    return {
+        "model_alone_static_s": static_s,
+        "model_alone_continuous_s": cont_s,
+        "model_alone_ratio": static_s / cont_s,
+    }
 
 
 def _model_servings(model: Model, partition: qs.Partition) -> tuple[Any, Any]:
@@ -269,12 +285,19 @@ def _continuous_schedule(lm: Any, items: list[dict[str, object]]) -> tuple[int, 
 
 def offered(load: Load) -> str:
     chars = sum(int(str(item["max_new"])) for _, item in load)
-    return (f"{len(load)} requests over {load[-1][0]:.1f}s ({chars} chars out, offered "
-            f"{chars / load[-1][0]:.0f} chars/s)")
+    return (
+        f"{len(load)} requests over {load[-1][0]:.1f}s ({chars} chars out, offered "
+        f"{chars / load[-1][0]:.0f} chars/s)"
+    )
 
 
-def compare(client: qs.Client, cpu: CpuMeter, load: Load, repeat: int,
-            servings: tuple[str, str] = ("charlm_static", "charlm_cold")) -> Pairs:
+def compare(
+    client: qs.Client,
+    cpu: CpuMeter,
+    load: Load,
+    repeat: int,
+    servings: tuple[str, str] = ("charlm_static", "charlm_cold"),
+) -> Pairs:
     """``repeat`` interleaved (static, continuous) pairs of ``servings``: the machine's other
     work moves both of a pair alike, and the median pair's ratio is the figure. Each run also
     prints the CPU its processes spent per generated character (``cpu``: the callers, the
@@ -290,17 +313,22 @@ def compare(client: qs.Client, cpu: CpuMeter, load: Load, repeat: int,
             spent = cpu.stop()
             runs.append(summarize(name, sent, seconds))
             chars = sum(s.n for s in sent)
-            print(f"{'':11} CPU µs per char: callers {1e6 * spent['callers'] / chars:.0f}, "
-                  f"worker {1e6 * spent['worker'] / chars:.0f}, Redis "
-                  f"{1e6 * spent['redis'] / chars:.0f}")
+            print(
+                f"{'':11} CPU µs per char: callers {1e6 * spent['callers'] / chars:.0f}, "
+                f"worker {1e6 * spent['worker'] / chars:.0f}, Redis "
+                f"{1e6 * spent['redis'] / chars:.0f}"
+            )
         pairs.append((runs[0], runs[1]))
     return pairs
 
 
 def median_ratio(pairs: Pairs, key: str) -> float:
     ratios = sorted(cont[key] / static[key] for static, cont in pairs)
-    return ratios[len(ratios) // 2] if len(ratios) % 2 else (
-        ratios[len(ratios) // 2 - 1] + ratios[len(ratios) // 2]) / 2
+    return (
+        ratios[len(ratios) // 2]
+        if len(ratios) % 2
+        else (ratios[len(ratios) // 2 - 1] + ratios[len(ratios) // 2]) / 2
+    )
 
 
 def ratios(pairs: Pairs, key: str) -> str:
@@ -319,14 +347,17 @@ def metric(text: str, name: str, serving: str) -> float:
     pattern = rf'^{re.escape(name)}\{{[^}}]*serving="{re.escape(serving)}"[^}}]*\}} (\S+)$'
     values = re.findall(pattern, text, re.M)
     if not values:
-        raise RuntimeError(f"the worker's /metrics has no sample of {name} for serving "
-                           f"{serving!r}: renamed, or not exported yet? Nothing is measured "
-                           "without it")
+        raise RuntimeError(
+            f"the worker's /metrics has no sample of {name} for serving "
+            f"{serving!r}: renamed, or not exported yet? Nothing is measured "
+            "without it"
+        )
     return sum(float(v) for v in values)
 
 
-def cache_run(client: qs.Client, port: int, seed: int, model: Model | None = None,
-              count: int = 60) -> dict[str, float]:
+def cache_run(
+    client: qs.Client, port: int, seed: int, model: Model | None = None, count: int = 60
+) -> dict[str, float]:
     from tasks.corpus import stdlib_passages
 
     model = model or MODELS["charlm"]
@@ -334,16 +365,19 @@ def cache_run(client: qs.Client, port: int, seed: int, model: Model | None = Non
     rng = random.Random(seed)
     long_texts = [p.text for p in stdlib_passages(limit=400) if len(p.text) >= size]
     prefix = rng.choice(long_texts)[:size]
-    questions = [" " + "".join(rng.choice("abcdefghijklmnopqrstuvwxyz ")
-                               for _ in range(rng.randint(10, 30))) for _ in range(count)]
+    questions = [
+        " " + "".join(rng.choice("abcdefghijklmnopqrstuvwxyz ") for _ in range(rng.randint(10, 30)))
+        for _ in range(count)
+    ]
     others = [t for t in long_texts if not t.startswith(prefix)]
     servings = (model.cold, model.name)
     for serving in servings:
         # Both servings warmed alike first (prompts of every length, none sharing the prefix):
         # first calls of new shapes cost more, and would be charged to whichever runs first.
         for length in range(20, size + 40, 10):
-            client.dispatch(serving, {"prompt": rng.choice(others)[:length], "max_new": 8},
-                            timeout=60)
+            client.dispatch(
+                serving, {"prompt": rng.choice(others)[:length], "max_new": 8}, timeout=60
+            )
     time.sleep(1.5)  # the worker's metrics files are read by the supervisor per scrape
     text = scrape(port)
     before = {s: metric(text, "queueserve_prefill_seconds_total", s) for s in servings}
@@ -351,63 +385,83 @@ def cache_run(client: qs.Client, port: int, seed: int, model: Model | None = Non
     for q in questions:  # interleaved: a change in the machine's load moves both alike
         for serving in servings:
             sent, first = time.perf_counter(), 0.0
-            for event in client.stream(serving, [{"prompt": prefix + q, "max_new": 8}],
-                                       timeout=60):
+            for event in client.stream(serving, [{"prompt": prefix + q, "max_new": 8}], timeout=60):
                 if isinstance(event, qs.Output) and not first:
                     first = time.perf_counter()
             ttft[serving].append(first - sent)
     time.sleep(1.5)
     text = scrape(port)
-    seconds = {s: metric(text, "queueserve_prefill_seconds_total", s) - before[s]
-               for s in servings}
+    seconds = {s: metric(text, "queueserve_prefill_seconds_total", s) - before[s] for s in servings}
     hits = metric(text, "queueserve_prefix_cache_lookups_total", model.name)
     saved = metric(text, "queueserve_prefix_cache_saved_tokens_total", model.name)
     cold, warm = seconds[model.cold], seconds[model.name]
     print(f"prefix cache: {count} requests sharing a {size}-character prefix, one after another")
-    print(f"  prefill without cache {1000 * cold / count:6.2f} ms/request, with cache "
-          f"{1000 * warm / count:6.2f} ms/request: {100 * (1 - warm / cold):.0f}% saved "
-          f"({hits:.0f} lookups, {saved:.0f} prompt characters not recomputed)")
+    print(
+        f"  prefill without cache {1000 * cold / count:6.2f} ms/request, with cache "
+        f"{1000 * warm / count:6.2f} ms/request: {100 * (1 - warm / cold):.0f}% saved "
+        f"({hits:.0f} lookups, {saved:.0f} prompt characters not recomputed)"
+    )
     ttft_cold = percentile(sorted(ttft[model.cold]), 50)
     ttft_warm = percentile(sorted(ttft[model.name]), 50)
-    print(f"  time to first character (caller's view) p50: without cache "
-          f"{1000 * ttft_cold:.2f} ms, with cache {1000 * ttft_warm:.2f} ms")
+    print(
+        f"  time to first character (caller's view) p50: without cache "
+        f"{1000 * ttft_cold:.2f} ms, with cache {1000 * ttft_warm:.2f} ms"
+    )
     print(f"  budget: >= 80% saved: {'met' if warm <= 0.2 * cold else 'NOT met'}")
-    return {"cache_saved": 1 - warm / cold, "cache_ttft_p50_cold": ttft_cold,
-            "cache_ttft_p50_cached": ttft_warm}
+    return {
+        "cache_saved": 1 - warm / cold,
+        "cache_ttft_p50_cold": ttft_cold,
+        "cache_ttft_p50_cached": ttft_warm,
+    }
 
 
 def run_model(model: Model, args: argparse.Namespace, device: str) -> dict[str, float]:
     """Every figure of one model: the model alone, then one worker for the three loads."""
     load = workload(args.requests, args.rate, args.seed, model.prompts, model.most_out)
-    saturating = workload(args.saturating_requests, args.saturating_rate, args.seed + 1,
-                          model.prompts, model.most_out)
+    saturating = workload(
+        args.saturating_requests, args.saturating_rate, args.seed + 1, model.prompts, model.most_out
+    )
     figures = model_alone(model, saturating, device, args.repeat)
     port = free_port()
     names = [model.name, model.static, model.cold]
     with charlm_worker(model.specs(), names, "--metrics-port", str(port)) as (
-            client, worker, redis_server):
+        client,
+        worker,
+        redis_server,
+    ):
         assert redis_server.proc is not None
-        cpu = CpuMeter({"callers": os.getpid(), "worker": worker.pid,
-                        "redis": redis_server.proc.pid}, trees=frozenset({"worker"}))
+        cpu = CpuMeter(
+            {"callers": os.getpid(), "worker": worker.pid, "redis": redis_server.proc.pid},
+            trees=frozenset({"worker"}),
+        )
         low, high = model.prompts
-        print(f"mixed load: {offered(load)}; {SLOTS} slots / batch size, prompts {low}..{high} "
-              f"chars, outputs 4..{model.most_out} chars (log-uniform); {args.repeat} pairs")
+        print(
+            f"mixed load: {offered(load)}; {SLOTS} slots / batch size, prompts {low}..{high} "
+            f"chars, outputs 4..{model.most_out} chars (log-uniform); {args.repeat} pairs"
+        )
         pairs = compare(client, cpu, load, args.repeat, (model.static, model.cold))
         ttft = median_ratio(pairs, "ttft_p99")
-        print(f"continuous / static: chars/s {ratios(pairs, 'tokens_s')}; TTFT p99 "
-              f"{ratios(pairs, 'ttft_p99')} of static's: median {ttft:.2f}x (budget <= 0.33x: "
-              f"{'met' if ttft <= 1 / 3 else 'NOT met'})")
+        print(
+            f"continuous / static: chars/s {ratios(pairs, 'tokens_s')}; TTFT p99 "
+            f"{ratios(pairs, 'ttft_p99')} of static's: median {ttft:.2f}x (budget <= 0.33x: "
+            f"{'met' if ttft <= 1 / 3 else 'NOT met'})"
+        )
         print(f"saturating: {offered(saturating)}; {args.repeat} pairs")
         pairs = compare(client, cpu, saturating, args.repeat, (model.static, model.cold))
         speedup = median_ratio(pairs, "tokens_s")
         share = speedup / figures["model_alone_ratio"]
-        print(f"continuous / static: chars/s {ratios(pairs, 'tokens_s')}: median "
-              f"{speedup:.2f}x (budget >= 2x: {'met' if speedup >= 2 else 'NOT met'}); TTFT "
-              f"p99 {ratios(pairs, 'ttft_p99')} of static's")
-        print(f"end to end / model alone: {speedup:.2f}x / {figures['model_alone_ratio']:.2f}x "
-              f"= {share:.2f} (budget >= 0.9: {'met' if share >= 0.9 else 'NOT met'})")
-        figures.update(mixed_ttft_p99_ratio=ttft, saturating_ratio=speedup,
-                       end_to_end_over_model_alone=share)
+        print(
+            f"continuous / static: chars/s {ratios(pairs, 'tokens_s')}: median "
+            f"{speedup:.2f}x (budget >= 2x: {'met' if speedup >= 2 else 'NOT met'}); TTFT "
+            f"p99 {ratios(pairs, 'ttft_p99')} of static's"
+        )
+        print(
+            f"end to end / model alone: {speedup:.2f}x / {figures['model_alone_ratio']:.2f}x "
+            f"= {share:.2f} (budget >= 0.9: {'met' if share >= 0.9 else 'NOT met'})"
+        )
+        figures.update(
+            mixed_ttft_p99_ratio=ttft, saturating_ratio=speedup, end_to_end_over_model_alone=share
+        )
         figures.update(cache_run(client, port, args.seed, model))
     return figures
 
@@ -416,19 +470,31 @@ def null_run(args: argparse.Namespace) -> dict[str, float]:
     """The saturating chartf load against the null transformer, static and continuous: 5 times
     the requests at 20 times the rate, since with no arithmetic both keep up with the
     saturating load itself, in a tenth of a second."""
-    saturating = workload(5 * args.saturating_requests, 20 * args.saturating_rate,
-                          args.seed + 1, MODELS["chartf"].prompts, MODELS["chartf"].most_out)
+    saturating = workload(
+        5 * args.saturating_requests,
+        20 * args.saturating_rate,
+        args.seed + 1,
+        MODELS["chartf"].prompts,
+        MODELS["chartf"].most_out,
+    )
     names = ["null_static", "null_cold"]
     with charlm_worker([f"bench.generate:{n}" for n in names], names) as (
-            client, worker, redis_server):
+        client,
+        worker,
+        redis_server,
+    ):
         assert redis_server.proc is not None
-        cpu = CpuMeter({"callers": os.getpid(), "worker": worker.pid,
-                        "redis": redis_server.proc.pid}, trees=frozenset({"worker"}))
+        cpu = CpuMeter(
+            {"callers": os.getpid(), "worker": worker.pid, "redis": redis_server.proc.pid},
+            trees=frozenset({"worker"}),
+        )
         print(f"null transformer, saturating: {offered(saturating)}; {args.repeat} pairs")
         pairs = compare(client, cpu, saturating, args.repeat, ("null_static", "null_cold"))
         speedup = median_ratio(pairs, "tokens_s")
-        print(f"null model continuous / static: chars/s {ratios(pairs, 'tokens_s')}: median "
-              f"{speedup:.2f}x (budget >= 1.0x: {'met' if speedup >= 1 else 'NOT met'})")
+        print(
+            f"null model continuous / static: chars/s {ratios(pairs, 'tokens_s')}: median "
+            f"{speedup:.2f}x (budget >= 1.0x: {'met' if speedup >= 1 else 'NOT met'})"
+        )
     return {"null_saturating_ratio": speedup}
 
 
@@ -480,10 +546,15 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--saturating-requests", type=int, default=160)
     parser.add_argument("--saturating-rate", type=float, default=300.0)
-    parser.add_argument("--repeat", type=int, default=3,
-                        help="interleaved static/continuous pairs per load (the median counts)")
-    parser.add_argument("--null", action="store_true",
-                        help="also the null transformer's saturating pairs")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=3,
+        help="interleaved static/continuous pairs per load (the median counts)",
+    )
+    parser.add_argument(
+        "--null", action="store_true", help="also the null transformer's saturating pairs"
+    )
     parser.add_argument("--json", type=Path, help="write the figures here")
     args = parser.parse_args()
     device = choose_device(args.device)
@@ -505,8 +576,18 @@ def charlm_worker(
     (module:attr), and a client under PREFIX, with the servings ``names`` loaded and
     answering; all stopped on the way out."""
     redis_server = RedisServer().start()
-    worker = spawn_module("queueserve", "worker", *specs, "--redis-url", redis_server.url,
-                          "--prefix", PREFIX, "--partitions", "1", *worker_args)
+    worker = spawn_module(
+        "queueserve",
+        "worker",
+        *specs,
+        "--redis-url",
+        redis_server.url,
+        "--prefix",
+        PREFIX,
+        "--partitions",
+        "1",
+        *worker_args,
+    )
     client = qs.Client(redis_server.url, prefix=PREFIX)
     try:
         for name in names:

@@ -106,17 +106,25 @@ class CharTF(qs.StepServing):
     block_size = BLOCK_SIZE
     torch_threads = 1  # on CPU (0: the worker's choice)
 
-    def __init__(self, *, kv_cache_bytes: int | None = None, kv_blocks: int | None = None,
-                 block_size: int | None = None, **options: Any) -> None:
+    def __init__(
+        self,
+        *,
+        kv_cache_bytes: int | None = None,
+        kv_blocks: int | None = None,
+        block_size: int | None = None,
+        **options: Any,
+    ) -> None:
         super().__init__(**options)
         cls = type(self)
-        self.kv_cache_bytes = _positive("kv_cache_bytes",
-                                        cls.kv_cache_bytes if kv_cache_bytes is None
-                                        else kv_cache_bytes)
-        self.kv_blocks = _positive("kv_blocks", cls.kv_blocks if kv_blocks is None
-                                   else kv_blocks, zero=True)
-        self.block_size = _positive("block_size", cls.block_size if block_size is None
-                                    else block_size)
+        self.kv_cache_bytes = _positive(
+            "kv_cache_bytes", cls.kv_cache_bytes if kv_cache_bytes is None else kv_cache_bytes
+        )
+        self.kv_blocks = _positive(
+            "kv_blocks", cls.kv_blocks if kv_blocks is None else kv_blocks, zero=True
+        )
+        self.block_size = _positive(
+            "block_size", cls.block_size if block_size is None else block_size
+        )
         self.stats = Stats()
         self._serial = itertools.count()
 
@@ -125,8 +133,9 @@ class CharTF(qs.StepServing):
         if self.device == "cpu" and self.torch_threads:
             torch.set_num_threads(self.torch_threads)  # as charlm: one core's matmuls
         self.net = Blocks(load(device=self.device))
-        per_block = BlockPool.block_bytes(self.block_size, self.net.layers, self.net.heads,
-                                          self.net.head_size)
+        per_block = BlockPool.block_bytes(
+            self.block_size, self.net.layers, self.net.heads, self.net.head_size
+        )
         blocks = self.kv_blocks or self.kv_cache_bytes // per_block
         self.block_bytes = per_block
         # The prefix cache pins at most prefix_cache_bytes of blocks; the rest is the running
@@ -140,12 +149,19 @@ class CharTF(qs.StepServing):
                 f"({context_blocks} blocks of {self.block_size}); raise kv_cache_bytes (or "
                 "kv_blocks) or lower prefix_cache_bytes"
             )
-        self.pool = BlockPool(blocks, self.block_size, self.net.layers, self.net.heads,
-                              self.net.head_size, device=self.device)
+        self.pool = BlockPool(
+            blocks,
+            self.block_size,
+            self.net.layers,
+            self.net.heads,
+            self.net.head_size,
+            device=self.device,
+        )
         self.stats.pools.append(self.pool)
         self.watermark = math.ceil(blocks * WATERMARK)
         self._cached: weakref.WeakValueDictionary[tuple[int, ...], CachedPrefix] = (
-            weakref.WeakValueDictionary())
+            weakref.WeakValueDictionary()
+        )
         self._waiting: weakref.WeakSet[State] = weakref.WeakSet()
         self._running: weakref.WeakSet[State] = weakref.WeakSet()
 
@@ -158,9 +174,11 @@ class CharTF(qs.StepServing):
         req = Request.of(item)
         positions = len(_ids(req)) + req.max_new - 1
         if positions > self.net.context:
-            raise ValueError(f"prompt ({len(_ids(req))} characters) + max_new ({req.max_new}) "
-                             f"- 1 = {positions} positions, more than the model's context of "
-                             f"{self.net.context}; shorten the prompt or lower max_new")
+            raise ValueError(
+                f"prompt ({len(_ids(req))} characters) + max_new ({req.max_new}) "
+                f"- 1 = {positions} positions, more than the model's context of "
+                f"{self.net.context}; shorten the prompt or lower max_new"
+            )
         return req
 
     def prompt_tokens(self, item: Any) -> list[int]:
@@ -188,7 +206,7 @@ class CharTF(qs.StepServing):
         # Nobody overtakes a sequence already waiting for blocks (a preempted one included).
         started = self._admit(fresh) if not self._waiting else []
         self._compute(started)
-        self._waiting.update(fresh[len(started):])
+        self._waiting.update(fresh[len(started) :])
         for resume in resumes:
             # The cached prefix the executor found is shared through the block table (or
             # looked up again at admission): held here as well, it would pin its blocks while
@@ -335,12 +353,14 @@ class CharTF(qs.StepServing):
             ids_of, offsets_of = s.table.slots(a, b)
             blocks += ids_of
             offsets += offsets_of
-        slots = torch.tensor([b * self.block_size + o for b, o in zip(blocks, offsets,
-                                                                       strict=True)],
-                             device=device)
+        slots = torch.tensor(
+            [b * self.block_size + o for b, o in zip(blocks, offsets, strict=True)], device=device
+        )
         # What each new position may see: its sequence's positions up to itself.
-        visible = [torch.arange(b, device=device)[None, :]
-                   <= torch.arange(a, b, device=device)[:, None] for _, a, b in spans]
+        visible = [
+            torch.arange(b, device=device)[None, :] <= torch.arange(a, b, device=device)[:, None]
+            for _, a, b in spans
+        ]
         indexes = [self._index([s.table.blocks], b) for s, _, b in spans if s.table is not None]
         x = net.embed(ids, positions)
         for layer in range(net.layers):
@@ -349,8 +369,15 @@ class CharTF(qs.StepServing):
             parts, row = [], 0
             for (_, a, b), seen, index in zip(spans, visible, indexes, strict=True):
                 keys, values = self._gather(layer, index, 1, b)
-                parts.append(_attend(q[row:row + b - a].transpose(0, 1)[None], keys, values,
-                                     seen[None, None], net.scale)[0].transpose(0, 1))
+                parts.append(
+                    _attend(
+                        q[row : row + b - a].transpose(0, 1)[None],
+                        keys,
+                        values,
+                        seen[None, None],
+                        net.scale,
+                    )[0].transpose(0, 1)
+                )
                 row += b - a
             x = net.finish(layer, x, torch.cat(parts))
         for s, a, b in spans:
@@ -371,8 +398,10 @@ class CharTF(qs.StepServing):
         positions = torch.tensor(pos, device=self.device)
         ids = torch.tensor([s.tokens[-1] for s in seqs], device=self.device)
         size = self.block_size
-        slots = torch.tensor([t.blocks[p // size] * size + p % size
-                              for t, p in zip(tables, pos, strict=True)], device=self.device)
+        slots = torch.tensor(
+            [t.blocks[p // size] * size + p % size for t, p in zip(tables, pos, strict=True)],
+            device=self.device,
+        )
         groups = [self._group(rows, tables, pos, positions) for rows in self._by_length(pos)]
         x = net.embed(ids, positions)
         for layer in range(net.layers):
@@ -396,21 +425,23 @@ class CharTF(qs.StepServing):
             groups.setdefault((p // self.block_size).bit_length(), []).append(row)
         return list(groups.values())
 
-    def _group(self, rows: list[int], tables: list[BlockTable], pos: list[int],
-               positions: torch.Tensor) -> _Group:
+    def _group(
+        self, rows: list[int], tables: list[BlockTable], pos: list[int], positions: torch.Tensor
+    ) -> _Group:
         longest = max(pos[r] for r in rows) + 1
         index = torch.tensor(rows, device=self.device)
-        seen = (torch.arange(longest, device=self.device)[None, :]
-                <= positions[index][:, None])[:, None, None, :]
-        return _Group(index, longest, self._index([tables[r].blocks for r in rows], longest),
-                      seen)
+        seen = (torch.arange(longest, device=self.device)[None, :] <= positions[index][:, None])[
+            :, None, None, :
+        ]
+        return _Group(index, longest, self._index([tables[r].blocks for r in rows], longest), seen)
 
     def _attend_group(self, layer: int, q: torch.Tensor, group: _Group) -> torch.Tensor:
         keys, values = self._gather(layer, group.blocks, len(q), group.longest)
         return _attend(q[:, :, None], keys, values, group.seen, self.net.scale)[:, :, 0]
 
-    def _store(self, layer: int, slots: torch.Tensor, keys: torch.Tensor,
-               values: torch.Tensor) -> None:
+    def _store(
+        self, layer: int, slots: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
+    ) -> None:
         """Write the keys and values of new positions at ``slots`` (block x block_size +
         offset) of ``layer``. Writing a position again writes the same numbers: a step
         re-run in halves after a failure changes nothing."""
@@ -422,11 +453,13 @@ class CharTF(qs.StepServing):
         """The blocks holding the first ``positions`` positions of each table, flat; a shorter
         table padded with block 0 (its positions are masked)."""
         count = math.ceil(positions / self.block_size)
-        return torch.tensor([b for t in tables for b in t[:count] + [0] * (count - len(t))],
-                            device=self.device)
+        return torch.tensor(
+            [b for t in tables for b in t[:count] + [0] * (count - len(t))], device=self.device
+        )
 
-    def _gather(self, layer: int, index: torch.Tensor, rows: int,
-                positions: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _gather(
+        self, layer: int, index: torch.Tensor, rows: int, positions: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of the blocks ``index`` (from ``_index``) as (rows, positions,
         heads, head size): one index_select per tensor (advanced indexing is slower here)."""
         shape = (rows, -1, self.net.heads, self.net.head_size)
@@ -454,8 +487,9 @@ class _Group:
     seen: torch.Tensor
 
 
-def _attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, seen: torch.Tensor,
-            scale: float) -> torch.Tensor:
+def _attend(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, seen: torch.Tensor, scale: float
+) -> torch.Tensor:
     """Queries (rows, heads, queries, d) over each row's gathered keys and values (rows,
     positions, heads, d); ``seen`` (broadcast to rows, heads, queries, positions) is true
     where a query may see a position.
@@ -466,12 +500,14 @@ def _attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, seen: tor
     has changed across versions (and this was written without a device to check one on)."""
     if q.is_cuda:
         return _attend_plain(q, keys, values, seen, scale)
-    return F.scaled_dot_product_attention(q, keys.transpose(1, 2), values.transpose(1, 2),
-                                          attn_mask=seen, scale=scale)
+    return F.scaled_dot_product_attention(
+        q, keys.transpose(1, 2), values.transpose(1, 2), attn_mask=seen, scale=scale
+    )
 
 
-def _attend_plain(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                  seen: torch.Tensor, scale: float) -> torch.Tensor:
+def _attend_plain(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, seen: torch.Tensor, scale: float
+) -> torch.Tensor:
     """``_attend`` as matmuls and a softmax."""
     scores = (q @ keys.permute(0, 2, 3, 1)) * scale
     scores = scores.masked_fill(~seen, float("-inf"))

@@ -49,8 +49,9 @@ class Block(nn.Module):
 class CharTransformer(nn.Module):
     """Embeddings -> ``layers`` blocks -> norm -> logits over ``VOCAB`` (tied head)."""
 
-    def __init__(self, d_model: int = 128, heads: int = 4, layers: int = 4,
-                 context: int = 256) -> None:
+    def __init__(
+        self, d_model: int = 128, heads: int = 4, layers: int = 4, context: int = 256
+    ) -> None:
         super().__init__()
         self.d_model, self.heads, self.layers, self.context = d_model, heads, layers, context
         self.embed = nn.Embedding(len(VOCAB), d_model)
@@ -95,14 +96,20 @@ class Blocks:
         self.head_size = model.d_model // model.heads
         self.layers = model.layers
         self.context = model.context
-        self.scale = 1.0 / self.head_size ** 0.5
+        self.scale = 1.0 / self.head_size**0.5
         self.d_model = model.d_model
         weights = {name: p.detach() for name, p in model.named_parameters()}
         self.token = weights["embed.weight"]
         self.pos = weights["pos.weight"]
         self.ln = (weights["ln.weight"], weights["ln.bias"])
-        self.block = [{name.split(".", 2)[2]: w for name, w in weights.items()
-                       if name.startswith(f"blocks.{i}.")} for i in range(model.layers)]
+        self.block = [
+            {
+                name.split(".", 2)[2]: w
+                for name, w in weights.items()
+                if name.startswith(f"blocks.{i}.")
+            }
+            for i in range(model.layers)
+        ]
 
     def embed(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return self.token.index_select(0, ids) + self.pos.index_select(0, positions)
@@ -111,8 +118,9 @@ class Blocks:
         w = self.block[layer]
         h = F.layer_norm(x, (self.d_model,), w["ln1.weight"], w["ln1.bias"])
         shape = (x.shape[0], self.heads, self.head_size)
-        return tuple(z.reshape(shape)
-                     for z in F.linear(h, w["qkv.weight"], w["qkv.bias"]).chunk(3, dim=-1))
+        return tuple(
+            z.reshape(shape) for z in F.linear(h, w["qkv.weight"], w["qkv.bias"]).chunk(3, dim=-1)
+        )
 
     def finish(self, layer: int, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
         w = self.block[layer]
@@ -140,5 +148,13 @@ def load(path: Path = WEIGHTS, device: str = "cpu") -> CharTransformer:
 
 def save(model: CharTransformer, path: Path = WEIGHTS) -> None:
     state = {k: v.detach().to("cpu", torch.float16) for k, v in model.state_dict().items()}
-    torch.save({"d_model": model.d_model, "heads": model.heads, "layers": model.layers,
-                "context": model.context, "state": state}, path)
+    torch.save(
+        {
+            "d_model": model.d_model,
+            "heads": model.heads,
+            "layers": model.layers,
+            "context": model.context,
+            "state": state,
+        },
+        path,
+    )

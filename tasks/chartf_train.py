@@ -26,8 +26,9 @@ PEAK_LR = 3e-3
 WARMUP_STEPS = 100
 
 
-def batches(ids: torch.Tensor, window: int,
-            gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def batches(
+    ids: torch.Tensor, window: int, gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
     starts = torch.randint(0, len(ids) - window - 1, (BATCH,), generator=gen)
     rows = torch.stack([ids[s : s + window + 1] for s in starts.tolist()])
     return rows[:, :-1], rows[:, 1:]
@@ -70,9 +71,12 @@ def train(minutes: float, threads: int, out: Path) -> None:
         opt.step()
         step += 1
         if step % 50 == 0:
-            print(f"step {step}: train {loss.item():.3f}, held out "
-                  f"{held_out_loss(model, test_ids, gen):.3f} nats/char "
-                  f"({time.monotonic() - started:.0f}s)", flush=True)
+            print(
+                f"step {step}: train {loss.item():.3f}, held out "
+                f"{held_out_loss(model, test_ids, gen):.3f} nats/char "
+                f"({time.monotonic() - started:.0f}s)",
+                flush=True,
+            )
     print(f"{step} steps; held out {held_out_loss(model, test_ids, gen):.3f} nats/char")
     save(model, out)
     print(f"saved {out} ({out.stat().st_size / 1e6:.2f} MB)")

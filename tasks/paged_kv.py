@@ -33,11 +33,21 @@ class PoolExhausted(Exception):
 class BlockPool:
     """``blocks`` KV blocks of ``block_size`` positions with reference counts."""
 
-    def __init__(self, blocks: int, block_size: int, layers: int, heads: int, head_size: int,
-                 device: str = "cpu", dtype: torch.dtype = torch.float32) -> None:
+    def __init__(
+        self,
+        blocks: int,
+        block_size: int,
+        layers: int,
+        heads: int,
+        head_size: int,
+        device: str = "cpu",
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
         if blocks < 1 or block_size < 1:
-            raise ValueError(f"a block pool needs blocks >= 1 and block_size >= 1, got "
-                             f"{blocks} blocks of {block_size}")
+            raise ValueError(
+                f"a block pool needs blocks >= 1 and block_size >= 1, got "
+                f"{blocks} blocks of {block_size}"
+            )
         self.blocks = blocks
         self.block_size = block_size
         shape = (layers, blocks, block_size, heads, head_size)
@@ -48,8 +58,9 @@ class BlockPool:
         self._free = list(range(blocks - 1, -1, -1))  # a stack: low ids first
 
     @staticmethod
-    def block_bytes(block_size: int, layers: int, heads: int, head_size: int,
-                    dtype: torch.dtype = torch.float32) -> int:
+    def block_bytes(
+        block_size: int, layers: int, heads: int, head_size: int, dtype: torch.dtype = torch.float32
+    ) -> int:
         """Memory of one block: keys and values of every layer for ``block_size`` positions."""
         itemsize = torch.empty((), dtype=dtype).element_size()
         return 2 * layers * block_size * heads * head_size * itemsize
@@ -104,8 +115,9 @@ class CachedPrefix:
 
     def __init__(self, pool: BlockPool, blocks: Sequence[int], length: int) -> None:
         if pool.blocks_for(length) != len(blocks):
-            raise ValueError(f"{length} positions fill {pool.blocks_for(length)} blocks, "
-                             f"not {len(blocks)}")
+            raise ValueError(
+                f"{length} positions fill {pool.blocks_for(length)} blocks, not {len(blocks)}"
+            )
         self.blocks = tuple(blocks)
         self.length = length
         pool.incref(self.blocks)
@@ -137,8 +149,9 @@ class BlockTable:
         """Free blocks that ``reserve(positions)`` would take."""
         size = self.pool.block_size
         new = self.pool.blocks_for(self.length + positions) - len(self.blocks)
-        writes_shared = (positions > 0 and self.length % size != 0
-                         and self.pool.refs[self.blocks[-1]] > 1)
+        writes_shared = (
+            positions > 0 and self.length % size != 0 and self.pool.refs[self.blocks[-1]] > 1
+        )
         return new + writes_shared
 
     def reserve(self, positions: int) -> None:
@@ -148,8 +161,11 @@ class BlockTable:
         need = self.needs(positions)
         if need > self.pool.free:
             raise PoolExhausted(f"{need} blocks needed, {self.pool.free} free")
-        if positions > 0 and self.length % self.pool.block_size and \
-                self.pool.refs[self.blocks[-1]] > 1:
+        if (
+            positions > 0
+            and self.length % self.pool.block_size
+            and self.pool.refs[self.blocks[-1]] > 1
+        ):
             shared = self.blocks[-1]
             self.blocks[-1] = self.pool.copy(shared)
             self.pool.release([shared])
@@ -159,15 +175,18 @@ class BlockTable:
     def stored(self, positions: int) -> None:
         """``positions`` more positions were written (into room ``reserve`` made)."""
         if self.pool.blocks_for(self.length + positions) > len(self.blocks):
-            raise ValueError(f"{positions} positions written past the {len(self.blocks)} "
-                             "blocks reserved")
+            raise ValueError(
+                f"{positions} positions written past the {len(self.blocks)} blocks reserved"
+            )
         self.length += positions
 
     def slots(self, start: int, stop: int) -> tuple[list[int], list[int]]:
         """(block, offset) of positions ``start..stop-1``, as two lists."""
         size = self.pool.block_size
-        return ([self.blocks[p // size] for p in range(start, stop)],
-                [p % size for p in range(start, stop)])
+        return (
+            [self.blocks[p // size] for p in range(start, stop)],
+            [p % size for p in range(start, stop)],
+        )
 
     def release(self) -> None:
         self.pool.release(self.blocks)
@@ -177,6 +196,5 @@ class BlockTable:
     def prefix(self, length: int) -> CachedPrefix:
         """The first ``length`` stored positions as a cached prefix (shares the blocks)."""
         if not 0 < length <= self.length:
-            raise ValueError(f"a prefix of {length} positions is outside the {self.length} "
-                             "stored")
+            raise ValueError(f"a prefix of {length} positions is outside the {self.length} stored")
         return CachedPrefix(self.pool, self.blocks[: self.pool.blocks_for(length)], length)

@@ -127,8 +127,9 @@ class Consumer(Replies):
                 if not (no_group(e) or error_code(e) == "WRONGTYPE" or "no such key" in str(e)):
                     raise
                 return []
-        return [(text(c["name"], "surrogateescape"), int(c["pending"]), int(c["idle"]))
-                for c in info]
+        return [
+            (text(c["name"], "surrogateescape"), int(c["pending"]), int(c["idle"])) for c in info
+        ]
 
     def forget_consumer(self, stream: str, consumer: str) -> None:
         with redis_errors(self.url):

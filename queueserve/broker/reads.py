@@ -295,8 +295,10 @@ class Reads(BrokerCore):
                 pipe.xpending(stream, GROUP)
             out = pipe.execute(raise_on_error=False)
         return {
-            stream: [(text(c["name"], "surrogateescape"), int(c["pending"]))
-                     for c in summary.get("consumers") or []]
+            stream: [
+                (text(c["name"], "surrogateescape"), int(c["pending"]))
+                for c in summary.get("consumers") or []
+            ]
             for stream, summary in zip(streams, out, strict=True)
             if isinstance(summary, dict)
         }

@@ -150,7 +150,9 @@ def test_a_read_taken_in_slowly_is_not_claimed_back_by_its_own_worker_and_run_tw
 
 
 def test_a_request_read_by_a_consumer_named_in_junk_is_reclaimed_and_answered(
-    start_worker: StartWorker, redis_client: redis.Redis, prefix: str,
+    start_worker: StartWorker,
+    redis_client: redis.Redis,
+    prefix: str,
 ) -> None:
     # Given a worker, and a request that a consumer of the group whose name is not UTF-8 read
     # and never acked (anyone may XREADGROUP), in a stream the worker watches
@@ -171,7 +173,9 @@ def test_a_request_read_by_a_consumer_named_in_junk_is_reclaimed_and_answered(
 
 
 def test_consumers_of_a_missing_stream_or_a_key_of_another_type_are_none(
-    redis_url: str, redis_client: redis.Redis, prefix: str,
+    redis_url: str,
+    redis_client: redis.Redis,
+    prefix: str,
 ) -> None:
     # Given what a junk member of the active set names: no key, a hash, a stream whose group
     # has a consumer named in bytes that are not UTF-8
@@ -199,7 +203,9 @@ def test_consumers_of_a_missing_stream_or_a_key_of_another_type_are_none(
 
 
 def test_junk_in_the_admission_counters_is_reset_by_the_ack_and_the_reply_goes_once(
-    start_worker: StartWorker, redis_client: redis.Redis, prefix: str,
+    start_worker: StartWorker,
+    redis_client: redis.Redis,
+    prefix: str,
 ) -> None:
     # Given a worker, and an admitted request whose key's depth field someone overwrote with
     # what is not a count
@@ -208,21 +214,31 @@ def test_junk_in_the_admission_counters_is_reset_by_the_ack_and_the_reply_goes_o
     inbox = RawInbox(redis_client, prefix)
     redis_client.set(keys.queued, 1)
     redis_client.hset(keys.depth, "default", "junk")
-    redis_client.xadd(keys.stream("default"),
-                      {"h": header(3, 1, inbox.key), "p": bytes(msgpack.packb(["x"])), "a": "1"})
+    redis_client.xadd(
+        keys.stream("default"),
+        {"h": header(3, 1, inbox.key), "p": bytes(msgpack.packb(["x"])), "a": "1"},
+    )
 
     # When it is answered and acked, then the counters are back at zero, the junk reset (the
     # ack script failed on it: the replier retried and sent the reply again, and the field
     # stayed), and the caller got one reply
     wait_until(lambda: inbox.answered([3]), "the answer")
-    wait_until(lambda: int(redis_client.get(keys.queued) or 0) == 0
-               and not redis_client.hexists(keys.depth, "default"), "the counters at zero")
+    wait_until(
+        lambda: (
+            int(redis_client.get(keys.queued) or 0) == 0
+            and not redis_client.hexists(keys.depth, "default")
+        ),
+        "the counters at zero",
+    )
     inbox.drain()
     assert inbox.error_kind(3) is None
 
 
 def test_a_depth_field_holding_no_count_is_reset_by_the_enqueue_and_the_request_runs_once(
-    start_worker: StartWorker, client: qs.Client, redis_client: redis.Redis, prefix: str,
+    start_worker: StartWorker,
+    client: qs.Client,
+    redis_client: redis.Redis,
+    prefix: str,
 ) -> None:
     # Given a serving whose key's depth field someone overwrote with what is not a count
     runs: Counter[Any] = Counter()
@@ -240,6 +256,11 @@ def test_a_depth_field_holding_no_count_is_reset_by_the_enqueue_and_the_request_
     # at zero (enqueue.lua failed after writing the entry: the client sent it again and again,
     # and the admission counter kept what each copy added)
     assert client.dispatch(serving, "x", timeout=WAIT_S) == "x"
-    wait_until(lambda: int(redis_client.get(keys.queued) or 0) == 0
-               and not redis_client.hexists(keys.depth, "default"), "the counters at zero")
+    wait_until(
+        lambda: (
+            int(redis_client.get(keys.queued) or 0) == 0
+            and not redis_client.hexists(keys.depth, "default")
+        ),
+        "the counters at zero",
+    )
     assert runs["x"] == 1, runs

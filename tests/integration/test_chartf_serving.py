@@ -22,13 +22,26 @@ torch = pytest.importorskip("torch")
 from tasks.chartf import CharTF  # noqa: E402
 from tasks.paged_kv import BlockPool  # noqa: E402
 
-PROMPTS = ["Return the ", "This module ", "Raise ValueError if ", "Open a file and ",
-           "The socket ", "If *strict* is true, "]
+PROMPTS = [
+    "Return the ",
+    "This module ",
+    "Raise ValueError if ",
+    "Open a file and ",
+    "The socket ",
+    "If *strict* is true, ",
+]
 
 
 def work(count: int) -> list[dict[str, Any]]:
-    return [{"prompt": PROMPTS[i % len(PROMPTS)], "max_new": 20 + 17 * (i % 5),
-             "temperature": 0.8 * (i % 2), "seed": i} for i in range(count)]
+    return [
+        {
+            "prompt": PROMPTS[i % len(PROMPTS)],
+            "max_new": 20 + 17 * (i % 5),
+            "temperature": 0.8 * (i % 2),
+            "seed": i,
+        }
+        for i in range(count)
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +63,9 @@ def outputs(caller: Caller) -> list[Any]:
 
 
 def test_chartf_outputs_equal_each_request_run_alone(
-    start_worker: Any, client: qs.Client, alone: CharTF,
+    start_worker: Any,
+    client: qs.Client,
+    alone: CharTF,
 ) -> None:
     """Greedy and per-request-seeded sampling, batched with others, give each prompt's text
     alone. Tolerance: exact characters (as charlm's test: batched and one-row float kernels
@@ -71,15 +86,20 @@ def test_chartf_outputs_equal_each_request_run_alone(
 
 
 def test_a_pool_too_small_for_the_load_preempts_and_every_stream_shows_each_step_once(
-    start_worker: Any, client: qs.Client, redis_client: redis.Redis, prefix: str,
+    start_worker: Any,
+    client: qs.Client,
+    redis_client: redis.Redis,
+    prefix: str,
     alone: CharTF,
 ) -> None:
     # Given requests streaming at once, sent before the worker starts (so they run together)
     items = [{**item, "max_new": 100 + 10 * (i % 4)} for i, item in enumerate(work(8))]
     expected = [alone.inline(item) for item in items]
     callers = [Caller(client, "chartf", [item]) for item in items]
-    wait_until(lambda: redis_client.xlen(stream_key(prefix, "chartf")) == len(items),
-               "every request is sent")
+    wait_until(
+        lambda: redis_client.xlen(stream_key(prefix, "chartf")) == len(items),
+        "every request is sent",
+    )
     # When a worker serves them with a pool of 16 blocks (256 positions, one context) for 4
     # slots of sequences of 110 to 150 positions
     serving = CharTF(max_slots=4, kv_blocks=16, prefix_cache_bytes=0)
@@ -94,15 +114,15 @@ def test_a_pool_too_small_for_the_load_preempts_and_every_stream_shows_each_step
 
 
 def test_sequences_that_leave_mid_generation_give_their_blocks_back(
-    start_worker: Any, client: qs.Client,
+    start_worker: Any,
+    client: qs.Client,
 ) -> None:
     """The executor tells a serving nothing when a sequence leaves early: its blocks come
     back when its state is dropped."""
     serving = CharTF(max_slots=4, prefix_cache_bytes=0)
     start_worker(serving)
     # A streaming caller that stops after three steps, and a request cancelled while it runs
-    stopped = Caller(client, "chartf", [{"prompt": "Return the ", "max_new": 240}],
-                     stop_after=3)
+    stopped = Caller(client, "chartf", [{"prompt": "Return the ", "max_new": 240}], stop_after=3)
     ticket = client.submit("chartf", [{"prompt": "x", "max_new": 240}], timeout=60)
     stopped.join()
     wait_until(lambda: pool(serving).used > 0, "the sequences hold blocks")
@@ -111,7 +131,9 @@ def test_sequences_that_leave_mid_generation_give_their_blocks_back(
 
 
 def test_prefix_sharing_saves_prefill_and_writes_what_a_cold_run_writes(
-    start_worker: Any, client: qs.Client, alone: CharTF,
+    start_worker: Any,
+    client: qs.Client,
+    alone: CharTF,
 ) -> None:
     shared = "Return a list of the names of the attributes of the object, sorted. " * 2
     items = [{"prompt": shared + q, "max_new": 30} for q in ("If ", "The ", "Raise ", "A")]
@@ -134,14 +156,29 @@ def test_prefix_sharing_saves_prefill_and_writes_what_a_cold_run_writes(
 
 @pytest.mark.timeout(120)
 def test_a_sigkilled_workers_sequences_restart_elsewhere_with_their_text(
-    redis_url: str, prefix: str, client: qs.Client, redis_client: redis.Redis, tmp_path: Path,
+    redis_url: str,
+    prefix: str,
+    client: qs.Client,
+    redis_client: redis.Redis,
+    tmp_path: Path,
     alone: CharTF,
 ) -> None:
     # Given two worker processes serving the paced transformer (a pool that preempts)
     def worker(i: int) -> WorkerProc:
-        return WorkerProc(["tests.support.chartf_app:paced", "--redis-url", redis_url,
-                           "--prefix", prefix, "--partitions", "1"], redis_url, prefix,
-                          tmp_path / f"w{i}.log")
+        return WorkerProc(
+            [
+                "tests.support.chartf_app:paced",
+                "--redis-url",
+                redis_url,
+                "--prefix",
+                prefix,
+                "--partitions",
+                "1",
+            ],
+            redis_url,
+            prefix,
+            tmp_path / f"w{i}.log",
+        )
 
     workers = [worker(0), worker(1)]
     # One client per caller: a client sending at once packs requests into one stream entry,
@@ -152,10 +189,14 @@ def test_a_sigkilled_workers_sequences_restart_elsewhere_with_their_text(
         for w in workers:
             serving_consumer(redis_client, prefix, "chartf-paced", w)
         # and callers streaming long generations, greedy and sampled
-        items = [{"prompt": p, "max_new": 150, "temperature": 0.8 * (i % 2), "seed": i}
-                 for i, p in enumerate(PROMPTS[:3])]
-        callers = [Caller(c, "chartf-paced", [item], timeout=90)
-                   for c, item in zip(clients, items, strict=True)]
+        items = [
+            {"prompt": p, "max_new": 150, "temperature": 0.8 * (i % 2), "seed": i}
+            for i, p in enumerate(PROMPTS[:3])
+        ]
+        callers = [
+            Caller(c, "chartf-paced", [item], timeout=90)
+            for c, item in zip(clients, items, strict=True)
+        ]
         for c in callers:
             for _ in range(5):
                 c.next_event()

@@ -18,8 +18,16 @@ torch = pytest.importorskip("torch")
 from queueserve.worker.pipeline.prefix_cache import PrefixCache  # noqa: E402
 from tasks.chartf import CharTF, State, _attend, _attend_plain  # noqa: E402
 
-PROMPTS = ["Return the ", "This module ", "Raise ValueError if ", "Open a file and ",
-           "The socket ", "If *strict* is true, ", "A list of ", "Set the "]
+PROMPTS = [
+    "Return the ",
+    "This module ",
+    "Raise ValueError if ",
+    "Open a file and ",
+    "The socket ",
+    "If *strict* is true, ",
+    "A list of ",
+    "Set the ",
+]
 
 
 def serving(**options: Any) -> CharTF:
@@ -30,12 +38,20 @@ def serving(**options: Any) -> CharTF:
 
 def items(count: int, seed: int = 3) -> list[dict[str, Any]]:
     rng = random.Random(seed)
-    return [{"prompt": PROMPTS[i % len(PROMPTS)], "max_new": rng.randint(5, 90),
-             "temperature": 0.8 * (i % 2), "seed": i} for i in range(count)]
+    return [
+        {
+            "prompt": PROMPTS[i % len(PROMPTS)],
+            "max_new": rng.randint(5, 90),
+            "temperature": 0.8 * (i % 2),
+            "seed": i,
+        }
+        for i in range(count)
+    ]
 
 
-def continuous(lm: CharTF, work: list[dict[str, Any]], slots: int,
-               cache: PrefixCache | None = None) -> tuple[list[list[str]], int]:
+def continuous(
+    lm: CharTF, work: list[dict[str, Any]], slots: int, cache: PrefixCache | None = None
+) -> tuple[list[list[str]], int]:
     """Run ``work`` as the executor does: a request joins when a slot frees, between steps,
     every step's outputs kept. (outputs per item, steps taken)."""
     outputs: list[list[str]] = [[] for _ in work]
@@ -43,7 +59,7 @@ def continuous(lm: CharTF, work: list[dict[str, Any]], slots: int,
     running: list[tuple[int, State]] = []
     steps = 0
     while waiting or running:
-        joining, waiting = waiting[: slots - len(running)], waiting[slots - len(running):]
+        joining, waiting = waiting[: slots - len(running)], waiting[slots - len(running) :]
         resumes = [resume(lm, cache, work[i]) for i in joining]
         states = lm.prefill_from([work[i] for i in joining], resumes)
         offered(cache, resumes)
@@ -80,8 +96,7 @@ def alone() -> list[list[str]]:
     return [lm.inline(item) for item in items(12)]
 
 
-def test_joining_between_steps_gives_each_request_its_text_alone(
-        alone: list[list[str]]) -> None:
+def test_joining_between_steps_gives_each_request_its_text_alone(alone: list[list[str]]) -> None:
     """Greedy and seeded sampling, batched with whatever runs beside them. Tolerance: exact
     characters (batched and one-row float kernels could differ in the last bits only at an
     exact tie of two logits; none occurs here)."""
@@ -93,7 +108,8 @@ def test_joining_between_steps_gives_each_request_its_text_alone(
 
 
 def test_a_pool_too_small_for_the_load_preempts_and_recomputes_losing_nothing(
-        alone: list[list[str]]) -> None:
+    alone: list[list[str]],
+) -> None:
     # Given a pool of 24 blocks (384 positions) for 6 slots of sequences up to 110 positions
     lm = serving(kv_blocks=24)
     # When they run continuously
@@ -123,8 +139,9 @@ def test_what_runs_never_holds_more_blocks_than_the_pool() -> None:
 def test_a_sequence_waits_for_free_blocks_answering_no_output_then_runs() -> None:
     # Given a pool of 17 blocks, 13 of them taken by a 200-character prompt
     lm = serving(kv_blocks=17)
-    long, short = lm.prefill([{"prompt": "x" * 200, "max_new": 20},
-                              {"prompt": "y" * 60, "max_new": 5}])
+    long, short = lm.prefill(
+        [{"prompt": "x" * 200, "max_new": 20}, {"prompt": "y" * 60, "max_new": 5}]
+    )
     # Then a 60-character prompt (4 blocks, and the watermark's 1 kept free) waits in line
     assert long.table is not None and short.table is None
     outs = lm.decode([long, short])

@@ -71,8 +71,9 @@ class Target:
                 remove(key, *members)
         # The traffic's clients are closed by now: junk pushed into their inboxes has nobody
         # to read it (an inbox lives until its TTL, which RPUSH does not set)
-        self.r.delete(*self.created, *self.inboxes, self.junk_inbox,
-                      *(self.keys(s).meta for s in meta))
+        self.r.delete(
+            *self.created, *self.inboxes, self.junk_inbox, *(self.keys(s).meta for s in meta)
+        )
         for serving, declared in meta.items():
             if declared:
                 self.r.hset(self.keys(serving).meta, mapping=declared)  # type: ignore[arg-type]
@@ -110,13 +111,17 @@ class Target:
         return name
 
     def note(self, key: str, member: bytes | str) -> None:
-        self.added.setdefault(key, set()).add(member.encode() if isinstance(member, str)
-                                              else member)
+        self.added.setdefault(key, set()).add(
+            member.encode() if isinstance(member, str) else member
+        )
 
     def consumers(self) -> list[str]:
         """The live consumers of the plain serving (not the ghosts the fuzzer added)."""
-        return [c.decode() for c in self.r.zrange(self.keys().workers, 0, -1)
-                if not c.startswith(b"fuzz-ghost-")]
+        return [
+            c.decode()
+            for c in self.r.zrange(self.keys().workers, 0, -1)
+            if not c.startswith(b"fuzz-ghost-")
+        ]
 
     def replace(self, key: str, kind: str) -> None:
         """Make ``key`` a key of a Redis type other than its kind's."""
@@ -226,7 +231,12 @@ ENTRY_ATTACKS = {
     "k": (Attack("k", entry_k), Attack("extra_field", entry_extra)),
 }
 ENTRY_WRITERS: tuple[Callable[[Target, bytes, int], None], ...] = (
-    entry_h, entry_h_field, entry_p, entry_a, entry_k, entry_extra,
+    entry_h,
+    entry_h_field,
+    entry_p,
+    entry_a,
+    entry_k,
+    entry_extra,
 )
 
 
@@ -304,8 +314,12 @@ def seen_score(t: Target, value: bytes) -> None:
 
 def ready_member(t: Target, value: bytes) -> None:
     shape = t.rng.randrange(4)
-    member = (value, str(t.rng.randrange(10)).encode() + value, b"0default" + value,
-              t.rng.choice((b"x", b"", b"-1", b"10", b"99")) + value)[shape]
+    member = (
+        value,
+        str(t.rng.randrange(10)).encode() + value,
+        b"0default" + value,
+        t.rng.choice((b"x", b"", b"-1", b"10", b"99")) + value,
+    )[shape]
     _zadd(t, t.keys(t.rng.choice(VALID)).ready, member, b"-inf")
 
 
@@ -315,16 +329,20 @@ def ready_score(t: Target, value: bytes) -> None:
 
 def active_member(t: Target, value: bytes) -> None:
     keys = t.keys(t.rng.choice(VALID))
-    member = t.rng.choice((value, keys.stream("fuzz") + value.decode("latin-1"),
-                           keys.meta, keys.depth, keys.wake))
-    _zadd(t, keys.active, member.encode("latin-1") if isinstance(member, str) else member,
-          b"0")
+    member = t.rng.choice(
+        (value, keys.stream("fuzz") + value.decode("latin-1"), keys.meta, keys.depth, keys.wake)
+    )
+    _zadd(t, keys.active, member.encode("latin-1") if isinstance(member, str) else member, b"0")
 
 
 def wake_entry(t: Target, value: bytes) -> None:
     keys = t.keys(t.rng.choice(VALID))
-    t.r.xadd(keys.wake, t.rng.choice(({"k": value}, {value[:64] or b"?": value})),
-             maxlen=100, approximate=True)
+    t.r.xadd(
+        keys.wake,
+        t.rng.choice(({"k": value}, {value[:64] or b"?": value})),
+        maxlen=100,
+        approximate=True,
+    )
 
 
 def depth_field(t: Target, value: bytes) -> None:
@@ -346,8 +364,17 @@ def queued_value(t: Target, value: bytes) -> None:
     t.created.add(t.victim.queued)
 
 
-META_FIELDS = ("max_payload_bytes", "batch_size", "shards", "pack_items", "streaming", "durable",
-               "max_queue", "hooks", "header_fields")
+META_FIELDS = (
+    "max_payload_bytes",
+    "batch_size",
+    "shards",
+    "pack_items",
+    "streaming",
+    "durable",
+    "max_queue",
+    "hooks",
+    "header_fields",
+)
 
 
 def meta_field(t: Target, value: bytes) -> None:
@@ -367,9 +394,18 @@ def meta_codec(t: Target, value: bytes) -> None:
     t.note(t.victim.meta, "codec")
 
 
-CONFIG_FIELDS = ("batch_size", "batch_timeout", "max_queue", "max_deliveries",
-                 "max_payload_bytes", "max_reply_bytes", "key_idle_ttl", "priority_age",
-                 "batch_key_weights", "max_latency")
+CONFIG_FIELDS = (
+    "batch_size",
+    "batch_timeout",
+    "max_queue",
+    "max_deliveries",
+    "max_payload_bytes",
+    "max_reply_bytes",
+    "key_idle_ttl",
+    "priority_age",
+    "batch_key_weights",
+    "max_latency",
+)
 
 
 def config_field(t: Target, value: bytes) -> None:
@@ -390,15 +426,24 @@ def dead_record(t: Target, value: bytes) -> str:
     """A forged dead letter: fields of a record, one of them hostile; its header may claim
     10**12 items, name another key of the tag, or hold a hostile field of its own."""
     keys = t.keys()
-    header = t.rng.choice((
-        t.header(), t.header(f2=10**12), t.header(f3=t.rng.choice((keys.wake, keys.meta))),
-        t.header(**{f"f{t.rng.randrange(9)}": hostile_object(t.rng)}),
-    ))
+    header = t.rng.choice(
+        (
+            t.header(),
+            t.header(f2=10**12),
+            t.header(f3=t.rng.choice((keys.wake, keys.meta))),
+            t.header(**{f"f{t.rng.randrange(9)}": hostile_object(t.rng)}),
+        )
+    )
     fields: dict[Any, Any] = {
-        "stream": t.rng.choice((keys.stream("default"), keys.stream("default"), keys.wake,
-                                keys.meta, keys.queued)),
-        "entry_id": "1-0", "reason": "forged", "deliveries": "1", "at_ms": "0",
-        "field:h": header, "field:p": _valid_payload(),
+        "stream": t.rng.choice(
+            (keys.stream("default"), keys.stream("default"), keys.wake, keys.meta, keys.queued)
+        ),
+        "entry_id": "1-0",
+        "reason": "forged",
+        "deliveries": "1",
+        "at_ms": "0",
+        "field:h": header,
+        "field:p": _valid_payload(),
     }
     fields[t.rng.choice([*fields, "field:k", value[:64] or "?"])] = value
     return str(t.r.xadd(t.keys().dead, fields).decode())
@@ -415,19 +460,28 @@ def dead_replayed(t: Target, value: bytes) -> None:
 def cancel_message(t: Target, value: bytes) -> None:
     keys = t.keys(t.rng.choice((*VALID, VICTIM)))
     stream = keys.stream("default").encode()
-    message = t.rng.choice((value, stream + b"\n" + value, value + b"\n1-0", b"\n".join(
-        (stream, value, value)), stream + value + b"\n1-0"))
+    message = t.rng.choice(
+        (
+            value,
+            stream + b"\n" + value,
+            value + b"\n1-0",
+            b"\n".join((stream, value, value)),
+            stream + value + b"\n1-0",
+        )
+    )
     t.r.publish(keys.cancel, message)
 
 
 def _reply_junk(t: Target, value: bytes) -> bytes:
     rid = t.rng.choice((10**15 + t.rng.randrange(1000), -1, "x", None, 2**64 - 1))
-    rows = t.rng.choice((
-        [[rid, 0, 1, P.RESULTS, ["forged"]]],
-        [[rid, hostile_object(t.rng), hostile_object(t.rng), hostile_object(t.rng), value]],
-        hostile_object(t.rng),
-        [[rid, 0, 1, P.ERROR, hostile_object(t.rng)]],
-    ))
+    rows = t.rng.choice(
+        (
+            [[rid, 0, 1, P.RESULTS, ["forged"]]],
+            [[rid, hostile_object(t.rng), hostile_object(t.rng), hostile_object(t.rng), value]],
+            hostile_object(t.rng),
+            [[rid, 0, 1, P.ERROR, hostile_object(t.rng)]],
+        )
+    )
     body = t.rng.choice((bytes(msgpack.packb(rows)), value))
     return t.rng.choice((b"m", b"p", b"\x00", b"\xff", b"")) + body
 
@@ -449,12 +503,14 @@ def events_message(t: Target, value: bytes) -> None:
     if not t.channels:
         return
     rid = t.rng.choice((10**15, -1, "x", None))
-    event = t.rng.choice((
-        [rid, 0, "o", P.RESULTS, ["forged"], 0, 1],
-        [[rid, hostile_object(t.rng), "h", value, hostile_object(t.rng), 0, 1]],
-        [rid, -1, "h", "start", value, 0, 10**9],
-        hostile_object(t.rng),
-    ))
+    event = t.rng.choice(
+        (
+            [rid, 0, "o", P.RESULTS, ["forged"], 0, 1],
+            [[rid, hostile_object(t.rng), "h", value, hostile_object(t.rng), 0, 1]],
+            [rid, -1, "h", "start", value, 0, 10**9],
+            hostile_object(t.rng),
+        )
+    )
     message = t.rng.choice((value, b"m" + bytes(msgpack.packb(event)), b"p" + value))
     t.r.publish(t.rng.choice(t.channels), message)
 
@@ -493,11 +549,13 @@ def job_record(t: Target, value: bytes) -> None:
     t.r.hset(name, t.rng.choice((*_JOB_FIELDS, value[:64] or b"?")), value)
     t.r.pexpire(name, 60_000)
     t.created.add(name)
-    fields = t.rng.choice((
-        {"job": job_id, "keep": 60_000},
-        {"job": value[:80].decode("latin-1"), "keep": 1000},
-        {"job": job_id, "keep": t.rng.choice((-1, 0, "x", 10**13, 1.5))},
-    ))
+    fields = t.rng.choice(
+        (
+            {"job": job_id, "keep": 60_000},
+            {"job": value[:80].decode("latin-1"), "keep": 1000},
+            {"job": job_id, "keep": t.rng.choice((-1, 0, "x", 10**13, 1.5))},
+        )
+    )
     header = t.header(f6="", f7=0, f8=fields)
     with contextlib.suppress(QueueServeError):  # a full queue, as it says
         t.broker.enqueue(t.keys(), [("default", 1, header, msgpack.packb([1]), 0)], 0)
@@ -508,63 +566,139 @@ def job_record(t: Target, value: bytes) -> None:
 
 
 SURFACES: tuple[Surface, ...] = (
-    *(Surface(f"entry.{f}", "worker: decode_entry, split.lua", ENTRY_ATTACKS[f])
-      for f in P.ENTRY_FIELDS),
-    Surface("in", "worker: read.lua, sweep.lua, decode", (
-        Attack("entry", any_entry), Attack("batch_key", hostile_batch_key),
-        Attack("consumer", hostile_consumer),
-        _wrong_type("in", stream_of_wrong_type),
-    )),
+    *(
+        Surface(f"entry.{f}", "worker: decode_entry, split.lua", ENTRY_ATTACKS[f])
+        for f in P.ENTRY_FIELDS
+    ),
+    Surface(
+        "in",
+        "worker: read.lua, sweep.lua, decode",
+        (
+            Attack("entry", any_entry),
+            Attack("batch_key", hostile_batch_key),
+            Attack("consumer", hostile_consumer),
+            _wrong_type("in", stream_of_wrong_type),
+        ),
+    ),
     Surface("pN", "worker: read.lua, sweep.lua, decode", (Attack("entry", priority_entry),)),
-    Surface("seen", "worker: sweep.lua; stats", (
-        Attack("member", seen_member), Attack("score", seen_score, ("numbers",)),
-        _wrong_type("seen", lambda t: t.victim.seen),
-    )),
-    Surface("ready", "worker: read.lua", (
-        Attack("member", ready_member), Attack("score", ready_score, ("numbers",)),
-        _wrong_type("ready", lambda t: t.victim.ready),
-    )),
-    Surface("active", "worker: reclaim, sweep.lua", (
-        Attack("member", active_member), _wrong_type("active", lambda t: t.victim.active),
-    )),
-    Surface("wake", "worker: blocking read", (
-        Attack("entry", wake_entry), _wrong_type("wake", lambda t: t.victim.wake),
-    )),
-    Surface("depth", "enqueue.lua, ack.lua, sweep.lua; stats", (
-        Attack("field", depth_field), _wrong_type("depth", lambda t: t.victim.depth),
-    )),
-    Surface("keys", "worker start: adopt_legacy_keys", (
-        Attack("member", legacy_key), _wrong_type("keys", lambda t: t.victim.keys),
-    )),
-    Surface("queued", "enqueue.lua, ack.lua", (
-        Attack("value", queued_value), _wrong_type("queued", lambda t: t.victim.queued),
-    )),
-    Surface("meta", "clients naming a serving; enqueue.lua (max_queue, pack_items); stats", (
-        Attack("field", meta_field), Attack("codec", meta_codec),
-        _wrong_type("meta", lambda t: t.victim.meta),
-    )),
-    Surface("config", "worker: run-time config; config get", (
-        Attack("field", config_field), _wrong_type("config", lambda t: t.victim.config),
-    )),
-    Surface("workers", "worker: reclaim, heartbeat; clients (durable); stats", (
-        Attack("member", workers_member), _wrong_type("workers", lambda t: t.victim.workers),
-    )),
-    Surface("dead", "worker: dead-lettering; dead-letter list/replay", (
-        Attack("record", dead_record), Attack("replayed", dead_replayed),
-        _wrong_type("dead", lambda t: t.victim.dead),
-    )),
+    Surface(
+        "seen",
+        "worker: sweep.lua; stats",
+        (
+            Attack("member", seen_member),
+            Attack("score", seen_score, ("numbers",)),
+            _wrong_type("seen", lambda t: t.victim.seen),
+        ),
+    ),
+    Surface(
+        "ready",
+        "worker: read.lua",
+        (
+            Attack("member", ready_member),
+            Attack("score", ready_score, ("numbers",)),
+            _wrong_type("ready", lambda t: t.victim.ready),
+        ),
+    ),
+    Surface(
+        "active",
+        "worker: reclaim, sweep.lua",
+        (
+            Attack("member", active_member),
+            _wrong_type("active", lambda t: t.victim.active),
+        ),
+    ),
+    Surface(
+        "wake",
+        "worker: blocking read",
+        (
+            Attack("entry", wake_entry),
+            _wrong_type("wake", lambda t: t.victim.wake),
+        ),
+    ),
+    Surface(
+        "depth",
+        "enqueue.lua, ack.lua, sweep.lua; stats",
+        (
+            Attack("field", depth_field),
+            _wrong_type("depth", lambda t: t.victim.depth),
+        ),
+    ),
+    Surface(
+        "keys",
+        "worker start: adopt_legacy_keys",
+        (
+            Attack("member", legacy_key),
+            _wrong_type("keys", lambda t: t.victim.keys),
+        ),
+    ),
+    Surface(
+        "queued",
+        "enqueue.lua, ack.lua",
+        (
+            Attack("value", queued_value),
+            _wrong_type("queued", lambda t: t.victim.queued),
+        ),
+    ),
+    Surface(
+        "meta",
+        "clients naming a serving; enqueue.lua (max_queue, pack_items); stats",
+        (
+            Attack("field", meta_field),
+            Attack("codec", meta_codec),
+            _wrong_type("meta", lambda t: t.victim.meta),
+        ),
+    ),
+    Surface(
+        "config",
+        "worker: run-time config; config get",
+        (
+            Attack("field", config_field),
+            _wrong_type("config", lambda t: t.victim.config),
+        ),
+    ),
+    Surface(
+        "workers",
+        "worker: reclaim, heartbeat; clients (durable); stats",
+        (
+            Attack("member", workers_member),
+            _wrong_type("workers", lambda t: t.victim.workers),
+        ),
+    ),
+    Surface(
+        "dead",
+        "worker: dead-lettering; dead-letter list/replay",
+        (
+            Attack("record", dead_record),
+            Attack("replayed", dead_replayed),
+            _wrong_type("dead", lambda t: t.victim.dead),
+        ),
+    ),
     Surface("cancel", "worker: cancel listener", (Attack("message", cancel_message),)),
-    Surface("inbox", "clients: reply reader; worker: replies", (
-        Attack("element", inbox_element), _wrong_type("inbox", lambda t: t.junk_inbox),
-    )),
+    Surface(
+        "inbox",
+        "clients: reply reader; worker: replies",
+        (
+            Attack("element", inbox_element),
+            _wrong_type("inbox", lambda t: t.junk_inbox),
+        ),
+    ),
     Surface("events", "clients: streamed events", (Attack("message", events_message),)),
-    Surface("worker", "worker: heartbeat", (
-        Attack("field", worker_record), _wrong_type("worker", live_worker_record),
-    )),
-    Surface("job", "worker: job.lua; clients: Client.job; queueserve job", (
-        Attack("field", job_record),
-        _wrong_type("job", lambda t: job_key(t.prefix, f"fuzzjob-{t.rng.randrange(100)}")),
-    )),
+    Surface(
+        "worker",
+        "worker: heartbeat",
+        (
+            Attack("field", worker_record),
+            _wrong_type("worker", live_worker_record),
+        ),
+    ),
+    Surface(
+        "job",
+        "worker: job.lua; clients: Client.job; queueserve job",
+        (
+            Attack("field", job_record),
+            _wrong_type("job", lambda t: job_key(t.prefix, f"fuzzjob-{t.rng.randrange(100)}")),
+        ),
+    ),
 )
 
 

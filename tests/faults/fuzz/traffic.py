@@ -53,8 +53,7 @@ class Traffic:
     """Threads sending valid requests until ``stop``; ``on_client(client_id)`` learns each
     client made, for the fuzzer to attack its inbox and events channel."""
 
-    def __init__(self, url: str, prefix: str, seed: int,
-                 on_client: Callable[[str], None]) -> None:
+    def __init__(self, url: str, prefix: str, seed: int, on_client: Callable[[str], None]) -> None:
         self.url = url
         self.prefix = prefix
         self.seed = seed
@@ -63,10 +62,12 @@ class Traffic:
         self.stopping = threading.Event()
         self._ids = itertools.count()
         self.threads = [
-            threading.Thread(target=self._guard, args=(name, run), name=f"fuzz-{name}",
-                             daemon=True)
-            for name, run in (("sync", self._sync), ("async", self._async),
-                              ("stream", self._streams))
+            threading.Thread(target=self._guard, args=(name, run), name=f"fuzz-{name}", daemon=True)
+            for name, run in (
+                ("sync", self._sync),
+                ("async", self._async),
+                ("stream", self._streams),
+            )
         ]
 
     def start(self) -> None:
@@ -116,8 +117,9 @@ class Traffic:
         item = self._item("s")
         self.tally.send()
         try:
-            got = client.dispatch("fz", item, timeout=WAIT_S,
-                                  priority=rng.choice((0, 0, 5, P.MAX_PRIORITY)))
+            got = client.dispatch(
+                "fz", item, timeout=WAIT_S, priority=rng.choice((0, 0, 5, P.MAX_PRIORITY))
+            )
         except qs.QueueServeError as e:
             self.tally.failed(f"dispatch {item}", e)
             return
@@ -129,8 +131,14 @@ class Traffic:
             items = [self._item("b") for _ in range(rng.randrange(1, 4))]
             self.tally.send()
             key = rng.choice(("default", "k2"))
-            tickets.append((items, client.submit(app.plain, items, batch_key=key,
-                                                 timeout=WAIT_S, priority=rng.randrange(3))))
+            tickets.append(
+                (
+                    items,
+                    client.submit(
+                        app.plain, items, batch_key=key, timeout=WAIT_S, priority=rng.randrange(3)
+                    ),
+                )
+            )
         for items, ticket in tickets:
             try:
                 got = ticket.result(WAIT_S)
@@ -159,10 +167,13 @@ class Traffic:
                 except qs.QueueServeError as e:
                     self.tally.failed(f"async {items}", e)
                     continue
-                self.tally.check(f"async dispatch {items[0]}", one, app.answer(items[0]),
-                                 items[:1])
-                self.tally.check(f"async dispatch_many {items[1:]}", many,
-                                 [app.answer(x) for x in items[1:]], items[1:])
+                self.tally.check(f"async dispatch {items[0]}", one, app.answer(items[0]), items[:1])
+                self.tally.check(
+                    f"async dispatch_many {items[1:]}",
+                    many,
+                    [app.answer(x) for x in items[1:]],
+                    items[1:],
+                )
         finally:
             await client.aclose()
 
@@ -184,8 +195,12 @@ class Traffic:
         item = self._item("g")
         self.tally.send()
         try:
-            outputs = [v for e in client.stream(app.steps, [item], timeout=WAIT_S)
-                       if isinstance(e, qs.Output) for v in e.results]
+            outputs = [
+                v
+                for e in client.stream(app.steps, [item], timeout=WAIT_S)
+                if isinstance(e, qs.Output)
+                for v in e.results
+            ]
         except qs.QueueServeError as e:
             self.tally.failed(f"stream {item}", e)
             return
