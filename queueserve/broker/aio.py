@@ -240,5 +240,11 @@ class AsyncProducer:
             return declared_names(keys)
 
     async def meta(self, keys: Keys) -> dict[str, str]:
+        """As BrokerCore.meta: a key that is not a hash reads as no declaration."""
         with redis_errors(self.url):
-            return texts(await self.redis.hgetall(keys.meta), "replace")
+            try:
+                return texts(await self.redis.hgetall(keys.meta), "replace")
+            except redis.ResponseError as e:
+                if error_code(e) != "WRONGTYPE":
+                    raise
+                return {}

@@ -187,8 +187,16 @@ class BrokerCore:
         return Subscription(self.redis, self.url, *channels)
 
     def meta(self, keys: Keys) -> dict[str, str]:
+        """The options workers declared; empty when none did, or when the key is not a hash
+        (anyone may write it: a string there reads as no declaration, not as an error that
+        every call of the serving would raise)."""
         with redis_errors(self.url):
-            return texts(self.redis.hgetall(keys.meta), "replace")
+            try:
+                return texts(self.redis.hgetall(keys.meta), "replace")
+            except redis.ResponseError as e:
+                if error_code(e) != "WRONGTYPE":
+                    raise
+                return {}
 
     def config(self, keys: Keys) -> dict[str, str]:
         with redis_errors(self.url):

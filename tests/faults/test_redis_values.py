@@ -274,6 +274,35 @@ def test_shards_declared_by_the_workers_are_used(
         assert target is not None and len(target.shards) == 3
 
 
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_forged_shard_count_over_a_last_shard_key_of_another_type_stops_no_client(
+    start_worker: StartWorker, redis_url: str, prefix: str, redis_client: redis.Redis, kind: str
+) -> None:
+    # Given a serving of one shard, whose meta hash someone gave 64 shards and whose 64th
+    # shard's meta key someone made a string (the client reads it to confirm the count)
+    start_worker(Recording(name="typed", batch_size=4, batch_timeout=0.005))
+    keys = Keys(prefix, "typed")
+    wait_until(lambda: redis_client.hget(keys.meta, "codec"), "the declaration")
+    redis_client.hset(keys.meta, "shards", "64")
+    redis_client.set(keys.last_shard(64).meta, "junk")
+    # When clients name the serving, then every call is answered from shard 0 (it raised
+    # WRONGTYPE on every call)
+    if kind == "sync":
+        with qs.Client(redis_url, prefix=prefix) as client:
+            assert answered(client, "typed") == REQUESTS
+        return
+
+    async def calls() -> list[object]:
+        async with qs.AsyncClient(redis_url, prefix=prefix) as client:
+            return list(
+                await asyncio.gather(
+                    *(client.dispatch("typed", i, timeout=WAIT_S) for i in range(REQUESTS))
+                )
+            )
+
+    assert asyncio.run(calls()) == list(range(REQUESTS))
+
+
 # --- prefixes and URLs ------------------------------------------------------------------------
 @pytest.mark.parametrize("bad", ["a:b", "x{y}", "sp ace", "nl\n"])
 def test_a_prefix_is_checked_alike_in_the_environment_the_client_and_the_worker(
