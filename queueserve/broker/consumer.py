@@ -167,6 +167,38 @@ class Consumer(Replies):
                     pipe.xdel(stream, entry_id)
             pipe.execute()
 
+    def clear_junk_bookkeeping(self, keys: Keys) -> list[str]:
+        """Delete those of a serving's bookkeeping keys (never its streams) that hold another
+        type than queueserve writes there, and return their names. Anyone may write them, and
+        a string where the meta hash or the workers set belongs made every starting worker
+        fail; none of them holds what a worker cannot rebuild (declarations, heartbeats,
+        ready marks, counts), and a config hash of another type holds no override."""
+        expected = {
+            keys.meta: "hash",
+            keys.config: "hash",
+            keys.depth: "hash",
+            keys.workers: "zset",
+            keys.seen: "zset",
+            keys.ready: "zset",
+            keys.active: "zset",
+            keys.keys: "set",
+            keys.wake: "stream",
+            keys.queued: "string",
+        }
+        with redis_errors(self.url):
+            pipe = self.redis.pipeline(transaction=False)
+            for key in expected:
+                pipe.type(key)
+            found = [text(t) for t in pipe.execute()]
+            junk = [
+                key
+                for (key, want), got in zip(expected.items(), found, strict=True)
+                if got not in ("none", want)
+            ]
+            if junk:
+                self.redis.delete(*junk)
+        return junk
+
     def declare(self, keys: Keys, options: Mapping[str, Any]) -> None:
         """Publish a serving's options (clients read codec and max_queue from them)."""
         with redis_errors(self.url):

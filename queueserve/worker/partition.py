@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import os
@@ -156,6 +157,8 @@ class PartitionHost:
             gc.collect()
             gc.freeze()
             gc.set_threshold(YOUNG_COLLECTION_AFTER, 10, 10)
+        for keys in [k for runner in self.runners for k in runner.shards]:
+            self._ride_out(functools.partial(self._clear_junk, keys))
         self._ride_out(self._beat)
         for runner in self.runners:
             self._ride_out(runner.start)
@@ -258,6 +261,12 @@ class PartitionHost:
         # With what it ran so far: the dashboard's throughput and batch sizes (board.py)
         info = {**self._info, **self.tally.snapshot()}
         self.broker.heartbeat(self._keys(), self.consumer, HEARTBEAT_TTL_MS, info)
+
+    def _clear_junk(self, keys: P.Keys) -> None:
+        """A bookkeeping key of another type (anyone may write one) would fail the first
+        heartbeat or declaration of every worker that starts: deleted, and said."""
+        for junk in self.broker.clear_junk_bookkeeping(keys):
+            log.warning("serving %s: deleted %s, which held another type", keys.name, junk)
 
     def _heartbeat_loop(self) -> None:
         # A missed beat is retried at the next one: a backoff shorter than the beat is moot.

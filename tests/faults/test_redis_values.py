@@ -469,3 +469,19 @@ def test_digits_that_int_refuses_in_depth_and_ready_do_not_break_stats_or_queue_
     # Then both answer, counting what is not a number as nothing
     assert result.returncode == 0, result.stderr
     assert depths == [], depths
+
+
+# --- bookkeeping keys of another type at a worker's start -----------------------------------
+@pytest.mark.parametrize("kind", ["meta", "config", "workers", "keys", "seen", "ready"])
+def test_a_bookkeeping_key_of_another_type_is_cleared_when_a_worker_starts(
+    start_worker: StartWorker, redis_url: str, prefix: str, redis_client: redis.Redis, kind: str
+) -> None:
+    # Given one write that made a serving's bookkeeping key a string (a starting worker's
+    # declaration, heartbeat or reads failed on it: no worker of the serving could start)
+    keys = Keys(prefix, "junked")
+    redis_client.set(getattr(keys, kind), "junk")
+    # When a worker starts, then it serves, and the key holds what queueserve writes there
+    start_worker(Recording(name="junked", batch_size=4, batch_timeout=0.005))
+    with qs.Client(redis_url, prefix=prefix) as client:
+        assert answered(client, "junked") == REQUESTS
+    assert redis_client.type(getattr(keys, kind)) != b"string"
