@@ -201,6 +201,13 @@ def fuzz(
             f"both partitions serving {name}",
             process=worker,
         )
+    # and done starting: a partition registers before its servings declare themselves, and
+    # junk written meanwhile may fail a start (a start refuses a key of another type)
+    wait_until(
+        lambda: worker.output().count(" as consumer ") >= 2,
+        "both partitions started",
+        process=worker,
+    )
     partitions = sorted(worker.partition_pids())
     baseline = int(r.info("memory")["used_memory"])
     target = Target(r, prefix, random.Random(seed + 1), url)

@@ -125,24 +125,26 @@ def test_redact_url_hides_passwords_only(url: str, shown: str) -> None:
 def test_wrongtype_from_a_real_redis_is_a_command_error_sync_and_async(
     redis_url: str, redis_client: redis.Redis, prefix: str
 ) -> None:
+    # (a meta key of another type reads as no declaration: test_redis_values.py)
     keys = P.Keys(prefix, "sq")
-    redis_client.set(keys.meta, "not a hash")
+    redis_client.set(keys.config, "not a hash")
+    redis_client.set(keys.workers, "not a sorted set")
     broker = RedisBroker(redis_url)
     try:
         with pytest.raises(qs.RedisCommandError, match="WRONGTYPE"):
-            broker.meta(keys)
+            broker.config(keys)
     finally:
         broker.close()
 
-    async def meta() -> None:
+    async def alive() -> None:
         aio = AsyncProducer(redis_url)
         try:
-            await aio.meta(keys)
+            await aio.alive_workers(keys, 10.0)
         finally:
             await aio.aclose()
 
     with pytest.raises(qs.RedisCommandError, match="WRONGTYPE"):
-        asyncio.run(meta())
+        asyncio.run(alive())
 
 
 def test_noperm_from_a_real_redis_is_a_command_error(
