@@ -31,9 +31,7 @@ from tests.faults.test_gateway_fuzz import (
     HOSTILE_VALUES,
     check,
 )
-from tests.support.dashboard_proc import DashboardProc
-from tests.support.fault_app import WorkerProc
-from tests.support.helpers import wait_until
+from tests.support.dashboard_proc import DashboardProc, dashboard_over_a_worker
 
 TOKEN = "fuzz-token"  # the gateway fuzzer's: its hostile headers are built on it
 SEED = 27
@@ -93,26 +91,8 @@ def test_every_route_has_a_fuzz_entry() -> None:
 
 @pytest.fixture
 def dashboard(redis_url: str, prefix: str, tmp_path: Path) -> Iterator[DashboardProc]:
-    worker = WorkerProc(
-        [
-            "tests.support.cli_app:square",
-            *("--redis-url", redis_url, "--prefix", prefix, "--partitions", "1"),
-        ],
-        redis_url,
-        prefix,
-        tmp_path / "worker.log",
-    )
-    proc = None
-    try:
-        r = redis.Redis.from_url(redis_url)
-        wait_until(lambda: r.exists(f"{prefix}:{{square}}:meta"), "the worker", process=worker)
-        r.close()
-        proc = DashboardProc(redis_url, prefix, tmp_path / "dashboard.log", "--token", TOKEN)
+    with dashboard_over_a_worker(redis_url, prefix, tmp_path, TOKEN) as proc:
         yield proc
-    finally:
-        if proc is not None:
-            proc.stop()
-        worker.kill_group()
 
 
 Attack = tuple[str, str, bytes, dict[str, str]]

@@ -22,8 +22,8 @@ from selenium.webdriver.remote.webdriver import WebDriver
 
 import queueserve as qs
 from queueserve.wire.protocol import Keys
-from tests.support.dashboard_proc import DashboardProc, chromium
-from tests.support.fault_app import RawInbox, WorkerProc, header
+from tests.support.dashboard_proc import DashboardProc, chromium, dashboard_over_a_worker
+from tests.support.fault_app import RawInbox, header
 from tests.support.helpers import stream_key, wait_until
 
 TOKEN = "dash-token"
@@ -31,26 +31,8 @@ TOKEN = "dash-token"
 
 @pytest.fixture
 def dashboard(redis_url: str, prefix: str, tmp_path: Path) -> Iterator[DashboardProc]:
-    worker = WorkerProc(
-        [
-            "tests.support.cli_app:square",
-            *("--redis-url", redis_url, "--prefix", prefix, "--partitions", "1"),
-        ],
-        redis_url,
-        prefix,
-        tmp_path / "worker.log",
-    )
-    proc = None
-    try:
-        r = redis.Redis.from_url(redis_url)
-        wait_until(lambda: r.exists(f"{prefix}:{{square}}:meta"), "the worker", process=worker)
-        r.close()
-        proc = DashboardProc(redis_url, prefix, tmp_path / "dashboard.log", "--token", TOKEN)
+    with dashboard_over_a_worker(redis_url, prefix, tmp_path, TOKEN) as proc:
         yield proc
-    finally:
-        if proc is not None:
-            proc.stop()
-        worker.kill_group()
 
 
 @pytest.fixture

@@ -3,14 +3,18 @@ Chromium driving its page (Debian's chromium and chromium-driver: scripts/_insta
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
+import redis
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 
+from tests.support.fault_app import WorkerProc
 from tests.support.gateway_app import LISTENING
 from tests.support.helpers import REPO, child_env, wait_until
 
@@ -64,3 +68,30 @@ def chromium() -> webdriver.Chrome:
         options.add_argument(flag)
     options.add_argument("--window-size=1400,1100")
     return webdriver.Chrome(options=options, service=Service(driver))
+
+
+@contextlib.contextmanager
+def dashboard_over_a_worker(
+    redis_url: str, prefix: str, directory: Path, token: str
+) -> Iterator[DashboardProc]:
+    """A worker serving ``tests.support.cli_app:square`` and, once it declared the serving, a
+    dashboard process over it that takes ``token``; both stopped on the way out."""
+    worker = WorkerProc(
+        [
+            "tests.support.cli_app:square",
+            *("--redis-url", redis_url, "--prefix", prefix, "--partitions", "1"),
+        ],
+        redis_url,
+        prefix,
+        directory / "worker.log",
+    )
+    proc = None
+    try:
+        with contextlib.closing(redis.Redis.from_url(redis_url)) as r:
+            wait_until(lambda: r.exists(f"{prefix}:{{square}}:meta"), "the worker", process=worker)
+        proc = DashboardProc(redis_url, prefix, directory / "dashboard.log", "--token", token)
+        yield proc
+    finally:
+        if proc is not None:
+            proc.stop()
+        worker.kill_group()
