@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,42 +13,14 @@ from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 
 from tests.support.fault_app import WorkerProc
-from tests.support.gateway_app import LISTENING
-from tests.support.helpers import REPO, child_env, wait_until
+from tests.support.gateway_app import GatewayProc
+from tests.support.helpers import wait_until
 
 
-class DashboardProc:
-    """The dashboard process; ``url`` once it listens."""
+class DashboardProc(GatewayProc):
+    """``python -m queueserve dashboard --port 0 ...``; ``url`` once it listens."""
 
-    def __init__(self, redis_url: str, prefix: str, log: Path, *args: str) -> None:
-        self.log = log
-        with log.open("ab") as out:
-            self.proc = subprocess.Popen(
-                [
-                    *(sys.executable, "-m", "queueserve", "dashboard", "--port", "0"),
-                    *("--redis-url", redis_url, "--prefix", prefix, *args),
-                ],
-                cwd=REPO,
-                env=child_env(),
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
-        port = wait_until(
-            lambda: LISTENING.search(self.output()), "the dashboard to listen", process=self
-        ).group(1)
-        self.url = f"http://127.0.0.1:{port}"
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(30)
+    command = "dashboard"
 
 
 def chromium() -> webdriver.Chrome:

@@ -191,24 +191,18 @@ def gateway_stack(
 
 
 class GatewayProc:
-    """``python -m queueserve gateway --port 0 ...``; ``url`` once it listens."""
+    """``python -m queueserve gateway --port 0 ...``; ``url`` once it listens. Subclasses
+    name another command that serves HTTP the same way (``command``)."""
+
+    command = "gateway"
 
     def __init__(self, redis_url: str, prefix: str, log: Path, *args: str) -> None:
         self.log = log
         with log.open("ab") as out:
             self.proc = subprocess.Popen(
                 [
-                    sys.executable,
-                    "-m",
-                    "queueserve",
-                    "gateway",
-                    "--port",
-                    "0",
-                    "--redis-url",
-                    redis_url,
-                    "--prefix",
-                    prefix,
-                    *args,
+                    *(sys.executable, "-m", "queueserve", self.command, "--port", "0"),
+                    *("--redis-url", redis_url, "--prefix", prefix, *args),
                 ],
                 cwd=REPO,
                 env=child_env(),
@@ -217,7 +211,7 @@ class GatewayProc:
                 stderr=subprocess.STDOUT,
             )
         port = wait_until(
-            lambda: LISTENING.search(self.output()), "the gateway to listen", process=self
+            lambda: LISTENING.search(self.output()), f"the {self.command} to listen", process=self
         ).group(1)
         self.url = f"http://127.0.0.1:{port}"
 
