@@ -11,12 +11,6 @@ from queueserve.worker.pipeline.latency import SAFETY, BatchTimes, LatencyPlan
 _ids = iter(range(1, 10**9))
 
 
-def piece(n: int) -> Slice:
-    rid = next(_ids)
-    request = Request(f"{rid}-0".encode(), "qs:{s}:in:k", rid, "qs:inbox:c", 0.0, n)
-    return Slice(request, 0, list(range(n)))
-
-
 def learned(a: float, b: float, sizes: range = range(1, 11), rounds: int = 10) -> BatchTimes:
     times = BatchTimes()
     for _ in range(rounds):
@@ -78,14 +72,14 @@ def test_under_load_a_batch_waits_its_fixed_cost_at_most_and_never_past_the_targ
 
 
 def test_the_assembler_closes_a_batch_when_the_plan_says_and_batch_timeout_bounds_it() -> None:
-    a = Assembler(capacity=100, timeout=0.001)
+    a = Assembler(capacity=100, timeout=0.001, unix_offset=900.0)
     a.batch_times.observe(1, 0.003)
     a.batch_times.observe(5, 0.007)  # a = 2 ms, b = 1 ms
     a.plan_latency(1.0)
     assert a.latency is not None
     for i in range(400):  # under load: the plan alone would wait 2 ms, the batch's fixed cost
         a.latency.arrived(1, now=100.0 + i / 800)
-    a.add("k", piece(1), now=100.5)
+    a.add("k", enqueued_at(1, 1000.5), now=100.5)
     chosen, wait = a.pick(now=100.5)
     assert chosen is None and wait == pytest.approx(0.001)  # batch_timeout is the bound
     a.timeout = 0.01
@@ -93,3 +87,37 @@ def test_the_assembler_closes_a_batch_when_the_plan_says_and_batch_timeout_bound
     assert chosen is None and wait == pytest.approx(0.002)
     a.plan_latency(0.0)  # off: nothing changes from a serving without it
     assert a.latency is None
+
+
+def enqueued_at(n: int, unix_s: float) -> Slice:
+    """A slice whose request's entry id says Redis wrote it at ``unix_s``."""
+    rid = next(_ids)
+    request = Request(f"{int(unix_s * 1000)}-0".encode(), "qs:{s}:in:k", rid, "qs:inbox:c", 0, n)
+    return Slice(request, 0, list(range(n)))
+
+
+def test_the_target_counts_the_wait_in_redis_and_behind_a_previous_batch() -> None:
+    # Given a worker whose clock reads unix 1000 s at monotonic 100 s, a 100 ms target, under
+    # load, on a serving whose batch takes 40 ms + 1 ms per item (a lone item may wait 40 ms)
+    a = Assembler(capacity=4, timeout=1.0, unix_offset=900.0)
+    a.batch_times.observe(1, 0.041)
+    a.batch_times.observe(5, 0.045)
+    a.plan_latency(0.1)
+    assert a.latency is not None
+    for i in range(400):
+        a.latency.arrived(1, now=100.0 + i / 800)
+    # When an item read now was enqueued 30 ms ago (it waited in Redis)
+    a.add("k", enqueued_at(1, 1000.47), now=100.5)
+    # then its batch closes when those 30 ms, its wait here and its run reach the target less
+    # the safety: 9 ms from now, not 39 ms
+    chosen, wait = a.pick(now=100.5)
+    assert chosen is None and wait == pytest.approx(0.1 * (1 - SAFETY) - 0.041 - 0.03)
+    # and one enqueued longer ago than the target runs at once
+    a.add("old", enqueued_at(1, 1000.3), now=100.5)
+    chosen, _ = a.pick(now=100.5)
+    assert chosen is not None and chosen.key == "old"
+    # And what a batch leaves behind counts from when it was enqueued, not from the take
+    a.add("k", enqueued_at(6, 1000.47), now=100.5)
+    batch = a.take(a.queues["k"], now=100.5)
+    assert batch.since == pytest.approx(100.47)
+    assert a.waiting_since(a.queues["k"]) == pytest.approx(100.47)

@@ -141,6 +141,7 @@ class TakenBatch:
     key: str
     slices: list[Slice]
     opened: float = 0.0  # when its batch clock started (monotonic)
+    since: float = 0.0  # with max_latency: when its oldest item was enqueued (monotonic)
 
     def items(self) -> list[Any]:
         if len(self.slices) == 1:
@@ -272,7 +273,9 @@ class Assembler:
             rank = turn - queue.urgent() * self.age_per_priority
             at = queue.started + self.timeout
             if latency is not None and at > now and queue.weight < capacity:
-                at = min(at, latency.due(queue.started, queue.weight, now))
+                at = min(
+                    at, latency.due(queue.started, queue.weight, now, self.waiting_since(queue))
+                )
             if flush or queue.weight >= capacity or at <= now:
                 if chosen is None or rank < best:
                     chosen, best = queue, rank
@@ -284,11 +287,22 @@ class Assembler:
             return (early, None) if early is not None and early_rank < best else (chosen, None)
         return None, None if next_due is None else max(0.0, next_due - now)
 
+    def waiting_since(self, queue: KeyQueue) -> float:
+        """When the oldest item of ``queue`` was enqueued (monotonic): max_latency counts the
+        time it waited in Redis, and for what a previous batch left behind, since it came,
+        not since the batch clock restarted. From its entry id, which the Redis server's clock
+        wrote: at most the target before the batch clock started, never after it."""
+        started, unix_started = queue.started, queue.started + self.unix_offset
+        oldest = min(_enqueued(run[0].request, unix_started) for run in queue.levels.values())
+        target = self.latency.target if self.latency is not None else 0.0
+        return max(started - target, min(started, oldest - self.unix_offset))
+
     def take(self, queue: KeyQueue, now: float) -> TakenBatch:
         """Remove one batch from the front of ``queue``, splitting a slice that does not fit."""
         room = self.capacity
         taken: list[Slice] = []
         levels = queue.levels
+        since = queue.started if self.latency is None else self.waiting_since(queue)
         unix_now = now + self.unix_offset
         more = True
         while more and levels and room > 0:
@@ -315,7 +329,7 @@ class Assembler:
             del self.queues[queue.key]
             self._ended(queue.key, now + self.batch_times.predict(taken_weight), now)
         self.buffered -= sum(len(s.items) for s in taken)
-        return TakenBatch(queue.key, taken, opened)
+        return TakenBatch(queue.key, taken, opened, since)
 
     def _ended(self, key: str, end: float, now: float) -> None:
         """Remember when the batch just taken from ``key``'s emptied queue should end; what

@@ -9,10 +9,11 @@ it (``due``):
 - as soon as it is big enough for the executor to keep up with the items arriving (their rate
   measured as they are read): at low load that is one item, so a lone request runs at once,
   as with ``batch_timeout=0``; under load batches grow just as far as the load needs;
-- otherwise after waiting for as long as a batch costs whatever its size (a), at the latest when
-  waiting longer would push its oldest item's expected answer (its wait so far plus the
-  batch's predicted time) past the target, less SAFETY of it for the read, the reply and the
-  model's error.
+- otherwise after waiting in the worker for as long as a batch costs whatever its size (a), at
+  the latest when waiting longer would push its oldest item's expected answer (its wait so far,
+  from when it was enqueued: in Redis too, and behind the batches before it, plus the batch's
+  predicted time) past the target, less SAFETY of it for the read, the reply and the model's
+  error.
 
 ``batch_timeout`` stays the upper bound: a batch never waits longer than it says. Pure logic,
 no I/O: the clock is passed in.
@@ -88,8 +89,9 @@ class LatencyPlan:
         """Items arriving per second, lately."""
         return self._level * math.exp(-(now - self._at) / RATE_S) / RATE_S
 
-    def due(self, started: float, weight: float, now: float) -> float:
-        """When a batch of ``weight`` whose clock started at ``started`` should close."""
+    def due(self, started: float, weight: float, now: float, since: float | None = None) -> float:
+        """When a batch of ``weight`` whose clock started at ``started`` should close, its
+        oldest item enqueued at ``since`` (default: ``started``)."""
         times = self.times
         if times.batches == 0:
             return now  # nothing learned yet: run, and learn
@@ -100,4 +102,5 @@ class LatencyPlan:
         # Waiting saves the items that come meanwhile a batch's fixed cost (a) each; waiting
         # longer than that costs the items waiting more than it saves them.
         run = times.predict(weight)
-        return min(started + times.a, started + self.target * (1 - SAFETY) - run)
+        since = started if since is None else since
+        return min(started + times.a, since + self.target * (1 - SAFETY) - run)

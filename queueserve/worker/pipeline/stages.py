@@ -271,7 +271,7 @@ class Stages:
             weight = len(items) if self.serving.cost is None else sum(s.weight for s in live)
             self.batch_times.observe(weight, took)
             if self.serving.max_latency:
-                slack = self.serving.max_latency - (time.monotonic() - batch.opened)
+                slack = self.serving.max_latency - (time.monotonic() - batch.since)
                 model = self.batch_times
                 self.middleware.batch_model(self.serving, self.partition, model.a, model.b, slack)
         self.recent_batch_s = 0.8 * self.recent_batch_s + 0.2 * took
