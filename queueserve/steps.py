@@ -104,8 +104,10 @@ class StepServing(Serving):
     Requests join whole and in arrival order; one that can never fit (more items than
     ``max_slots``, a budget over ``max_batch_tokens``, a prompt over ``max_prefill_tokens``) is
     answered with an error at once. ``batch_timeout`` does not apply: requests join at the next
-    step boundary. ``on_error="isolate"`` (default) retries a failed prefill or decode on halves
-    to find the culprit, so decode must compute a step before it changes any state.
+    step boundary. ``max_latency`` is refused (TypeError): nothing waits for a batch to close,
+    and a sequence's time depends on what it generates (docs/generation.md).
+    ``on_error="isolate"`` (default) retries a failed prefill or decode on halves to find the
+    culprit, so decode must compute a step before it changes any state.
     """
 
     # Defaults and bounds: StepOptions in options/serving.py.
@@ -144,6 +146,13 @@ class StepServing(Serving):
             chosen["caller_gone_after"] = caller_gone_after
         step = resolve(StepOptions, type(self), chosen)
         super().__init__(batch_size=step.max_slots, **options)
+        if self.max_latency:
+            raise TypeError(
+                f"max_latency is not an option of a StepServing (got {self.max_latency:g} s): "
+                "a request joins the running set at the next step, never waiting for a batch to "
+                "close, and how long it runs depends on what it generates; bound its wait to "
+                "join with max_waiting_steps and waiting_served_ratio"
+            )
         vars(self).update(step)
 
     # -- what a subclass defines -------------------------------------------------------------

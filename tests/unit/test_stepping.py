@@ -236,3 +236,11 @@ def test_bad_options_are_refused_with_the_value(options: dict[str, Any], message
 def test_batch_size_is_not_an_option_of_a_step_serving() -> None:
     with pytest.raises(TypeError, match="max_slots"):
         Count(batch_size=4)
+
+
+def test_max_latency_is_refused_by_a_step_serving_and_says_what_bounds_the_join_wait() -> None:
+    with pytest.raises(TypeError, match=r"max_latency is not an option of a StepServing"):
+        Count(max_latency="50ms")
+    with pytest.raises(TypeError, match=r"bound its wait to join with max_waiting_steps"):
+        Count(max_latency=0.05)
+    assert Count(max_latency=0).max_latency == 0  # off, as by default
