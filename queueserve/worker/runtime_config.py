@@ -8,16 +8,23 @@ updates ``P:{S}:meta`` so clients see a new ``max_queue`` at once. Values are re
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
 
 from queueserve.serving import Serving
+from queueserve.steps import StepServing
+
+log = logging.getLogger(__name__)
 
 
 def apply_overrides(serving: Serving, overrides: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
     """Set the options on ``serving``; returns {option: (old, new)} for those that changed."""
     changed = {}
     for name, value in overrides.items():
+        if name == "max_latency" and isinstance(serving, StepServing):  # refused when declared
+            log.warning("serving %s: max_latency does not apply to a step serving", serving.name)
+            continue
         old = getattr(serving, name)
         if old != value:
             setattr(serving, name, value)

@@ -197,12 +197,6 @@ class Reader:
             self.cond.notify_all()
         if "batch_size" in changed:  # clients pack up to one batch (enqueue.lua)
             self.broker.declare(self.keys, {"pack_items": self.serving.batch_size})
-        if "max_latency" in changed and not isinstance(self.assembler, Assembler):
-            del changed["max_latency"]  # refused at declaration: see StepServing
-            log.warning(
-                "serving %s: max_latency does not apply to a step serving: ignored",
-                self.serving.name,
-            )
         for name, (old, new) in changed.items():
             log.warning("serving %s: %s changed from %s to %s", self.serving.name, name, old, new)
 
