@@ -36,10 +36,10 @@ from queueserve.broker.common import (
 )
 from queueserve.broker.connect import aclose, connect_async, is_cluster
 from queueserve.broker.errors import error_code, redis_errors
-from queueserve.broker.jobs import AsyncJobs
+from queueserve.broker.jobs import AsyncJobs, JobAt, new_jobs, placed_jobs
 from queueserve.broker.retry import Outage
 from queueserve.broker.urls import redact_url
-from queueserve.errors import NotReplicated, RedisUnavailable
+from queueserve.errors import NotReplicated, QueueServeError, RedisUnavailable
 from queueserve.wire.protocol import Keys
 
 
@@ -138,11 +138,34 @@ class AsyncProducer:
         await aclose(self.redis)
 
     async def enqueue(
-        self, keys: Keys, requests: Sequence[Request], max_queue: int, *, durable: bool = False
+        self,
+        keys: Keys,
+        requests: Sequence[Request],
+        max_queue: int,
+        *,
+        durable: bool = False,
+        jobs: Sequence[JobAt] = (),
     ) -> Enqueued:
         """``Producer.enqueue``: admit requests atomically, or reject them for max_queue;
-        ``durable`` waits for a replica to hold them."""
-        script_keys, args = enqueue_arguments(keys, requests, max_queue)
+        ``durable`` waits for a replica to hold them; ``jobs`` get their records."""
+        if jobs and self.jobs.cluster:
+            await self.jobs.created(new_jobs(keys, requests, jobs))
+            reply = await self._enqueue_call(keys, requests, max_queue, durable, ())
+            # Not retried with the enqueue (see Producer.enqueue)
+            with contextlib.suppress(QueueServeError):
+                await self.jobs.placed(placed_jobs(keys, requests, jobs, reply))
+            return reply
+        return await self._enqueue_call(keys, requests, max_queue, durable, jobs)
+
+    async def _enqueue_call(
+        self,
+        keys: Keys,
+        requests: Sequence[Request],
+        max_queue: int,
+        durable: bool,
+        jobs: Sequence[JobAt],
+    ) -> Enqueued:
+        script_keys, args = enqueue_arguments(keys, requests, max_queue, jobs)
         with redis_errors(self.url):
             if not durable:
                 return enqueued(await self._enqueue(keys=script_keys, args=args))

@@ -16,6 +16,7 @@ from redis.connection import HiredisRespSerializer
 from redis.exceptions import NoScriptError
 
 from queueserve.broker.urls import redact_url
+from queueserve.wire.jobs import LIVE_TTL_MS
 from queueserve.wire.protocol import GROUP, PRIORITY_AGE_MS, Keys
 from queueserve.wire.timing import DURABLE_WAIT_MS
 
@@ -79,10 +80,15 @@ def load_script(name: str) -> str:
 
 
 def enqueue_arguments(
-    keys: Keys, requests: Sequence[Request], max_queue: int
+    keys: Keys,
+    requests: Sequence[Request],
+    max_queue: int,
+    jobs: Sequence[tuple[int, str, int]] = (),
 ) -> tuple[list[str], list[Any]]:
     """KEYS and ARGV of enqueue.lua for these requests: each stream's batch key and priority
-    once, then four values per request."""
+    once, then four values per request; then, for ``jobs`` (broker/jobs.py's JobAt), their
+    records' keys and what enqueue.lua writes there (not on a cluster: the records are in
+    other slots)."""
     streams: dict[tuple[str, int], int] = {}
     per_request: list[Any] = []
     for batch_key, n, header, payload, priority in requests:
@@ -95,6 +101,12 @@ def enqueue_arguments(
         args += (batch_key, priority)
     script_keys = [keys.queued, keys.seen, keys.meta, keys.ready, keys.wake, keys.depth]
     script_keys += [keys.stream(key, priority) for key, priority in streams]
+    if not jobs:
+        return script_keys, args + per_request
+    script_keys += [key for _, key, _ in jobs]
+    per_request += (keys.name, LIVE_TTL_MS)
+    for index, _, keep_ms in jobs:
+        per_request += (index + 1, keep_ms)
     return script_keys, args + per_request
 
 

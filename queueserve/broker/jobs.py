@@ -1,6 +1,8 @@
-"""Job records (wire/jobs.py) as clients touch them: create after enqueue, read, cancel,
-forget; ``Jobs`` for the sync client, ``AsyncJobs`` for asyncio. The worker's write is
-job.lua, in its reply-and-ack round trip (broker/replies.py).
+"""Job records (wire/jobs.py) as clients touch them: create, read, cancel, forget; ``Jobs``
+for the sync client, ``AsyncJobs`` for asyncio. enqueue.lua writes the records of the jobs it
+admits; on a Redis Cluster, where they live in other slots than the streams, the producer
+writes them around the enqueue instead (``created`` before it, ``placed`` after). The
+worker's write is job.lua, in its reply-and-ack round trip (broker/replies.py).
 """
 
 from __future__ import annotations
@@ -11,11 +13,11 @@ from typing import Any, NamedTuple
 from redis.exceptions import NoScriptError, ResponseError
 
 from queueserve.broker import raw
-from queueserve.broker.common import load_script
+from queueserve.broker.common import Enqueued, Request, load_script
 from queueserve.broker.connect import is_cluster
 from queueserve.broker.errors import redis_errors
 from queueserve.wire.jobs import LIVE_TTL_MS, MAX_KEEP_MS
-from queueserve.wire.protocol import GROUP
+from queueserve.wire.protocol import GROUP, Keys
 
 _NEW = load_script("job_new.lua")
 _PLACED = load_script("job_placed.lua")
@@ -32,28 +34,35 @@ class NewJob(NamedTuple):
 
 
 Placed = tuple[str, str, bytes | None]  # record key, stream, entry id (None: refused)
+JobAt = tuple[int, str, int]  # a job among an enqueue's requests: its index, record key, keep ms
 
 
-def _per_call(items: Sequence[Any], cluster: bool) -> list[list[Any]]:
-    """One script call for all, or on a cluster one per record (each its own slot)."""
-    return [[item] for item in items] if cluster else [list(items)]
+def new_jobs(keys: Keys, requests: Sequence[Request], jobs: Sequence[JobAt]) -> list[NewJob]:
+    """The records of ``jobs`` to write before their requests are enqueued (on a cluster)."""
+    return [NewJob(key, requests[i][1], keep_ms, keys.name) for i, key, keep_ms in jobs]
 
 
-def _new_commands(sha: str, jobs: Sequence[NewJob], cluster: bool) -> list[tuple[Any, ...]]:
-    commands = []
-    for group in _per_call(jobs, cluster):
-        args = [v for job in group for v in (job.n, job.keep_ms, job.serving)]
-        keys = [job.key for job in group]
-        commands.append(("EVALSHA", sha, len(keys), *keys, LIVE_TTL_MS, *args))
-    return commands
+def placed_jobs(
+    keys: Keys, requests: Sequence[Request], jobs: Sequence[JobAt], reply: Enqueued
+) -> list[Placed]:
+    """Where ``jobs`` wait once enqueued (no entry: refused, its record goes)."""
+    placed = []
+    for i, key, _ in jobs:
+        entry = reply[2][i]
+        stream = keys.stream(requests[i][0], requests[i][4])
+        placed.append((key, stream, entry if isinstance(entry, bytes) else None))
+    return placed
 
 
-def _placed_commands(sha: str, placed: Sequence[Placed], cluster: bool) -> list[tuple[Any, ...]]:
-    commands = []
-    for group in _per_call(placed, cluster):
-        args = [v for _, stream, entry in group for v in (stream, entry or b"")]
-        commands.append(("EVALSHA", sha, len(group), *(key for key, _, _ in group), *args))
-    return commands
+def _new_commands(sha: str, jobs: Sequence[NewJob]) -> list[tuple[Any, ...]]:
+    """One script call per record: on a cluster each is in its own slot."""
+    return [
+        ("EVALSHA", sha, 1, job.key, LIVE_TTL_MS, job.n, job.keep_ms, job.serving) for job in jobs
+    ]
+
+
+def _placed_commands(sha: str, placed: Sequence[Placed]) -> list[tuple[Any, ...]]:
+    return [("EVALSHA", sha, 1, key, stream, entry or b"") for key, stream, entry in placed]
 
 
 def _failures(out: Sequence[Any]) -> list[Exception]:
@@ -69,22 +78,22 @@ class Jobs:
         self._new = client.register_script(_NEW)
         self._placed = client.register_script(_PLACED)
         self._cancel = client.register_script(_CANCEL)
-        self._cluster = is_cluster(client)
+        self.cluster = is_cluster(client)
 
     def created(self, jobs: Sequence[NewJob]) -> None:
         """Write the records of ``jobs`` about to be enqueued (one round trip)."""
-        self._scripted(_NEW, _new_commands(self._new.sha, jobs, self._cluster))
+        self._scripted(_NEW, _new_commands(self._new.sha, jobs))
 
     def placed(self, placed: Sequence[Placed]) -> None:
         """Where enqueued jobs wait; the records of refused ones go (one round trip)."""
-        self._scripted(_PLACED, _placed_commands(self._placed.sha, placed, self._cluster))
+        self._scripted(_PLACED, _placed_commands(self._placed.sha, placed))
 
     def _scripted(self, script: str, commands: list[tuple[Any, ...]]) -> None:
         """Send script calls; on a server without the script, load it and send them again."""
         with redis_errors(self.url):
             failures = _failures(self._send(commands))
             if any(isinstance(f, NoScriptError) for f in failures):
-                self._send([("SCRIPT", "LOAD", script)])
+                self.redis.script_load(script)  # on a cluster: on every master
                 failures = _failures(self._send(commands))
             if failures:
                 raise failures[0]
@@ -127,13 +136,13 @@ class AsyncJobs:
         self._new = client.register_script(_NEW)
         self._placed = client.register_script(_PLACED)
         self._cancel = client.register_script(_CANCEL)
-        self._cluster = is_cluster(client)
+        self.cluster = is_cluster(client)
 
     async def created(self, jobs: Sequence[NewJob]) -> None:
-        await self._scripted(_NEW, _new_commands(self._new.sha, jobs, self._cluster))
+        await self._scripted(_NEW, _new_commands(self._new.sha, jobs))
 
     async def placed(self, placed: Sequence[Placed]) -> None:
-        await self._scripted(_PLACED, _placed_commands(self._placed.sha, placed, self._cluster))
+        await self._scripted(_PLACED, _placed_commands(self._placed.sha, placed))
 
     async def _scripted(self, script: str, commands: list[tuple[Any, ...]]) -> None:
         with redis_errors(self.url):

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,8 +29,8 @@ from queueserve.broker.common import (
 )
 from queueserve.broker.core import BrokerCore
 from queueserve.broker.errors import redis_errors
-from queueserve.broker.jobs import Jobs
-from queueserve.errors import NotReplicated
+from queueserve.broker.jobs import JobAt, Jobs, new_jobs, placed_jobs
+from queueserve.errors import NotReplicated, QueueServeError
 from queueserve.wire.protocol import Keys
 
 
@@ -43,15 +44,40 @@ class Producer(BrokerCore):
         self.jobs = Jobs(self.redis, url, self._raw)
 
     def enqueue(
-        self, keys: Keys, requests: Sequence[Request], max_queue: int, *, durable: bool = False
+        self,
+        keys: Keys,
+        requests: Sequence[Request],
+        max_queue: int,
+        *,
+        durable: bool = False,
+        jobs: Sequence[JobAt] = (),
     ) -> Enqueued:
         """Admit requests ``(batch_key, n_items, header, payload, priority)`` atomically.
 
         Returns the limit in force, the queued item count after admission, and per request its
         stream entry id, or 0 when it was rejected for max_queue. ``durable`` waits until a
-        replica holds them too (NotReplicated when none did within DURABLE_WAIT_MS).
+        replica holds them too (NotReplicated when none did within DURABLE_WAIT_MS). ``jobs``:
+        the requests that are jobs, whose records are written with them (broker/jobs.py).
         """
-        script_keys, args = enqueue_arguments(keys, requests, max_queue)
+        if jobs and self.jobs.cluster:
+            self.jobs.created(new_jobs(keys, requests, jobs))
+            reply = self._enqueue_call(keys, requests, max_queue, durable, ())
+            # Not retried with the enqueue (that would enqueue twice): without it a job is
+            # answered as ever, and a cancel cannot withdraw its entry.
+            with contextlib.suppress(QueueServeError):
+                self.jobs.placed(placed_jobs(keys, requests, jobs, reply))
+            return reply
+        return self._enqueue_call(keys, requests, max_queue, durable, jobs)
+
+    def _enqueue_call(
+        self,
+        keys: Keys,
+        requests: Sequence[Request],
+        max_queue: int,
+        durable: bool,
+        jobs: Sequence[JobAt],
+    ) -> Enqueued:
+        script_keys, args = enqueue_arguments(keys, requests, max_queue, jobs)
         with redis_errors(self.url):
             if not durable:
                 return enqueued(self._evalsha(self._enqueue, script_keys, args))

@@ -14,7 +14,7 @@ from queueserve.broker.aio import AsyncProducer
 from queueserve.broker.retry import Retry
 from queueserve.client.base import BaseClient
 from queueserve.client.calls import Call
-from queueserve.client.job_records import new_jobs, placed_jobs
+from queueserve.client.job_records import jobs_at
 from queueserve.client.outgoing import Outgoing, admitted, enqueue_groups, send_window
 from queueserve.errors import NotReplicated, QueueServeError
 
@@ -92,20 +92,15 @@ class AsyncSending(BaseClient):
 
     async def _enqueue(self, batch: list[Outgoing]) -> None:
         for group, keys, requests, max_queue, durable in enqueue_groups(batch):
-            jobs = new_jobs(self.prefix, self.client_id, group) if self._jobs_sent else None
-            if jobs:
-                await self._broker.jobs.created(jobs)
+            jobs = jobs_at(self.prefix, self.client_id, group) if self._jobs_sent else ()
             try:
-                reply = await self._broker.enqueue(keys, requests, max_queue, durable=durable)
+                reply = await self._broker.enqueue(
+                    keys, requests, max_queue, durable=durable, jobs=jobs
+                )
             except NotReplicated as e:  # queued, but not safe: these callers are told so
                 self._fail_batch(group, e)
                 continue
             admitted(self._table, group, *reply)
-            if jobs:
-                # Not retried with the enqueue (that would enqueue twice): without it a job
-                # is answered as ever, and a cancel cannot withdraw its entry.
-                with contextlib.suppress(QueueServeError):
-                    await self._broker.jobs.placed(placed_jobs(self.prefix, self.client_id, group))
 
     async def _stop_durable(self) -> None:
         if self._durable_task is not None:

@@ -1,9 +1,9 @@
 """What the clients send for jobs (wire/jobs.py): a job's id, its keep checked, and the
-records written around its enqueue (created before it, placed after)."""
+records its enqueue writes."""
 
 from __future__ import annotations
 
-from queueserve.broker.jobs import NewJob, Placed
+from queueserve.broker.jobs import JobAt
 from queueserve.client.outgoing import Outgoing
 from queueserve.client.targets import Part, Target
 from queueserve.wire.jobs import check_keep, job_key
@@ -33,28 +33,11 @@ def job_plan(target: Target, parts: list[Part], keep: float | None) -> int:
     return keep_ms
 
 
-def new_jobs(prefix: str, client_id: str, group: list[Outgoing]) -> list[NewJob]:
-    """Records of a group's jobs, written before it is enqueued."""
+def jobs_at(prefix: str, client_id: str, group: list[Outgoing]) -> list[JobAt]:
+    """The jobs among a group's requests (which enqueue_groups lists in the group's order):
+    each one's index, record key and keep."""
     return [
-        NewJob(
-            job_key(prefix, job_id(client_id, o.call.rid)),
-            o.call.n,
-            o.call.keep_ms,
-            o.call.keys.name,
-        )
-        for o in group
-        if o.call.keep_ms
-    ]
-
-
-def placed_jobs(prefix: str, client_id: str, group: list[Outgoing]) -> list[Placed]:
-    """Where a group's jobs wait, once enqueued (no entry: refused, its record goes)."""
-    return [
-        (
-            job_key(prefix, job_id(client_id, o.call.rid)),
-            o.call.keys.stream(o.call.batch_key, o.call.priority),
-            o.call.entry_id,
-        )
-        for o in group
+        (i, job_key(prefix, job_id(client_id, o.call.rid)), o.call.keep_ms)
+        for i, o in enumerate(group)
         if o.call.keep_ms
     ]

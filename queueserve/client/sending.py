@@ -5,7 +5,6 @@ thread, and the durable sender that waits for replicas apart from the other serv
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 
@@ -13,7 +12,7 @@ from queueserve.broker.producer import Producer
 from queueserve.broker.retry import Retry
 from queueserve.client.base import BaseClient
 from queueserve.client.calls import Call
-from queueserve.client.job_records import new_jobs, placed_jobs
+from queueserve.client.job_records import jobs_at
 from queueserve.client.outgoing import Outgoing, admitted, enqueue_groups, send_window
 from queueserve.errors import NotReplicated, QueueServeError
 
@@ -136,20 +135,13 @@ class Sending(BaseClient):
 
     def _enqueue(self, batch: list[Outgoing]) -> None:
         for group, keys, requests, max_queue, durable in enqueue_groups(batch):
-            jobs = new_jobs(self.prefix, self.client_id, group) if self._jobs_sent else None
-            if jobs:
-                self._broker.jobs.created(jobs)
+            jobs = jobs_at(self.prefix, self.client_id, group) if self._jobs_sent else ()
             try:
-                reply = self._broker.enqueue(keys, requests, max_queue, durable=durable)
+                reply = self._broker.enqueue(keys, requests, max_queue, durable=durable, jobs=jobs)
             except NotReplicated as e:  # queued, but not safe: these callers are told so
                 self._fail_batch(group, e)
                 continue
             admitted(self._table, group, *reply)
-            if jobs:
-                # Not retried with the enqueue (that would enqueue twice): without it a job
-                # is answered as ever, and a cancel cannot withdraw its entry.
-                with contextlib.suppress(QueueServeError):
-                    self._broker.jobs.placed(placed_jobs(self.prefix, self.client_id, group))
 
     def _start_sender(self) -> None:
         self._sender = threading.Thread(

@@ -3,7 +3,8 @@
 A request sent with ``keep`` carries two optional header fields (wire/request.py): ``job``,
 its id (``<client id>-<request id>``, the ticket's id: unique across clients), and ``keep``,
 how long its answer stays once it ended, in ms. Its record is one hash, ``P:job:<id>``
-(protocol.py's layout), written by the client that submitted it (job_new.lua: where it waits)
+(protocol.py's layout), written with its entry by enqueue.lua (where it waits; on a cluster by
+the client around the enqueue: job_new.lua, job_placed.lua)
 and by the worker that answers it (job.lua, in the reply-and-ack round trip, before the ack)::
 
     s   status: queued, done, failed or cancelled ("running" and "expired" are read, not

@@ -114,6 +114,28 @@ def test_cancel_by_id_of_a_queued_job_takes_it_out_of_its_stream(
         job.result(timeout=5)
 
 
+def test_a_job_refused_for_max_queue_leaves_no_record_and_an_admitted_one_says_where_it_waits(
+    start_worker: StartWorker, client: qs.Client, redis_client: redis.Redis, prefix: str
+) -> None:
+    # Given a serving with max_queue=2 whose executor is held, so nothing is acked
+    serving = Recording(
+        tag_items, name="fulljobs", batch_size=4, batch_timeout=0, max_queue=2, gated=True
+    )
+    start_worker(serving)
+    admitted = client.submit("fulljobs", ["a", "b"], keep=60)
+    refused = client.submit("fulljobs", ["c"], keep=60)
+    with pytest.raises(qs.QueueFull):
+        refused.result(timeout=30)
+    # the refused job has no record; the admitted one's names its stream and entry, written
+    # in the same step as the entry (enqueue.lua)
+    assert record(redis_client, prefix, refused.id) == {}
+    kept = record(redis_client, prefix, admitted.id)
+    assert kept[b"st"] == stream_key(prefix, "fulljobs").encode()
+    assert redis_client.xrange(kept[b"st"], kept[b"e"], kept[b"e"])
+    serving.release()
+    assert client.job(admitted.id).result(timeout=30) == ["r:a", "r:b"]
+
+
 def test_cancel_by_id_of_a_running_job_keeps_no_answer_and_it_stays_cancelled(
     start_worker: StartWorker,
     client: qs.Client,

@@ -22,6 +22,7 @@ import redis
 
 import queueserve as qs
 from queueserve.broker.connect import parse_url
+from queueserve.wire.jobs import job_key
 from queueserve.wire.protocol import GROUP, Keys, key_slot, shard_tags
 from tests.support.broker import RedisBroker
 from tests.support.callers import Caller
@@ -199,6 +200,16 @@ def test_core_cases_run_on_a_sharded_serving(cluster: Cluster, prefix: str) -> N
             got = list(client.stream(events, [1, 2, 3]))
             assert [e.payload for e in got if isinstance(e, qs.Hook)] == ["done"]
             assert [r for e in got if isinstance(e, qs.Output) for r in e.results] == [2, 4, 6]
+            # jobs: their records live in other slots than their streams, so the client
+            # writes them around the enqueue (on one Redis, enqueue.lua writes them)
+            job = client.submit(squares, [3, 4], keep=60)
+            assert job.result(timeout=30) == [9, 16]
+            record = cluster.client().hgetall(job_key(prefix, job.id))
+            assert record[b"s"] == b"done" and record[b"e"]  # where it waited (for cancel)
+            assert record[b"st"].startswith(f"{prefix}:{{squares".encode())
+            with qs.Client(cluster.url, prefix=prefix) as other:
+                assert other.job(job.id).status() == "done"
+                assert other.job(job.id).result(timeout=5) == [9, 16]
         asyncio.run(_async_cases(cluster.url, prefix))
     finally:
         worker.stop(timeout=10)
@@ -213,6 +224,9 @@ async def _async_cases(url: str, prefix: str) -> None:
     async with qs.AsyncClient(url, prefix=prefix) as client:
         assert await client.dispatch("squares", 12) == 144
         assert await client.dispatch_many("squares", list(range(50))) == [x * x for x in range(50)]
+        job = client.job((await client.submit("squares", [6], keep=60)).id)
+        assert await job.result(timeout=30) == [36]
+        assert await job.status() == "done"
 
 
 def test_a_step_serving_tells_a_listening_caller_from_a_gone_one_across_the_masters(

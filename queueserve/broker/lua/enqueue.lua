@@ -15,6 +15,12 @@
 -- ARGV[5..4+2S]  per stream, in KEYS order: batch key, priority
 -- ARGV[5+2S..] per request, four values: stream number (1 = KEYS[7]), item count, header,
 --           payload
+-- Jobs (optional; wire/jobs.py): KEYS[7+S..6+S+J] are the records P:job:ID of J of these
+-- requests, and ARGV ends with 2 + 2J values: the serving name, the TTL of a record still
+-- waiting (ms), then per job its request number (1 = the first request) and keep (ms). The
+-- record of each admitted job is written here, where its entry is, in the same atomic step
+-- (a refused one gets none). On a Redis Cluster the records live in other slots: clients
+-- there write them around the enqueue instead (job_new.lua, job_placed.lua).
 -- Returns {limit, queued, r1, r2, ...}: ri is the stream entry id, or 0 when request i was
 -- rejected because admitting it would pass max_queue items.
 -- When the workers declared pack_items (KEYS[3]), the admitted requests of one stream go in
@@ -22,13 +28,19 @@
 -- [[header, payload, items], ...]), up to pack_items items each, so Redis and the workers
 -- handle one entry for them all. Requests of one pack share its entry id. A pack holds at
 -- most MAX_PACK_REQUESTS requests (protocol.py; workers dead-letter a bigger one unread).
--- Anyone may write the meta hash: a max_queue that is no count (not a number, NaN, negative,
--- a fraction, past 10^12, the bound of qs.Serving) counts as not declared.
-local limit = tonumber(redis.call('HGET', KEYS[3], 'max_queue') or '')
-if not (limit and limit >= 0 and limit <= 1e12 and limit == math.floor(limit)) then
-  limit = tonumber(ARGV[1])
+-- Anyone may write the meta hash: a count is taken only as workers write one (str of an int:
+-- decimal digits alone, at most 10^12, the bound of qs.Serving), and anything else counts as
+-- not declared. Lua's tonumber alone takes far more: '0x10' and ' 16 ' are 16 to it, '16.0',
+-- '1.6e1' too, 'inf' and 'nan' are numbers (a forged '0x10' made callers get QueueFull).
+local function declared_count(field)
+  local raw = redis.call('HGET', KEYS[3], field)
+  if not raw or #raw > 13 or not string.find(raw, '^%d+$') then return nil end
+  local n = tonumber(raw)
+  if n > 1e12 then return nil end
+  return n
 end
-local pack_items = tonumber(redis.call('HGET', KEYS[3], 'pack_items') or '0') or 0
+local limit = declared_count('max_queue') or tonumber(ARGV[1])
+local pack_items = declared_count('pack_items') or 0
 -- A serving no worker ever declared (no meta hash; its callers passed wait_for_worker, or
 -- misspelled it): what they send lives at most the default key_idle_ttl past the last send,
 -- so a misspelled name costs nothing for long. Once declared, a send takes those TTLs off.
@@ -44,6 +56,8 @@ local per_key = {}
 local registered = {}
 local out = {limit, 0}
 local streams = tonumber(ARGV[4])
+local jobs = #KEYS - 6 - streams
+local job_args = jobs > 0 and #ARGV - 2 * jobs - 2 or #ARGV  -- where the job values start
 local filling = {}  -- stream number -> its pack being filled: {items, members, at}
 
 local function write(s)
@@ -59,7 +73,7 @@ local function write(s)
   end
   for _, at in ipairs(pack.at) do out[at] = id end  -- its requests share the id
 end
-for i = 5 + 2 * streams, #ARGV, 4 do
+for i = 5 + 2 * streams, job_args, 4 do
   local n = tonumber(ARGV[i + 1])
   if limit > 0 and queued + admitted + n > limit then
     out[#out + 1] = 0
@@ -101,6 +115,19 @@ for i = 5 + 2 * streams, #ARGV, 4 do
   end
 end
 for s = 1, streams do write(s) end
+for j = 1, jobs do
+  local at = job_args + 1 + 2 * j
+  local r = tonumber(ARGV[at])
+  local id = r and out[2 + r]
+  if type(id) == 'string' then  -- admitted (a refused request's is 0)
+    local request = 5 + 2 * streams + 4 * (r - 1)
+    local key = KEYS[6 + streams + j]
+    -- A key someone made another type is left as it is (pcall), and the others are written.
+    local ok = redis.pcall('HSET', key, 's', 'queued', 'n', ARGV[request + 1], 'k', ARGV[at + 1],
+      'sv', ARGV[job_args + 1], 'st', KEYS[6 + tonumber(ARGV[request])], 'e', id)
+    if type(ok) == 'number' then redis.call('PEXPIRE', key, ARGV[job_args + 2]) end
+  end
+end
 if admitted > 0 then
   redis.call('INCRBY', KEYS[1], admitted)
   for key, n in pairs(per_key) do
