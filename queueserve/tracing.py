@@ -11,13 +11,14 @@ check one flag per request.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
-    from opentelemetry.trace import SpanContext
+    from opentelemetry.trace import Span, SpanContext
 
 TRACE_FIELD: Final = "trace"
 HEADER_FIELDS: Final = "header_fields"  # meta hash field: the optional fields workers read
@@ -45,16 +46,29 @@ def reads_trace(meta: Mapping[str, str]) -> bool:
 
 def trace_fields() -> dict[str, str] | None:
     """The header's optional fields carrying the current span's context; None when no span
-    is current (or opentelemetry is not installed)."""
+    is current (or opentelemetry is not installed). Called per request: the lookup is bound
+    once, and the text of the last context is kept (a caller's requests share its span)."""
     if not AVAILABLE:
         return None
-    from opentelemetry import trace
-
-    context = trace.get_current_span().get_span_context()
+    context = _current_span()().get_span_context()
     if not context.is_valid:
         return None
-    flags = int(context.trace_flags)
-    return {TRACE_FIELD: f"00-{context.trace_id:032x}-{context.span_id:016x}-{flags:02x}"}
+    global _last
+    ids, last = (context.trace_id, context.span_id, context.trace_flags), _last
+    if last[0] != ids:  # (threads share _last: each uses the pair it read or made)
+        trace_id, span_id, flags = ids
+        last = _last = (ids, f"00-{trace_id:032x}-{span_id:016x}-{int(flags):02x}")
+    return {TRACE_FIELD: last[1]}
+
+
+_last: tuple[tuple[int, int, int] | None, str] = (None, "")
+
+
+@functools.cache
+def _current_span() -> Callable[[], Span]:
+    from opentelemetry.trace import get_current_span
+
+    return get_current_span
 
 
 def remote_context(fields: Mapping[str, Any] | None) -> SpanContext | None:

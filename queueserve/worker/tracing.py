@@ -25,6 +25,9 @@ if TYPE_CHECKING:
     from queueserve.worker.pipeline.batching import Slice
 
 
+MAX_LINKS = 128  # links per span: OpenTelemetry's default limit (OTEL_SPAN_LINK_COUNT_LIMIT)
+
+
 class TracingMiddleware(Middleware):
     """Spans of batches. Hooks of one batch run on one thread (its device thread): the span
     in progress is kept per thread."""
@@ -36,17 +39,26 @@ class TracingMiddleware(Middleware):
     def batch_opened(
         self, serving: Serving, key: str, partition: Partition, slices: Sequence[Slice]
     ) -> None:
-        links, seen = [], set()
+        links: list[trace.Link] = []
+        requests: set[int] = set()
+        contexts: set[str] = set()
         for piece in slices:
             request = piece.request
-            if id(request) in seen:  # a request's several slices (or sequences) link once
+            if id(request) in requests:  # a request's several slices (or sequences) link once
                 continue
-            seen.add(id(request))
-            remote = tracing.remote_context(request.fields)
+            requests.add(id(request))
+            # Requests sent from one span share its context: one link for them all, checked
+            # once; past MAX_LINKS the SDK would drop them anyway (its default link limit).
+            fields = request.fields
+            text = fields.get(tracing.TRACE_FIELD) if fields else None
+            if type(text) is not str or text in contexts or len(links) >= MAX_LINKS:
+                continue
+            contexts.add(text)
+            remote = tracing.remote_context(fields)
             if remote is not None:
                 links.append(trace.Link(remote))
         self._local.links = links
-        self._local.requests = len(seen)
+        self._local.requests = len(requests)
 
     def batch_started(
         self, serving: Serving, key: str, partition: Partition, size: int, waited: float
