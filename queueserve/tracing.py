@@ -14,10 +14,12 @@ from __future__ import annotations
 import functools
 import importlib.util
 import re
+import threading
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 if TYPE_CHECKING:
+    from opentelemetry.context import Context
     from opentelemetry.trace import Span, SpanContext
 
 TRACE_FIELD: Final = "trace"
@@ -46,29 +48,41 @@ def reads_trace(meta: Mapping[str, str]) -> bool:
 
 def trace_fields() -> dict[str, str] | None:
     """The header's optional fields carrying the current span's context; None when no span
-    is current (or opentelemetry is not installed). Called per request: the lookup is bound
-    once, and the text of the last context is kept (a caller's requests share its span)."""
+    is current (or opentelemetry is not installed).
+
+    Called per request. opentelemetry's context is an immutable mapping replaced whenever a
+    span is made current, so each thread keeps the last one it saw with its ``traceparent``
+    text: a caller's requests from one span look the span up once."""
     if not AVAILABLE:
         return None
-    context = _current_span()().get_span_context()
-    if not context.is_valid:
-        return None
-    global _last
-    ids, last = (context.trace_id, context.span_id, context.trace_flags), _last
-    if last[0] != ids:  # (threads share _last: each uses the pair it read or made)
-        trace_id, span_id, flags = ids
-        last = _last = (ids, f"00-{trace_id:032x}-{span_id:016x}-{int(flags):02x}")
-    return {TRACE_FIELD: last[1]}
+    current = _otel().get_current()
+    last = getattr(_seen, "last", None)
+    if last is None or last[0] is not current:
+        context = _otel().get_current_span(current).get_span_context()
+        last = _seen.last = (current, _traceparent(context) if context.is_valid else None)
+    return None if last[1] is None else {TRACE_FIELD: last[1]}
 
 
-_last: tuple[tuple[int, int, int] | None, str] = (None, "")
+def _traceparent(context: SpanContext) -> str:
+    flags = int(context.trace_flags)
+    return f"00-{context.trace_id:032x}-{context.span_id:016x}-{flags:02x}"
+
+
+_seen = threading.local()  # .last: (the context last seen, its traceparent or None)
+
+
+class _Otel(NamedTuple):
+    get_current: Callable[[], Context]
+    get_current_span: Callable[[Context], Span]
 
 
 @functools.cache
-def _current_span() -> Callable[[], Span]:
+def _otel() -> _Otel:
+    """opentelemetry's lookups, imported once, on first use."""
+    from opentelemetry.context import get_current
     from opentelemetry.trace import get_current_span
 
-    return get_current_span
+    return _Otel(get_current, get_current_span)
 
 
 def remote_context(fields: Mapping[str, Any] | None) -> SpanContext | None:
