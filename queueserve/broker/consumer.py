@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple
 
 import redis
 
@@ -44,7 +44,9 @@ class Consumer(Replies):
         count: int,
         skip: AbstractSet[bytes] = frozenset(),
     ) -> list[tuple[bytes, dict[bytes, bytes], int]]:
-        """Move up to ``count`` of ``owner``'s entries idle for ``min_idle_ms`` to ``claimer``.
+        """Move up to ``count`` of ``owner``'s entries idle for ``min_idle_ms`` to ``claimer``
+        (``skip``: ids to leave), in one script (claim.lua), so an entry another consumer took
+        from ``owner`` meanwhile is never taken from it.
 
         Returns (entry id, fields, times delivered so far). The claim does not count as a
         delivery (JUSTID): only running a redelivered entry does (``count_delivery``), so
@@ -54,40 +56,17 @@ class Consumer(Replies):
         """
         with redis_errors(self.url):
             try:
-                pending = self.redis.xpending_range(
-                    stream,
-                    GROUP,
-                    min="-",
-                    max="+",
-                    count=count,
-                    consumername=consumer_name(owner),
-                    idle=min_idle_ms,
+                found = self._claim(
+                    keys=[stream],
+                    args=[GROUP, consumer_name(owner), claimer, min_idle_ms, count, *skip],
                 )
             except redis.ResponseError as e:
                 if not no_group(e):
                     raise
                 return []  # the group went with Redis's data: nobody holds anything
-            if not pending:
-                return []
-            deliveries = {
-                p["message_id"]: int(p["times_delivered"])
-                for p in pending
-                if p["message_id"] not in skip
-            }
-            if not deliveries:
-                return []
-            claimed = cast(
-                list[bytes],
-                self.redis.xclaim(
-                    stream, GROUP, claimer, min_idle_ms, list(deliveries), justid=True
-                ),
-            )
-            pipe = self.redis.pipeline(transaction=False)
-            for entry_id in claimed:
-                pipe.xrange(stream, entry_id, entry_id)
-            found = pipe.execute()
         return [
-            (entry[0][0], entry[0][1], deliveries.get(entry[0][0], 1)) for entry in found if entry
+            (entry_id, dict(zip(fields[::2], fields[1::2], strict=True)), int(delivered))
+            for entry_id, fields, delivered in found
         ]
 
     def split_pack(self, keys: Keys, stream: str, entry_id: bytes) -> int:

@@ -104,6 +104,7 @@ class BrokerCore:
         self._sweep: Script = self.redis.register_script(load_script("sweep.lua"))
         self._replay: Script = self.redis.register_script(load_script("replay.lua"))
         self._split: Script = self.redis.register_script(load_script("split.lua"))
+        self._claim: Script = self.redis.register_script(load_script("claim.lua"))
         self._loaded_on: set[int] = set()  # connections enqueue.lua was loaded on (durable)
         # The hot path's round trips go straight onto a pooled connection (broker/raw.py),
         # except on a cluster, whose client routes each command to its slot's master.
