@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 
 import redis
 
-from queueserve.broker.common import consumer_name, text
+from queueserve.broker.common import consumer_name, text, texts
 from queueserve.broker.connect import is_cluster
 from queueserve.broker.core import no_group
 from queueserve.broker.errors import error_code, redis_errors
@@ -182,6 +182,35 @@ class Consumer(Replies):
         """Publish a serving's options (clients read codec and max_queue from them)."""
         with redis_errors(self.url):
             self.redis.hset(keys.meta, mapping={k: str(v) for k, v in options.items()})
+
+    def redeclare(self, keys: Keys, options: Mapping[str, Any]) -> None:
+        """Replace a meta key of another type by the declaration (``declare`` would fail)."""
+        with redis_errors(self.url):
+            pipe = self.redis.pipeline(transaction=True)
+            pipe.delete(keys.meta)
+            pipe.hset(keys.meta, mapping={k: str(v) for k, v in options.items()})
+            pipe.execute()
+
+    def declarations(
+        self, keys: Keys, last: Keys | None
+    ) -> tuple[dict[str, str] | None, dict[str, str] | None, dict[str, str] | None]:
+        """The meta hash, the config hash and the last shard's meta hash (``last``; None when
+        not asked) as Redis holds them, in one round trip, each None when its key holds
+        another type. The meta hash is read first (worker/pipeline/declaration.py says why)."""
+        with redis_errors(self.url):
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.hgetall(keys.meta)
+            pipe.hgetall(keys.config)
+            if last is not None:
+                pipe.hgetall(last.meta)
+            found = pipe.execute(raise_on_error=False)
+            for reply in found:
+                if isinstance(reply, redis.ResponseError) and error_code(reply) != "WRONGTYPE":
+                    raise reply
+        meta, config, *rest = [
+            texts(reply, "replace") if isinstance(reply, dict) else None for reply in found
+        ]
+        return meta, config, rest[0] if rest else None
 
     def heartbeat(
         self, keys_list: Sequence[Keys], consumer: str, ttl_ms: int, info: Mapping[str, str | int]

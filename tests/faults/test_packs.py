@@ -62,7 +62,7 @@ def test_the_requests_of_one_enqueue_share_an_entry_and_each_gets_its_own_answer
     serving = qs.Serving(
         lambda xs: [f"r:{x}" for x in xs], name="packed", batch_size=8, batch_timeout=0
     )
-    start_worker(serving)
+    worker = start_worker(serving)
     keys = Keys(prefix, "packed")
     assert redis_client.hget(keys.meta, "pack_items") == b"8"
     broker = RedisBroker(redis_url)
@@ -79,10 +79,14 @@ def test_the_requests_of_one_enqueue_share_an_entry_and_each_gets_its_own_answer
     wait_until(lambda: redis_client.xlen(stream_key(prefix, "packed")) == 0, "packs acked")
     assert int(redis_client.get(keys.queued) or 0) == BACKLOG
 
-    # When the workers' declaration says they do not read packs, each request is an entry
+    # When the declaration says the workers do not read packs (theirs, with none running: a
+    # running worker writes back what it declared, worker/pipeline/declaration.py), each
+    # request is an entry, which the next worker answers
+    worker.stop()
     redis_client.hset(keys.meta, "pack_items", 0)
     _, _, ids = broker.enqueue(keys, requests(inbox, ["y0", "y1"], 11), 0)
     assert len(set(ids)) == 2
+    start_worker(serving)
     assert results(inbox, range(11, 13)) == [["r:y0"], ["r:y1"]]
     broker.close()
 

@@ -25,6 +25,7 @@ from queueserve.wire import protocol as P
 from queueserve.wire.options import parse_overrides
 from queueserve.wire.timing import FORGET_EVERY_S, RECLAIM_EVERY_S
 from queueserve.worker.pipeline.batching import Assembler
+from queueserve.worker.pipeline.declaration import Declaration
 from queueserve.worker.pipeline.intake import Decisions, Entry, Intake
 from queueserve.worker.pipeline.lease import READ_BLOCK_MS, ReadLease
 from queueserve.worker.pipeline.ledger import Ledger
@@ -68,6 +69,7 @@ class Reader:
         self.consumer = consumer
         self.intake = intake
         self.reclaims = Reclaims(serving, intake.keys, broker, consumer, intake.middleware)
+        self.declaration = Declaration(serving, broker, shards)
         self.ledger = ledger
         self.cond = ledger.cond
         self.assembler = assembler
@@ -158,6 +160,7 @@ class Reader:
             due["reclaim"] = now + RECLAIM_EVERY_S
         if now >= due.get("config", float("inf")):
             self.apply_config()
+            self.declaration.keep(self._config_seen)
             due["config"] = now + CONFIG_EVERY_S
         if now >= due["forget"]:
             self.reclaims.forget_dead_consumers(self.broker.active_streams(keys))
@@ -195,8 +198,6 @@ class Reader:
                 self.assembler.weights = self.serving.batch_key_weights
                 self.assembler.plan_latency(self.serving.max_latency)
             self.cond.notify_all()
-        if "batch_size" in changed:  # clients pack up to one batch (enqueue.lua)
-            self.broker.declare(self.keys, {"pack_items": self.serving.batch_size})
         for name, (old, new) in changed.items():
             log.warning("serving %s: %s changed from %s to %s", self.serving.name, name, old, new)
 

@@ -145,9 +145,7 @@ class ServingRunner:
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
         self.reader.apply_config()
-        self.broker.declare(self.keys, self.serving.options())
-        if len(self.shards) > 1:  # clients trust the count once it is here too (Keys.last_shard)
-            self.broker.declare(self.shards[-1], {"shards": len(self.shards)})
+        self.reader.declaration.declare()
         self.broker.adopt_legacy_keys(self.keys)
         for keys in self.shards:
             for key in self.reader.declared_keys:  # so anyone may XADD to a declared key's stream

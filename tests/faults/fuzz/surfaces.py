@@ -641,7 +641,7 @@ SURFACES: tuple[Surface, ...] = (
     ),
     Surface(
         "meta",
-        "clients naming a serving; enqueue.lua (max_queue, pack_items); stats",
+        "clients naming a serving; enqueue.lua (max_queue, pack_items); stats; workers (kept)",
         (
             Attack("field", meta_field),
             Attack("codec", meta_codec),
