@@ -10,6 +10,7 @@ import os
 import uvicorn
 
 from queueserve.gateway.app import create_app
+from queueserve.gateway.writes import OneWriteHttp
 
 KEEP_ALIVE_S = 75
 YOUNG_GC_THRESHOLD = 50_000
@@ -58,5 +59,10 @@ def gateway_command(args: argparse.Namespace) -> int:
         # X-Forwarded-* rewrite the client's address, which the gateway never uses: a layer
         # less per request.
         proxy_headers=False,
+        # "server: uvicorn" on every response: bytes and header checks per request, for nothing.
+        server_header=False,
+        # uvicorn's own protocol (httptools when installed, as uvicorn[standard] does; uvloop
+        # is uvicorn's default loop then), writing each response in one send (writes.py).
+        http=OneWriteHttp,
     )
     return 0
