@@ -15,11 +15,11 @@ from starlette.routing import Route
 
 from queueserve.client.aio import AsyncClient
 from queueserve.gateway import jobs, openai_api, servings
-from queueserve.gateway.auth import BearerAuth
+from queueserve.gateway.auth import BearerAuth, Token
 from queueserve.gateway.body import DEFAULT_MAX_BODY_BYTES, JSON
 from queueserve.gateway.core import Gateway
-from queueserve.gateway.errors import ApiError, error_response
-from queueserve.gateway.fast import FastDispatch
+from queueserve.gateway.errors import ApiError, error_response, internal
+from queueserve.gateway.fast import FastDispatch, GatewayApp
 from queueserve.gateway.metrics import HttpMetrics
 
 KNOWN_PATHS = frozenset({"/healthz", "/metrics", "/v1/models", "/v1/embeddings", "/v1/completions"})
@@ -32,8 +32,8 @@ def create_app(
     token: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     models: Mapping[str, str] | None = None,
-) -> Starlette:
-    """The gateway's ASGI app.
+) -> GatewayApp:
+    """The gateway's ASGI app (a Starlette app).
 
     ``client_or_url``: an ``AsyncClient`` of yours (kept open: you close it), or a Redis URL
     (default ``QUEUESERVE_REDIS_URL``) for a client the app makes on first use and closes at
@@ -62,12 +62,12 @@ def create_app(
     async def healthz(request: Request) -> Response:
         return JSON({"status": "ok"})
 
+    bearer = Token(token) if token is not None else None
     # Outermost: refused and failed requests are counted too.
     middleware = [Middleware(metrics.middleware)]
-    if token is not None:
-        middleware.append(Middleware(BearerAuth, token=token))
-    middleware.append(Middleware(FastDispatch, gateway=gw))  # after auth: it answers
-    app = Starlette(
+    if bearer is not None:
+        middleware.append(Middleware(BearerAuth, token=bearer))
+    app = GatewayApp(
         routes=[
             Route("/healthz", healthz, methods=["GET"]),
             Route("/metrics", metrics.endpoint, methods=["GET"]),
@@ -83,6 +83,8 @@ def create_app(
             Exception: internal_error,
         },
     )
+    # POST .../dispatch skips the stack: FastDispatch checks the token and counts it itself.
+    app.fast = FastDispatch(gw, metrics, bearer)
     app.state.gateway = gw
     return app
 
@@ -107,6 +109,4 @@ async def http_error(request: Request, exc: Exception) -> Response:
 
 
 async def internal_error(request: Request, exc: Exception) -> Response:
-    return error_response(
-        ApiError(500, "internal_error", f"{type(exc).__name__} in the gateway (see its log)")
-    )
+    return error_response(internal(exc))

@@ -1,4 +1,5 @@
-"""Bearer-token auth: a pure ASGI middleware in front of every route but ``/healthz``.
+"""Bearer-token auth: a pure ASGI middleware in front of every route but ``/healthz`` (the
+busiest route checks the same ``Token`` itself: fast.py).
 
 A load balancer's health check carries no token, and a liveness answer tells nothing; the
 metrics, the models list and every serving need the token when one is set.
@@ -15,26 +16,36 @@ from queueserve.gateway.errors import ApiError, error_response
 OPEN_PATHS = frozenset({"/healthz"})
 
 
-class BearerAuth:
-    def __init__(self, app: ASGIApp, token: str) -> None:
+class Token:
+    """The bearer token a request must carry (``Authorization: Bearer <token>``)."""
+
+    def __init__(self, token: str) -> None:
         if not token:
             raise ValueError("the gateway's token must not be empty; leave it out for no auth")
-        self.app = app
         self._expected = f"Bearer {token}".encode()
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in OPEN_PATHS or self._allowed(scope):
-            await self.app(scope, receive, send)
-            return
-        refused = ApiError(
-            401,
-            "unauthorized",
-            "missing or wrong bearer token: send 'Authorization: Bearer <token>' "
-            "with the gateway's --token",
-            {"WWW-Authenticate": "Bearer"},
-        )
-        await error_response(refused)(scope, receive, send)
-
-    def _allowed(self, scope: Scope) -> bool:
+    def allows(self, scope: Scope) -> bool:
         given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
         return hmac.compare_digest(given, self._expected)
+
+
+class BearerAuth:
+    def __init__(self, app: ASGIApp, token: Token) -> None:
+        self.app = app
+        self.token = token
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS or self.token.allows(scope):
+            await self.app(scope, receive, send)
+            return
+        await error_response(refused())(scope, receive, send)
+
+
+def refused() -> ApiError:
+    return ApiError(
+        401,
+        "unauthorized",
+        "missing or wrong bearer token: send 'Authorization: Bearer <token>' "
+        "with the gateway's --token",
+        {"WWW-Authenticate": "Bearer"},
+    )

@@ -71,6 +71,11 @@ def from_queueserve(error: QueueServeError) -> ApiError:
     return ApiError(500, "internal_error", str(error))
 
 
+def internal(error: Exception) -> ApiError:
+    """An unexpected error in the gateway, as the client sees it (the log has the rest)."""
+    return ApiError(500, "internal_error", f"{type(error).__name__} in the gateway (see its log)")
+
+
 def error_body(error: ApiError) -> dict[str, Any]:
     return {"error": {"type": error.kind, "status": error.status, "message": str(error)}}
 

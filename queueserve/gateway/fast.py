@@ -1,21 +1,28 @@
-"""``POST /v1/servings/{name}/dispatch`` as plain ASGI, ahead of Starlette's router.
+"""``POST /v1/servings/{name}/dispatch`` as plain ASGI, ahead of Starlette's middleware stack.
 
 One item per request is the gateway's busiest route, and a request's own work (parse, submit,
 wait, answer) is small: Starlette's router, its two exception layers with their ``send``
-wrappers, and its Request and Response objects cost about as much again (bench/gateway.py,
-docs/benchmarks.md). This middleware answers that route itself, the same way (same body
-checks, errors, disconnect-cancel, metrics and auth outside it), and passes every other
-request on to the app. ``servings.routes`` still declares the route: the router answers it
-when this middleware is not in front (and the fuzzer's registry sees it).
+wrappers, its Request and Response objects, and the metrics middleware's ``send`` wrapper cost
+about as much again (bench/gateway.py, docs/benchmarks.md). ``GatewayApp`` hands that route to
+``FastDispatch``, which does what the stack would, in one layer: the bearer token, the same
+body checks, errors and disconnect-cancel, the request counted in the metrics, and an
+unexpected error answered with a 500 and raised on to the server (which logs it).
+``servings.routes`` still declares the route: the router answers it when the app is not a
+``GatewayApp`` (and the fuzzer's registry sees it).
 """
 
 from __future__ import annotations
 
-from starlette.types import ASGIApp, Receive, Scope, Send
+import time
 
+from starlette.applications import Starlette
+from starlette.types import Message, Receive, Scope, Send
+
+from queueserve.gateway.auth import Token, refused
 from queueserve.gateway.body import dumps, receive_body, validated
 from queueserve.gateway.core import Gateway
-from queueserve.gateway.errors import ApiError, ClientGone, error_response
+from queueserve.gateway.errors import ApiError, ClientGone, error_response, internal
+from queueserve.gateway.metrics import HttpMetrics
 from queueserve.gateway.servings import Dispatch
 
 HEAD, TAIL = "/v1/servings/", "/dispatch"
@@ -38,25 +45,41 @@ def serving_of(scope: Scope) -> str | None:
 
 
 class FastDispatch:
-    def __init__(self, app: ASGIApp, gateway: Gateway) -> None:
-        self.app = app
+    def __init__(self, gateway: Gateway, metrics: HttpMetrics, token: Token | None) -> None:
         self.gw = gateway
+        self.metrics = metrics
+        self.token = token
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        name = serving_of(scope)
-        if name is None:
-            await self.app(scope, receive, send)
-            return
+    async def __call__(self, name: str, scope: Scope, receive: Receive, send: Send) -> None:
+        start = time.perf_counter()
+        metrics = self.metrics
+        metrics.active += 1
+        status = 500  # what the client saw if it left before its answer
         try:
+            status = await self.respond(name, scope, receive, send)
+        finally:
+            metrics.active -= 1
+            metrics.record(scope, status, start)
+
+    async def respond(self, name: str, scope: Scope, receive: Receive, send: Send) -> int:
+        """Answers the request; the status it answered with."""
+        try:
+            if self.token is not None and not self.token.allows(scope):
+                raise refused()
             body = await self.answer(name, scope, receive)
         except ApiError as e:
             await error_response(e)(scope, receive, send)
-            return
+            return e.status
         except ClientGone:  # left while sending its body: nothing was submitted
-            return
+            return 500
+        except Exception as e:  # as Starlette's ServerErrorMiddleware does (app.internal_error)
+            await error_response(internal(e))(scope, receive, send)
+            raise
         headers = [JSON_TYPE, (b"content-length", str(len(body)).encode())]
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        head: Message = {"type": "http.response.start", "status": 200, "headers": headers}
+        await send(head)
         await send({"type": "http.response.body", "body": body})
+        return 200
 
     async def answer(self, name: str, scope: Scope, receive: Receive) -> bytes:
         gw = self.gw
@@ -67,3 +90,17 @@ class FastDispatch:
             return dumps({"result": result})
         except TypeError as e:
             raise ApiError(502, "unencodable_result", str(e)) from None
+
+
+class GatewayApp(Starlette):
+    """The gateway's Starlette app, whose ``POST /v1/servings/{name}/dispatch`` requests go to
+    ``FastDispatch`` instead of through the middleware stack and router."""
+
+    fast: FastDispatch
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        name = serving_of(scope)
+        if name is None:
+            await super().__call__(scope, receive, send)
+        else:
+            await self.fast(name, scope, receive, send)

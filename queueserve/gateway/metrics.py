@@ -96,13 +96,17 @@ class HttpMetrics(Collector):
                 await app(scope, receive, send_noting)
             finally:
                 self.active -= 1
-                count, timings = self._series(scope["path"], scope["method"], status)
-                count.n += 1
-                seconds = time.perf_counter() - start
-                timings.total += seconds
-                timings.buckets[bisect_left(BUCKETS, seconds)] += 1
+                self.record(scope, status, start)
 
         return measured
+
+    def record(self, scope: Scope, status: int, start: float) -> None:
+        """One request answered with ``status``, begun at ``start`` (``time.perf_counter``)."""
+        count, timings = self._series(scope["path"], scope["method"], status)
+        count.n += 1
+        seconds = time.perf_counter() - start
+        timings.total += seconds
+        timings.buckets[bisect_left(BUCKETS, seconds)] += 1
 
     def _series(self, path: str, method: str, status: int) -> tuple[Count, Timings]:
         """The two series of one request; looked up once per (path, method, status): finding
