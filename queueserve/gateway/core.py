@@ -3,7 +3,6 @@ a call that is withdrawn when its HTTP client disconnects."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncGenerator, Iterable
 from typing import Any, cast
 
@@ -13,12 +12,11 @@ from queueserve.broker.errors import redis_errors
 from queueserve.client.aio import AsyncClient, AsyncTicket
 from queueserve.errors import QueueServeError
 from queueserve.gateway.errors import ApiError, bad_request, from_queueserve
-from queueserve.gateway.sse import disconnected
+from queueserve.gateway.watch import Watches
 from queueserve.hooks import Event
 from queueserve.wire.protocol import Keys
 
 MAX_NAME = 200  # longer serving names are not looked up in Redis
-WATCH_AFTER_S = 0.05
 
 
 class Gateway:
@@ -39,6 +37,7 @@ class Gateway:
         self.max_body_bytes = max_body_bytes
         self.models = models
         self._known: set[str] = set()
+        self._watches = Watches()
 
     @property
     def client(self) -> AsyncClient:
@@ -52,6 +51,7 @@ class Gateway:
         return self.client.prefix
 
     async def aclose(self) -> None:
+        self._watches.close()
         if self.owns_client and self._client is not None:
             await self._client.aclose()
 
@@ -122,36 +122,10 @@ class Gateway:
     ) -> list[Any]:
         """``items``' results, the request withdrawn if the HTTP client disconnects first."""
         ticket = await self.submit(serving, items, options)
-        watch = Watch(receive, ticket)
+        watch = self._watches.watch(receive, ticket)
         try:
             return await ticket.result(return_exceptions=return_exceptions)
         except QueueServeError as e:
             raise from_queueserve(e) from None
         finally:
-            watch.cancel()
-
-
-class Watch:
-    """Withdraws ``ticket`` when the HTTP client disconnects, watching from WATCH_AFTER_S on:
-    most requests are answered before, and a watcher task for each would cost a tenth of the
-    gateway's CPU per request (bench/gateway.py). A client gone sooner is seen then (the
-    server keeps the disconnect for ``receive``); its request has run at most that long."""
-
-    __slots__ = ("_receive", "_task", "_ticket", "_timer")
-
-    def __init__(self, receive: Receive, ticket: AsyncTicket) -> None:
-        self._receive, self._ticket = receive, ticket
-        self._task: asyncio.Task[None] | None = None
-        self._timer = asyncio.get_running_loop().call_later(WATCH_AFTER_S, self._start)
-
-    def _start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._cancel_on_disconnect())
-
-    async def _cancel_on_disconnect(self) -> None:
-        await disconnected(self._receive)
-        await self._ticket.cancel()
-
-    def cancel(self) -> None:
-        self._timer.cancel()
-        if self._task is not None:
-            self._task.cancel()
+            watch.end()
