@@ -156,6 +156,30 @@ class Admin(BrokerCore):
             for keys, r in zip(keys_list, raw, strict=True)
         ]
 
+    def priority_items(self, keys_list: Sequence[Keys]) -> list[tuple[Keys, dict[int, int]]]:
+        """Each shard's items admitted and not yet acked per priority (every batch key), as
+        enqueue.lua counts them in the pdepth hash: priorities holding none are left out. Each
+        is clamped to the shard's admission counter: the hash may hold drift (producers or
+        workers that predate it, forged fields) until that counter next reaches 0."""
+        with redis_errors(self.url):
+            pipe = self.redis.pipeline(transaction=False)
+            for keys in keys_list:
+                pipe.get(keys.queued)
+                pipe.hgetall(keys.pdepth)
+            raw = pipe.execute(raise_on_error=False)
+        out = []
+        for i, keys in enumerate(keys_list):
+            queued, fields = raw[2 * i : 2 * i + 2]
+            total = _count(text(queued, "replace")) if isinstance(queued, bytes) else 0
+            found: dict[int, int] = {}
+            if isinstance(fields, dict):  # an error: a key of another type, which holds none
+                for field, value in texts(fields, "replace").items():
+                    n = min(_count(value), total)
+                    if n and _count(field) <= MAX_PRIORITY and field == str(_count(field)):
+                        found[int(field)] = n
+            out.append((keys, found))
+        return out
+
     def servings(self, prefix: str) -> list[str]:
         """Names of the servings any worker ever declared under ``prefix``."""
         names = set()
@@ -296,7 +320,10 @@ class Admin(BrokerCore):
         args: list[Any] = [dead_id, GROUP, batch_key, priority, PRIORITY_AGE_MS]
         for header, payload, n in requests:
             args += [header, payload, n]
-        script_keys = [keys.dead, stream, keys.queued, keys.seen, keys.ready, keys.wake, keys.depth]
+        script_keys = [
+            *(keys.dead, stream, keys.queued, keys.seen, keys.ready, keys.wake, keys.depth),
+            keys.pdepth,
+        ]
         with redis_errors(self.url):
             new_ids = self._replay(keys=script_keys, args=args)
         return [text(i) for i in new_ids] if new_ids else None

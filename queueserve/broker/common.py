@@ -88,7 +88,8 @@ def enqueue_arguments(
     """KEYS and ARGV of enqueue.lua for these requests: each stream's batch key and priority
     once, then four values per request; then, for ``jobs`` (broker/jobs.py's JobAt), their
     records' keys and what enqueue.lua writes there (not on a cluster: the records are in
-    other slots)."""
+    other slots). The per-priority counter goes last of all KEYS (enqueue.lua knows it by its
+    name, so callers that predate it still work)."""
     streams: dict[tuple[str, int], int] = {}
     per_request: list[Any] = []
     for batch_key, n, header, payload, priority in requests:
@@ -101,12 +102,12 @@ def enqueue_arguments(
         args += (batch_key, priority)
     script_keys = [keys.queued, keys.seen, keys.meta, keys.ready, keys.wake, keys.depth]
     script_keys += [keys.stream(key, priority) for key, priority in streams]
-    if not jobs:
-        return script_keys, args + per_request
-    script_keys += [key for _, key, _ in jobs]
-    per_request += (keys.name, LIVE_TTL_MS)
-    for index, _, keep_ms in jobs:
-        per_request += (index + 1, keep_ms)
+    if jobs:
+        script_keys += [key for _, key, _ in jobs]
+        per_request += (keys.name, LIVE_TTL_MS)
+        for index, _, keep_ms in jobs:
+            per_request += (index + 1, keep_ms)
+    script_keys.append(keys.pdepth)
     return script_keys, args + per_request
 
 
@@ -154,9 +155,10 @@ def cancel_arguments(
     keys: Keys, stream: str, entry_id: bytes, n: int
 ) -> tuple[list[str], list[Any]]:
     """KEYS and ARGV of cancel.lua."""
+    batch_key, priority = keys.parse_stream(stream)
     return (
-        [stream, keys.queued, keys.cancel, keys.depth],
-        [GROUP, entry_id, n, keys.batch_key_of(stream)],
+        [stream, keys.queued, keys.cancel, keys.depth, keys.pdepth],
+        [GROUP, entry_id, n, batch_key, priority],
     )
 
 

@@ -191,18 +191,19 @@ class Replies(Reads):
         commands: list[tuple[Any, ...]] = []
         for stream, runs in acks.items():
             shard = keys.shard_of(stream)
-            args: list[Any] = [GROUP, shard.batch_key_of(stream)]
+            args: list[Any] = [GROUP, *shard.parse_stream(stream)]  # batch key, priority
             for admitted, ids in runs.items():  # entries admitted with the same count
                 args += (admitted, len(ids), *ids)
             commands.append(
                 (
                     "EVALSHA",
                     self._ack.sha,
-                    4,
+                    5,
                     stream,
                     shard.queued,
                     shard.depth,
                     shard.active,
+                    shard.pdepth,
                     *args,
                 )
             )

@@ -83,6 +83,7 @@ class Board:
             if now_ms - beat <= alive_ms
         }
         items_by_key = {row.key: row.queued_items for row in self.fleet.summed_key_stats(shards)}
+        depths = self.fleet.queue_depths(shards)
         return {
             "name": name,
             "options": self.fleet.meta(keys),
@@ -90,14 +91,29 @@ class Board:
             "workers": [
                 _worker(w, beat, r, now_ms) for (w, beat), r in zip(workers, records, strict=True)
             ],
-            "queues": [
-                _queue(d, now_ms, items_by_key)
-                for d in self.fleet.queue_depths(shards)
-                if d.length or d.pending
-            ],
+            "queues": [_queue(d, now_ms, items_by_key) for d in depths if d.length or d.pending],
+            "priorities": self._priorities(shards, depths, now_ms),
             "dead_letters": sum(n for _, n in self.fleet.dead_letter_depths(shards)),
             "history": self._sampled(name, Sample(now, counters)),
         }
+
+    def _priorities(
+        self, shards: list[Keys], depths: list[StreamDepth], now_ms: int
+    ) -> list[dict[str, int]]:
+        """Per priority holding work: items admitted and not answered (every batch key) and
+        the age of the oldest request not answered."""
+        items: dict[int, int] = {}
+        for _, found in self.fleet.priority_items(shards):
+            for priority, n in found.items():
+                items[priority] = items.get(priority, 0) + n
+        oldest: dict[int, int] = {}
+        for d in depths:
+            if d.first_ms:
+                oldest[d.priority] = max(oldest.get(d.priority, 0), max(0, now_ms - d.first_ms))
+        return [
+            {"priority": p, "items": items.get(p, 0), "age_ms": oldest.get(p, 0)}
+            for p in sorted(items.keys() | oldest.keys())
+        ]
 
     def _sampled(self, name: str, sample: Sample) -> list[dict[str, float | None]]:
         """Keep ``sample`` (at most one per SAMPLE_EVERY_S) and the rates of the history."""

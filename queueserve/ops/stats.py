@@ -1,5 +1,6 @@
 """``queueserve stats``: per serving and batch key, what is queued (items, oldest item's age),
-in flight, read per second, and when the key last saw a request; consumers and dead letters.
+in flight, read per second, and when the key last saw a request; consumers and dead letters;
+then per serving and priority, the items queued and the oldest request's age.
 A sharded serving's shards are summed. Keys with work are all shown, idle ones only the last
 enqueued to (``STATS_RECENT_KEYS``), and a line counts the rest: with 100,000 idle keys the
 command reads what the busy ones hold, not every key."""
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections import Counter
 
 from queueserve.broker.admin import Admin, KeyStats
 from queueserve.settings import Settings
@@ -39,6 +41,25 @@ def format_row(name: str, row: KeyStats, rate: float, workers: int, dead: int, n
     )
 
 
+PRIORITY_HEADER = f"{'serving':<16} {'priority':>8} {'items':>8} {'oldest':>8}"
+
+
+def priority_lines(broker: Admin, name: str, of: list[Keys], now_ms: int) -> list[str]:
+    """Per priority holding work: items admitted and not answered (every batch key), and the
+    age of the oldest request not answered."""
+    items: Counter[int] = Counter()
+    for _, found in broker.priority_items(of):
+        items.update(found)
+    oldest: dict[int, int] = {}
+    for s in broker.queue_depths(of):
+        if s.first_ms:
+            oldest[s.priority] = max(oldest.get(s.priority, 0), max(0, now_ms - s.first_ms))
+    return [
+        f"{name:<16} {p:>8} {items[p]:>8} {ago(oldest[p]) if p in oldest else '-':>8}"
+        for p in sorted(set(items) | set(oldest))
+    ]
+
+
 def print_undeclared(broker: Admin, prefix: str) -> None:
     """Requests waiting on servings no worker ever declared: a misspelled name, or workers
     not started yet (clients with wait_for_worker=True)."""
@@ -68,6 +89,7 @@ def stats_command(args: argparse.Namespace) -> int:
         }
         time.sleep(args.interval)  # throughput = entries read over this interval
         print(HEADER)
+        by_priority = []
         for keys in servings:
             of = shards[keys.name]
             dead = sum(n for _, n in broker.dead_letter_depths(of))
@@ -80,6 +102,9 @@ def stats_command(args: argparse.Namespace) -> int:
             hidden = max(broker.known_keys(s) for s in of) - len(rows)
             if hidden > 0:
                 print(f"{keys.name:<16} ... and {hidden} more known batch keys, idle (not shown)")
+            by_priority += priority_lines(broker, keys.name, of, now_ms)
+        if by_priority:
+            print(f"\n{PRIORITY_HEADER}", *by_priority, sep="\n")
         return 0
     finally:
         broker.close()

@@ -20,6 +20,8 @@ each with the keys below; ``meta``, ``config`` and ``workers`` are read from sha
     P:{S}:wake        stream   one entry each time a stream becomes ready (MAXLEN ~ 100): idle
                                workers block on it instead of on every stream
     P:{S}:depth       hash     batch key -> items admitted and not yet acked
+    P:{S}:pdepth      hash     priority (0..9) -> items admitted and not yet acked, every key
+                               (deleted whole when ``queued`` reaches 0: drift goes with it)
     P:{S}:keys        set      (before wire 1 with priorities) batch keys; adopted into seen
     P:{S}:queued      string   items admitted and not yet acked (admission counter, max_queue)
     P:{S}:meta        hash     the serving's options in force, as workers declared them
@@ -99,6 +101,7 @@ LAYOUT: Final = (
     ("active", "zset"),
     ("wake", "stream"),
     ("depth", "hash"),
+    ("pdepth", "hash"),
     ("keys", "set"),
     ("queued", "string"),
     ("meta", "hash"),
@@ -225,6 +228,7 @@ class Keys:
         "keys",
         "meta",
         "name",
+        "pdepth",
         "prefix",
         "queued",
         "ready",
@@ -259,6 +263,7 @@ class Keys:
         self.active = f"{tag}:active"
         self.wake = f"{tag}:wake"
         self.depth = f"{tag}:depth"
+        self.pdepth = f"{tag}:pdepth"
         self._stream_prefix = f"{tag}:in:"
         self._priority_prefix = f"{tag}:p"
 

@@ -38,9 +38,9 @@ def _labelled_keys(
 class QueueCollector:
     """Per serving, read from Redis per scrape: entries waiting and pending per batch key (the
     declared keys and the ``key_labels`` keys holding the most entries, the rest summed under
-    ``key="other"``), entries waiting and the oldest unanswered request's age per priority,
-    items admitted and not answered (every key and priority: what KEDA scales on), and dead
-    letters. Only streams holding entries are read."""
+    ``key="other"``), per priority the items admitted and not answered, the entries waiting and
+    the oldest unanswered request's age, items admitted and not answered (every key and
+    priority: what KEDA scales on), and dead letters. Only streams holding entries are read."""
 
     def __init__(
         self,
@@ -64,6 +64,7 @@ class QueueCollector:
             shards = [s for keys in self.keys for s in self.broker.shards(keys)]
             streams = self.broker.queue_depths(shards)
             items = self.broker.queued_items(shards)
+            by_priority = self.broker.priority_items(shards)
             dead_letters = self.broker.dead_letter_depths(shards)
         except RedisUnavailable as e:
             log.warning("metrics: %s", e)
@@ -80,6 +81,17 @@ class QueueCollector:
                 pending.add_metric([name, key], held)
         yield from (depth, pending)
         yield from self._by_priority(streams)
+        priority_items = Gauge(
+            "queueserve_priority_queued_items",
+            "Items admitted and not yet answered, per priority (every batch key)",
+            labels=["serving", "priority"],
+        )
+        per_priority: Counter[tuple[str, int]] = Counter()
+        for keys, found in by_priority:  # shards summed
+            per_priority.update({(keys.name, p): n for p, n in found.items()})
+        for (name, priority), n in sorted(per_priority.items()):
+            priority_items.add_metric([name, str(priority)], n)
+        yield priority_items
         queued = Gauge(
             "queueserve_queued_items",
             "Items admitted and not yet answered, of every batch key and priority",
@@ -107,7 +119,8 @@ class QueueCollector:
 
         depth = Gauge(
             "queueserve_priority_queue_depth",
-            "Entries waiting to be read, per priority (every batch key)",
+            "Entries waiting to be read, per priority (every batch key; an entry holds one "
+            "request or a pack of them: queueserve_priority_queued_items counts items)",
             labels=["serving", "priority"],
         )
         age = Gauge(

@@ -268,7 +268,7 @@ def problems_after(
 ) -> list[str]:
     """Then every valid request was answered with its own result and ran exactly once, no
     thread died, no partition exited, every serving (the victim included) answers again, and
-    the admission counters and depth hashes are back at zero."""
+    the admission counters and depth hashes are back at zero (the per-priority ones gone)."""
     problems = (
         [f"{len(tally.wrong)} valid requests failed: {tally.wrong[:20]}"] if tally.wrong else []
     )
@@ -299,11 +299,15 @@ def problems_after(
                 lambda k=keys: (
                     int(r.get(k.queued) or 0) == 0  # type: ignore[misc]
                     and all(int(v) == 0 for v in r.hvals(k.depth))
+                    and not r.exists(k.pdepth)  # deleted when queued reaches 0
                 ),
-                f"{name}'s admission counter and depth hash at zero",
+                f"{name}'s admission counter and depth hash at zero, no priority counts",
             )
         except AssertionError as e:
-            return [f"{e}: queued {r.get(keys.queued)!r}, depth {r.hgetall(keys.depth)!r}"]
+            return [
+                f"{e}: queued {r.get(keys.queued)!r}, depth {r.hgetall(keys.depth)!r}, "
+                f"pdepth of type {r.type(keys.pdepth)!r}"
+            ]
     return []
 
 

@@ -56,6 +56,7 @@ class Producer:
             f"{tag}:wake",
             f"{tag}:depth",
             stream,
+            f"{tag}:pdepth",
         ]
         args = [
             0,

@@ -44,10 +44,13 @@ def cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
 
 def enqueue(broker: RedisBroker, keys: P.Keys, batch_key: str, n: int) -> list[bytes]:
     """``n`` one-item request entries on one stream, with the bookkeeping enqueue.lua keeps
-    (the key's last-seen time and queued items), and a group already made."""
+    (the key's last-seen time, queued items per key and priority, and in all), and a group
+    already made."""
     stream = keys.stream(batch_key)
     broker.redis.zadd(keys.seen, {batch_key: int(time.time() * 1000)})
     broker.redis.hincrby(keys.depth, batch_key, n)
+    broker.redis.hincrby(keys.pdepth, "0", n)
+    broker.redis.incrby(keys.queued, n)
     broker.ensure_group(stream)
     return [
         broker.redis.xadd(stream, {"h": b"header", "p": b"payload", "a": b"1"}) for _ in range(n)
@@ -74,13 +77,24 @@ COLUMNS = [
 def rows(out: str) -> dict[tuple[str, str], list[str]]:
     """The table `stats` prints, by (serving, batch key), without the two clock-dependent
     columns (oldest item's age, last seen), which ``ages`` returns."""
-    lines = out.strip().splitlines()
+    lines = out.strip().split("\n\n")[0].splitlines()
     assert lines[0].split() == COLUMNS
     return {(c[0], c[1]): c[2:5] + c[7:] for c in (line.split() for line in lines[1:])}
 
 
 def ages(out: str) -> dict[tuple[str, str], list[str]]:
-    return {(c[0], c[1]): c[5:7] for c in (line.split() for line in out.strip().splitlines()[1:])}
+    lines = out.strip().split("\n\n")[0].splitlines()[1:]
+    return {(c[0], c[1]): c[5:7] for c in (line.split() for line in lines)}
+
+
+def by_priority(out: str) -> dict[tuple[str, str], str]:
+    """The second table `stats` prints: items queued by (serving, priority); {} when none."""
+    tables = out.strip().split("\n\n")
+    if len(tables) < 2:
+        return {}
+    lines = tables[1].splitlines()
+    assert lines[0].split() == ["serving", "priority", "items", "oldest"]
+    return {(c[0], c[1]): c[2] for c in (line.split() for line in lines[1:])}
 
 
 def sampling(sleep: Callable[[float], None]) -> types.SimpleNamespace:
@@ -116,6 +130,8 @@ def test_stats_shows_waiting_pending_lag_throughput_workers_and_dead_letters(
         ("square", "big"): ["1", "1", "0", "0.0", "1", "1"],
         ("square", "default"): ["6", "1", "4", "1.5", "1", "1"],
     }
+    # and the items queued by priority, every key
+    assert by_priority(out) == {("square", "0"): "7"}
     # with the oldest item's age and when the key was last enqueued to, both just now
     for oldest, seen in ages(out).values():
         assert oldest.endswith(("ms", "s")) and seen.endswith(("ms", "s"))

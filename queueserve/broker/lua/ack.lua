@@ -4,9 +4,11 @@
 -- KEYS[3]  P:{S}:depth    per batch key admission counter
 -- KEYS[4]  P:{S}:active   streams that may hold pending entries: KEYS[1] leaves it once
 --          nothing is pending there, so reclaim looks only at streams with work
+-- KEYS[5]  P:{S}:pdepth   per priority admission counter
 -- ARGV[1]  consumer group
 -- ARGV[2]  batch key of the stream
--- ARGV[3..] runs of entries admitted with the same item count (their 'a' field; 0 for entries
+-- ARGV[3]  priority of the stream
+-- ARGV[4..] runs of entries admitted with the same item count (their 'a' field; 0 for entries
 --           written without enqueue.lua, which never counted): count, number of ids, the ids
 -- An entry already acked (by a worker that reclaimed it, which also deleted it) releases
 -- nothing, so the counter never drops twice for one request; it never drops below zero.
@@ -14,7 +16,7 @@
 local ids = {}
 local counts = {}
 local total = 0
-local i = 3
+local i = 4
 while i <= #ARGV do
   local n, k = tonumber(ARGV[i]), tonumber(ARGV[i + 1])
   for j = i + 2, i + 1 + k do
@@ -46,8 +48,20 @@ end
 -- script that failed here made the replier send its replies again, for every ack of the key.
 if released > 0 then
   local left = redis.pcall('DECRBY', KEYS[2], released)
-  if type(left) ~= 'number' or left < 0 then redis.call('SET', KEYS[2], 0) end
+  if type(left) ~= 'number' or left < 0 then
+    redis.call('SET', KEYS[2], 0)
+    left = 0
+  end
   local depth = redis.pcall('HINCRBY', KEYS[3], ARGV[2], -released)
   if type(depth) ~= 'number' or depth <= 0 then redis.pcall('HDEL', KEYS[3], ARGV[2]) end
+  if left == 0 then
+    -- Nothing admitted is left unacked: what the hash still holds is drift (enqueues by
+    -- callers that predate it count nothing there, acks by workers that predate it release
+    -- nothing there), so it goes whole, of whatever type
+    redis.call('DEL', KEYS[5])
+  else
+    local n = redis.pcall('HINCRBY', KEYS[5], ARGV[3], -released)
+    if type(n) ~= 'number' or n <= 0 then redis.pcall('HDEL', KEYS[5], ARGV[3]) end
+  end
 end
 return acked

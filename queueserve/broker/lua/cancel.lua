@@ -6,6 +6,8 @@
 -- ARGV[2]  entry id
 -- ARGV[3]  item count
 -- KEYS[4], ARGV[4]  (optional) P:{S}:depth and the stream's batch key: released there too
+-- KEYS[5], ARGV[5]  (optional, with KEYS[4]) P:{S}:pdepth and the stream's priority: released
+--          there too (the whole hash goes when nothing admitted is left, as ack.lua does)
 -- Returns 1 when the entry was removed before any delivery (it will never run), 0 when a worker
 -- holds it already (it is dropped unless its batch is running) or it is gone.
 -- No consumer group yet (NOGROUP) means no worker has read anything from this stream.
@@ -25,9 +27,17 @@ if type(pending) == 'table' and pending.err == nil and #pending > 0 then
   return 0
 end
 if redis.call('XDEL', KEYS[1], ARGV[2]) == 1 then
-  redis.call('DECRBY', KEYS[2], tonumber(ARGV[3]))
+  local left = redis.call('DECRBY', KEYS[2], tonumber(ARGV[3]))
   if KEYS[4] and redis.call('HINCRBY', KEYS[4], ARGV[4], -tonumber(ARGV[3])) <= 0 then
     redis.call('HDEL', KEYS[4], ARGV[4])
+  end
+  if KEYS[5] then  -- a field holding no count (anyone may write one) is reset, as ack.lua does
+    if left <= 0 then
+      redis.call('DEL', KEYS[5])
+    else
+      local n = redis.pcall('HINCRBY', KEYS[5], ARGV[5], -tonumber(ARGV[3]))
+      if type(n) ~= 'number' or n <= 0 then redis.pcall('HDEL', KEYS[5], ARGV[5]) end
+    end
   end
   return 1
 end

@@ -21,6 +21,10 @@
 -- record of each admitted job is written here, where its entry is, in the same atomic step
 -- (a refused one gets none). On a Redis Cluster the records live in other slots: clients
 -- there write them around the enqueue instead (job_new.lua, job_placed.lua).
+-- Per priority (optional): the last of all KEYS may be P:{S}:pdepth (hash priority -> items
+-- admitted and not yet acked), known by its name: KEYS[6]'s with 'pdepth' for 'depth'. The
+-- admitted items are counted there per stream's priority; a caller that leaves it out (one
+-- written before it) still enqueues, and its items are missing from that count only.
 -- Returns {limit, queued, r1, r2, ...}: ri is the stream entry id, or 0 when request i was
 -- rejected because admitting it would pass max_queue items.
 -- When the workers declared pack_items (KEYS[3]), the admitted requests of one stream go in
@@ -53,10 +57,16 @@ local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local admitted = 0
 local per_key = {}
+local per_priority = {}
 local registered = {}
 local out = {limit, 0}
 local streams = tonumber(ARGV[4])
-local jobs = #KEYS - 6 - streams
+local pdepth = KEYS[#KEYS]
+if #KEYS <= 6 + streams or string.sub(KEYS[6], -5) ~= 'depth'
+    or pdepth ~= string.sub(KEYS[6], 1, -6) .. 'pdepth' then
+  pdepth = nil
+end
+local jobs = #KEYS - 6 - streams - (pdepth and 1 or 0)
 local job_args = jobs > 0 and #ARGV - 2 * jobs - 2 or #ARGV  -- where the job values start
 local filling = {}  -- stream number -> its pack being filled: {items, members, at}
 
@@ -112,6 +122,8 @@ for i = 5 + 2 * streams, job_args, 4 do
     end
     admitted = admitted + n
     per_key[key] = (per_key[key] or 0) + n
+    local priority = tonumber(ARGV[4 + 2 * s])
+    per_priority[priority] = (per_priority[priority] or 0) + n
   end
 end
 for s = 1, streams do write(s) end
@@ -138,12 +150,23 @@ if admitted > 0 then
       redis.pcall('HSET', KEYS[6], key, n)
     end
   end
+  if pdepth then
+    -- Nothing was admitted and unacked before these: whatever the hash held was drift (acks
+    -- by workers that predate it, a forged field), of any type; it goes.
+    if queued == 0 then redis.call('DEL', pdepth) end
+    for priority, n in pairs(per_priority) do
+      if type(redis.pcall('HINCRBY', pdepth, priority, n)) ~= 'number' then
+        redis.pcall('HSET', pdepth, priority, n)
+      end
+    end
+  end
 end
 local function each_key(command, ...)
   for k = 1, 6 do
     if k ~= 3 then redis.call(command, KEYS[k], ...) end
   end
   for s = 1, streams do redis.call(command, KEYS[6 + s], ...) end
+  if pdepth then redis.call(command, pdepth, ...) end
 end
 if not declared then
   each_key('PEXPIRE', UNDECLARED_TTL_MS)

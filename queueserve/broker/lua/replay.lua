@@ -9,6 +9,7 @@
 -- KEYS[5]  P:{S}:ready    zset "<priority><batch key>" of streams with unread entries
 -- KEYS[6]  P:{S}:wake     stream that wakes idle workers
 -- KEYS[7]  P:{S}:depth    hash batch key -> items admitted and not yet acked
+-- KEYS[8]  P:{S}:pdepth   hash priority -> items admitted and not yet acked
 -- ARGV[1]  dead-letter entry id
 -- ARGV[2]  consumer group
 -- ARGV[3]  batch key of KEYS[2], ARGV[4] its priority, ARGV[5] ms one priority level is worth
@@ -42,10 +43,14 @@ for i = 6, #ARGV, 3 do
   ids[#ids + 1] = redis.call('XADD', KEYS[2], '*', 'h', ARGV[i], 'p', ARGV[i + 1],
                              'a', ARGV[i + 2])
 end
-redis.call('INCRBY', KEYS[3], items)
+local queued = redis.call('INCRBY', KEYS[3], items)
 -- A depth field that holds no count (anyone may write one) is reset, as enqueue.lua does
 if type(redis.pcall('HINCRBY', KEYS[7], key, items)) ~= 'number' then
   redis.pcall('HSET', KEYS[7], key, items)
+end
+if queued == items then redis.call('DEL', KEYS[8]) end  -- nothing else admitted: drift goes
+if type(redis.pcall('HINCRBY', KEYS[8], priority, items)) ~= 'number' then
+  redis.pcall('HSET', KEYS[8], priority, items)
 end
 redis.call('ZADD', KEYS[4], now, key)
 if redis.call('ZADD', KEYS[5], 'NX', now - priority * tonumber(ARGV[5]), priority .. key) == 1 then

@@ -72,7 +72,7 @@ async function readDeadLetters(name) {
 function servingSection(s) {
   const last = s.history.length ? s.history[s.history.length - 1] : null;
   const items = s.workers.reduce((n, w) => n + w.items, 0);
-  const waiting = s.queues.reduce((n, q) => n + q.entries - q.pending, 0);
+  const queued = s.priorities.reduce((n, p) => n + p.items, 0);
   const oldest = s.queues.reduce((n, q) => Math.max(n, q.age_ms), 0);
   const figure = (cls, value, label) => el("div", { class: `figure ${cls}` }, el("b", {}, value), el("span", {}, label));
   const options = el("div", { class: "options" }, ...Object.entries(s.options).sort().map(([k, v]) =>
@@ -93,7 +93,7 @@ function servingSection(s) {
       figure("throughput", last ? last.items_per_s.toFixed(1) : "–", "items/s"),
       figure("batch-size", last && last.batch_size !== null ? last.batch_size.toFixed(1) : "–", "mean batch size"),
       figure("items-run", items, "items run (alive workers)"),
-      figure("waiting", waiting, "entries waiting"),
+      figure("queued", queued, "items queued"),
       figure("oldest", ago(oldest), "oldest waiting"),
       figure("dead", s.dead_letters, "dead letters")),
     options,
@@ -105,6 +105,10 @@ function servingSection(s) {
         ["consumer", "host", "pid", "partition", "device", "heartbeat", "batches", "items"],
         s.workers.map((w) => [w.id, w.host, w.pid, w.partition, w.device, ago(w.heartbeat_age_ms), w.batches, w.items]),
         [0, 0, 1, 1, 0, 1, 1, 1])),
+      el("div", {}, el("h3", {}, "queued by priority"), table(
+        ["priority", "items", "oldest"],
+        s.priorities.map((p) => [p.priority, p.items, ago(p.age_ms)]),
+        [1, 1, 1])),
       el("div", {}, el("h3", {}, "queues by key and priority"), table(
         ["key", "priority", "entries", "read, not done", "items of key", "oldest"],
         s.queues.map((q) => [q.key, q.priority, q.entries, q.pending, q.key_items, ago(q.age_ms)]),

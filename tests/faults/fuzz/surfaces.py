@@ -353,6 +353,14 @@ def depth_field(t: Target, value: bytes) -> None:
     t.note(keys.depth, name)
 
 
+def pdepth_field(t: Target, value: bytes) -> None:
+    """A hostile count for a priority (with traffic or without), or a hostile field name."""
+    keys = t.keys(t.rng.choice(VALID))
+    name = t.rng.choice((b"0", str(t.rng.randrange(1, 10)).encode(), b"fuzzp" + value[:32], value))
+    t.r.hset(keys.pdepth, name, value)
+    t.note(keys.pdepth, name)
+
+
 def legacy_key(t: Target, value: bytes) -> None:
     keys = t.keys(t.rng.choice(VALID))
     t.r.sadd(keys.keys, value)
@@ -621,6 +629,14 @@ SURFACES: tuple[Surface, ...] = (
         (
             Attack("field", depth_field),
             _wrong_type("depth", lambda t: t.victim.depth),
+        ),
+    ),
+    Surface(
+        "pdepth",
+        "enqueue.lua, ack.lua, cancel.lua, replay.lua; metrics, stats, dashboard",
+        (
+            Attack("field", pdepth_field),
+            _wrong_type("pdepth", lambda t: t.victim.pdepth),
         ),
     ),
     Surface(
