@@ -24,12 +24,15 @@ class DeadLetter(NamedTuple):
     """An entry to copy to its shard's dead-letter stream, with why (each of ``records``: one
     for an entry, one per request of a pack that fails). ``ack_now`` acks and deletes the
     entry too, for entries nobody can be answered for; otherwise the replier acks it after
-    telling the caller."""
+    telling the caller. ``released``: the items enqueue.lua admitted it with, given back to
+    the admission counters when it is acked now (ack.lua), so an entry nobody can answer does
+    not hold ``max_queue`` room for ever."""
 
     stream: str
     entry_id: bytes
     records: Sequence[Mapping[str, Any]]
     ack_now: bool
+    released: int = 0
 
 
 class Consumer(Replies):
@@ -131,7 +134,7 @@ class Consumer(Replies):
         at_ms = int(time.time() * 1000)
         with redis_errors(self.url):
             pipe = self.redis.pipeline(transaction=False)
-            for stream, entry_id, records, ack_now in letters:
+            for stream, entry_id, records, ack_now, released in letters:
                 dead = keys.shard_of(stream).dead  # the stream's shard: one slot
                 for record in records:
                     fields: dict[Any, Any] = {
@@ -141,10 +144,17 @@ class Consumer(Replies):
                         **record,
                     }
                     pipe.xadd(dead, fields)
-                if ack_now:
+                if ack_now and not released:
                     pipe.xack(stream, GROUP, entry_id)
                     pipe.xdel(stream, entry_id)
             pipe.execute()
+            for stream, entry_id, _, ack_now, released in letters:
+                if ack_now and released:  # rare: one script call each (it loads when missing)
+                    shard = keys.shard_of(stream)
+                    self._ack(
+                        keys=[stream, shard.queued, shard.depth, shard.active, shard.pdepth],
+                        args=[GROUP, *shard.parse_stream(stream), released, 1, entry_id],
+                    )
 
     def clear_junk_bookkeeping(self, keys: Keys) -> list[str]:
         """Delete those of a serving's bookkeeping keys (never its streams) that hold another

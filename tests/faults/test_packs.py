@@ -263,3 +263,50 @@ def test_a_pack_dead_lettered_whole_is_replayed_request_by_request(
         letters.replay(junk_id)
     assert [i.decode() for i, _ in redis_client.xrange(keys.dead)] == [junk_id]
     broker.close()
+
+
+@pytest.mark.parametrize(
+    "members",
+    [
+        ["bad"],  # one entry whose header nobody can read: no one to answer
+        ["bad", "bad", "bad"],  # a pack of such requests: none left to answer
+        ["bad", "a", "b"],  # a pack with answerable requests: acked after their answers
+    ],
+)
+def test_requests_nobody_can_answer_give_their_admitted_items_back(
+    members: list[str],
+    start_worker: StartWorker,
+    redis_client: redis.Redis,
+    redis_url: str,
+    prefix: str,
+) -> None:
+    # Given a worker reading packs, and a backlog counted elsewhere (ack.lua clamps at 0)
+    serving = qs.Serving(lambda xs: [f"r:{x}" for x in xs], name="owed", batch_size=8)
+    start_worker(serving)
+    keys = Keys(prefix, "owed")
+    redis_client.set(keys.queued, BACKLOG)
+    inbox = RawInbox(redis_client, prefix)
+
+    # When requests of two items each are enqueued, some with a header that is no msgpack
+    sent = [
+        (
+            "default",
+            2,
+            b"\xc1" if m == "bad" else header(i + 1, 2, inbox.key),
+            msgpack.packb([m, m]),
+            0,
+        )
+        for i, m in enumerate(members)
+    ]
+    RedisBroker(redis_url).enqueue(keys, sent, 0)
+    assert int(redis_client.get(keys.queued)) == BACKLOG + 2 * len(members)
+
+    # Then the unreadable ones are dead-lettered, the others answered, the entry acked, and
+    # every admitted item is given back: a producer's bad entry holds no max_queue room
+    good = [i + 1 for i, m in enumerate(members) if m != "bad"]
+    if good:
+        wait_until(lambda: inbox.answered(good), "the readable requests answered")
+    wait_until(lambda: redis_client.xlen(stream_key(prefix, "owed")) == 0, "the entry acked")
+    wait_until(lambda: int(redis_client.get(keys.queued)) == BACKLOG, "the items given back")
+    letters = DeadLetters(RedisBroker(redis_url), prefix, "owed").records()
+    assert len(letters) == members.count("bad")

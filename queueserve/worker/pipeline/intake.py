@@ -187,6 +187,7 @@ class Intake:
             )
             if decoded.request is None:
                 orphans.append((fields, decoded.reason))
+                pack.admitted += admitted(fields)  # released with the pack's ack
                 continue
             _join(decoded.request, pack)
             if isinstance(decoded, Rejected):
@@ -195,15 +196,16 @@ class Intake:
                 slices += [(key, piece) for piece in decoded.slices]
                 rows += _item_errors(decoded)
         if orphans:
-            out.dead.append(self._orphans(entry, orphans, ack_now=pack.left == 0))
+            out.dead.append(self._orphans(entry, orphans, pack))
 
     def _orphans(
-        self, entry: Entry, orphans: list[tuple[dict[bytes, bytes], str]], ack_now: bool
+        self, entry: Entry, orphans: list[tuple[dict[bytes, bytes], str]], pack: Pack
     ) -> DeadLetter:
         """The requests of a pack that nobody can be told of, as one dead letter of a record
         each (a pack of a thousand forged requests costs the reader one round trip, not a
-        thousand); the pack is acked with them when none of its requests is left to answer
-        (``ack_now``)."""
+        thousand). When none of its requests is left to answer the pack is acked now, and its
+        items given back; otherwise the replier acks it after the last answer, giving back
+        the orphans' items too (``pack.admitted`` counts them)."""
         log.warning(
             "serving %s: %d requests of pack %s of %s rejected, the first: %s",
             self.serving.name,
@@ -221,7 +223,10 @@ class Intake:
             for fields, reason in orphans
         ]
         self.middleware.dead_lettered(self.serving, len(records))
-        return DeadLetter(entry.stream, entry.entry_id, records, ack_now)
+        ack_now = pack.left == 0
+        return DeadLetter(
+            entry.stream, entry.entry_id, records, ack_now, pack.admitted if ack_now else 0
+        )
 
     def _rejected_pack(self, entry: Entry, why: str) -> DeadLetter:
         """A pack dead-lettered whole, unread: it is not a pack as enqueue.lua writes one."""
@@ -246,7 +251,7 @@ class Intake:
         )
         self.middleware.dead_lettered(self.serving, 1)  # counted as every dead letter is
         record = {"reason": reason, "deliveries": entry.deliveries, **_raw(entry)}
-        return DeadLetter(entry.stream, entry.entry_id, [record], True)
+        return DeadLetter(entry.stream, entry.entry_id, [record], True, admitted(entry.fields))
 
     def _reject(self, entry: Entry, rejected: Rejected, out: Decisions) -> None:
         request = rejected.request
@@ -286,7 +291,12 @@ class Intake:
             "claimed_by": self.consumer,
             **_raw(entry),
         }
-        out.dead.append(DeadLetter(entry.stream, entry.entry_id, [record], request is None))
+        if request is None:  # nobody to answer: acked now, its items given back
+            out.dead.append(
+                DeadLetter(entry.stream, entry.entry_id, [record], True, admitted(entry.fields))
+            )
+            return
+        out.dead.append(DeadLetter(entry.stream, entry.entry_id, [record], False))
         if request is not None:  # the replier answers, then acks and releases its items
             message = f"{reason}; it was moved to the dead-letter stream {dead}"
             out.rows.append((request, 0, request.n, P.ERROR, dead_lettered(message)))
@@ -298,6 +308,17 @@ def _item_errors(decoded: Accepted) -> list[Row]:
         (decoded.request, offset, 1, P.ERROR, error_body(ValueError(reason), P.ERR_BAD_REQUEST))
         for offset, reason in decoded.rejected_items
     ]
+
+
+def admitted(fields: dict[bytes, bytes]) -> int:
+    """The items enqueue.lua admitted an entry (or a pack's request) with, its 'a', for an
+    entry dropped unanswered; 0 when forged: released from the admission counters, it may not
+    pass the bytes that hold its items (each takes one at least: 'p', or a pack's 'k')."""
+    raw = fields.get(b"a", b"")
+    body = fields.get(b"p", fields.get(b"k", b""))
+    if not raw.isdigit() or len(raw) > 12 or int(raw) > len(body):
+        return 0
+    return int(raw)
 
 
 def _join(request: Request, pack: Pack) -> None:
