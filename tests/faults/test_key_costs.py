@@ -201,11 +201,13 @@ def test_stats_over_20000_idle_keys_read_the_keys_with_work_and_the_latest_idle_
     # Then it shows the busy key and the 19 idle keys enqueued to last, counts the others, and
     # read the streams of those 20 keys alone (twice: before and after its interval), not of
     # all 20,001 (400,020 XINFO GROUPS calls before)
-    lines = capsys.readouterr().out.splitlines()
+    by_key, by_priority = capsys.readouterr().out.split("\n\n")  # two tables
+    lines = by_key.splitlines()
     rows = {line.split()[1]: line.split() for line in lines[1:] if "..." not in line}
     assert rows["busy"][2:4] == ["2", "1"]  # items queued, entries waiting
     assert len(rows) == 20 and "idle019999" in rows and "idle019980" not in rows
     assert "and 19981 more known batch keys, idle (not shown)" in lines[-1]
+    assert by_priority.splitlines()[1].split()[:3] == ["st", "0", "2"]  # priority 0: 2 items
     looks = command_calls(private_redis, "xinfo|groups")
     assert 0 < looks <= 2 * 20 * (P.MAX_PRIORITY + 1), looks
 
