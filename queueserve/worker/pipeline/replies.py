@@ -129,7 +129,7 @@ def compose(rows: list[Row], codec: Codec, max_bytes: int) -> Composed:
             if request.events:
                 row += request.stream_tail()
             messages[request.reply_to].append(row)
-            if request.fields is not None:
+            if request.fields is not None and "job" in request.fields:
                 _keep(jobs, request, row)
         request.remaining -= count
         if request.remaining <= 0:
