@@ -216,32 +216,38 @@ class CharTF(qs.StepServing):
 
     @torch.inference_mode()
     def decode(self, states: list[State]) -> list[Any]:
-        out: list[Any] = [qs.END] * len(states)
-        live = [j for j, s in enumerate(states) if not s.finished()]
-        by_age = sorted(live, key=lambda j: states[j].serial)
-        running = [states[j] for j in by_age if states[j].table is not None]
-        waiting = [states[j] for j in by_age if states[j].table is None]
-        running, preempted = self._make_room(running)
-        if not preempted:  # blocks were short this step: nothing new starts
-            started = self._admit(waiting)
-            self._compute(started)
-            running = sorted(running + started, key=lambda s: s.serial)
-        for j in live:
-            out[j] = qs.NO_OUTPUT
+        out: list[Any] = [qs.NO_OUTPUT] * len(states)
+        live: list[tuple[int, int]] = []  # (serial, index in states) of the unfinished
+        for j, s in enumerate(states):
+            if s.finished():
+                out[j] = qs.END
+            else:
+                live.append((s.serial, j))
+        live.sort()  # oldest first; states mostly come in that order already
+        running = [j for _, j in live if states[j].table is not None]
+        waiting = [j for _, j in live if states[j].table is None]
+        running, preempted = self._make_room(states, running)
+        if waiting and not preempted:  # blocks were short this step: nothing new starts
+            started = self._admit([states[j] for j in waiting])
+            if started:
+                self._compute(started)
+                running = sorted(running + waiting[: len(started)], key=lambda j: states[j].serial)
         if not running:
             return out
-        picks = self._sample(running, self._forward(running))
+        seqs = [states[j] for j in running]
+        picks = self._sample(seqs, self._forward(seqs))
         # Every step computed before any state changes (but preemption and admission, which
         # leave valid states): a failed call can be re-run in halves.
-        index = {id(states[j]): j for j in live}
-        for s, pick in zip(running, picks, strict=True):
-            assert s.table is not None
-            s.table.stored(1)
+        for j, s, pick in zip(running, seqs, picks, strict=True):
+            table = s.table
+            assert table is not None
+            table.stored(1)
             s.tokens.append(pick)
-            s.made += VOCAB[pick]
-            out[index[id(s)]] = VOCAB[pick]
+            char = VOCAB[pick]
+            s.made += char
+            out[j] = char
             if s.finished():  # its last character: nothing more to attend over
-                s.table.release()
+                table.release()
                 s.table = None
                 self._running.discard(s)
         return out
@@ -271,21 +277,22 @@ class CharTF(qs.StepServing):
             started.append(s)
         return started
 
-    def _make_room(self, running: list[State]) -> tuple[list[State], bool]:
-        """Room for each running sequence's next position, oldest first; when the pool is
-        short, the newest gives its blocks back (it may be the one asking). The sequences
-        still running, and whether any was preempted."""
+    def _make_room(self, states: list[State], running: list[int]) -> tuple[list[int], bool]:
+        """Room for the next position of each running sequence (``running``: indexes in
+        ``states``, oldest first); when the pool is short, the newest gives its blocks back
+        (it may be the one asking). The indexes still running, and whether any was
+        preempted."""
         kept = list(running)
         preempted = False
         i = 0
         while i < len(kept):
-            table = kept[i].table
+            table = states[kept[i]].table
             assert table is not None
             try:
                 table.reserve(1)
                 i += 1
             except PoolExhausted:
-                self._preempt(kept.pop())
+                self._preempt(states[kept.pop()])
                 preempted = True
         return kept, preempted
 
@@ -389,20 +396,40 @@ class CharTF(qs.StepServing):
     def _forward(self, seqs: list[State]) -> torch.Tensor:
         """One position of each sequence (its last token), attending over its own blocks:
         the logits of its next token."""
-        net = self.net
-        tables = []
+        net, size, n = self.net, self.block_size, len(seqs)
+        pos: list[int] = []
+        tokens: list[int] = []
+        where: list[int] = []
+        tables: list[list[int]] = []
         for s in seqs:
-            assert s.table is not None
-            tables.append(s.table)
-        pos = [t.length for t in tables]
-        positions = torch.tensor(pos, device=self.device)
-        ids = torch.tensor([s.tokens[-1] for s in seqs], device=self.device)
-        size = self.block_size
-        slots = torch.tensor(
-            [t.blocks[p // size] * size + p % size for t, p in zip(tables, pos, strict=True)],
-            device=self.device,
-        )
-        groups = [self._group(rows, tables, pos, positions) for rows in self._by_length(pos)]
+            table = s.table
+            assert table is not None
+            p = table.length
+            pos.append(p)
+            tokens.append(s.tokens[-1])
+            where.append(table.blocks[p // size] * size + p % size)
+            tables.append(table.blocks)
+        # Everything the step indexes with goes to the device as one tensor: on CUDA each
+        # torch.tensor made from a list is a synchronous copy of its own, and the CPU waits.
+        flat = pos + tokens + where
+        shapes: list[tuple[int, int, int]] = []  # per group: rows, longest, blocks
+        for rows in self._by_length(pos):
+            longest = max(pos[r] for r in rows) + 1
+            count = math.ceil(longest / size)
+            flat += rows
+            flat += [pos[r] for r in rows]
+            flat += [b for r in rows for b in tables[r][:count] + [0] * (count - len(tables[r]))]
+            shapes.append((len(rows), longest, len(rows) * count))
+        host = torch.tensor(flat, device=self.device)
+        positions, ids, slots = host[:n], host[n : 2 * n], host[2 * n : 3 * n]
+        groups: list[_Group] = []
+        at = 3 * n
+        for count, longest, blocks in shapes:
+            index, row_pos = host[at : at + count], host[at + count : at + 2 * count]
+            at += 2 * count
+            seen = torch.arange(longest, device=self.device)[None, :] <= row_pos[:, None]
+            groups.append(_Group(index, longest, host[at : at + blocks], seen[:, None, None, :]))
+            at += blocks
         x = net.embed(ids, positions)
         for layer in range(net.layers):
             q, k, v = net.qkv(layer, x)
@@ -424,16 +451,6 @@ class CharTF(qs.StepServing):
         for row, p in enumerate(pos):
             groups.setdefault((p // self.block_size).bit_length(), []).append(row)
         return list(groups.values())
-
-    def _group(
-        self, rows: list[int], tables: list[BlockTable], pos: list[int], positions: torch.Tensor
-    ) -> _Group:
-        longest = max(pos[r] for r in rows) + 1
-        index = torch.tensor(rows, device=self.device)
-        seen = (torch.arange(longest, device=self.device)[None, :] <= positions[index][:, None])[
-            :, None, None, :
-        ]
-        return _Group(index, longest, self._index([tables[r].blocks for r in rows], longest), seen)
 
     def _attend_group(self, layer: int, q: torch.Tensor, group: _Group) -> torch.Tensor:
         keys, values = self._gather(layer, group.blocks, len(q), group.longest)

@@ -158,6 +158,11 @@ class BlockTable:
         """Room for the next ``positions`` positions: new blocks at the end, and a private copy
         of the last block if it is shared and will be written (copy on write). All or
         nothing: PoolExhausted leaves the table as it was."""
+        size = self.pool.block_size
+        if self.length + positions <= len(self.blocks) * size and (
+            self.length % size == 0 or self.pool.refs[self.blocks[-1]] == 1
+        ):
+            return  # room already there, nothing shared written: most decode steps
         need = self.needs(positions)
         if need > self.pool.free:
             raise PoolExhausted(f"{need} blocks needed, {self.pool.free} free")

@@ -147,10 +147,9 @@ class StepExecutor:
         a request larger than the new slots would never join, and everything behind it would
         wait for ever. So what the reader would now split is split, and everything waiting is
         measured again: what can never fit now gets BadRequest (``_measure``)."""
-        limits = Limits.of(self.serving)
-        if limits == self.scheduler.limits:
+        if self.scheduler.limits.hold_for(self.serving):
             return
-        self.scheduler.limits = limits
+        self.scheduler.limits = Limits.of(self.serving)
         self.queue.refit()
         for w in self.queue.waiting:
             w.budget = -1
@@ -302,14 +301,16 @@ class StepExecutor:
         rows: list[Row] = []
         by_key: dict[str, list[tuple[Member, int]]] = {}
         for m in self.running:  # each member's sequences together, in item order
-            seqs = by_key.setdefault(m.key, [])
-            if len(m.ended) == 1:
-                if not m.ended[0]:
-                    seqs.append((m, 0))
-            else:
-                seqs += [(m, i) for i in m.live()]
-        for key in [key for key, seqs in by_key.items() if not seqs]:
-            del by_key[key]
+            ended = m.ended
+            if len(ended) == 1:  # most requests: one item
+                if not ended[0]:
+                    seqs = by_key.get(m.key)
+                    if seqs is None:
+                        by_key[m.key] = [(m, 0)]
+                    else:
+                        seqs.append((m, 0))
+            elif not all(ended):
+                by_key.setdefault(m.key, []).extend((m, i) for i in m.live())
         if not by_key:
             return rows
         for key, seqs in by_key.items():

@@ -56,6 +56,17 @@ class Limits:
             serving.max_waiting_steps,
         )
 
+    def hold_for(self, serving: StepServing) -> bool:
+        """Whether ``of(serving)`` would equal these (the executor asks every step: no
+        object made for it)."""
+        return (
+            serving.batch_size == self.max_slots
+            and serving.max_batch_tokens == self.max_batch_tokens
+            and serving.max_prefill_tokens == self.max_prefill_tokens
+            and serving.waiting_served_ratio == self.waiting_served_ratio
+            and serving.max_waiting_steps == self.max_waiting_steps
+        )
+
 
 @dataclass(eq=False, slots=True)
 class Waiting:
