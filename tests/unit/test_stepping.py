@@ -4,13 +4,16 @@ prefix cache, and the StepServing API run inline."""
 from __future__ import annotations
 
 from collections import deque
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 import queueserve as qs
+from queueserve.errors import RedisCommandError, RedisUnavailable
 from queueserve.worker.pipeline.batching import Request, Slice
 from queueserve.worker.pipeline.prefix_cache import PrefixCache
+from queueserve.worker.pipeline.step_executor import StepExecutor
 from queueserve.worker.pipeline.stepping import (
     CallerWatch,
     Limits,
@@ -244,3 +247,20 @@ def test_max_latency_is_refused_by_a_step_serving_and_says_what_bounds_the_join_
     with pytest.raises(TypeError, match=r"bound its wait to join with max_waiting_steps"):
         Count(max_latency=0.05)
     assert Count(max_latency=0).max_latency == 0  # off, as by default
+
+
+@pytest.mark.parametrize(
+    "error", [RedisUnavailable("Redis is down"), RedisCommandError("OOM command not allowed")]
+)
+def test_a_redelivery_the_stepper_cannot_count_is_logged_and_the_stepper_goes_on(
+    error: Exception, caplog: pytest.LogCaptureFixture
+) -> None:
+    def count_delivery(*_: object) -> None:
+        raise error
+
+    executor = StepExecutor.__new__(StepExecutor)  # what _count_delivery uses, alone
+    executor.broker = SimpleNamespace(count_delivery=count_delivery)  # type: ignore[assignment]
+    executor.consumer = "c1"
+    executor.serving = SimpleNamespace(name="gen")  # type: ignore[assignment]
+    executor._count_delivery(SimpleNamespace(stream="s", entry_id=b"1-0"))  # type: ignore[arg-type]
+    assert "could not count a redelivery" in caplog.text

@@ -29,7 +29,7 @@ from functools import partial
 from typing import Any
 
 from queueserve.broker.consumer import Consumer
-from queueserve.errors import RedisUnavailable
+from queueserve.broker.retry import RedisFailure
 from queueserve.hooks import END, NO_OUTPUT
 from queueserve.serving import Partition, Serving
 from queueserve.steps import StepServing
@@ -287,7 +287,7 @@ class StepExecutor:
     def _count_delivery(self, request: Request) -> None:
         try:
             self.broker.count_delivery(request.stream, self.consumer, request.entry_id)
-        except RedisUnavailable as e:
+        except RedisFailure as e:  # a reply error (OOM, READONLY) too: never the stepper's end
             log.warning("serving %s: could not count a redelivery: %s", self.serving.name, e)
 
     def _finish(self, m: Member) -> list[Row]:
