@@ -485,3 +485,29 @@ def test_a_bookkeeping_key_of_another_type_is_cleared_when_a_worker_starts(
     with qs.Client(redis_url, prefix=prefix) as client:
         assert answered(client, "junked") == REQUESTS
     assert redis_client.type(getattr(keys, kind)) != b"string"
+
+
+@pytest.mark.parametrize("forge", ["abc", "0x10", "-5", "list"])
+def test_an_admission_counter_holding_no_count_is_replaced_and_the_send_queued_once(
+    forge: str, redis_client: redis.Redis, redis_url: str, prefix: str
+) -> None:
+    # Given a serving whose admission counter someone overwrote with junk (or a list)
+    keys = Keys(prefix, "junkq")
+    redis_client.hset(keys.meta, mapping={"codec": "msgpack", "max_queue": "100"})
+    if forge == "list":
+        redis_client.rpush(keys.queued, "x")
+    else:
+        redis_client.set(keys.queued, forge)
+    # When a client sends a request of 3 items
+    with qs.Client(redis_url, prefix=prefix) as client:
+        client.submit("junkq", [1, 2, 3])
+        # Then it is queued once, and the counter holds its 3 items (no error after the XADD,
+        # which would have made the client send it again)
+        wait_until(
+            lambda: (
+                redis_client.type(keys.queued) == b"string"
+                and redis_client.get(keys.queued) == b"3"
+            ),
+            "the counter replaced",
+        )
+    assert redis_client.xlen(keys.stream("default")) == 1

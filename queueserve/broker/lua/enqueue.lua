@@ -51,7 +51,16 @@ local pack_items = declared_count('pack_items') or 0
 local UNDECLARED_TTL_MS = 3600000  -- options/serving.py's default key_idle_ttl
 local declared = redis.call('EXISTS', KEYS[3]) == 1
 local MAX_PACK_REQUESTS = 1024  -- protocol.MAX_PACK_REQUESTS (tests/faults/test_pack_limits.py)
-local queued = tonumber(redis.call('GET', KEYS[1]) or '0')
+-- The counter is a key anyone may write: one that holds no count, or a key of another type,
+-- counts as 0 and is replaced below, never an error after the XADDs (its caller would be
+-- told the requests were not queued, and send them again: they would run twice)
+local raw_queued = redis.pcall('GET', KEYS[1])
+local queued = raw_queued == false and 0 or nil
+if type(raw_queued) == 'string' and #raw_queued <= 13 and string.find(raw_queued, '^%d+$') then
+  queued = tonumber(raw_queued)
+end
+local junk_queued = queued == nil
+queued = queued or 0
 local step = tonumber(ARGV[3])
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
@@ -141,7 +150,11 @@ for j = 1, jobs do
   end
 end
 if admitted > 0 then
-  redis.call('INCRBY', KEYS[1], admitted)
+  if junk_queued then
+    redis.call('SET', KEYS[1], string.format('%d', admitted))  -- (SET replaces any type)
+  else
+    redis.call('INCRBY', KEYS[1], admitted)
+  end
   for key, n in pairs(per_key) do
     redis.call('ZADD', KEYS[2], now, key)
     -- A field anyone may overwrite: one that holds no count is reset (after the XADDs above
