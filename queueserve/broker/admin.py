@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -65,6 +66,22 @@ class StreamDepth:
     length: int  # entries in it: waiting and pending
     pending: int  # read and not acked
     first_ms: int  # when its oldest entry was enqueued (Redis's clock), unix ms; 0 = none
+
+
+def by_priority(
+    items: Sequence[tuple[Keys, int, dict[int, int]]], depths: Sequence[StreamDepth], now_ms: int
+) -> dict[int, tuple[int, int | None]]:
+    """Per priority holding work, over shards: items admitted and not answered (every batch
+    key, from ``priority_items``) and the age in ms of its oldest request not answered (from
+    ``queue_depths``; None when none of its streams holds an entry)."""
+    counts: Counter[int] = Counter()
+    for _, _, found in items:
+        counts.update(found)
+    oldest: dict[int, int] = {}
+    for d in depths:
+        if d.first_ms:
+            oldest[d.priority] = max(oldest.get(d.priority, 0), max(0, now_ms - d.first_ms))
+    return {p: (counts[p], oldest.get(p)) for p in sorted(set(counts) | set(oldest))}
 
 
 def _entry_ms(entry_id: Any) -> int:
@@ -143,24 +160,13 @@ class Admin(BrokerCore):
             )
         return rows
 
-    def queued_items(self, keys_list: Sequence[Keys]) -> list[tuple[Keys, int]]:
-        """Each shard's admission counter: items admitted and not yet acked, of every key and
-        priority (what ``max_queue`` bounds)."""
-        with redis_errors(self.url):
-            pipe = self.redis.pipeline(transaction=False)
-            for keys in keys_list:
-                pipe.get(keys.queued)
-            raw = pipe.execute()
-        return [
-            (keys, _count(text(r, "replace")) if r else 0)
-            for keys, r in zip(keys_list, raw, strict=True)
-        ]
-
-    def priority_items(self, keys_list: Sequence[Keys]) -> list[tuple[Keys, dict[int, int]]]:
-        """Each shard's items admitted and not yet acked per priority (every batch key), as
-        enqueue.lua counts them in the pdepth hash: priorities holding none are left out. Each
-        is clamped to the shard's admission counter: the hash may hold drift (producers or
-        workers that predate it, forged fields) until that counter next reaches 0."""
+    def priority_items(self, keys_list: Sequence[Keys]) -> list[tuple[Keys, int, dict[int, int]]]:
+        """Each shard's admission counter (items admitted and not yet acked, of every key and
+        priority: what ``max_queue`` bounds), and those items per priority as enqueue.lua
+        counts them in the pdepth hash: priorities holding none are left out. Each is clamped
+        to the shard's counter: the hash may hold drift (producers or workers that predate
+        it, forged fields) until that counter next reaches 0. A key of another type holds
+        none."""
         with redis_errors(self.url):
             pipe = self.redis.pipeline(transaction=False)
             for keys in keys_list:
@@ -177,7 +183,7 @@ class Admin(BrokerCore):
                     n = min(_count(value), total)
                     if n and _count(field) <= MAX_PRIORITY and field == str(_count(field)):
                         found[int(field)] = n
-            out.append((keys, found))
+            out.append((keys, total, found))
         return out
 
     def servings(self, prefix: str) -> list[str]:

@@ -11,7 +11,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from queueserve.broker.admin import StreamDepth
+from queueserve.broker.admin import StreamDepth, by_priority
 from queueserve.broker.fleet import Fleet
 from queueserve.ops.deadletter import DeadLetters
 from queueserve.wire.protocol import Keys
@@ -102,17 +102,10 @@ class Board:
     ) -> list[dict[str, int]]:
         """Per priority holding work: items admitted and not answered (every batch key) and
         the age of the oldest request not answered."""
-        items: dict[int, int] = {}
-        for _, found in self.fleet.priority_items(shards):
-            for priority, n in found.items():
-                items[priority] = items.get(priority, 0) + n
-        oldest: dict[int, int] = {}
-        for d in depths:
-            if d.first_ms:
-                oldest[d.priority] = max(oldest.get(d.priority, 0), max(0, now_ms - d.first_ms))
+        summary = by_priority(self.fleet.priority_items(shards), depths, now_ms)
         return [
-            {"priority": p, "items": items.get(p, 0), "age_ms": oldest.get(p, 0)}
-            for p in sorted(items.keys() | oldest.keys())
+            {"priority": p, "items": items, "age_ms": age or 0}
+            for p, (items, age) in summary.items()
         ]
 
     def _sampled(self, name: str, sample: Sample) -> list[dict[str, float | None]]:

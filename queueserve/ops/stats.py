@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import argparse
 import time
-from collections import Counter
 
-from queueserve.broker.admin import Admin, KeyStats
+from queueserve.broker.admin import Admin, KeyStats, by_priority
 from queueserve.settings import Settings
 from queueserve.wire.protocol import Keys
 from queueserve.wire.timing import ALIVE_WITHIN_S
@@ -47,16 +46,10 @@ PRIORITY_HEADER = f"{'serving':<16} {'priority':>8} {'items':>8} {'oldest':>8}"
 def priority_lines(broker: Admin, name: str, of: list[Keys], now_ms: int) -> list[str]:
     """Per priority holding work: items admitted and not answered (every batch key), and the
     age of the oldest request not answered."""
-    items: Counter[int] = Counter()
-    for _, found in broker.priority_items(of):
-        items.update(found)
-    oldest: dict[int, int] = {}
-    for s in broker.queue_depths(of):
-        if s.first_ms:
-            oldest[s.priority] = max(oldest.get(s.priority, 0), max(0, now_ms - s.first_ms))
+    summary = by_priority(broker.priority_items(of), broker.queue_depths(of), now_ms)
     return [
-        f"{name:<16} {p:>8} {items[p]:>8} {ago(oldest[p]) if p in oldest else '-':>8}"
-        for p in sorted(set(items) | set(oldest))
+        f"{name:<16} {p:>8} {items:>8} {'-' if age is None else ago(age):>8}"
+        for p, (items, age) in summary.items()
     ]
 
 

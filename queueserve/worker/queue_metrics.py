@@ -63,7 +63,6 @@ class QueueCollector:
         try:
             shards = [s for keys in self.keys for s in self.broker.shards(keys)]
             streams = self.broker.queue_depths(shards)
-            items = self.broker.queued_items(shards)
             by_priority = self.broker.priority_items(shards)
             dead_letters = self.broker.dead_letter_depths(shards)
         except RedisUnavailable as e:
@@ -87,7 +86,7 @@ class QueueCollector:
             labels=["serving", "priority"],
         )
         per_priority: Counter[tuple[str, int]] = Counter()
-        for keys, found in by_priority:  # shards summed
+        for keys, _, found in by_priority:  # shards summed
             per_priority.update({(keys.name, p): n for p, n in found.items()})
         for (name, priority), n in sorted(per_priority.items()):
             priority_items.add_metric([name, str(priority)], n)
@@ -97,7 +96,7 @@ class QueueCollector:
             "Items admitted and not yet answered, of every batch key and priority",
             labels=["serving"],
         )
-        for name, n in _summed((keys.name, n) for keys, n in items).items():
+        for name, n in _summed((keys.name, n) for keys, n, _ in by_priority).items():
             queued.add_metric([name], n)
         dead = Gauge(
             "queueserve_dead_letter_depth", "Entries in the dead-letter stream", labels=["serving"]

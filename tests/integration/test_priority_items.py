@@ -107,7 +107,7 @@ def test_the_backlog_per_priority_counts_items_of_requests_and_packs_then_goes_t
         wait_until(lambda: inbox.answered(range(1, 13)), "every request answered")
         wait_until(lambda: redis_client.get(keys.queued) == b"0", "the admitted items released")
         assert not redis_client.exists(keys.pdepth)
-        assert admin.priority_items([keys]) == [(keys, {})]
+        assert admin.priority_items([keys]) == [(keys, 0, {})]
         assert "queueserve_priority_queued_items{" not in scrape()
     finally:
         admin.close()
@@ -180,7 +180,7 @@ def test_the_reported_counts_are_clamped_to_the_admission_counter(
     try:
         # Then each priority reads at most the admitted items, and what is no priority's
         # count is left out
-        assert admin.priority_items([keys]) == [(keys, {0: 5, 3: 2})]
+        assert admin.priority_items([keys]) == [(keys, 5, {0: 5, 3: 2})]
     finally:
         admin.close()
 
@@ -216,3 +216,16 @@ def test_an_enqueue_without_the_priority_key_still_works_and_a_job_key_is_not_ta
     assert old[2] and with_job[2] and redis_client.get(keys.queued) == b"7"
     assert redis_client.hget(job, "s") == b"queued"
     assert redis_client.hgetall(keys.pdepth) == {b"1": b"3"}
+
+
+def test_an_admission_counter_of_another_type_reads_as_none_and_the_scrape_goes_on(
+    redis_client: redis.Redis, redis_url: str, prefix: str
+) -> None:
+    keys = Keys(prefix, "wrongtype")
+    redis_client.rpush(keys.queued, "x")  # a list where a count belongs
+    redis_client.hset(keys.pdepth, "0", "3")
+    admin = Admin(redis_url)
+    try:
+        assert admin.priority_items([keys]) == [(keys, 0, {})]
+    finally:
+        admin.close()
