@@ -111,6 +111,17 @@ def enqueue_arguments(
     return script_keys, args + per_request
 
 
+def ack_arguments(
+    keys: Keys, stream: str, runs: Mapping[int, Sequence[bytes]]
+) -> tuple[list[str], list[Any]]:
+    """KEYS and ARGV of ack.lua for entries of ``stream`` (a stream of shard ``keys``), given
+    as runs of entries admitted with the same item count: count -> entry ids."""
+    args: list[Any] = [GROUP, *keys.parse_stream(stream)]  # batch key, priority
+    for admitted, ids in runs.items():
+        args += (admitted, len(ids), *ids)
+    return [stream, keys.queued, keys.depth, keys.active, keys.pdepth], args
+
+
 def not_replicated_message(keys: Keys, url: str) -> str:
     return (
         f"serving {keys.name!r} is durable, and its request was queued on the primary of "

@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 
 import redis
 
-from queueserve.broker.common import consumer_name, text, texts
+from queueserve.broker.common import ack_arguments, consumer_name, text, texts
 from queueserve.broker.connect import is_cluster
 from queueserve.broker.core import no_group
 from queueserve.broker.errors import error_code, redis_errors
@@ -150,11 +150,10 @@ class Consumer(Replies):
             pipe.execute()
             for stream, entry_id, _, ack_now, released in letters:
                 if ack_now and released:  # rare: one script call each (it loads when missing)
-                    shard = keys.shard_of(stream)
-                    self._ack(
-                        keys=[stream, shard.queued, shard.depth, shard.active, shard.pdepth],
-                        args=[GROUP, *shard.parse_stream(stream), released, 1, entry_id],
+                    script_keys, args = ack_arguments(
+                        keys.shard_of(stream), stream, {released: [entry_id]}
                     )
+                    self._ack(keys=script_keys, args=args)
 
     def clear_junk_bookkeeping(self, keys: Keys) -> list[str]:
         """Delete those of a serving's bookkeeping keys (never its streams) that hold another

@@ -11,13 +11,14 @@ from typing import Any, Protocol, cast
 from redis.exceptions import NoScriptError
 
 from queueserve.broker import raw
+from queueserve.broker.common import ack_arguments
 from queueserve.broker.connect import is_cluster
 from queueserve.broker.errors import redis_errors
 from queueserve.broker.reads import PendingRead, Reads, WakeRead
 from queueserve.broker.urls import redact_url
 from queueserve.errors import RedisUnavailable
 from queueserve.wire.jobs import LIVE_TTL_MS, MAX_JOB_BYTES, job_key
-from queueserve.wire.protocol import GROUP, Keys
+from queueserve.wire.protocol import Keys
 from queueserve.wire.timing import DURABLE_WAIT_MS
 
 log = logging.getLogger(__name__)
@@ -190,23 +191,8 @@ class Replies(Reads):
         # one master's CPU).
         commands: list[tuple[Any, ...]] = []
         for stream, runs in acks.items():
-            shard = keys.shard_of(stream)
-            args: list[Any] = [GROUP, *shard.parse_stream(stream)]  # batch key, priority
-            for admitted, ids in runs.items():  # entries admitted with the same count
-                args += (admitted, len(ids), *ids)
-            commands.append(
-                (
-                    "EVALSHA",
-                    self._ack.sha,
-                    5,
-                    stream,
-                    shard.queued,
-                    shard.depth,
-                    shard.active,
-                    shard.pdepth,
-                    *args,
-                )
-            )
+            script_keys, args = ack_arguments(keys.shard_of(stream), stream, runs)
+            commands.append(("EVALSHA", self._ack.sha, len(script_keys), *script_keys, *args))
         return commands
 
     def _send_commands(self, commands: list[tuple[Any, ...]], scripted: int) -> list[Any]:

@@ -150,7 +150,7 @@ def decode_entry(
     request.priority = header_priority(header)
     request.fields = header[P.H_FIELDS] if len(header) > P.H_FIELDS else None
     payload = fields.get(b"p")
-    admitted = _admitted(fields, n, payload)
+    admitted = admitted_count(fields, payload, n)
     request.admitted = admitted or 0
     problem = (
         _address_refusal(prefix, events, bad_events, admitted)
@@ -201,16 +201,21 @@ def _payload_refusal(serving: Serving, payload: bytes | None) -> tuple[str, str]
     return None
 
 
-def _admitted(fields: dict[bytes, bytes], n: int, payload: bytes | None) -> int | None:
+def admitted_count(
+    fields: dict[bytes, bytes], body: bytes | None, n: int | None = None
+) -> int | None:
     """Items the entry was admitted with ('a', written by enqueue.lua), or None when the field
     is forged: it is released from the admission counter on ack, so it may never exceed the
-    entry's own item count, nor that count the bytes its payload has to hold them (a forged
-    10**9 would zero the counter and lift max_queue for everyone)."""
+    entry's own item count ``n`` (when its header could be read), nor the bytes its ``body``
+    (payload, or a pack's 'k') has to hold them (a forged 10**9 would zero the counter and
+    lift max_queue for everyone)."""
     raw = fields.get(b"a", b"0")
     if not raw.isdigit() or len(raw) > 12:
         return None
     admitted = int(raw)
-    return admitted if admitted <= n and admitted <= len(payload or b"") else None
+    if (n is not None and admitted > n) or admitted > len(body or b""):
+        return None
+    return admitted
 
 
 def _address_refusal(

@@ -31,6 +31,7 @@ from queueserve.worker.pipeline.batching import Pack, Request, Slice
 from queueserve.worker.pipeline.decode import (
     Accepted,
     Rejected,
+    admitted_count,
     decode_entry,
     decode_plain,
 )
@@ -187,7 +188,7 @@ class Intake:
             )
             if decoded.request is None:
                 orphans.append((fields, decoded.reason))
-                pack.admitted += admitted(fields)  # released with the pack's ack
+                pack.admitted += _released(fields)  # released with the pack's ack
                 continue
             _join(decoded.request, pack)
             if isinstance(decoded, Rejected):
@@ -251,7 +252,7 @@ class Intake:
         )
         self.middleware.dead_lettered(self.serving, 1)  # counted as every dead letter is
         record = {"reason": reason, "deliveries": entry.deliveries, **_raw(entry)}
-        return DeadLetter(entry.stream, entry.entry_id, [record], True, admitted(entry.fields))
+        return DeadLetter(entry.stream, entry.entry_id, [record], True, _released(entry.fields))
 
     def _reject(self, entry: Entry, rejected: Rejected, out: Decisions) -> None:
         request = rejected.request
@@ -293,7 +294,7 @@ class Intake:
         }
         if request is None:  # nobody to answer: acked now, its items given back
             out.dead.append(
-                DeadLetter(entry.stream, entry.entry_id, [record], True, admitted(entry.fields))
+                DeadLetter(entry.stream, entry.entry_id, [record], True, _released(entry.fields))
             )
             return
         out.dead.append(DeadLetter(entry.stream, entry.entry_id, [record], False))
@@ -310,15 +311,10 @@ def _item_errors(decoded: Accepted) -> list[Row]:
     ]
 
 
-def admitted(fields: dict[bytes, bytes]) -> int:
-    """The items enqueue.lua admitted an entry (or a pack's request) with, its 'a', for an
-    entry dropped unanswered; 0 when forged: released from the admission counters, it may not
-    pass the bytes that hold its items (each takes one at least: 'p', or a pack's 'k')."""
-    raw = fields.get(b"a", b"")
-    body = fields.get(b"p", fields.get(b"k", b""))
-    if not raw.isdigit() or len(raw) > 12 or int(raw) > len(body):
-        return 0
-    return int(raw)
+def _released(fields: dict[bytes, bytes]) -> int:
+    """What an entry (or a pack's request) nobody can answer gives back to the admission
+    counters when it is dropped: its 'a' as checked when its header is unreadable, else 0."""
+    return admitted_count(fields, fields.get(b"p", fields.get(b"k"))) or 0
 
 
 def _join(request: Request, pack: Pack) -> None:
