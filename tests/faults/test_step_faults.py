@@ -131,19 +131,8 @@ def test_a_replayed_sampling_generation_restarts_the_stream_which_adds_up_to_the
     # something else; or a generator batch serving that samples), and a caller streaming a
     # long generation
     workers = [
-        WorkerProc(
-            [
-                f"tests.support.step_app:{spec}",
-                "--redis-url",
-                redis_url,
-                "--prefix",
-                prefix,
-                "--partitions",
-                "1",
-            ],
-            redis_url,
-            prefix,
-            tmp_path / f"w{i}.log",
+        WorkerProc.one_partition(
+            [f"tests.support.step_app:{spec}"], redis_url, prefix, tmp_path / f"w{i}.log"
         )
         for i in range(2)
     ]

@@ -58,19 +58,8 @@ def test_a_thread_that_dies_of_a_bug_ends_its_partition_which_is_restarted_and_a
 ) -> None:
     # Given a worker whose partition will break its `broken` thread once told, warmed up
     monkeypatch.setenv("QS_TEST_BREAK", broken)
-    worker = WorkerProc(
-        [
-            f"tests.support.thread_app:{serving}",
-            "--redis-url",
-            redis_url,
-            "--prefix",
-            prefix,
-            "--partitions",
-            "1",
-        ],
-        redis_url,
-        prefix,
-        tmp_path / "worker.log",
+    worker = WorkerProc.one_partition(
+        [f"tests.support.thread_app:{serving}"], redis_url, prefix, tmp_path / "worker.log"
     )
     try:
         first = serving_consumer(redis_client, prefix, serving, worker)

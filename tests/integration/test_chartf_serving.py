@@ -165,19 +165,8 @@ def test_a_sigkilled_workers_sequences_restart_elsewhere_with_their_text(
 ) -> None:
     # Given two worker processes serving the paced transformer (a pool that preempts)
     def worker(i: int) -> WorkerProc:
-        return WorkerProc(
-            [
-                "tests.support.chartf_app:paced",
-                "--redis-url",
-                redis_url,
-                "--prefix",
-                prefix,
-                "--partitions",
-                "1",
-            ],
-            redis_url,
-            prefix,
-            tmp_path / f"w{i}.log",
+        return WorkerProc.one_partition(
+            ["tests.support.chartf_app:paced"], redis_url, prefix, tmp_path / f"w{i}.log"
         )
 
     workers = [worker(0), worker(1)]

@@ -285,19 +285,8 @@ def test_sigterm_drains_prepared_batches(
     client: qs.Client,
 ) -> None:
     # Given a worker process whose device is held on a first batch, with batches prepared
-    worker = WorkerProc(
-        [
-            "tests.support.prepare_app:staged",
-            "--redis-url",
-            redis_url,
-            "--prefix",
-            prefix,
-            "--partitions",
-            "1",
-        ],
-        redis_url,
-        prefix,
-        tmp_path / "worker.log",
+    worker = WorkerProc.one_partition(
+        ["tests.support.prepare_app:staged"], redis_url, prefix, tmp_path / "worker.log"
     )
     rec = f"{prefix}:fault"
     try:

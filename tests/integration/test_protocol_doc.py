@@ -95,17 +95,8 @@ class Producer:
 @pytest.fixture
 def producer(redis_url: str, prefix: str, tmp_path: Path) -> Iterator[Producer]:
     with prefixed_client(redis_url, prefix) as r:
-        worker = WorkerProc(
-            [
-                "tests.support.servings:square",
-                "tests.support.gateway_app:gated",
-                "--redis-url",
-                redis_url,
-                "--prefix",
-                prefix,
-                "--partitions",
-                "1",
-            ],
+        worker = WorkerProc.one_partition(
+            ["tests.support.servings:square", "tests.support.gateway_app:gated"],
             redis_url,
             prefix,
             tmp_path / "worker.log",

@@ -365,19 +365,8 @@ def test_a_sigkilled_workers_requests_restart_elsewhere_and_the_stream_restarts_
 ) -> None:
     # Given two worker processes serving the paced step serving
     def worker(i: int) -> WorkerProc:
-        return WorkerProc(
-            [
-                "tests.support.step_app:paced",
-                "--redis-url",
-                redis_url,
-                "--prefix",
-                prefix,
-                "--partitions",
-                "1",
-            ],
-            redis_url,
-            prefix,
-            tmp_path / f"w{i}.log",
+        return WorkerProc.one_partition(
+            ["tests.support.step_app:paced"], redis_url, prefix, tmp_path / f"w{i}.log"
         )
 
     workers = [worker(0), worker(1)]

@@ -283,6 +283,13 @@ class WorkerProc:
                 start_new_session=True,
             )
 
+    @classmethod
+    def one_partition(cls, specs: list[str], url: str, prefix: str, log: Path) -> WorkerProc:
+        """A worker of ``specs`` (``module:serving``) with one partition, on ``url`` and
+        ``prefix``."""
+        args = [*specs, "--redis-url", url, "--prefix", prefix, "--partitions", "1"]
+        return cls(args, url, prefix, log)
+
     @property
     def alive(self) -> bool:
         return self.proc.poll() is None
