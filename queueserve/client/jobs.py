@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeGuard
 
 from queueserve.broker.jobs import AsyncJobs, Jobs
 from queueserve.client.calls import Call, CallTable, outcome
@@ -131,6 +131,17 @@ class _Reading:
         return keys, stream
 
 
+def _held_unknown(record: J.JobRecord | None) -> TypeGuard[J.JobRecord]:
+    """Whether telling queued from running needs Redis: a queued record with no answer yet
+    (one with answers is running) whose entry a worker may hold."""
+    return (
+        record is not None
+        and record.status == J.QUEUED
+        and not record.messages
+        and bool(record.entry_id)
+    )
+
+
 def _status(record: J.JobRecord | None, held: bool) -> str:
     if record is None:
         return J.EXPIRED
@@ -156,11 +167,8 @@ class Job(_Reading):
         """queued, running, done, failed, cancelled, or expired (no record: its keep passed,
         or it was forgotten)."""
         record = self._record()
-        held = record is not None and record.status == J.QUEUED and self._held(record)
+        held = _held_unknown(record) and self._jobs.running(record.stream, record.entry_id)
         return _status(record, held)
-
-    def _held(self, record: J.JobRecord) -> bool:
-        return bool(record.entry_id) and self._jobs.running(record.stream, record.entry_id)
 
     def progress(self) -> JobProgress:
         return self._progress(self._record())
@@ -209,12 +217,7 @@ class AsyncJob(_Reading):
 
     async def status(self) -> str:
         record = await self._record()
-        held = (
-            record is not None
-            and record.status == J.QUEUED
-            and bool(record.entry_id)
-            and await self._jobs.running(record.stream, record.entry_id)
-        )
+        held = _held_unknown(record) and await self._jobs.running(record.stream, record.entry_id)
         return _status(record, held)
 
     async def progress(self) -> JobProgress:
