@@ -26,6 +26,7 @@ from queueserve.broker.fleet import Fleet
 from queueserve.dashboard.board import Board
 from queueserve.gateway.app import api_error, http_error
 from queueserve.gateway.body import JSON, parse
+from queueserve.gateway.core import MAX_NAME
 from queueserve.gateway.errors import ApiError, error_response
 from queueserve.ops.deadletter import DeadLetters
 from queueserve.settings import Settings
@@ -151,8 +152,13 @@ def _authorize(request: Request, token: str | None) -> None:
 
 
 async def _declared(board: Board, name: str) -> str:
-    """``name`` when a worker declared that serving; 404 otherwise."""
-    if name not in await run_in_threadpool(board.servings):
+    """``name`` when a worker declared that serving (its meta hash holds the codec, as every
+    declaration does: one HGETALL, not a scan of the prefix's servings); 404 otherwise."""
+    try:
+        keys = Keys(board.prefix, name) if len(name) <= MAX_NAME else None
+    except ValueError:  # a name no serving can have
+        keys = None
+    if keys is None or "codec" not in await run_in_threadpool(board.fleet.meta, keys):
         raise ApiError(
             404,
             "not_found",
