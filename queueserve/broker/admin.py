@@ -95,7 +95,7 @@ def _ms(score: float | None) -> int:
     return int(score) if score is not None and math.isfinite(score) else 0
 
 
-def _count(raw: str) -> int:
+def hash_count(raw: str) -> int:
     """An item count read from a hash anyone may write: 0 unless a non-negative int (ASCII
     digits: str.isdigit takes '²', which int() refuses, and past 4,300 digits int() refuses
     any)."""
@@ -176,12 +176,12 @@ class Admin(BrokerCore):
         out = []
         for i, keys in enumerate(keys_list):
             queued, fields = raw[2 * i : 2 * i + 2]
-            total = _count(text(queued, "replace")) if isinstance(queued, bytes) else 0
+            total = hash_count(text(queued, "replace")) if isinstance(queued, bytes) else 0
             found: dict[int, int] = {}
             if isinstance(fields, dict):  # an error: a key of another type, which holds none
                 for field, value in texts(fields, "replace").items():
-                    n = min(_count(value), total)
-                    if n and _count(field) <= MAX_PRIORITY and field == str(_count(field)):
+                    n = min(hash_count(value), total)
+                    if n and hash_count(field) <= MAX_PRIORITY and field == str(hash_count(field)):
                         found[int(field)] = n
             out.append((keys, total, found))
         return out
@@ -227,7 +227,7 @@ class Admin(BrokerCore):
             pipe.hgetall(keys.depth)
             pipe.zrange(keys.seen, -max(1, recent), -1, withscores=True)
             ready, active, depth_raw, latest = pipe.execute()
-            depth = {k: _count(v) for k, v in texts(depth_raw, "replace").items()}
+            depth = {k: hash_count(v) for k, v in texts(depth_raw, "replace").items()}
             seen = {text(k, "replace"): _ms(v) for k, v in latest}
             working = {key for key, _ in _streams_with_work(keys, ready, active)} | set(depth)
             others = sorted(working - set(seen))

@@ -11,7 +11,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from queueserve.broker.admin import StreamDepth, by_priority
+from queueserve.broker.admin import StreamDepth, by_priority, hash_count
 from queueserve.broker.fleet import Fleet
 from queueserve.ops.deadletter import DeadLetters
 from queueserve.wire.protocol import Keys
@@ -27,11 +27,6 @@ MAX_DEAD_LETTERS = 50
 class Sample:
     at: float  # unix seconds
     counters: dict[str, tuple[int, int]]  # consumer -> (items, batches) since it started
-
-
-def _counter(record: dict[str, str], name: str) -> int:
-    raw = record.get(name, "")
-    return int(raw) if raw.isascii() and raw.isdigit() and len(raw) <= 18 else 0
 
 
 def rates(before: Sample, after: Sample) -> dict[str, float | None]:
@@ -78,7 +73,7 @@ class Board:
         now_ms = int(now * 1000)
         alive_ms = ALIVE_WITHIN_S * 1000
         counters = {
-            w: (_counter(r, "items"), _counter(r, "batches"))
+            w: (hash_count(r.get("items", "")), hash_count(r.get("batches", "")))
             for (w, beat), r in zip(workers, records, strict=True)
             if now_ms - beat <= alive_ms
         }
@@ -141,8 +136,8 @@ def _worker(consumer: str, beat: int, record: dict[str, str], now_ms: int) -> di
         "pid": record.get("pid", "")[:20],
         "partition": record.get("partition", "")[:10],
         "device": record.get("device", "")[:40],
-        "batches": _counter(record, "batches"),
-        "items": _counter(record, "items"),
+        "batches": hash_count(record.get("batches", "")),
+        "items": hash_count(record.get("items", "")),
     }
 
 
