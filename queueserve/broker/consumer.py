@@ -130,30 +130,47 @@ class Consumer(Replies):
 
     def write_dead_letters(self, keys: Keys, letters: Sequence[DeadLetter]) -> None:
         """Copy entries to the dead-letter streams of their shards, in one round trip however
-        many there are (a read's worth of forged entries costs the reader one)."""
+        many there are (a read's worth of forged entries costs the reader one).
+
+        Per shard one transaction (MULTI/EXEC) holds the records and the acks of the entries
+        acked now: a Redis error before EXEC writes neither, so the worker that serves such an
+        entry again writes its record once, never a second copy beside the first. The other
+        entries' acks follow their callers' answers (the replier's)."""
         at_ms = int(time.time() * 1000)
+        by_shard: dict[str, list[DeadLetter]] = {}
+        for letter in letters:
+            by_shard.setdefault(keys.shard_of(letter.stream).dead, []).append(letter)
         with redis_errors(self.url):
-            pipe = self.redis.pipeline(transaction=False)
-            for stream, entry_id, records, ack_now, released in letters:
-                dead = keys.shard_of(stream).dead  # the stream's shard: one slot
-                for record in records:
-                    fields: dict[Any, Any] = {
-                        "stream": stream,
-                        "entry_id": entry_id,
-                        "at_ms": at_ms,
-                        **record,
-                    }
-                    pipe.xadd(dead, fields)
-                if ack_now and not released:
-                    pipe.xack(stream, GROUP, entry_id)
-                    pipe.xdel(stream, entry_id)
-            pipe.execute()
-            for stream, entry_id, _, ack_now, released in letters:
-                if ack_now and released:  # rare: one script call each (it loads when missing)
-                    script_keys, args = ack_arguments(
-                        keys.shard_of(stream), stream, {released: [entry_id]}
-                    )
-                    self._ack(keys=script_keys, args=args)
+            for dead, group in by_shard.items():
+                pipe = self.redis.pipeline(transaction=True)
+                for stream, entry_id, records, _, _ in group:
+                    for record in records:
+                        fields: dict[Any, Any] = {
+                            "stream": stream,
+                            "entry_id": entry_id,
+                            "at_ms": at_ms,
+                            **record,
+                        }
+                        pipe.xadd(dead, fields)
+                self._ack_in(pipe, keys, [letter for letter in group if letter.ack_now])
+                pipe.execute()
+
+    def _ack_in(self, pipe: Any, keys: Keys, letters: Sequence[DeadLetter]) -> None:
+        """Ack ``letters`` in the transaction ``pipe``: through ack.lua, which gives their
+        admitted items back, for those that hold some (EVAL, not EVALSHA: a script missing
+        from Redis fails inside the transaction, after its records were written), else a
+        bare XACK and XDEL."""
+        for stream, entry_id, _, _, released in letters:
+            if released:
+                script_keys, args = ack_arguments(
+                    keys.shard_of(stream), stream, {released: [entry_id]}
+                )
+                pipe.execute_command(
+                    "EVAL", self._ack.script, len(script_keys), *script_keys, *args
+                )
+            else:
+                pipe.xack(stream, GROUP, entry_id)
+                pipe.xdel(stream, entry_id)
 
     def clear_junk_bookkeeping(self, keys: Keys) -> list[str]:
         """Delete those of a serving's bookkeeping keys (never its streams) that hold another
