@@ -11,8 +11,7 @@ from typing import Any
 from queueserve.client.sync import Client
 from queueserve.errors import QueueServeError, Timeout
 from queueserve.settings import Settings
-
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+from queueserve.worker.worker import EXIT_ERROR, EXIT_OK, EXIT_USAGE
 
 
 def add_job_parser(sub: Any, url_help: str, prefix_help: str) -> None:
@@ -45,7 +44,7 @@ def job_command(args: argparse.Namespace) -> int:
     try:
         out, code = _run(args.action, job, args.timeout)
     except QueueServeError as e:
-        out, code = {"id": job.id, "error": str(e)}, EXIT_FAILED
+        out, code = {"id": job.id, "error": str(e)}, EXIT_ERROR
     finally:
         client.close()
     print(json.dumps(out, default=repr))
@@ -68,7 +67,7 @@ def _run(action: str, job: Any, timeout: float | None) -> tuple[dict[str, Any], 
         shown["result"] = job.result(timeout=timeout, return_exceptions=True)
     except Timeout as e:
         shown["error"] = str(e)
-        return shown, EXIT_FAILED
+        return shown, EXIT_ERROR
     shown["status"] = job.status()
     shown["progress"] = {"done": len(shown["result"]), "total": len(shown["result"])}
     return shown, EXIT_OK

@@ -11,9 +11,11 @@ compares the answers. What needs Lua or real timing stays on a real Redis: `dead
 
 from __future__ import annotations
 
+import ast
 import time
 import types
 from collections.abc import Callable
+from pathlib import Path
 
 import fakeredis
 import msgpack
@@ -25,6 +27,7 @@ from queueserve.ops.deadletter import DeadLetters
 from queueserve.wire import protocol as P
 from queueserve.worker.worker import EXIT_ERROR, EXIT_OK, EXIT_USAGE
 from tests.support.broker import RedisBroker
+from tests.support.helpers import REPO
 
 PREFIX = "qsunit"
 URL = "redis://fake.invalid:6379/0"  # never dialled: the fake_redis fixture answers every URL
@@ -331,3 +334,34 @@ def test_stats_refuses_an_interval_it_cannot_divide_by(
         main(["stats", f"--interval={interval}", "--redis-url", URL, "--prefix", PREFIX])
     assert exited.value.code == EXIT_USAGE
     assert "must be more than 0" in capsys.readouterr().err
+
+
+def exit_codes(path: Path) -> list[tuple[str, object]]:
+    """(name, value) of each module-level ``EXIT_*`` assignment in ``path``, tuples unpacked."""
+    found = []
+    for node in ast.parse(path.read_text()).body:
+        if not isinstance(node, ast.Assign):
+            continue
+        for target in node.targets:
+            pairs = (
+                zip(target.elts, node.value.elts, strict=False)
+                if isinstance(target, ast.Tuple) and isinstance(node.value, ast.Tuple)
+                else [(target, node.value)]
+            )
+            for name, value in pairs:
+                if isinstance(name, ast.Name) and name.id.startswith("EXIT_"):
+                    found.append((name.id, ast.literal_eval(value)))
+    return found
+
+
+def test_each_exit_code_of_the_command_line_is_defined_once() -> None:
+    # Every command returns the codes EPILOG and docs/operations.md list: a module keeping a
+    # copy of its own (ops/jobs.py did, with EXIT_FAILED for 1) can drift from them unseen
+    names: dict[str, list[str]] = {}
+    values: dict[object, set[str]] = {}
+    for path in sorted((REPO / "queueserve").rglob("*.py")):
+        for name, value in exit_codes(path):
+            names.setdefault(name, []).append(str(path.relative_to(REPO)))
+            values.setdefault(value, set()).add(name)
+    assert {name: where for name, where in names.items() if len(where) > 1} == {}
+    assert {value: found for value, found in values.items() if len(found) > 1} == {}
