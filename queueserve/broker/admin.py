@@ -8,7 +8,7 @@ import logging
 import math
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -196,21 +196,27 @@ class Admin(BrokerCore):
         # S#i: the meta hash of a shard (names never hold '#'), where workers confirm `shards`
         return sorted(name for name in names if "#" not in name)
 
-    def undeclared_waiting(self, prefix: str) -> list[tuple[str, int]]:
+    def undeclared_waiting(self, prefix: str, declared: Collection[str]) -> list[tuple[str, int]]:
         """(serving, items admitted) for each serving with requests waiting that no worker
-        ever declared (clients with wait_for_worker=True, a typo among them)."""
-        declared = set(self.servings(prefix))
-        out = []
+        ever declared (clients with wait_for_worker=True, a typo among them); ``declared``:
+        what ``servings`` found, so the meta keys are scanned once per command."""
+        known = set(declared)
+        candidates = []
         with redis_errors(self.url):
             for key in self.redis.scan_iter(match=f"{prefix}:{{*}}:queued", count=500):
                 name = text(key, "replace")
                 serving = name[name.index("{") + 1 : name.rindex("}")]
-                items = self.redis.get(key) or b"0"
-                if "#" in serving or serving in declared or not items.isdigit():
-                    continue
-                if int(items) > 0:
-                    out.append((serving, int(items)))
-        return sorted(out)
+                if "#" not in serving and serving not in known:
+                    candidates.append((serving, key))
+            pipe = self.redis.pipeline(transaction=False)
+            for _, key in candidates:
+                pipe.get(key)
+            counts = pipe.execute(raise_on_error=False)
+        found = [
+            (serving, hash_count(text(items, "replace")) if isinstance(items, bytes) else 0)
+            for (serving, _), items in zip(candidates, counts, strict=True)
+        ]
+        return sorted((serving, items) for serving, items in found if items > 0)
 
     def key_stats(self, keys: Keys, recent: int = STATS_RECENT_KEYS) -> list[KeyStats]:
         """Per batch key with work (streams in the ready or active set, items admitted) and

@@ -53,10 +53,10 @@ def priority_lines(broker: Admin, name: str, of: list[Keys], now_ms: int) -> lis
     ]
 
 
-def print_undeclared(broker: Admin, prefix: str) -> None:
+def print_undeclared(broker: Admin, prefix: str, declared: list[str]) -> None:
     """Requests waiting on servings no worker ever declared: a misspelled name, or workers
     not started yet (clients with wait_for_worker=True)."""
-    for serving, items in broker.undeclared_waiting(prefix):
+    for serving, items in broker.undeclared_waiting(prefix, declared):
         print(
             f"{serving!r}: {items} items waiting, and no worker ever declared this serving "
             f"under prefix {prefix!r} (a misspelled name, or its workers not started)"
@@ -68,9 +68,11 @@ def stats_command(args: argparse.Namespace) -> int:
     broker = Admin(args.redis_url or settings.redis_url)
     prefix = args.prefix or settings.prefix
     try:
-        servings = [Keys(prefix, s) for s in (args.servings or broker.servings(prefix))]
-        if not args.servings:
-            print_undeclared(broker, prefix)
+        names = args.servings
+        if not names:
+            names = broker.servings(prefix)
+            print_undeclared(broker, prefix, names)
+        servings = [Keys(prefix, s) for s in names]
         if not servings:
             print(f"no servings under prefix {prefix!r}")
             return 0

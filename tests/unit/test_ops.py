@@ -16,10 +16,12 @@ import time
 import types
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import fakeredis
 import msgpack
 import pytest
+import redis
 
 from queueserve.ops import stats
 from queueserve.ops.cli import main
@@ -176,6 +178,34 @@ def test_stats_lists_every_declared_serving_and_says_when_there_is_none(
         ("square", "-"): ["0", "0", "0", "0.0", "0", "0"],
     }
     assert [tuple(a) for a in ages(out).values()] == [("-", "-")] * 2
+
+
+def test_stats_scans_the_declared_servings_once_and_names_the_undeclared_ones_waiting(
+    broker: RedisBroker, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given two declared servings, and items waiting on a name no worker declared
+    for name in ("cube", "square"):
+        broker.declare(P.Keys(PREFIX, name), {"batch_size": 8})
+    broker.redis.set(P.Keys(PREFIX, "sqaure").queued, 3)
+    scans: list[str] = []
+    scan_iter = redis.Redis.scan_iter
+
+    def counted(self: redis.Redis, match: str | None = None, **kw: Any) -> Any:
+        scans.append(str(match))
+        return scan_iter(self, match=match, **kw)
+
+    monkeypatch.setattr(redis.Redis, "scan_iter", counted)
+    monkeypatch.setattr(stats, "time", sampling(lambda seconds: None))
+
+    # When an operator runs queueserve stats for every serving
+    code, out, _ = cli(capsys, "stats")
+
+    # Then it names the undeclared one and shows the declared ones, having scanned the meta
+    # keys once (twice before: once for the table, again to tell the undeclared apart)
+    assert code == EXIT_OK
+    assert out.startswith("'sqaure': 3 items waiting, and no worker ever declared")
+    assert {serving for serving, _ in rows(out.split("\n", 1)[1])} == {"cube", "square"}
+    assert [m for m in scans if m.endswith(":meta")] == [f"{PREFIX}:{{*}}:meta"]
 
 
 # --- queueserve config get|set -------------------------------------------------------------
