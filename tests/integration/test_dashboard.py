@@ -1,6 +1,7 @@
 """``queueserve dashboard`` in a real headless Chromium against a real worker process
 (docs/operations.md, "Dashboard"): the page shows the serving, its workers and its numbers
-moving under load, replays a dead letter (the request is then served) and sets an option.
+moving under load, replays a dead letter (the request is then served) and sets an option; and
+it asks a slow server for one overview at a time.
 
 QS_DASHBOARD_SCREENSHOT=path saves the page as a PNG (docs/img/dashboard.png was taken so).
 """
@@ -138,3 +139,51 @@ def test_the_page_shows_numbers_moving_replays_a_dead_letter_and_sets_an_option(
     keys = Keys(prefix, "square")
     wait_until(lambda: redis_client.hget(keys.config, "batch_size") == b"16", "the option set")
     assert "Traceback" not in dashboard.output(), dashboard.output()
+
+
+# Wraps the page's fetch before its script runs: each read of the overview answers after
+# SLOW_MS, longer than the page's poll period, and the page records how many were in flight.
+SLOW_MS = 1500
+SLOW_OVERVIEW = f"""
+window.overviewReads = {{ inFlight: 0, most: 0, done: 0 }};
+const plainFetch = window.fetch.bind(window);
+window.fetch = async (...args) => {{
+  if (!String(args[0]).includes("api/overview")) return plainFetch(...args);
+  const reads = window.overviewReads;
+  reads.inFlight += 1;
+  reads.most = Math.max(reads.most, reads.inFlight);
+  try {{
+    await new Promise((resolve) => setTimeout(resolve, {SLOW_MS}));
+    return await plainFetch(...args);
+  }} finally {{
+    reads.inFlight -= 1;
+    reads.done += 1;
+  }}
+}};
+"""
+
+
+def test_a_slow_server_gets_one_overview_read_at_a_time(
+    browser: WebDriver, redis_url: str, prefix: str, tmp_path: Path
+) -> None:
+    # Given a dashboard whose overview answers slower than the page polls
+    proc = DashboardProc(redis_url, prefix, tmp_path / "dashboard.log")
+    try:
+        browser.execute_cdp_cmd(  # type: ignore[attr-defined]
+            "Page.addScriptToEvaluateOnNewDocument", {"source": SLOW_OVERVIEW}
+        )
+        browser.get(proc.url)
+
+        # When the page has read it three times, and a change asks for a redraw meanwhile
+        def reads() -> dict[str, int]:
+            return dict(browser.execute_script("return window.overviewReads;"))
+
+        wait_until(lambda: reads()["done"] >= 1, "the first read", process=proc)
+        browser.execute_script("refresh();")
+        wait_until(lambda: reads()["done"] >= 3, "three reads", process=proc)
+
+        # Then no read of it ever began before the one in flight had ended (polling each
+        # second regardless, three were in flight at once)
+        assert reads()["most"] == 1, reads()
+    finally:
+        proc.stop()

@@ -1,4 +1,5 @@
-// queueserve dashboard: polls /api/overview each second and draws it; no build step.
+// queueserve dashboard: polls /api/overview a second after each answer and draws it; no build
+// step.
 "use strict";
 
 const POLL_MS = 1000;
@@ -117,7 +118,36 @@ function servingSection(s) {
       ["id", "reason", "deliveries", "age", ""], letters, [0, 0, 1, 1, 0])));
 }
 
-async function refresh() {
+let drawing = null;  // the refresh under way: one at a time, however slow the API is
+let again = false;  // asked for while one ran (a change made meanwhile): drawn once it ends
+
+// Redraw now, or right after the refresh under way, never beside it: two at once would
+// answer out of order and put an older overview over a newer one.
+function refresh() {
+  if (drawing) {
+    again = true;
+    return drawing;
+  }
+  drawing = (async () => {
+    try {
+      do {
+        again = false;
+        await draw();
+      } while (again);
+    } finally {
+      drawing = null;
+    }
+  })();
+  return drawing;
+}
+
+// The next poll waits POLL_MS after the last one ended, so slow answers never pile up.
+async function poll() {
+  await refresh();
+  setTimeout(poll, POLL_MS);
+}
+
+async function draw() {
   try {
     const response = await fetch("api/overview");
     if (!response.ok) throw new Error((await response.json()).error.message);
@@ -137,5 +167,4 @@ async function refresh() {
   }
 }
 
-refresh();
-setInterval(refresh, POLL_MS);
+poll();
