@@ -8,6 +8,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, cast
 
+import msgpack
 from redis.exceptions import NoScriptError
 
 from queueserve.broker import raw
@@ -75,22 +76,24 @@ class JobAnswer(Protocol):
     def errored(self) -> bool: ...
     @property
     def hook(self) -> bytes: ...
+    @property
+    def fresh(self) -> bool: ...
 
 
 def _job_commands(
     sha: str, prefix: str, jobs: Sequence[JobAnswer], cluster: bool
 ) -> list[tuple[Any, ...]]:
     """job.lua calls: one for all ``jobs``, or on a cluster one per job (each its own slot)."""
-    groups = [[job] for job in jobs] if cluster else [list(jobs)]
+    groups: list[Sequence[JobAnswer]] = [[job] for job in jobs] if cluster else [jobs]
     commands = []
     for group in groups:
-        args: list[Any] = [MAX_JOB_BYTES, LIVE_TTL_MS]
-        for job in group:
-            args += (job.keep_ms, int(job.final), int(job.errored), job.n, job.hook)
-            args.append(len(job.messages))
-            args += job.messages
+        # Strings as msgpack's raw type: Redis's cmsgpack reads no bin type
+        writes = msgpack.packb(
+            [[j.keep_ms, j.final, j.errored, j.n, j.hook, j.messages, j.fresh] for j in group],
+            use_bin_type=False,
+        )
         keys = [job_key(prefix, job.job_id) for job in group]
-        commands.append(("EVALSHA", sha, len(keys), *keys, *args))
+        commands.append(("EVALSHA", sha, len(keys), *keys, MAX_JOB_BYTES, LIVE_TTL_MS, writes))
     return commands
 
 

@@ -68,23 +68,35 @@ class ReplyQueue:
                 self._cond.notify()
 
 
-@dataclass(slots=True)
 class JobWrite:
     """What one round trip writes into a job's record (job.lua): its rows of these batches,
-    whether they end it, and whether one of them is an error."""
+    whether they end it, and whether one of them is an error. ``fresh``: the record holds
+    none of its answers yet (a first run, nothing answered before these rows), so job.lua
+    need not read how many it holds. (A plain class: a dataclass's generated __init__ with
+    list factories costs more per job on the replier's thread.)"""
 
-    job_id: str
-    keep_ms: int
-    request: Any  # the worker's Request: it ends the job once it has no item left
-    rows: list[list[Any]] = field(default_factory=list)
-    messages: list[bytes] = field(default_factory=list)
-    final: bool = False
-    errored: bool = False
-    hook: bytes = b""  # the last hook event of its batches, encoded (wire/jobs.py)
+    __slots__ = (
+        "errored",
+        "final",
+        "fresh",
+        "hook",
+        "job_id",
+        "keep_ms",
+        "messages",
+        "n",
+        "request",
+        "rows",
+    )
 
-    @property
-    def n(self) -> int:
-        return int(self.request.n)
+    def __init__(self, job_id: str, keep_ms: int, request: Any) -> None:
+        self.job_id, self.keep_ms = job_id, keep_ms
+        self.request = request  # the worker's Request: it ends the job once no item is left
+        self.n = int(request.n)
+        self.fresh = request.remaining == request.n and not (request.redelivered or request.replay)
+        self.rows: list[list[Any]] = []
+        self.messages: list[bytes] = []
+        self.final = self.errored = False
+        self.hook = b""  # the last hook event of its batches, encoded (wire/jobs.py)
 
 
 @dataclass
