@@ -12,6 +12,7 @@ import hmac
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from queueserve.gateway.errors import ApiError, error_response
+from queueserve.gateway.paths import route_path
 
 OPEN_PATHS = frozenset({"/healthz"})
 
@@ -35,7 +36,7 @@ class BearerAuth:
         self.token = token
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in OPEN_PATHS or self.token.allows(scope):
+        if scope["type"] != "http" or route_path(scope) in OPEN_PATHS or self.token.allows(scope):
             await self.app(scope, receive, send)
             return
         await error_response(refused())(scope, receive, send)

@@ -23,9 +23,11 @@ from queueserve.gateway.body import dumps, receive_body, validated
 from queueserve.gateway.core import Gateway
 from queueserve.gateway.errors import ApiError, ClientGone, error_response, internal
 from queueserve.gateway.metrics import HttpMetrics
+from queueserve.gateway.paths import route_path
 from queueserve.gateway.servings import Dispatch
 
 HEAD, TAIL = "/v1/servings/", "/dispatch"
+ROUTE = HEAD + "{name}" + TAIL  # its metrics' label
 JSON_TYPE = (b"content-type", b"application/json")
 
 
@@ -34,10 +36,7 @@ def serving_of(scope: Scope) -> str | None:
     None for every other request."""
     if scope["type"] != "http" or scope["method"] != "POST":
         return None
-    path: str = scope["path"]
-    root: str = scope.get("root_path", "")
-    if root and path.startswith(root):
-        path = path[len(root) :]
+    path = route_path(scope)
     if not (path.startswith(HEAD) and path.endswith(TAIL)):
         return None
     name = path[len(HEAD) : -len(TAIL)]
@@ -59,7 +58,7 @@ class FastDispatch:
             status = await self.respond(name, scope, receive, send)
         finally:
             metrics.active -= 1
-            metrics.record(scope, status, start)
+            metrics.record(ROUTE, "POST", status, start)
 
     async def respond(self, name: str, scope: Scope, receive: Receive, send: Send) -> int:
         """Answers the request; the status it answered with."""

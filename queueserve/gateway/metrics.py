@@ -23,6 +23,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from queueserve.gateway.paths import route_path
+
 METHODS = frozenset({"GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"})
 MAX_CACHED = 4096  # series kept looked up (serving names are the client's to choose)
 SERVING_ACTIONS = frozenset({"dispatch", "dispatch_many", "stream", "jobs"})
@@ -96,13 +98,14 @@ class HttpMetrics(Collector):
                 await app(scope, receive, send_noting)
             finally:
                 self.active -= 1
-                self.record(scope, status, start)
+                self.record(route_path(scope), scope["method"], status, start)
 
         return measured
 
-    def record(self, scope: Scope, status: int, start: float) -> None:
-        """One request answered with ``status``, begun at ``start`` (``time.perf_counter``)."""
-        count, timings = self._series(scope["path"], scope["method"], status)
+    def record(self, path: str, method: str, status: int, start: float) -> None:
+        """One request to ``path`` (below the mount point: ``route_path``) answered with
+        ``status``, begun at ``start`` (``time.perf_counter``)."""
+        count, timings = self._series(path, method, status)
         count.n += 1
         seconds = time.perf_counter() - start
         timings.total += seconds
