@@ -8,7 +8,6 @@ Routes: ``/`` the page, ``/dashboard.js`` its script (plain files in static/, no
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -25,6 +24,7 @@ from starlette.routing import Route
 from queueserve.broker.fleet import Fleet
 from queueserve.dashboard.board import Board
 from queueserve.gateway.app import api_error, http_error
+from queueserve.gateway.auth import Token, refused
 from queueserve.gateway.body import JSON, parse
 from queueserve.gateway.core import MAX_NAME
 from queueserve.gateway.errors import ApiError, error_response
@@ -55,11 +55,10 @@ def create_app(
 ) -> Starlette:
     """The dashboard of the servings under ``prefix`` on ``redis_url`` (defaults:
     QUEUESERVE_REDIS_URL, QUEUESERVE_PREFIX). Without ``token`` the page is read-only."""
-    if token is not None and not token:
-        raise ValueError("the dashboard's token must not be empty; leave it out for read-only")
+    bearer = Token(token) if token is not None else None
     settings = Settings()
     fleet = Fleet(redis_url or settings.redis_url)
-    views = Views(Board(fleet, prefix or settings.prefix), token)
+    views = Views(Board(fleet, prefix or settings.prefix), bearer)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -88,7 +87,7 @@ def create_app(
 class Views:
     """The routes' handlers; Redis is read in the thread pool (the admin side is sync)."""
 
-    def __init__(self, board: Board, token: str | None) -> None:
+    def __init__(self, board: Board, token: Token | None) -> None:
         self.board = board
         self.token = token
 
@@ -133,7 +132,7 @@ class Views:
         return JSON({"serving": name, "options": await run_in_threadpool(fleet.meta, keys)})
 
 
-def _authorize(request: Request, token: str | None) -> None:
+def _authorize(request: Request, token: Token | None) -> None:
     if token is None:
         raise ApiError(
             403,
@@ -141,14 +140,8 @@ def _authorize(request: Request, token: str | None) -> None:
             "this dashboard is read-only: start it with --token (or "
             "QUEUESERVE_DASHBOARD_TOKEN) to replay, drop or change options",
         )
-    given = request.headers.get("authorization", "").encode("utf-8", "replace")
-    if not hmac.compare_digest(given, f"Bearer {token}".encode()):
-        raise ApiError(
-            401,
-            "unauthorized",
-            "missing or wrong token: enter the dashboard's --token in the page",
-            {"WWW-Authenticate": "Bearer"},
-        )
+    if not token.allows(request.scope):
+        raise refused("enter the dashboard's --token in the page")
 
 
 async def _declared(board: Board, name: str) -> str:

@@ -1,5 +1,6 @@
 """Bearer-token auth: a pure ASGI middleware in front of every route but ``/healthz`` (the
-busiest route checks the same ``Token`` itself: fast.py).
+busiest route checks the same ``Token`` itself: fast.py). The dashboard's changes check the
+same ``Token`` (queueserve/dashboard/app.py).
 
 A load balancer's health check carries no token, and a liveness answer tells nothing; the
 metrics, the models list and every serving need the token when one is set.
@@ -22,10 +23,12 @@ class Token:
 
     def __init__(self, token: str) -> None:
         if not token:
-            raise ValueError("the gateway's token must not be empty; leave it out for no auth")
+            raise ValueError("the token must not be empty; leave it out for none")
         self._expected = f"Bearer {token}".encode()
 
     def allows(self, scope: Scope) -> bool:
+        """Whether the request's first Authorization header is the token, compared as the
+        bytes sent (UTF-8 for a token that is not ASCII), in constant time."""
         given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
         return hmac.compare_digest(given, self._expected)
 
@@ -42,11 +45,12 @@ class BearerAuth:
         await error_response(refused())(scope, receive, send)
 
 
-def refused() -> ApiError:
+def refused(
+    what_to_do: str = "send 'Authorization: Bearer <token>' with the gateway's --token",
+) -> ApiError:
     return ApiError(
         401,
         "unauthorized",
-        "missing or wrong bearer token: send 'Authorization: Bearer <token>' "
-        "with the gateway's --token",
+        f"missing or wrong bearer token: {what_to_do}",
         {"WWW-Authenticate": "Bearer"},
     )
