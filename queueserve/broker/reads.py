@@ -65,7 +65,7 @@ class WakeRead:
     consumer: str
     budget: int
     per_key: int
-    full: Sequence[str]
+    marks: Sequence[str]
     age_ms: int = PRIORITY_AGE_MS
 
 
@@ -142,15 +142,15 @@ class Reads(BrokerCore):
         consumer: str,
         budget: int,
         per_key: int,
-        full: Sequence[str],
+        marks: Sequence[str],
         age_ms: int = PRIORITY_AGE_MS,
     ) -> ReadOutcome:
         """New entries for ``consumer`` from the streams that have unread work, most urgent
         first (read.lua, each priority level worth ``age_ms`` of waiting): about ``budget``
-        items, ``per_key`` per batch key, none of the streams ``full`` marks
-        (``<priority><key>``: that key's at that priority and below). Idle keys are not
-        touched."""
-        keys_, args = self._read_arguments(keys, consumer, budget, per_key, full, age_ms)
+        items, ``per_key`` per batch key, none of the streams a full mark of ``marks`` names
+        (``<priority><key>``: that key's at that priority and below), and keys that a
+        ``-<key>`` mark names (held in part) after the others. Idle keys are not touched."""
+        keys_, args = self._read_arguments(keys, consumer, budget, per_key, marks, age_ms)
         with redis_errors(self.url):
             out = self._evalsha(self._read, keys_, args)
         return self._outcome(keys, out)
@@ -178,7 +178,7 @@ class Reads(BrokerCore):
 
     def _wake_read_commands(self, keys: Keys, read: WakeRead) -> list[tuple[Any, ...]]:
         keys_, args = self._read_arguments(
-            keys, read.consumer, read.budget, read.per_key, read.full, read.age_ms
+            keys, read.consumer, read.budget, read.per_key, read.marks, read.age_ms
         )
         return [
             ("XREAD", "COUNT", 1, "BLOCK", read.block_ms, "STREAMS", keys.wake, read.after),
@@ -189,7 +189,7 @@ class Reads(BrokerCore):
         """read.lua's reply to a wake read (the caller maps redis-py's errors)."""
         if isinstance(out, NoScriptError):  # Redis restarted or flushed its scripts
             keys_, args = self._read_arguments(
-                keys, read.consumer, read.budget, read.per_key, read.full, read.age_ms
+                keys, read.consumer, read.budget, read.per_key, read.marks, read.age_ms
             )
             out = self._evalsha(self._read, keys_, args)
         elif isinstance(out, Exception):
@@ -231,7 +231,7 @@ class Reads(BrokerCore):
 
     @staticmethod
     def _read_arguments(
-        keys: Keys, consumer: str, budget: int, per_key: int, full: Sequence[str], age_ms: int
+        keys: Keys, consumer: str, budget: int, per_key: int, marks: Sequence[str], age_ms: int
     ) -> tuple[list[str], list[Any]]:
         stream_prefix, priority_prefix = keys.stream_prefixes
         return [keys.ready, keys.active, keys.wake], [
@@ -242,7 +242,7 @@ class Reads(BrokerCore):
             per_key,
             stream_prefix,
             priority_prefix,
-            *full,
+            *marks,
         ]
 
     def sweep(

@@ -12,7 +12,11 @@
 -- ARGV[6]  name prefix of priority-0 streams, P:{S}:in:
 -- ARGV[7]  name prefix of priority-N streams, P:{S}:p (the stream is P:{S}:pN:K)
 -- ARGV[8..] '<priority><batch key>': streams of that key at that priority or below are not to
---           be read: the worker holds a whole batch of it already, as urgent or more
+--           be read: the worker holds a whole batch of it already, as urgent or more;
+--           '-<batch key>': the worker holds some of that key's work (less than a batch)
+-- Keys the worker holds work of are read after the others, whatever their rank: what it holds
+-- of them runs in their turn anyway, and reading more of them first would spend the room on
+-- work that only waits, while a key that became ready later (a quiet one) waits a read more.
 -- Streams are named from the ready set's members: all share the serving's hash tag, so they
 -- live in the slot of KEYS[1].
 -- A stream that gave fewer entries than asked is drained and leaves the ready set (enqueue.lua
@@ -28,8 +32,11 @@ local group, consumer = ARGV[1], ARGV[2]
 local step = tonumber(ARGV[3])
 local budget = tonumber(ARGV[4])
 local per_key = tonumber(ARGV[5])
-local full = {}
-for i = 8, #ARGV do full[string.sub(ARGV[i], 2)] = tonumber(string.sub(ARGV[i], 1, 1)) end
+local full, held = {}, {}
+for i = 8, #ARGV do
+  local mark, key = string.sub(ARGV[i], 1, 1), string.sub(ARGV[i], 2)
+  if mark == '-' then held[key] = true else full[key] = tonumber(mark) end
+end
 local function items_of(entry)
   local fields = entry[2]
   for j = 1, #fields, 2 do
@@ -44,6 +51,52 @@ local out = {last[1] and last[1][1] or '0-0', 0, 0, 0}
 local taken = {}
 local drained = {}
 local again = {}
+local function take(member, priority, key)
+  local want = math.min(per_key - (taken[key] or 0), budget)
+  if want <= 0 then return end
+  local stream
+  if priority == 0 then stream = ARGV[6] .. key else stream = ARGV[7] .. priority .. ':' .. key end
+  local entries, items, count, drained_now = {}, 0, 1, false
+  while items < want do
+    local got = redis.pcall('XREADGROUP', 'GROUP', group, consumer, 'COUNT', count,
+                            'STREAMS', stream, '>')
+    if type(got) == 'table' and got.err then  -- the group is gone: make it again
+      redis.pcall('XGROUP', 'CREATE', stream, group, '0')
+      got = redis.pcall('XREADGROUP', 'GROUP', group, consumer, 'COUNT', count,
+                        'STREAMS', stream, '>')
+    end
+    -- No such stream, or a key of another type under its name: nothing to read there,
+    -- and its mark goes (one bad key must not stop the reads of every other)
+    if type(got) == 'table' and got.err then got = nil end
+    local batch = got and got[1] and got[1][2] or {}
+    for _, entry in ipairs(batch) do
+      entries[#entries + 1] = entry
+      items = items + items_of(entry)
+    end
+    if #batch < count then drained_now = true break end
+    -- as many more entries as the ones read so far say fill the rest
+    count = math.max(1, math.ceil((want - items) * #entries / items))
+  end
+  local n = #entries
+  if not drained_now and n > 0 then  -- read enough: is anything left after the last one?
+    local last = entries[n][1]
+    drained_now = #redis.call('XRANGE', stream, '(' .. last, '+', 'COUNT', 1) == 0
+  end
+  if drained_now then
+    drained[#drained + 1] = member
+  else
+    again[#again + 1] = now - priority * step
+    again[#again + 1] = member
+  end
+  if n > 0 then
+    taken[key] = (taken[key] or 0) + items
+    budget = budget - items
+    out[#out + 1] = stream
+    out[#out + 1] = entries
+    redis.call('ZADD', KEYS[2], now, stream)
+  end
+end
+local later = {}  -- {member, priority, key} of keys the worker holds work of, in rank order
 local start = 0
 while budget > 0 do
   local members = redis.call('ZRANGE', KEYS[1], start, start + 63)
@@ -52,55 +105,20 @@ while budget > 0 do
   for _, member in ipairs(members) do
     local priority = tonumber(string.sub(member, 1, 1))
     local key = string.sub(member, 2)
-    local want = math.min(per_key - (taken[key] or 0), budget)
     if not priority then  -- not a mark enqueue.lua or sweep.lua wrote (anyone may ZADD): drop it
       drained[#drained + 1] = member
     elseif full[key] and priority <= full[key] then
       out[2] = out[2] + 1
-    elseif want > 0 then
-      local stream
-      if priority == 0 then stream = ARGV[6] .. key else stream = ARGV[7] .. priority .. ':' .. key end
-      local entries, items, count, drained_now = {}, 0, 1, false
-      while items < want do
-        local got = redis.pcall('XREADGROUP', 'GROUP', group, consumer, 'COUNT', count,
-                                'STREAMS', stream, '>')
-        if type(got) == 'table' and got.err then  -- the group is gone: make it again
-          redis.pcall('XGROUP', 'CREATE', stream, group, '0')
-          got = redis.pcall('XREADGROUP', 'GROUP', group, consumer, 'COUNT', count,
-                            'STREAMS', stream, '>')
-        end
-        -- No such stream, or a key of another type under its name: nothing to read there,
-        -- and its mark goes (one bad key must not stop the reads of every other)
-        if type(got) == 'table' and got.err then got = nil end
-        local batch = got and got[1] and got[1][2] or {}
-        for _, entry in ipairs(batch) do
-          entries[#entries + 1] = entry
-          items = items + items_of(entry)
-        end
-        if #batch < count then drained_now = true break end
-        -- as many more entries as the ones read so far say fill the rest
-        count = math.max(1, math.ceil((want - items) * #entries / items))
-      end
-      local n = #entries
-      if not drained_now and n > 0 then  -- read enough: is anything left after the last one?
-        local last = entries[n][1]
-        drained_now = #redis.call('XRANGE', stream, '(' .. last, '+', 'COUNT', 1) == 0
-      end
-      if drained_now then
-        drained[#drained + 1] = member
-      else
-        again[#again + 1] = now - priority * step
-        again[#again + 1] = member
-      end
-      if n > 0 then
-        taken[key] = (taken[key] or 0) + items
-        budget = budget - items
-        out[#out + 1] = stream
-        out[#out + 1] = entries
-        redis.call('ZADD', KEYS[2], now, stream)
-      end
+    elseif held[key] then
+      later[#later + 1] = {member, priority, key}
+    elseif budget > 0 then
+      take(member, priority, key)
     end
   end
+end
+for _, m in ipairs(later) do
+  if budget <= 0 then break end
+  take(m[1], m[2], m[3])
 end
 if #drained > 0 then redis.call('ZREM', KEYS[1], unpack(drained)) end
 if #again > 0 then redis.call('ZADD', KEYS[1], 'XX', unpack(again)) end

@@ -187,13 +187,16 @@ class Assembler:
         """Keys holding a whole batch waiting: reading more of them would only buffer."""
         return [k for k, q in self.queues.items() if q.weight >= self.capacity]
 
-    def full_marks(self) -> list[str]:
+    def read_marks(self) -> list[str]:
         """``<priority><key>`` for each key holding a whole batch at that priority and above
         (read.lua reads none of the key's streams at or below it: they would only buffer; a
-        more urgent stream is read, its request goes in the key's next batch)."""
+        more urgent stream is read, its request goes in the key's next batch), and ``-<key>``
+        for each key holding less (read.lua reads those after every other ready key)."""
         marks = []
         for key, queue in self.queues.items():
             if queue.weight < self.capacity:
+                if queue.weight > 0:
+                    marks.append(f"-{key}")
                 continue
             levels = queue.levels
             if len(levels) == 1:

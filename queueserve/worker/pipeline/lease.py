@@ -113,8 +113,8 @@ class ReadLease:
         # at a time, again and again on an idle worker, and reclaims would find no room for
         # ever. A reclaim meanwhile (dead consumers' work, rare) may bring one look-ahead more.
         budget, per_key, age_ms = self._room()
-        full = self.assembler.full_marks()
-        return WakeRead(wake_id, READ_BLOCK_MS, self.consumer, budget, per_key, full, age_ms)
+        marks = self.assembler.read_marks()
+        return WakeRead(wake_id, READ_BLOCK_MS, self.consumer, budget, per_key, marks, age_ms)
 
     def give_back(self, wake_id: bytes) -> None:
         """Give back a borrowed read that was never sent, as it was."""

@@ -171,7 +171,7 @@ class Reader:
 
         The partition's look-ahead is one batch beyond each executor's: reading stops while
         that much waits. A key counts for one batch at most (``look_ahead``), and keys holding
-        a whole batch are not read (``full_marks``, but for priorities above what they hold),
+        a whole batch are not read (``read_marks``, but for priorities above what they hold),
         so the look-ahead always has room for other keys and priorities: a quiet key is read
         while a busy key's backlog waits, however big its requests, and runs in one of the
         next batches (keys take turns by batch). Capacity is in items or cost; read.lua counts
@@ -210,7 +210,7 @@ class Reader:
             if budget <= 0:  # the look-ahead is full: an executor taking a batch wakes us
                 self.cond.wait(RECLAIM_EVERY_S)
                 return
-            full = self.assembler.full_marks()
+            marks = self.assembler.read_marks()
             per_key = self.per_key()
             if len(self.shards) > 1 and keys.shard in lease.drained_at:
                 # This read blocks first (up to READ_BLOCK_MS) on a drained shard: it
@@ -221,16 +221,16 @@ class Reader:
         try:
             if not self.reading:
                 return
-            read = self._read(keys, budget, per_key, full)
+            read = self._read(keys, budget, per_key, marks)
             self.take_in_read(read)
         finally:
             with self.cond:
                 self._reserved -= budget
                 if len(self.shards) > 1:
                     self.cond.notify_all()  # another shard's reader may wait for this room
-        self._after_read(keys, read, full)
+        self._after_read(keys, read, marks)
 
-    def _after_read(self, keys: P.Keys, read: ReadOutcome, full: list[str]) -> None:
+    def _after_read(self, keys: P.Keys, read: ReadOutcome, marks: list[str]) -> None:
         """What the reader does next: block for new work, wait for a batch to be taken, or
         leave its blocking read to an idle executor."""
         if read.entries:
@@ -244,21 +244,23 @@ class Reader:
                 # whole batch, reading again finds nothing until a batch is taken.
                 self._wait_while_full({keys.batch_key_of(s) for s, _ in read.entries})
         elif read.skipped:  # work waits only on keys we hold a full batch of
-            self._wait_while_full({mark[1:] for mark in full})
+            self._wait_while_full({mark[1:] for mark in marks if mark[0] != "-"})
         elif self.lease.lends:
             # A blocking read that timed out: an idle executor takes the next one.
             with self.cond:
                 self.lease.drained(keys.shard, read.wake_id)
                 self.cond.notify_all()
 
-    def _read(self, keys: P.Keys, budget: int, per_key: int, full: list[str]) -> ReadOutcome:
+    def _read(self, keys: P.Keys, budget: int, per_key: int, marks: list[str]) -> ReadOutcome:
         """What is ready of this shard; when the last read drained it (or nothing is ready),
         block on the wake stream and read in the same round trip."""
         drained_at = self.lease.drained_at
         with self.cond:
             wake_id = drained_at.pop(keys.shard, None)
         if wake_id is None:
-            read = self.broker.read_ready(keys, self.consumer, budget, per_key, full, self.age_ms())
+            read = self.broker.read_ready(
+                keys, self.consumer, budget, per_key, marks, self.age_ms()
+            )
             if read.entries or read.skipped:
                 return read
             if len(self.shards) > 1:  # block on the next turn, with a share of the room
@@ -267,7 +269,7 @@ class Reader:
             wake_id = read.wake_id
         return self.broker.wait_then_read(
             keys,
-            WakeRead(wake_id, READ_BLOCK_MS, self.consumer, budget, per_key, full, self.age_ms()),
+            WakeRead(wake_id, READ_BLOCK_MS, self.consumer, budget, per_key, marks, self.age_ms()),
         )
 
     def age_ms(self) -> int:

@@ -138,7 +138,7 @@ class StepQueue:
         """Keys the reader should not read: all of them once a running set's worth waits."""
         return list({w.key for w in self.waiting}) if self.buffered >= self.capacity else []
 
-    def full_marks(self) -> list[str]:
+    def read_marks(self) -> list[str]:
         """read.lua's form of ``full_keys``: every priority of each key."""
         return [f"9{key}" for key in self.full_keys()]
 
