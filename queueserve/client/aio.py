@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import functools
 from collections import deque
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Awaitable, Iterable
 from typing import Any
 
 from queueserve.broker.retry import Retry
@@ -21,7 +21,7 @@ from queueserve.client.events import RequestStream
 from queueserve.client.job_records import job_plan
 from queueserve.client.jobs import AsyncJob
 from queueserve.client.progress import ProgressCallback
-from queueserve.client.targets import Part, Target, plan, stream_parts
+from queueserve.client.targets import Part, Target, in_batches, plan, stream_parts
 from queueserve.client.windows import MapWindow, StreamPacer, collect, kept_parts
 from queueserve.errors import Cancelled, QueueServeError, Timeout
 from queueserve.hooks import Event
@@ -77,8 +77,9 @@ class AsyncTicket:
         self._timeout = timeout
 
     @property
-    def id(self) -> str:
-        return ",".join(f"{self._client.client_id}-{c.rid}" for c in self._calls)
+    def id(self) -> Awaitable[str]:
+        """``await ticket.id``: ``Ticket.id``, a job's once it is in Redis."""
+        return self._client._sent_id(self._calls)
 
     def done(self) -> bool:
         return all(c.state != "pending" for c in self._calls)
@@ -171,7 +172,7 @@ class AsyncClient(AsyncSending):
         priority: int = 0,
         keep: float | None = None,
     ) -> AsyncTicket:
-        """``Client.submit``: ``keep`` (seconds) makes it a job, followed by ``ticket.id``."""
+        """``Client.submit``: ``keep`` (seconds) makes it a job, followed by ``await ticket.id``."""
         if self._closed:
             raise self._closed_error("AsyncClient")
         timeout = self._timeout_for(timeout)
@@ -180,6 +181,7 @@ class AsyncClient(AsyncSending):
         parts = plan(target, items if isinstance(items, list) else list(items), batch_key)
         deadline = deadline_after(timeout)
         keep_ms = job_plan(target, parts, keep)
+        parts = in_batches(target, parts, job=keep_ms > 0)
         self._jobs_sent = self._jobs_sent or keep_ms > 0
         self._ensure_reader()
         loop = asyncio.get_running_loop()

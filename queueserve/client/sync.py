@@ -22,7 +22,7 @@ from queueserve.client.events import RequestStream
 from queueserve.client.job_records import job_plan
 from queueserve.client.jobs import Job
 from queueserve.client.progress import ProgressCallback
-from queueserve.client.targets import Target, plan, stream_parts
+from queueserve.client.targets import Target, in_batches, plan, stream_parts
 from queueserve.client.ticket import Ticket
 from queueserve.client.waiting import Waiting
 from queueserve.client.windows import MapWindow, StreamPacer
@@ -89,7 +89,7 @@ class Client(Waiting):
         priority: int = 0,
         return_exceptions: bool = False,
     ) -> list[Any]:
-        """Run items as one request; results in item order."""
+        """Run items (as requests of at most a batch each); results in item order."""
         ticket = self._submit(serving, items, batch_key, timeout, inline=True, priority=priority)
         return ticket.result(return_exceptions=return_exceptions)
 
@@ -103,7 +103,7 @@ class Client(Waiting):
         priority: int = 0,
         keep: float | None = None,
     ) -> Ticket:
-        """Send items as one request (one per batch key) without waiting; returns a Ticket.
+        """Send items without waiting, as one request per batch key and batch; returns a Ticket.
 
         The request is sent by the client's sender thread, together with whatever else is
         queued, so a loop of submits pays no round trip per call.
@@ -147,6 +147,7 @@ class Client(Waiting):
         parts = plan(target, items if isinstance(items, list) else list(items), batch_key)
         deadline = deadline_after(timeout)
         keep_ms = job_plan(target, parts, keep)
+        parts = in_batches(target, parts, job=keep_ms > 0)
         self._jobs_sent = self._jobs_sent or keep_ms > 0
         self._ensure_reader()
         if len(parts) != 1:

@@ -170,6 +170,30 @@ def plan(target: Target, items: list[Any], batch_key: str | None) -> list[Part]:
     return list(groups.values())
 
 
+def in_batches(target: Target, parts: list[Part], *, job: bool) -> list[Part]:
+    """``parts`` with each one of more than batch_size items cut into requests of at most a
+    batch, results put back by position: a worker holds a request whole once read, so one big
+    request would keep its key's turn for its whole size while other keys wait; requests of a
+    batch each keep their place in the round in Redis (docs/usage.md, "Keys and priorities").
+    A job is one request (its id reaches all of it), and requests of a serving that streams
+    events run whole (check_payload holds them to a batch); ``batch_size`` unknown (no worker
+    declared the serving yet): sent as they are."""
+    size = target.batch_size
+    if size is None or job or target.hooks or all(len(p.items) <= size for p in parts):
+        return parts
+    cut: list[Part] = []
+    for part in parts:
+        n = len(part.items)
+        if n <= size:
+            cut.append(part)
+            continue
+        positions = part.positions if part.positions is not None else range(n)
+        for start in range(0, n, size):
+            end = start + size
+            cut.append(Part(part.batch_key, list(positions[start:end]), part.items[start:end]))
+    return cut
+
+
 def stream_parts(target: Target, items: list[Any], batch_key: str | None) -> list[tuple[int, Part]]:
     """Requests for ``stream``: runs of consecutive items with one batch key, at most
     batch_size each (streamed requests are never split), with their input offsets."""

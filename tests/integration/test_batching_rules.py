@@ -195,9 +195,10 @@ def test_request_larger_than_the_room_left_is_split_aab_bcc(
     worker = start_worker(serving)
     blocker = hold_executor(serving, client, ["z0", "z1", "z2", "z3"])
 
-    # When request A (3 items) and then request B (5 items) are both read meanwhile
+    # When request A (3 items) and then request B (5 items: a job, which the client never
+    # cuts into batches) are both read meanwhile
     a = client.submit(serving, ["a0", "a1", "a2"])
-    b = client.submit(serving, ["b0", "b1", "b2", "b3", "b4"])
+    b = client.submit(serving, ["b0", "b1", "b2", "b3", "b4"], keep=60)
     wait_until(
         lambda: pending("split") == 3 and items_waiting(worker) == 8,
         what="the worker to read A and B",
@@ -218,9 +219,28 @@ def test_one_request_larger_than_batch_size_runs_as_several_batches_in_order(
     serving = Recording(square_items, name="split10", batch_size=4, batch_timeout=0.01)
     start_worker(serving)
 
-    assert client.dispatch_many(serving, list(range(10)), timeout=RESULT_WAIT_S) == [
-        x * x for x in range(10)
-    ]
+    # A job is one request whatever its size (the client cuts other calls into batches)
+    job = client.submit(serving, list(range(10)), timeout=RESULT_WAIT_S, keep=60)
+    assert job.result(RESULT_WAIT_S) == [x * x for x in range(10)]
+    assert serving.item_batches == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+
+
+def test_a_call_bigger_than_a_batch_goes_as_requests_of_a_batch_each_in_order(
+    start_worker: StartWorker, client: qs.Client, pending: Pending
+) -> None:
+    # Given a serving of batch_size 4 that a worker declared, its executor held
+    serving = Recording(square_items, name="cut10", batch_size=4, batch_timeout=0.01, gated=True)
+    start_worker(serving)
+
+    # When a caller sends 10 items in one call (by name: the size comes from the declaration)
+    ticket = client.submit("cut10", list(range(10)), timeout=RESULT_WAIT_S)
+
+    # Then they went as three requests, a batch at most each (a worker holds a request whole
+    # once read; requests of a batch keep their key's turn in Redis) ...
+    wait_until(lambda: pending("cut10") == 3, what="the worker to read three requests")
+    serving.release()
+    # ... whose results come back in the caller's order
+    assert ticket.result(RESULT_WAIT_S) == [x * x for x in range(10)]
     assert serving.item_batches == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
 
 

@@ -15,6 +15,10 @@ from typing import Any
 import pytest
 
 import queueserve as qs
+from queueserve.wire.codec import get_codec
+from queueserve.wire.protocol import Keys, inbox_key
+from queueserve.wire.request import encode_request
+from tests.support.broker import RedisBroker
 from tests.support.helpers import WAIT_S, wait_until
 from tests.support.servings import Recording
 
@@ -133,16 +137,7 @@ ROUND_BOUND = KEYS + 2 + QUIET_BOUND
     "per_key",
     [
         5,  # half a batch each: 100 batches in all
-        pytest.param(
-            30,  # three batches each: 300 in all
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="a request bigger than a batch is held whole once read, and two such "
-                "keys fill the look-ahead: busy keys are read in the order their work became "
-                "ready and each runs its whole request, so the quiet key waits for the whole "
-                "backlog (docs/benchmarks.md, issue 25)",
-            ),
-        ),
+        30,  # three batches each: 300 in all
     ],
 )
 def test_under_many_busy_keys_a_quiet_key_waits_one_round_and_priority_9_one_batch(
@@ -178,3 +173,27 @@ def test_under_many_busy_keys_a_quiet_key_waits_one_round_and_priority_9_one_bat
     for ticket in backlog:  # and every busy key was answered in full
         assert ticket.result(WAIT_S * 4) == items
     client.close()
+
+
+@pytest.mark.parametrize("holds_busy", [True, False])
+def test_a_read_takes_keys_the_worker_holds_work_of_after_the_others(
+    holds_busy: bool, redis_url: str, prefix: str
+) -> None:
+    # Given a busy key whose work became ready before a quiet key's, a batch waiting on each
+    broker = RedisBroker(redis_url)
+    keys = Keys(prefix, "held")
+    codec, inbox = get_codec("msgpack"), inbox_key(prefix, "c1")
+    for rid, key in enumerate(("busy", "quiet")):
+        broker.ensure_group(keys.stream(key))
+        request = encode_request(codec, rid, ["x"] * 4, inbox, None)
+        broker.enqueue(keys, [(key, 4, *request, 0)], 0)
+        time.sleep(0.005)  # the ready set ranks keys by the ms they became ready
+
+    # When a worker with room for one batch reads, holding part of a busy batch or nothing
+    marks = ["-busy"] if holds_busy else []
+    read = broker.read_ready(keys, "c", 4, 4, marks)
+
+    # Then a worker that holds busy work reads the quiet key: what it holds of the busy key
+    # runs in its turn anyway, and the quiet request would wait a read more behind it
+    first = "quiet" if holds_busy else "busy"
+    assert [stream for stream, _ in read.entries] == [keys.stream(first)]

@@ -105,6 +105,7 @@ def test_queue_time_end_to_end_and_the_backlog_by_priority(
             lambda: _sample(scrape(), "queueserve_queue_time_seconds_count", serving="gated") == 1,
             "the first batch started",
         )
+        # each goes as three requests of one item (a batch each: the client cuts them)
         later = [client.submit("gated", [1, 2, 3], priority=5) for _ in range(2)]
         wait_until(
             lambda: _sample(scrape(), "queueserve_queued_items", serving="gated") == 7,
@@ -124,11 +125,11 @@ def test_queue_time_end_to_end_and_the_backlog_by_priority(
         assert first.result(30) == [0]
         assert [t.result(30) for t in later] == [[1, 2, 3]] * 2
         wait_until(
-            lambda: _sample(scrape(), "queueserve_end_to_end_seconds_count", serving="gated") == 3,
-            "three requests answered",
+            lambda: _sample(scrape(), "queueserve_end_to_end_seconds_count", serving="gated") == 7,
+            "seven requests answered",
         )
         text = scrape()
-        assert _sample(text, "queueserve_queue_time_seconds_count", serving="gated") == 3
+        assert _sample(text, "queueserve_queue_time_seconds_count", serving="gated") == 7
         assert _sample(text, "queueserve_queued_items", serving="gated") == 0
         assert (
             _sample(
