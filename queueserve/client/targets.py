@@ -179,7 +179,9 @@ def in_batches(target: Target, parts: list[Part], *, job: bool) -> list[Part]:
     events run whole (check_payload holds them to a batch); ``batch_size`` unknown (no worker
     declared the serving yet): sent as they are."""
     size = target.batch_size
-    if size is None or job or target.hooks or all(len(p.items) <= size for p in parts):
+    if size is None or job or target.hooks:
+        return parts
+    if len(parts) == 1 and len(parts[0].items) <= size:  # a dispatch, or any small call
         return parts
     cut: list[Part] = []
     for part in parts:
