@@ -16,7 +16,9 @@ from queueserve.client.base import BaseClient
 from queueserve.client.calls import Call
 from queueserve.client.job_records import jobs_at
 from queueserve.client.outgoing import Outgoing, admitted, enqueue_groups, send_window
+from queueserve.client.ticket import ticket_id
 from queueserve.errors import NotReplicated, QueueServeError
+from queueserve.wire.timing import RECONNECT_WITHIN_S
 
 
 class AsyncSending(BaseClient):
@@ -35,6 +37,32 @@ class AsyncSending(BaseClient):
         self._durable_task: asyncio.Task[None] | None = None
         self._durable_retry = Retry(self._broker.outage, "durable sender")
         self._jobs_sent = False  # set by the first job: plain sends never look for jobs
+        self._send_waiters: list[asyncio.Future[None]] = []  # woken as each send ends
+
+    async def _sent_id(self, calls: list[Call]) -> str:
+        """``AsyncTicket.id``: as ``Ticket.id``, a job's once the job is in Redis (its record
+        is written just before its request): from then on the id holds whatever becomes of
+        this process."""
+        if calls[0].keep_ms:
+            await self._until_sent(calls)
+        return ticket_id(self.client_id, calls)
+
+    async def _until_sent(self, calls: list[Call]) -> None:
+        """Return once ``calls`` are enqueued, or failed: sending what is queued if no task is
+        sending, else waiting for the sends under way to end, for at most RECONNECT_WITHIN_S
+        (a send that fails fails its calls; so does one that gives up retrying)."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + RECONNECT_WITHIN_S
+        while any(c.entry_id is None and c.state == "pending" for c in calls):
+            if not self._flushing and self._outbox:
+                await self._flush()
+                continue
+            left = end - loop.time()
+            if left <= 0:
+                return
+            sent = loop.create_future()
+            self._send_waiters.append(sent)
+            await asyncio.wait((sent,), timeout=left)
 
     async def _withdraw(self, call: Call) -> bool:
         """Cancel ``call``: True when it will never run (see ``Client.withdraw``)."""
@@ -89,6 +117,15 @@ class AsyncSending(BaseClient):
             self._fail_batch(batch, e)
         except Exception as e:
             self._fail_send(batch, e)
+        finally:
+            if self._send_waiters:
+                self._wake_send_waiters()
+
+    def _wake_send_waiters(self) -> None:
+        waiters, self._send_waiters = self._send_waiters, []
+        for sent in waiters:
+            if not sent.done():
+                sent.set_result(None)
 
     async def _enqueue(self, batch: list[Outgoing]) -> None:
         for group, keys, requests, max_queue, durable in enqueue_groups(batch):

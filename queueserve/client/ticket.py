@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from queueserve.client.calls import Call
@@ -10,6 +11,11 @@ from queueserve.client.targets import Part, Target
 from queueserve.client.waiting import Waiting
 from queueserve.client.windows import collect, kept_parts
 from queueserve.errors import Timeout
+
+
+def ticket_id(client_id: str, calls: Iterable[Call]) -> str:
+    """A ticket's id: ``client_id-request`` of each of its requests (one per batch key)."""
+    return ",".join(f"{client_id}-{c.rid}" for c in calls)
 
 
 class Ticket:
@@ -46,9 +52,10 @@ class Ticket:
         """Request id, unique across clients (``client_id-request``; one per batch key). A
         job's (``submit(..., keep=)``) returns once the job is in Redis: from then on any
         process reaches it by this id, whatever becomes of this one."""
-        if self._each[0].keep_ms:
-            self._client._until_sent(self._each)
-        return ",".join(f"{self._client.client_id}-{c.rid}" for c in self._each)
+        calls = self._each
+        if calls[0].keep_ms:
+            self._client._until_sent(calls)
+        return ticket_id(self._client.client_id, calls)
 
     def done(self) -> bool:
         return all(c.state != "pending" for c in self._each)

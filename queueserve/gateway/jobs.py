@@ -26,7 +26,6 @@ from queueserve.wire.jobs import MAX_KEEP_MS
 
 DEFAULT_KEEP_S = 3600.0  # an answer no one fetched within the hour is rarely wanted
 MAX_WAIT_S = 300.0  # what one ``GET .../result`` may wait: proxies cut longer idle requests
-_FIRST_POLL_S, _MOST_POLL_S, PLACED_WITHIN_S = 0.001, 0.05, 30.0
 
 
 class SubmitJob(Options):
@@ -40,12 +39,11 @@ def routes(gw: Gateway) -> list[Route]:
         body = await parse(request, SubmitJob, gw.max_body_bytes)
         await gw.require(name)
         ticket = await gw.submit(name, body.items, body, keep=body.keep)
-        job = gw.client.job(ticket.id)
-        await placed(job, ticket)
+        job = await placed(gw, ticket)
         return JSON(
             {"id": job.id, "status": "queued", "total": len(body.items)},
             status_code=202,
-            headers={"Location": f"/v1/jobs/{job.id}"},
+            headers={"Location": f"{request.scope.get('root_path', '')}/v1/jobs/{job.id}"},
         )
 
     async def show(request: Request) -> Response:
@@ -108,20 +106,18 @@ def job_of(gw: Gateway, request: Request) -> AsyncJob:
         raise bad_request(str(e)) from None
 
 
-async def placed(job: AsyncJob, ticket: AsyncTicket) -> None:
-    """Return once the job's record is in Redis, so the id answered holds whatever becomes
-    of this process: at once unless another request's send carries it. A send Redis
-    refused (a full queue) raises its error."""
-    pause, waited = _FIRST_POLL_S, 0.0
-    while await job.status() == "expired":
-        if ticket.done():
-            await ticket.result()  # the send failed: its error; else the record went already
-            return
-        if waited >= PLACED_WITHIN_S:
-            raise ApiError(503, "not_placed", f"job {job.id} is not in Redis yet; retry later")
-        await asyncio.sleep(pause)
-        waited += pause
-        pause = min(pause * 2, _MOST_POLL_S)
+async def placed(gw: Gateway, ticket: AsyncTicket) -> AsyncJob:
+    """The job of ``ticket`` once its record is in Redis (``await ticket.id``), so the id
+    answered holds whatever becomes of this process. A send Redis refused (a full queue)
+    raises its error: Redis is asked only when the ticket had ended by then (refused, or
+    answered already)."""
+    job = gw.client.job(await ticket.id)
+    try:
+        if ticket.done() and await job.status() == "expired":
+            await ticket.result()  # its send failed: that error (else it ran, and is forgotten)
+    except QueueServeError as e:
+        raise from_queueserve(e) from None
+    return job
 
 
 async def state(job: AsyncJob) -> dict[str, Any]:

@@ -4,6 +4,7 @@ through the death of the process that sent it and of the worker that ran it."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -336,14 +337,37 @@ async def test_an_async_client_submits_follows_and_cancels_jobs(
     start_worker(qs.Serving(tag_items, name="asyncjobs", batch_size=4, batch_timeout=0))
     async with qs.AsyncClient(redis_url, prefix=prefix) as client:
         ticket = await client.submit("asyncjobs", ["a"], keep=60)
-        job = client.job(ticket.id)
+        job = client.job(await ticket.id)
         assert await job.result(timeout=30) == ["r:a"]
         assert await job.status() == "done"
         assert (await job.progress())[:2] == (1, 1)
-        queued = client.job((await client.submit("nobody", ["b"], keep=60)).id)
+        queued = client.job(await (await client.submit("nobody", ["b"], keep=60)).id)
         assert await queued.cancel() is True
         assert await queued.status() == "cancelled"
         assert await job.forget() is True
+
+
+async def test_an_async_job_s_id_is_awaited_until_the_job_is_in_redis(
+    start_worker: StartWorker, redis_client: redis.Redis, redis_url: str, prefix: str
+) -> None:
+    start_worker(qs.Serving(tag_items, name="asyncsent", batch_size=4, batch_timeout=0))
+    async with qs.AsyncClient(redis_url, prefix=prefix) as client:
+        assert await client.dispatch("asyncsent", "warm") == "r:warm"  # declared, looked up
+
+        async def first() -> None:  # sending its job while the second's waits in the outbox
+            await client.submit("asyncsent", ["a"], keep=60)
+
+        async def second() -> int:
+            ticket = await client.submit("asyncsent", ["b"], keep=60)
+            job_id = await ticket.id
+            # Asked with a sync call: nothing else runs on the loop meanwhile
+            return int(redis_client.exists(job_key(prefix, job_id)))
+
+        sending = asyncio.create_task(first())
+        await asyncio.sleep(0)
+        assert client._flushing  # the first is sending
+        assert await second() == 1
+        await sending
 
 
 def test_keep_is_checked_and_a_job_is_one_request(client: qs.Client) -> None:

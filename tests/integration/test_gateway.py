@@ -196,13 +196,15 @@ def test_a_full_queue_is_429_with_retry_after(stack: Stack) -> None:
     with ThreadPoolExecutor(1) as pool, stack.http() as http:
         held = pool.submit(http.post, "/v1/servings/limited/dispatch", json={"item": "hold:q"})
         wait_until(lambda: ["hold:q"] in stack.batches(), "the held batch to run")
-        # When another request comes
+        # When another request comes, or a job
         refused = http.post("/v1/servings/limited/dispatch", json={"item": "x"})
+        job = http.post("/v1/servings/limited/jobs", json={"items": ["y"]})
         stack.open("q")
-        # Then it is refused at once, and told when to come back
-        assert refused.status_code == 429
-        assert error_of(refused)["type"] == "queue_full"
-        assert int(refused.headers["retry-after"]) >= 1
+        # Then each is refused at once, and told when to come back
+        for response in (refused, job):
+            assert response.status_code == 429, response.text
+            assert error_of(response)["type"] == "queue_full"
+            assert int(response.headers["retry-after"]) >= 1
         assert held.result().json() == {"result": "r:hold:q"}
 
 
@@ -213,7 +215,12 @@ async def test_the_app_mounts_in_another_with_a_client_of_yours(stack: Stack) ->
             transport=httpx.ASGITransport(app=outer), base_url="http://app"
         ) as http:
             answer = await http.post("/qs/v1/servings/gated/dispatch", json={"item": "m"})
+            job = await http.post("/qs/v1/servings/gated/jobs", json={"items": ["j"]})
+            where = job.headers["location"]
+            result = await http.get(f"{where}/result", params={"timeout": 30})
         assert answer.json() == {"result": "r:m"}
+        assert where == f"/qs/v1/jobs/{job.json()['id']}"  # under the mount point
+        assert result.json()["results"] == ["r:j"]
         assert await client.dispatch("gated", "still open") == "r:still open"  # not closed
 
 
