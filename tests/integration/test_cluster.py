@@ -224,7 +224,7 @@ async def _async_cases(url: str, prefix: str) -> None:
     async with qs.AsyncClient(url, prefix=prefix) as client:
         assert await client.dispatch("squares", 12) == 144
         assert await client.dispatch_many("squares", list(range(50))) == [x * x for x in range(50)]
-        job = client.job((await client.submit("squares", [6], keep=60)).id)
+        job = client.job(await (await client.submit("squares", [6], keep=60)).id)
         assert await job.result(timeout=30) == [36]
         assert await job.status() == "done"
 
