@@ -1,0 +1,114 @@
+"""Redis CPU per item of the single-item path, plain and as jobs, step by step (issue 26).
+
+    python -m bench.job_cost [--rounds 40]
+
+As ``bench.script_cost`` does for the plain path: on a private ``redis-server``, rounds of 512
+one-item requests go through the enqueue (``enqueue.lua``, one call), the worker's reads
+(``read.lua``) and its reply round trip (an inbox message, ``job.lua`` for jobs, ``ack.lua``),
+and Redis's own CPU clock (``INFO cpu``) is read around each step. Once plain, once with each
+request a job (``submit(..., keep=60)``: its header names the job, the enqueue writes its
+record, the reply its answer). Only this process talks to that server, so the figures hold on
+a busy machine: they say what a job adds to Redis's share of ``bench.throughput``'s "keep /
+plain submit" ratio, per step (docs/benchmarks.md, "Jobs").
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from bench._harness import RedisServer
+from bench.script_cost import Broker, N, redis_cpu
+from queueserve.wire.codec import get_codec
+from queueserve.wire.jobs import job_key
+from queueserve.wire.protocol import Keys, inbox_key
+from queueserve.wire.reply import ReplyEncoder
+from queueserve.wire.request import encode_request
+
+KEEP_MS = 60_000
+CLIENT_ID = "0123456789abcdef"
+
+
+@dataclass
+class Answer:
+    """One job's answer as the worker's replier hands it to job.lua (broker/replies.py's
+    JobAnswer): a first run's single message, which ends the job."""
+
+    job_id: str
+    messages: list[bytes]
+    keep_ms: int = KEEP_MS
+    n: int = 1
+    final: bool = True
+    errored: bool = False
+    fresh: bool = True
+    hook: bytes = b""
+
+
+def steps(broker: Broker, rounds: int, jobs: bool) -> dict[str, float]:
+    """Redis CPU µs per item of each step, over ``rounds`` rounds of N requests."""
+    prefix = "qsjc" if jobs else "qsjp"  # one server, two layouts side by side
+    keys = Keys(prefix, "noop")
+    stream = keys.stream("default")
+    broker.ensure_group(stream)
+    codec = get_codec("msgpack")
+    inbox = inbox_key(prefix, CLIENT_ID)
+    encoder = ReplyEncoder(codec, bytes((codec.tag,)), 1 << 20, {})
+    spent = {"enqueue": 0.0, "read": 0.0, "reply": 0.0}
+    server: Any = broker.redis  # a plain server's client (bench.script_cost's Broker)
+    rid = 0
+    for _ in range(rounds):
+        requests, records, answers = [], [], []
+        for i in range(N):
+            rid += 1
+            job_id = f"{CLIENT_ID}-{rid}"
+            fields = {"job": job_id, "keep": KEEP_MS} if jobs else None
+            header, payload = encode_request(codec, rid, [i], inbox, None, "", 0, fields)
+            requests.append(("default", 1, header, payload, 0))
+            if jobs:
+                records.append((i, job_key(prefix, job_id), KEEP_MS))
+                answers.append(Answer(job_id, encoder.messages([[rid, 0, 1, 0, [i]]])))
+        c0 = redis_cpu(server)
+        broker.enqueue(keys, requests, 0, jobs=records)
+        c1 = redis_cpu(server)
+        ids: list[bytes] = []
+        while len(ids) < N:
+            read = broker.read_ready(keys, "c", 256, 256, [])
+            ids += [entry_id for _, entries in read.entries for entry_id, _ in entries]
+        c2 = redis_cpu(server)
+        # one inbox message for the N answers, as a worker sends one per (client, batch)
+        reply = encoder.messages([[r, 0, 1, 0, [0]] for r in range(rid - N + 1, rid + 1)])
+        broker.reply_and_ack(keys, {inbox: reply}, {stream: {1: ids}}, 60_000, jobs=answers)
+        c3 = redis_cpu(server)
+        server.delete(inbox)
+        spent["enqueue"] += c1 - c0
+        spent["read"] += c2 - c1
+        spent["reply"] += c3 - c2
+    return {k: v / (N * rounds) * 1e6 for k, v in spent.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.job_cost", description=__doc__)
+    parser.add_argument("--rounds", type=int, default=40, help="rounds of 512 items")
+    args = parser.parse_args(argv)
+    server = RedisServer().start()
+    try:
+        broker = Broker(server.url)
+        try:
+            plain = steps(broker, args.rounds, jobs=False)
+            kept = steps(broker, args.rounds, jobs=True)
+        finally:
+            broker.close()
+    finally:
+        server.stop()
+    print("Redis CPU µs per item      plain   jobs  (keep=60)")
+    for step in (*plain, "all"):
+        a = sum(plain.values()) if step == "all" else plain[step]
+        b = sum(kept.values()) if step == "all" else kept[step]
+        print(f"  {step:<22} {a:7.2f} {b:6.2f}  ({b - a:+.2f})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
