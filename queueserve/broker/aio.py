@@ -18,6 +18,7 @@ from redis.commands.core import AsyncScript
 from queueserve.broker.common import (
     Enqueued,
     Request,
+    Together,
     cancel_arguments,
     declared_names,
     declared_pattern,
@@ -145,17 +146,19 @@ class AsyncProducer:
         *,
         durable: bool = False,
         jobs: Sequence[JobAt] = (),
+        together: Sequence[Together] = (),
     ) -> Enqueued:
         """``Producer.enqueue``: admit requests atomically, or reject them for max_queue;
-        ``durable`` waits for a replica to hold them; ``jobs`` get their records."""
+        ``durable`` waits for a replica to hold them; ``jobs`` get their records; each run
+        of ``together`` is admitted whole or refused whole."""
         if jobs and self.jobs.cluster:
             await self.jobs.created(new_jobs(keys, requests, jobs))
-            reply = await self._enqueue_call(keys, requests, max_queue, durable, ())
+            reply = await self._enqueue_call(keys, requests, max_queue, durable, (), together)
             # Not retried with the enqueue (see Producer.enqueue)
             with contextlib.suppress(QueueServeError):
                 await self.jobs.placed(placed_jobs(keys, requests, jobs, reply))
             return reply
-        return await self._enqueue_call(keys, requests, max_queue, durable, jobs)
+        return await self._enqueue_call(keys, requests, max_queue, durable, jobs, together)
 
     async def _enqueue_call(
         self,
@@ -164,8 +167,9 @@ class AsyncProducer:
         max_queue: int,
         durable: bool,
         jobs: Sequence[JobAt],
+        together: Sequence[Together],
     ) -> Enqueued:
-        script_keys, args = enqueue_arguments(keys, requests, max_queue, jobs)
+        script_keys, args = enqueue_arguments(keys, requests, max_queue, jobs, together)
         with redis_errors(self.url):
             if not durable:
                 return enqueued(await self._enqueue(keys=script_keys, args=args))

@@ -22,6 +22,8 @@ from queueserve.wire.timing import DURABLE_WAIT_MS
 
 StreamEntries = list[tuple[bytes, dict[bytes, bytes]]]
 Request = tuple[str, int, bytes, bytes, int]  # batch key, items, header, payload, priority
+# Requests of one call admitted together or not at all: the first one's index, how many
+Together = tuple[int, int]
 Enqueued = tuple[int, int, list[bytes | int]]  # limit, queued after, entry id or 0 per request
 INBOX_READ_COUNT = 512
 
@@ -84,9 +86,12 @@ def enqueue_arguments(
     requests: Sequence[Request],
     max_queue: int,
     jobs: Sequence[tuple[int, str, int]] = (),
+    together: Sequence[Together] = (),
 ) -> tuple[list[str], list[Any]]:
     """KEYS and ARGV of enqueue.lua for these requests: each stream's batch key and priority
-    once, then four values per request; then, for ``jobs`` (broker/jobs.py's JobAt), their
+    once, then four values per request (the first of ``together`` requests with its item
+    count as 'N:R': admitted with the R-1 after it or refused with them); then, for ``jobs``
+    (broker/jobs.py's JobAt), their
     records' keys and what enqueue.lua writes there (not on a cluster: the records are in
     other slots). The per-priority counter goes last of all KEYS (enqueue.lua knows it by its
     name, so callers that predate it still work)."""
@@ -97,6 +102,8 @@ def enqueue_arguments(
         if index is None:
             index = streams[batch_key, priority] = len(streams) + 1
         per_request += (index, n, header, payload)
+    for first, count in together:
+        per_request[4 * first + 1] = f"{requests[first][1]}:{count}"
     args: list[Any] = [max_queue, GROUP, PRIORITY_AGE_MS, len(streams)]
     for batch_key, priority in streams:
         args += (batch_key, priority)

@@ -16,6 +16,7 @@ from queueserve.broker import raw
 from queueserve.broker.common import (
     Enqueued,
     Request,
+    Together,
     cancel_arguments,
     declared_names,
     declared_pattern,
@@ -51,6 +52,7 @@ class Producer(BrokerCore):
         *,
         durable: bool = False,
         jobs: Sequence[JobAt] = (),
+        together: Sequence[Together] = (),
     ) -> Enqueued:
         """Admit requests ``(batch_key, n_items, header, payload, priority)`` atomically.
 
@@ -58,16 +60,17 @@ class Producer(BrokerCore):
         stream entry id, or 0 when it was rejected for max_queue. ``durable`` waits until a
         replica holds them too (NotReplicated when none did within DURABLE_WAIT_MS). ``jobs``:
         the requests that are jobs, whose records are written with them (broker/jobs.py).
+        ``together``: runs of requests of one call, admitted whole or refused whole.
         """
         if jobs and self.jobs.cluster:
             self.jobs.created(new_jobs(keys, requests, jobs))
-            reply = self._enqueue_call(keys, requests, max_queue, durable, ())
+            reply = self._enqueue_call(keys, requests, max_queue, durable, (), together)
             # Not retried with the enqueue (that would enqueue twice): without it a job is
             # answered as ever, and a cancel cannot withdraw its entry.
             with contextlib.suppress(QueueServeError):
                 self.jobs.placed(placed_jobs(keys, requests, jobs, reply))
             return reply
-        return self._enqueue_call(keys, requests, max_queue, durable, jobs)
+        return self._enqueue_call(keys, requests, max_queue, durable, jobs, together)
 
     def _enqueue_call(
         self,
@@ -76,8 +79,9 @@ class Producer(BrokerCore):
         max_queue: int,
         durable: bool,
         jobs: Sequence[JobAt],
+        together: Sequence[Together],
     ) -> Enqueued:
-        script_keys, args = enqueue_arguments(keys, requests, max_queue, jobs)
+        script_keys, args = enqueue_arguments(keys, requests, max_queue, jobs, together)
         with redis_errors(self.url):
             if not durable:
                 return enqueued(self._evalsha(self._enqueue, script_keys, args))

@@ -186,8 +186,7 @@ class AsyncClient(AsyncSending):
         self._ensure_reader()
         loop = asyncio.get_running_loop()
         calls, futures = [], []
-        for part in parts:
-            outgoing = self._request(target, part, deadline, priority, keep_ms=keep_ms)
+        for outgoing in self._requests(target, parts, deadline, priority, keep_ms=keep_ms):
             future: asyncio.Future[None] = loop.create_future()
             outgoing.call.on_done = lambda _c, f=future: f.done() or f.set_result(None)
             calls.append(outgoing.call)

@@ -128,11 +128,11 @@ class AsyncSending(BaseClient):
                 sent.set_result(None)
 
     async def _enqueue(self, batch: list[Outgoing]) -> None:
-        for group, keys, requests, max_queue, durable in enqueue_groups(batch):
+        for group, keys, requests, max_queue, durable, together in enqueue_groups(batch):
             jobs = jobs_at(self.prefix, self.client_id, group) if self._jobs_sent else ()
             try:
                 reply = await self._broker.enqueue(
-                    keys, requests, max_queue, durable=durable, jobs=jobs
+                    keys, requests, max_queue, durable=durable, jobs=jobs, together=together
                 )
             except NotReplicated as e:  # queued, but not safe: these callers are told so
                 self._fail_batch(group, e)

@@ -159,6 +159,25 @@ class BaseClient:
         # cost 0.25 µs more per request on the client's hot path.
         return _new_tuple(Outgoing, (target, part.batch_key, call, header, payload))
 
+    def _requests(
+        self,
+        target: Target,
+        parts: list[Part],
+        deadline: float | None,
+        priority: int,
+        reply_to: str | None = None,
+        keep_ms: int = 0,
+    ) -> list[Outgoing]:
+        """``_request`` of each part of one call: several are admitted together or not at all
+        (``Call.group``), so a call refused for max_queue never runs in part."""
+        outgoing = [
+            self._request(target, p, deadline, priority, False, reply_to, keep_ms) for p in parts
+        ]
+        if len(outgoing) > 1:
+            for o in outgoing:
+                o.call.group = outgoing[0].call.rid
+        return outgoing
+
     def _streamed_request(
         self,
         target: Target,

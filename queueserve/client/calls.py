@@ -35,6 +35,7 @@ class Call:
         "error",
         "events_total",
         "filled",
+        "group",
         "keep_ms",
         "keys",
         "kind",
@@ -71,6 +72,9 @@ class Call:
         self.events_total = 0  # events published before the answer (streamed requests)
         self.run = 0  # the run that answered: 0 its first, else a replay's token (events.py)
         self.keep_ms = 0  # a job's keep (wire/jobs.py): its answer is kept in Redis too
+        # When its caller's call went as several requests: the first one's rid (they are
+        # admitted together or not at all); 0 for a call of one request
+        self.group = 0
         # Made only when a caller waits before the answer came: most calls of a window of
         # submits are answered before their caller looks, and need none.
         self._waiter: threading.Lock | None = None

@@ -40,10 +40,16 @@ def admitted(
     """Record what enqueue.lua answered: an entry id per admitted request, QueueFull for the
     rest."""
     target = group[0].target
+    calls: dict[int, int] = {}  # a call of several requests refused: its items, all of them
     for (_, _, call, _, _), entry_id in zip(group, ids, strict=True):
         if entry_id == 0:
             table.forget(call)
-            call.fail(QueueFull(full_message(target, limit, queued, call.n, call.keys.shard)))
+            n = call.n
+            if call.group:
+                if call.group not in calls:
+                    calls[call.group] = sum(o.call.n for o in group if o.call.group == call.group)
+                n = calls[call.group]
+            call.fail(QueueFull(full_message(target, limit, queued, n, call.keys.shard)))
         else:
             call.entry_id = entry_id
 
@@ -59,9 +65,10 @@ def send_window(batch: list[Outgoing]) -> float:
 
 def enqueue_groups(
     batch: list[Outgoing],
-) -> Iterator[tuple[list[Outgoing], P.Keys, list[Any], int, bool]]:
+) -> Iterator[tuple[list[Outgoing], P.Keys, list[Any], int, bool, list[tuple[int, int]]]]:
     """Per serving and shard: the requests of ``batch``, the keys of the shard they go to,
-    enqueue arguments, max_queue (per shard) and whether the enqueue must wait for a replica.
+    enqueue arguments, max_queue (per shard), whether the enqueue must wait for a replica,
+    and the runs of requests of one call among them (admitted together or not at all).
 
     Each is one script call (one Cluster slot). A small send of a serving goes whole to the
     shard this client has sent the fewest items; a large one is spread over the shards
@@ -69,11 +76,19 @@ def enqueue_groups(
     for group in by_serving(batch):
         target = group[0].target
         for shard, outs in _by_shard(target, group):
-            requests = []
+            requests: list[Any] = []
+            together: list[tuple[int, int]] = []  # (first request, how many)
             for _, key, call, h, p in outs:
                 call.keys = shard  # where the request lives: cancel finds it there
+                if call.group:  # its call's requests came one after another
+                    first, count = together[-1] if together else (-1, 0)
+                    if first + count == len(requests) and outs[first].call.group == call.group:
+                        together[-1] = (first, count + 1)
+                    else:
+                        together.append((len(requests), 1))
                 requests.append((key, call.n, h, p, call.priority))
-            yield outs, shard, requests, target.max_queue, target.durable
+            together = [run for run in together if run[1] > 1]
+            yield outs, shard, requests, target.max_queue, target.durable, together
 
 
 def _by_shard(target: Target, group: list[Outgoing]) -> list[tuple[P.Keys, list[Outgoing]]]:
@@ -95,6 +110,6 @@ def full_message(target: Target, limit: int, queued: int, n: int, shard: int = 0
     )
     return (
         f"serving {target.keys.name!r} is full{where}: {queued} items queued, "
-        f"max_queue={limit}, this request has {n}; retry later, add workers, or raise "
+        f"max_queue={limit}, this call has {n}; retry later, add workers, or raise "
         "max_queue"
     )

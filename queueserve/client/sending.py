@@ -39,11 +39,12 @@ class Sending(BaseClient):
         self._send_retry = Retry(self._broker.outage, "sender")
         self._jobs_sent = False  # set by the first job: plain sends never look for jobs
 
-    def _send(self, outgoing: Outgoing, inline: bool) -> None:
-        """Queue a request; with ``inline`` (a caller that will wait anyway) send it now from
-        this thread, with everything queued meanwhile, unless another thread is sending."""
+    def _send(self, outgoing: list[Outgoing], inline: bool) -> None:
+        """Queue the requests of one call (together: one send carries them all); with
+        ``inline`` (a caller that will wait anyway) send them now from this thread, with
+        everything queued meanwhile, unless another thread is sending."""
         with self._out_lock:
-            self._outbox.append(outgoing)
+            self._outbox += outgoing
             if self._flushing:
                 return  # the thread flushing now sends it too
             if not inline:
@@ -134,10 +135,12 @@ class Sending(BaseClient):
             self._fail_send(batch, e)
 
     def _enqueue(self, batch: list[Outgoing]) -> None:
-        for group, keys, requests, max_queue, durable in enqueue_groups(batch):
+        for group, keys, requests, max_queue, durable, together in enqueue_groups(batch):
             jobs = jobs_at(self.prefix, self.client_id, group) if self._jobs_sent else ()
             try:
-                reply = self._broker.enqueue(keys, requests, max_queue, durable=durable, jobs=jobs)
+                reply = self._broker.enqueue(
+                    keys, requests, max_queue, durable=durable, jobs=jobs, together=together
+                )
             except NotReplicated as e:  # queued, but not safe: these callers are told so
                 self._fail_batch(group, e)
                 continue

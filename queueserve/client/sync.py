@@ -152,14 +152,9 @@ class Client(Waiting):
         self._ensure_reader()
         if len(parts) != 1:
             reply_to = None
-        calls = []
-        for part in parts:
-            outgoing = self._request(
-                target, part, deadline, priority, reply_to=reply_to, keep_ms=keep_ms
-            )
-            calls.append(outgoing.call)
-            self._send(outgoing, inline)
-        return Ticket(self, target, parts, calls, timeout, reply_to)
+        outgoing = self._requests(target, parts, deadline, priority, reply_to, keep_ms)
+        self._send(outgoing, inline)
+        return Ticket(self, target, parts, [o.call for o in outgoing], timeout, reply_to)
 
     def map(
         self,
@@ -232,7 +227,7 @@ class Client(Waiting):
                     rs, outgoing = self._streamed_request(
                         target, offset, part, deadline, events.put, priority
                     )
-                    self._send(outgoing, inline=True)
+                    self._send([outgoing], inline=True)
                     window.append((rs, events))
                 yield from self._stream_events(target, *window[0], deadline, timeout)
                 window.popleft()  # only now: leaving mid-request must cancel this one too

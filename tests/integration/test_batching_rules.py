@@ -226,7 +226,7 @@ def test_one_request_larger_than_batch_size_runs_as_several_batches_in_order(
 
 
 def test_a_call_bigger_than_a_batch_goes_as_requests_of_a_batch_each_in_order(
-    start_worker: StartWorker, client: qs.Client, pending: Pending
+    start_worker: StartWorker, client: qs.Client, redis_client: redis.Redis, prefix: str
 ) -> None:
     # Given a serving of batch_size 4 that a worker declared, its executor held
     serving = Recording(square_items, name="cut10", batch_size=4, batch_timeout=0.01, gated=True)
@@ -237,7 +237,8 @@ def test_a_call_bigger_than_a_batch_goes_as_requests_of_a_batch_each_in_order(
 
     # Then they went as three requests, a batch at most each (a worker holds a request whole
     # once read; requests of a batch keep their key's turn in Redis) ...
-    wait_until(lambda: pending("cut10") == 3, what="the worker to read three requests")
+    stream = stream_key(prefix, "cut10")
+    wait_until(lambda: redis_client.xlen(stream) == 3, what="three requests in the stream")
     serving.release()
     # ... whose results come back in the caller's order
     assert ticket.result(RESULT_WAIT_S) == [x * x for x in range(10)]

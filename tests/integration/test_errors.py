@@ -3,6 +3,7 @@ cancellation (docs/design.md §2, §5), against a real worker and Redis."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -178,11 +179,50 @@ def test_a_request_larger_than_max_queue_is_rejected_whole(
 ) -> None:
     start_worker(Recording(tag_items, name="small", batch_size=10, max_queue=5))
 
-    with pytest.raises(qs.QueueFull, match="this request has 6"):
+    with pytest.raises(qs.QueueFull, match="this call has 6"):
         client.dispatch_many("small", list(range(6)), timeout=RESULT_WAIT_S)
     assert queued(redis_client, prefix, "small") == 0
     assert client.dispatch_many("small", list(range(5)), timeout=RESULT_WAIT_S) == [
         f"r:{i}" for i in range(5)
+    ]
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_call_cut_into_requests_is_admitted_whole_or_refused_whole(
+    kind: str,
+    start_worker: StartWorker,
+    client: qs.Client,
+    redis_url: str,
+    redis_client: redis.Redis,
+    prefix: str,
+) -> None:
+    # Given a serving of batch_size 2 and max_queue 5: a call of 6 items goes as 3 requests,
+    # of which the first two would fit
+    serving = Recording(tag_items, name="cutfull", batch_size=2, max_queue=5)
+    start_worker(serving)
+    client.dispatch("cutfull", 0, timeout=RESULT_WAIT_S)  # the client learns the declaration
+
+    # When the call is sent
+    if kind == "sync":
+        with pytest.raises(qs.QueueFull, match="this call has 6"):
+            client.dispatch_many("cutfull", list(range(1, 7)), timeout=RESULT_WAIT_S)
+    else:
+
+        async def call() -> None:
+            async with qs.AsyncClient(redis_url, prefix=prefix) as aclient:
+                with pytest.raises(qs.QueueFull, match="this call has 6"):
+                    await aclient.dispatch_many("cutfull", list(range(1, 7)), timeout=RESULT_WAIT_S)
+
+        asyncio.run(call())
+
+    # Then none of it was admitted, nor ran: refused whole, as one request of 6 would be
+    assert queued(redis_client, prefix, "cutfull") == 0
+    assert serving.items_run == [0]
+    # and a call that fits runs whole
+    assert client.dispatch_many("cutfull", [7, 8, 9], timeout=RESULT_WAIT_S) == [
+        "r:7",
+        "r:8",
+        "r:9",
     ]
 
 

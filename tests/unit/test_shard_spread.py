@@ -38,7 +38,7 @@ def test_a_few_large_sends_still_give_each_shard_a_third_of_the_items() -> None:
     per_shard = [0, 0, 0]
     for requests in (900, 1, 512, 3, 700):
         # When each send is placed
-        for _, shard, reqs, _, _ in enqueue_groups(_send(base, serving, [1] * requests)):
+        for _, shard, reqs, _, _, _ in enqueue_groups(_send(base, serving, [1] * requests)):
             per_shard[shard.shard] += len(reqs)
     # Then the shards' items are within 20% of each other (one shard per send: 900 vs 4)
     assert min(per_shard) >= 0.8 * max(per_shard), per_shard
@@ -56,8 +56,35 @@ def test_a_small_send_is_one_script_call_on_the_emptiest_shard() -> None:
     assert sorted([first, *shards[:2]]) == [0, 1, 2] and first not in shards
     # a large send is split: one script call per shard, each call's requests on its shard
     split = list(enqueue_groups(_send(base, serving, [50] * 6)))
-    assert sorted(s.shard for _, s, _, _, _ in split) == [0, 1, 2]
-    assert all(call.keys is shard for outs, shard, _, _, _ in split for _, _, call, _, _ in outs)
+    assert sorted(s.shard for _, s, _, _, _, _ in split) == [0, 1, 2]
+    assert all(call.keys is shard for outs, shard, *_ in split for _, _, call, _, _ in outs)
+
+
+def test_the_requests_of_one_call_are_marked_together_on_each_shard_they_reach() -> None:
+    # Given one send: a lone request, a call cut into 6 requests of 50, another lone request
+    base = _base()
+    serving = qs.Serving(noop, name="together", shards=3)
+    target = base._remember(serving, {})
+    parts = [plan(target, list(range(n)), None)[0] for n in (50, 50, 50, 50, 50, 50)]
+    cut = base._requests(target, parts, None, 0)
+    lone = _send(base, serving, [50])
+    batch = [*lone, *cut, *_send(base, serving, [50])]
+
+    # When it is placed (large: spread over the shards)
+    groups = list(enqueue_groups(batch))
+
+    # Then on each shard the call's requests there form one run, admitted together, and the
+    # lone requests are in none
+    marked = 0
+    for outs, _, _, _, _, together in groups:
+        ours = [i for i, o in enumerate(outs) if o.call.group]
+        if len(ours) > 1:
+            assert together == [(ours[0], len(ours))]
+            marked += len(ours)
+        else:
+            assert together == []
+    assert marked == sum(1 for outs, *_ in groups for o in outs if o.call.group) > 1
+    assert {o.call.group for o in cut} == {cut[0].call.rid}
 
 
 def test_every_call_with_the_serving_object_shares_one_spread() -> None:

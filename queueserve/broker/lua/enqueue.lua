@@ -14,7 +14,9 @@
 -- ARGV[4]  S, the number of streams: KEYS[7..6+S]
 -- ARGV[5..4+2S]  per stream, in KEYS order: batch key, priority
 -- ARGV[5+2S..] per request, four values: stream number (1 = KEYS[7]), item count, header,
---           payload
+--           payload. An item count 'N:R' (N items, R > 1) starts R requests of one call (a
+--           call cut into requests of a batch, or spread over batch keys): the R are
+--           admitted together or all refused, never in part
 -- Jobs (optional; wire/jobs.py): KEYS[7+S..6+S+J] are the records P:job:ID of J of these
 -- requests, and ARGV ends with 2 + 2J values: the serving name, the TTL of a record still
 -- waiting (ms), then per job its request number (1 = the first request) and keep (ms). The
@@ -92,9 +94,26 @@ local function write(s)
   end
   for _, at in ipairs(pack.at) do out[at] = id end  -- its requests share the id
 end
+local together_to, together_fits = 0, true  -- the requests of one call admitted as one
 for i = 5 + 2 * streams, job_args, 4 do
-  local n = tonumber(ARGV[i + 1])
-  if limit > 0 and queued + admitted + n > limit then
+  local count, together = string.match(ARGV[i + 1], '^(%d+):(%d+)$')
+  count = count or ARGV[i + 1]
+  local n = tonumber(count)
+  if together then  -- the first of `together` requests of one call: all of them, or none
+    local total = n
+    together_to = math.min(i + 4 * (tonumber(together) - 1), job_args)
+    for j = i + 4, together_to, 4 do
+      total = total + tonumber(string.match(ARGV[j + 1], '^%d+'))
+    end
+    together_fits = not (limit > 0 and queued + admitted + total > limit)
+  end
+  local refused
+  if i <= together_to then
+    refused = not together_fits
+  else
+    refused = limit > 0 and queued + admitted + n > limit
+  end
+  if refused then
     out[#out + 1] = 0
   else
     local s = tonumber(ARGV[i])
@@ -122,7 +141,7 @@ for i = 5 + 2 * streams, job_args, 4 do
         filling[s] = pack
       end
       pack.items = pack.items + n
-      pack.members[#pack.members + 1] = {ARGV[i + 2], ARGV[i + 3], ARGV[i + 1]}
+      pack.members[#pack.members + 1] = {ARGV[i + 2], ARGV[i + 3], count}
       out[#out + 1] = 0
       pack.at[#pack.at + 1] = #out
     else
