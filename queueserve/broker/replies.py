@@ -8,7 +8,6 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, cast
 
-import msgpack
 from redis.exceptions import NoScriptError
 
 from queueserve.broker import raw
@@ -18,7 +17,7 @@ from queueserve.broker.errors import redis_errors
 from queueserve.broker.reads import PendingRead, Reads, WakeRead
 from queueserve.broker.urls import redact_url
 from queueserve.errors import RedisUnavailable
-from queueserve.wire.jobs import LIVE_TTL_MS, MAX_JOB_BYTES, job_key
+from queueserve.wire.jobs import LIVE_TTL_MS, MAX_JOB_BYTES, job_key, job_writes
 from queueserve.wire.protocol import Keys
 from queueserve.wire.timing import DURABLE_WAIT_MS
 
@@ -87,10 +86,8 @@ def _job_commands(
     groups: list[Sequence[JobAnswer]] = [[job] for job in jobs] if cluster else [jobs]
     commands = []
     for group in groups:
-        # Strings as msgpack's raw type: Redis's cmsgpack reads no bin type
-        writes = msgpack.packb(
-            [[j.keep_ms, j.final, j.errored, j.n, j.hook, j.messages, j.fresh] for j in group],
-            use_bin_type=False,
+        writes = job_writes(
+            [[j.keep_ms, j.final, j.errored, j.n, j.hook, j.messages, j.fresh] for j in group]
         )
         keys = [job_key(prefix, job.job_id) for job in group]
         commands.append(("EVALSHA", sha, len(keys), *keys, MAX_JOB_BYTES, LIVE_TTL_MS, writes))

@@ -27,6 +27,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Final
 
+import msgpack
+
 from queueserve.wire.codec import Codec, loads_tagged
 
 QUEUED, RUNNING, DONE, FAILED, CANCELLED, EXPIRED = (
@@ -171,3 +173,10 @@ def parse_hook(raw: bytes, accepted: set[int]) -> tuple[str, Any, int, int]:
     if type(start) is not int or type(size) is not int:
         raise ValueError(f"not a hook event: {body!r:.100}")
     return name, payload, start, size
+
+
+def job_writes(values: list[list[Any]]) -> bytes:
+    """job.lua's one argument for all its jobs' values: msgpack with strings as its raw type,
+    as Redis's cmsgpack reads no bin type."""
+    packed: bytes = msgpack.packb(values, use_bin_type=False)
+    return packed
