@@ -10,7 +10,7 @@ import os
 import uvicorn
 
 from queueserve.gateway.app import create_app
-from queueserve.gateway.writes import OneWriteHttp
+from queueserve.gateway.dispatch_http import DispatchHttp
 
 KEEP_ALIVE_S = 75
 YOUNG_GC_THRESHOLD = 50_000
@@ -62,7 +62,8 @@ def gateway_command(args: argparse.Namespace) -> int:
         # "server: uvicorn" on every response: bytes and header checks per request, for nothing.
         server_header=False,
         # uvicorn's own protocol (httptools when installed, as uvicorn[standard] does; uvloop
-        # is uvicorn's default loop then), writing each response in one send (writes.py).
-        http=OneWriteHttp,
+        # is uvicorn's default loop then), writing each response in one send (writes.py),
+        # and answering POST .../dispatch without uvicorn's ASGI cycle (dispatch_http.py).
+        http=DispatchHttp,
     )
     return 0
