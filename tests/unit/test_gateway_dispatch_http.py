@@ -9,6 +9,7 @@ Both protocols run in-process on a fake socket; the gateway's calls are stubs (n
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 from typing import Any
 
@@ -186,3 +187,16 @@ async def test_a_call_in_flight_at_shutdown_is_answered_then_the_connection_clos
     await asyncio.gather(*lean.state.tasks)
     await asyncio.sleep(0)
     assert b"".join(lean.socket.sent).endswith(b'"item":"hold"}}') and lean.socket.closed
+
+
+async def test_an_answered_request_is_freed_at_once_not_left_to_the_cyclic_collector() -> None:
+    lean = Connection(DispatchHttp)
+    gc.collect()  # what earlier tests left
+    gc.disable()
+    try:
+        for item in range(3):  # each cycle replaces the connection's last one
+            await lean.send(post(b'{"item": %d}' % item))
+        alive = [o for o in gc.get_objects() if type(o) is DispatchCycle]
+    finally:
+        gc.enable()
+    assert alive == [lean.protocol.cycle]
