@@ -5,14 +5,20 @@ from __future__ import annotations
 
 import argparse
 import gc
+import logging
 import os
+from typing import Any
 
 import uvicorn
 
 from queueserve.gateway.app import create_app
-from queueserve.gateway.dispatch_http import DispatchHttp
+
+log = logging.getLogger("queueserve.gateway")
 
 KEEP_ALIVE_S = 75
+# writes.py and dispatch_http.py build on uvicorn's HTTP protocol classes, which are not its
+# public API: the releases they were tested with (constraints.txt pins the one the tests run).
+TESTED_UVICORN = ("0.54",)
 YOUNG_GC_THRESHOLD = 50_000
 TOKEN_ENV = "QUEUESERVE_GATEWAY_TOKEN"  # a token in argv shows in `ps`; the environment does not
 
@@ -25,6 +31,24 @@ def models_of(pairs: list[str]) -> dict[str, str]:
             raise ValueError(f"--model takes MODEL=SERVING, got {pair!r}")
         models[alias] = serving
     return models
+
+
+def http_protocol() -> Any:
+    """The gateway's HTTP protocol for ``uvicorn.run(http=...)``: one write per response and
+    the dispatch route without uvicorn's ASGI cycle (dispatch_http.py) on a uvicorn release
+    it was tested with; uvicorn's own elsewhere (the same answers, at more CPU per request)."""
+    release = ".".join(uvicorn.__version__.split(".")[:2])
+    if release in TESTED_UVICORN:
+        try:
+            from queueserve.gateway.dispatch_http import DispatchHttp
+
+            return DispatchHttp
+        except ImportError as e:  # a build of that release without what they use
+            reason = str(e)
+    else:
+        reason = f"uvicorn {uvicorn.__version__} is not one of {', '.join(TESTED_UVICORN)}"
+    log.warning("gateway: uvicorn's own HTTP protocol, not queueserve's faster one: %s", reason)
+    return "auto"
 
 
 def gateway_command(args: argparse.Namespace) -> int:
@@ -64,6 +88,6 @@ def gateway_command(args: argparse.Namespace) -> int:
         # uvicorn's own protocol (httptools when installed, as uvicorn[standard] does; uvloop
         # is uvicorn's default loop then), writing each response in one send (writes.py),
         # and answering POST .../dispatch without uvicorn's ASGI cycle (dispatch_http.py).
-        http=DispatchHttp,
+        http=http_protocol(),
     )
     return 0

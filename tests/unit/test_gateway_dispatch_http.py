@@ -13,11 +13,13 @@ import gc
 import logging
 from typing import Any
 
+import pytest
+import uvicorn
 from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 from uvicorn.server import ServerState
 
-from queueserve.gateway import create_app
+from queueserve.gateway import create_app, serve
 from queueserve.gateway.dispatch_http import DispatchCycle, DispatchHttp
 from queueserve.gateway.sse import disconnected
 from queueserve.gateway.writes import OneWriteHttp
@@ -200,3 +202,14 @@ async def test_an_answered_request_is_freed_at_once_not_left_to_the_cyclic_colle
     finally:
         gc.enable()
     assert alive == [lean.protocol.cycle]
+
+
+def test_the_gateway_s_own_http_protocol_runs_only_on_the_uvicorn_it_was_tested_with(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The release the tests run (constraints.txt) is one it was tested with
+    assert serve.http_protocol() is DispatchHttp
+    # Another release, whose protocol classes may differ, gets uvicorn's own, with a warning
+    monkeypatch.setattr(uvicorn, "__version__", "0.99.0")
+    assert serve.http_protocol() == "auto"
+    assert "uvicorn 0.99.0 is not one of 0.54" in caplog.text
