@@ -14,7 +14,11 @@ metrics port) and one ``queueserve gateway`` process. In this process:
    keep-alive connection (``http-64``), against 64 coroutines on one ``AsyncClient``
    (``direct-64``); items/s, and the mean batch size the worker ran in each phase (its
    ``queueserve_batch_size`` histogram). The budget is http-64 >= 0.5x direct-64.
-3. ``--embed``: the same with one text per request, ``POST /v1/embeddings`` against
+3. ``same load``: one item per request at the same offered load both ways (open loop, Poisson
+   arrivals at half of http-64's rate, so either path keeps up), over HTTP connections from a
+   pool and through ``AsyncClient.dispatch``: the mean batch the worker ran each way. HTTP
+   traffic should make batches as large as direct traffic does.
+4. ``--embed``: the same with one text per request, ``POST /v1/embeddings`` against
    ``AsyncClient.dispatch`` to the MiniLM serving (tasks/embed.py) in the same worker.
 
 Callers, gateway, worker and Redis share the machine's cores: on 2 cores the callers' CPU
@@ -27,6 +31,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import statistics
 import sys
 import time
@@ -167,6 +172,22 @@ async def rate(send: Callable[[int, int], Awaitable[Any]], seconds: float) -> tu
     return sum(done) / (time.perf_counter() - began), sum(done)
 
 
+async def offered(send: Callable[[int], Awaitable[Any]], per_s: float, seconds: float) -> int:
+    """Sends at Poisson arrivals of ``per_s`` a second for ``seconds``, each without waiting
+    for those before (open loop), from one seeded schedule; returns how many it sent."""
+    arrivals = random.Random(25)
+    sends: list[asyncio.Future[Any]] = []
+    at = time.perf_counter()
+    end = at + seconds
+    while at < end:
+        at += arrivals.expovariate(per_s)
+        if (delay := at - time.perf_counter()) > 0:
+            await asyncio.sleep(delay)
+        sends.append(asyncio.ensure_future(send(len(sends))))
+    await asyncio.gather(*sends)
+    return len(sends)
+
+
 def cpu_s(pid: int) -> float:
     """CPU seconds of ``pid`` and its live children (the worker's partition process; this
     process, the callers', has the others as children: counted alone)."""
@@ -185,6 +206,7 @@ async def measure(
     async with qs.AsyncClient(redis_url, prefix=PREFIX) as client:
         await round_trip_phase(client, gateway_port, args, out)
         await load_phases(client, gateway_port, metrics_port, pids, args, out)
+        await same_load_phases(client, gateway_port, metrics_port, args, out)
         if args.embed:
             await embed_phases(client, gateway_port, args, out)
     return out
@@ -253,6 +275,42 @@ async def load_phases(
         )
     for conn in conns:
         conn.close()
+
+
+async def same_load_phases(
+    client: qs.AsyncClient,
+    gateway_port: int,
+    metrics_port: int,
+    args: argparse.Namespace,
+    out: dict[str, Any],
+) -> None:
+    """The mean batch at one offered load, half of what 64 HTTP callers reached, sent over
+    HTTP and directly (batches form from what arrives while the worker runs one)."""
+    per_s = statistics.median(out["http_64_items_s"]) / 2
+    out["same_load_per_s"] = per_s
+    pool: asyncio.Queue[RawHttp] = asyncio.Queue()
+    for _ in range(CALLERS):
+        pool.put_nowait(RawHttp(gateway_port, "/v1/servings/noop/dispatch"))
+
+    async def http(i: int) -> Any:
+        conn = await pool.get()
+        try:
+            return await conn.post(b'{"item": %d}' % i)
+        finally:
+            pool.put_nowait(conn)
+
+    async def direct(i: int) -> Any:
+        return await client.dispatch("noop", i)
+
+    for name, send in (("same_direct", direct), ("same_http", http)) * args.repeat:
+        before = batch_totals(metrics_port)
+        await offered(send, per_s, args.seconds)
+        after = batch_totals(metrics_port)
+        out.setdefault(f"{name}_mean_batch", []).append(
+            (after[0] - before[0]) / max(1.0, after[1] - before[1])
+        )
+    while not pool.empty():
+        pool.get_nowait().close()
 
 
 async def embed_phases(
@@ -371,6 +429,13 @@ def report(f: dict[str, Any]) -> None:
         )
     ratio = statistics.median(f["http_64_items_s"]) / statistics.median(f["direct_64_items_s"])
     print(f"  http-64 / direct-64: {ratio:.2f}x (budget >= 0.5x)")
+    direct, http = (statistics.median(f[f"same_{k}_mean_batch"]) for k in ("direct", "http"))
+    print(
+        f"the same offered load, {f['same_load_per_s']:.0f} items/s (open loop): mean batch "
+        f"direct {direct:.1f}, http {http:.1f} ({http / direct:.2f}x; runs direct "
+        f"{[round(b, 1) for b in f['same_direct_mean_batch']]}, http "
+        f"{[round(b, 1) for b in f['same_http_mean_batch']]})"
+    )
     if "embed_http_64_items_s" in f:
         direct, http = (statistics.median(f[f"embed_{k}_64_items_s"]) for k in ("direct", "http"))
         print(
