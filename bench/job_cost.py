@@ -14,13 +14,11 @@ plain submit" ratio, per step (docs/benchmarks.md, "Jobs").
 
 from __future__ import annotations
 
-import argparse
 import sys
 from dataclasses import dataclass
 from typing import Any
 
-from bench._harness import RedisServer
-from bench.script_cost import Broker, N, redis_cpu
+from bench.script_cost import Broker, N, on_private_redis, redis_cpu
 from queueserve.wire.codec import get_codec
 from queueserve.wire.jobs import job_key
 from queueserve.wire.protocol import Keys, inbox_key
@@ -89,19 +87,15 @@ def steps(broker: Broker, rounds: int, jobs: bool) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.job_cost", description=__doc__)
-    parser.add_argument("--rounds", type=int, default=40, help="rounds of 512 items")
-    args = parser.parse_args(argv)
-    server = RedisServer().start()
-    try:
-        broker = Broker(server.url)
-        try:
-            plain = steps(broker, args.rounds, jobs=False)
-            kept = steps(broker, args.rounds, jobs=True)
-        finally:
-            broker.close()
-    finally:
-        server.stop()
+    plain, kept = on_private_redis(
+        "python -m bench.job_cost",
+        __doc__,
+        argv,
+        lambda broker, rounds: (
+            steps(broker, rounds, jobs=False),
+            steps(broker, rounds, jobs=True),
+        ),
+    )
     print("Redis CPU µs per item      plain   jobs  (keep=60)")
     for step in (*plain, "all"):
         a = sum(plain.values()) if step == "all" else plain[step]

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import msgpack
 import redis
@@ -96,20 +97,34 @@ def loop_steps(client: redis.Redis, rounds: int) -> dict[str, float]:
     return {k: v / (N * rounds) * 1e6 for k, v in spent.items()}
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.script_cost", description=__doc__)
+T = TypeVar("T")
+
+
+def on_private_redis(
+    prog: str, doc: str | None, argv: list[str] | None, measure: Callable[[Broker, int], T]
+) -> T:
+    """``measure(broker, rounds)`` on a private redis-server, ``--rounds`` from ``argv``."""
+    parser = argparse.ArgumentParser(prog=prog, description=doc)
     parser.add_argument("--rounds", type=int, default=40, help="rounds of 512 items")
     args = parser.parse_args(argv)
     server = RedisServer().start()
     try:
         broker = Broker(server.url)
         try:
-            ours = queueserve_steps(broker, args.rounds)
-            theirs = loop_steps(broker.redis, args.rounds)
+            return measure(broker, args.rounds)
         finally:
             broker.close()
     finally:
         server.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ours, theirs = on_private_redis(
+        "python -m bench.script_cost",
+        __doc__,
+        argv,
+        lambda broker, rounds: (queueserve_steps(broker, rounds), loop_steps(broker.redis, rounds)),
+    )
     print("Redis CPU µs per item")
     for name, us in (
         *ours.items(),
