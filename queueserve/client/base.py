@@ -140,19 +140,19 @@ class BaseClient:
         if keep_ms:
             call.keep_ms = keep_ms
             fields = {**(fields or {}), "job": job_id(self.client_id, call.rid), "keep": keep_ms}
-        header, payload = encode_request(
-            target.codec,
-            call.rid,
-            part.items,
-            reply_to or self._inbox,
-            deadline,
-            self._events_channel if streamed else "",
-            priority,
-            fields,
-        )
-        try:
+        try:  # an item that does not encode, or a payload over the limit: the call goes
+            header, payload = encode_request(
+                target.codec,
+                call.rid,
+                part.items,
+                reply_to or self._inbox,
+                deadline,
+                self._events_channel if streamed else "",
+                priority,
+                fields,
+            )
             target.check_payload(payload, call.n)
-        except BadRequest:
+        except Exception:
             self._table.forget(call)
             raise
         # tuple.__new__ directly: the NamedTuple's own __new__ is a Python function, which
@@ -169,10 +169,18 @@ class BaseClient:
         keep_ms: int = 0,
     ) -> list[Outgoing]:
         """``_request`` of each part of one call: several are admitted together or not at all
-        (``Call.group``), so a call refused for max_queue never runs in part."""
-        outgoing = [
-            self._request(target, p, deadline, priority, False, reply_to, keep_ms) for p in parts
-        ]
+        (``Call.group``), so a call refused for max_queue never runs in part; one part
+        refused before sending (BadRequest) takes the others' calls with it."""
+        outgoing: list[Outgoing] = []
+        try:
+            for p in parts:
+                outgoing.append(
+                    self._request(target, p, deadline, priority, False, reply_to, keep_ms)
+                )
+        except Exception:
+            for o in outgoing:
+                self._table.forget(o.call)
+            raise
         if len(outgoing) > 1:
             for o in outgoing:
                 o.call.group = outgoing[0].call.rid
