@@ -93,12 +93,20 @@ def enqueue_groups(
 
 def _by_shard(target: Target, group: list[Outgoing]) -> list[tuple[P.Keys, list[Outgoing]]]:
     """One send's requests of a serving by the shard they go to; with one shard (the common
-    case) all to its keys, without per-request work on the client's hot path."""
+    case) all to its keys, without per-request work on the client's hot path. The requests
+    of one call (``Call.group``) go to one shard, where they are admitted together."""
     if len(target.shards) <= 1:
         return [(target.keys, group)]
+    calls: list[list[Outgoing]] = []
+    for out in group:
+        if out.call.group and calls and calls[-1][0].call.group == out.call.group:
+            calls[-1].append(out)
+        else:
+            calls.append([out])
     per_shard: dict[int, tuple[P.Keys, list[Outgoing]]] = {}
-    for out, shard in zip(group, target.place([o.call.n for o in group]), strict=True):
-        per_shard.setdefault(shard.shard, (shard, []))[1].append(out)
+    sizes = [sum(o.call.n for o in outs) for outs in calls]
+    for outs, shard in zip(calls, target.place(sizes), strict=True):
+        per_shard.setdefault(shard.shard, (shard, []))[1].extend(outs)
     return list(per_shard.values())
 
 
