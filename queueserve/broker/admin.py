@@ -14,7 +14,7 @@ from typing import Any, cast
 
 from queueserve.broker.common import StreamEntries, text, texts
 from queueserve.broker.core import BrokerCore
-from queueserve.broker.errors import redis_errors
+from queueserve.broker.errors import raise_but_wrong_type, redis_errors
 from queueserve.wire.protocol import GROUP, MAX_PRIORITY, PRIORITY_AGE_MS, Keys, check_shards
 
 log = logging.getLogger(__name__)
@@ -172,13 +172,13 @@ class Admin(BrokerCore):
             for keys in keys_list:
                 pipe.get(keys.queued)
                 pipe.hgetall(keys.pdepth)
-            raw = pipe.execute(raise_on_error=False)
+            raw = raise_but_wrong_type(pipe.execute(raise_on_error=False))
         out = []
         for i, keys in enumerate(keys_list):
             queued, fields = raw[2 * i : 2 * i + 2]
             total = hash_count(text(queued, "replace")) if isinstance(queued, bytes) else 0
             found: dict[int, int] = {}
-            if isinstance(fields, dict):  # an error: a key of another type, which holds none
+            if isinstance(fields, dict):  # else WRONGTYPE: a key of another type holds none
                 for field, value in texts(fields, "replace").items():
                     n = min(hash_count(value), total)
                     if n and hash_count(field) <= MAX_PRIORITY and field == str(hash_count(field)):
@@ -211,7 +211,7 @@ class Admin(BrokerCore):
             pipe = self.redis.pipeline(transaction=False)
             for _, key in candidates:
                 pipe.get(key)
-            counts = pipe.execute(raise_on_error=False)
+            counts = raise_but_wrong_type(pipe.execute(raise_on_error=False))
         found = [
             (serving, hash_count(text(items, "replace")) if isinstance(items, bytes) else 0)
             for (serving, _), items in zip(candidates, counts, strict=True)

@@ -15,7 +15,7 @@ import redis
 from queueserve.broker.common import ack_arguments, consumer_name, text, texts
 from queueserve.broker.connect import is_cluster
 from queueserve.broker.core import no_group
-from queueserve.broker.errors import error_code, redis_errors
+from queueserve.broker.errors import error_code, raise_but_wrong_type, redis_errors
 from queueserve.broker.replies import Replies
 from queueserve.wire.protocol import GROUP, MAX_PACK_REQUESTS, PRIORITY_AGE_MS, Keys, worker_key
 
@@ -229,10 +229,7 @@ class Consumer(Replies):
             pipe.hgetall(keys.config)
             if last is not None:
                 pipe.hgetall(last.meta)
-            found = pipe.execute(raise_on_error=False)
-            for reply in found:
-                if isinstance(reply, redis.ResponseError) and error_code(reply) != "WRONGTYPE":
-                    raise reply
+            found = raise_but_wrong_type(pipe.execute(raise_on_error=False))
         meta, config, *rest = [
             texts(reply, "replace") if isinstance(reply, dict) else None for reply in found
         ]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import Any
 
 import redis
 from redis import exceptions as rx
@@ -72,6 +73,15 @@ def error_code(error: redis.RedisError) -> str:
         message = message.split(_PIPELINE_PREFIX, 1)[1]
     word = message.split(" ", 1)[0]
     return word if word.isupper() else ""
+
+
+def raise_but_wrong_type(replies: list[Any]) -> list[Any]:
+    """``replies`` of a pipeline run with ``raise_on_error=False``, raising any error in them
+    but WRONGTYPE (a key of another type under the prefix: it holds nothing of ours)."""
+    for reply in replies:
+        if isinstance(reply, redis.ResponseError) and error_code(reply) != "WRONGTYPE":
+            raise reply
+    return replies
 
 
 def is_transient(error: redis.RedisError) -> bool:

@@ -229,3 +229,24 @@ def test_an_admission_counter_of_another_type_reads_as_none_and_the_scrape_goes_
         assert admin.priority_items([keys]) == [(keys, 0, {})]
     finally:
         admin.close()
+
+
+def test_any_other_error_reading_the_counts_is_raised_not_read_as_an_empty_queue(
+    redis_client: redis.Redis, redis_url: str, prefix: str
+) -> None:
+    # Given a backlog, and an operator whose Redis user may not GET (NOPERM)
+    keys = Keys(prefix, "denied")
+    redis_client.set(keys.queued, 7)
+    user = f"{prefix}-noget"
+    redis_client.acl_setuser(
+        user, enabled=True, passwords=["+pw"], keys=["*"], commands=["+@all", "-get"]
+    )
+    admin = Admin(redis_url.replace("redis://", f"redis://{user}:pw@"))
+    try:
+        # Then reading the counts fails, saying why: a scrape showing 0 items would tell an
+        # autoscaler (KEDA scales on this gauge) that the backlog is gone
+        with pytest.raises(qs.RedisCommandError, match=r"NOPERM|no permissions"):
+            admin.priority_items([keys])
+    finally:
+        admin.close()
+        redis_client.acl_deluser(user)
