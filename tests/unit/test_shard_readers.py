@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 import queueserve as qs
 from queueserve.broker.reads import ReadOutcome, WakeRead
 from queueserve.broker.retry import Outage
@@ -56,3 +58,45 @@ def test_a_reader_blocked_on_an_idle_shard_leaves_room_for_the_others() -> None:
     assert all(
         budget <= room // 3 and left >= room - room // 3 for budget, left in broker.blocked_with
     ), (room, broker.blocked_with)
+
+
+class RefusingBroker(ShardsBroker):
+    """Housekeeping's reads answer nothing to do; the declaration pass is refused (NOPERM)."""
+
+    def sweep(self, keys: Any, ttl_ms: int, declared: Any, start: int) -> tuple[int, int, int]:
+        return 0, 0, 0
+
+    def active_streams(self, keys: Any) -> list[str]:
+        return []
+
+    def alive_consumers(self, keys: Any, dead_after_s: float) -> set[str]:
+        return set()
+
+    def pending_by_stream(self, streams: list[str]) -> dict[str, Any]:
+        return {}
+
+    def config(self, keys: Any) -> dict[str, str]:
+        return {}
+
+    def declarations(self, keys: Any, last: Any) -> Any:
+        raise qs.RedisCommandError("NOPERM this user has no permissions to run 'hgetall'")
+
+
+def test_a_housekeeping_job_redis_refuses_waits_its_period_and_never_blocks_the_reads() -> None:
+    # Given a reader whose every housekeeping job is due, and whose declaration pass fails
+    runner = ServingRunner(
+        qs.Serving(noop, name="refused"),
+        RefusingBroker(),
+        "qsu",
+        "c1",
+        Partition(),  # type: ignore[arg-type]
+    )
+    keys = runner.shards[0]
+    due = {"sweep": 0.0, "reclaim": 0.0, "config": 0.0, "forget": 0.0}
+    with pytest.raises(qs.RedisCommandError):
+        runner.reader._housekeeping(due, keys)
+
+    # When the read loop comes round again (it rides the error out), then the failed pass
+    # waits its period like a done one: the loop gets on to its read
+    runner.reader._housekeeping(due, keys)
+    assert all(when > 0 for when in due.values()), due

@@ -133,8 +133,12 @@ class Reader:
             self.cond.notify_all()
 
     def _housekeeping(self, due: dict[str, float], keys: P.Keys) -> None:
+        """Each job when due, its next time set first: one that fails (a Redis error, which
+        the read loop rides out) waits its period as a done one does, so it never stands
+        between the reader and its reads."""
         now = time.monotonic()
         if now >= due["sweep"]:
+            due["sweep"] = now + SWEEP_EVERY_S
             forgotten, _, self._sweep_from[keys.shard] = self.broker.sweep(
                 keys,
                 int(self.serving.key_idle_ttl * 1000),
@@ -148,8 +152,8 @@ class Reader:
                     forgotten,
                     self.serving.key_idle_ttl,
                 )
-            due["sweep"] = now + SWEEP_EVERY_S
         if now >= due["reclaim"]:
+            due["reclaim"] = now + RECLAIM_EVERY_S
             with self.cond:
                 room = self.budget()
                 held = self.ledger.held_now()
@@ -157,14 +161,13 @@ class Reader:
             if room > 0:
                 streams = self.broker.active_streams(keys)
                 self.take_in(self.reclaims.reclaim(streams, room, held, lent_since))
-            due["reclaim"] = now + RECLAIM_EVERY_S
         if now >= due.get("config", float("inf")):
+            due["config"] = now + CONFIG_EVERY_S
             self.apply_config()
             self.declaration.keep(self._config_seen)
-            due["config"] = now + CONFIG_EVERY_S
         if now >= due["forget"]:
-            self.reclaims.forget_dead_consumers(self.broker.active_streams(keys))
             due["forget"] = now + FORGET_EVERY_S
+            self.reclaims.forget_dead_consumers(self.broker.active_streams(keys))
 
     def budget(self) -> int:
         """Items to read now over all keys (caller holds cond).
