@@ -85,6 +85,7 @@ def create_app(
     )
     # POST .../dispatch skips the stack: FastDispatch checks the token and counts it itself.
     app.fast = FastDispatch(gw, metrics, bearer)
+    app.own_middleware = len(middleware)
     app.state.gateway = gw
     return app
 

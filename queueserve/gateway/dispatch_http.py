@@ -174,7 +174,8 @@ class DispatchHttp(OneWriteHttp):
     def _dispatch_of_request(self) -> tuple[FastDispatch, str] | None:
         """The app's ``FastDispatch`` and the serving when this request is one it takes
         alone, with the scope filled as uvicorn fills it; None for uvicorn to answer."""
-        fast: FastDispatch | None = getattr(self.app, "fast", None)
+        dispatcher = getattr(self.app, "dispatcher", None)  # a GatewayApp, not wrapped
+        fast: FastDispatch | None = dispatcher() if dispatcher is not None else None
         url = self.url
         previous = self.cycle
         if (

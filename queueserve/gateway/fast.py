@@ -93,13 +93,20 @@ class FastDispatch:
 
 class GatewayApp(Starlette):
     """The gateway's Starlette app, whose ``POST /v1/servings/{name}/dispatch`` requests go to
-    ``FastDispatch`` instead of through the middleware stack and router."""
+    ``FastDispatch`` instead of through the middleware stack and router, unless a user added
+    middleware of their own (``add_middleware``): that sees every request."""
 
     fast: FastDispatch
+    own_middleware: int  # how many create_app installed
+
+    def dispatcher(self) -> FastDispatch | None:
+        """``fast``, or None while a user's middleware must see the dispatch route too."""
+        return self.fast if len(self.user_middleware) == self.own_middleware else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         name = serving_of(scope)
-        if name is None:
+        fast = None if name is None else self.dispatcher()
+        if name is None or fast is None:
             await super().__call__(scope, receive, send)
         else:
-            await self.fast(name, scope, receive, send)
+            await fast(name, scope, receive, send)

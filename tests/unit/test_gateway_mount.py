@@ -73,3 +73,27 @@ async def test_a_mounted_gateway_keeps_healthz_open_and_labels_its_routes(how: s
 )
 def test_route_path_is_the_path_below_the_mount_point(path: str, root: str, route: str) -> None:
     assert route_path({"type": "http", "path": path, "root_path": root}) == route
+
+
+async def test_a_middleware_a_user_adds_sees_the_dispatch_route_too() -> None:
+    # Given the gateway app with a middleware of the user's own (an auth, a rate limit, CORS)
+    app = stubbed_app()
+    seen: list[str] = []
+
+    class Seeing:
+        def __init__(self, app: Any) -> None:
+            self.app = app
+
+        async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+            seen.append(scope["path"])
+            await self.app(scope, receive, send)
+
+    app.add_middleware(Seeing)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://gw") as http:
+        # When a dispatch comes, then it passes through that middleware, and is answered
+        one = await http.post("/v1/servings/s/dispatch", json={"item": 1}, headers=TOKEN)
+        refused = await http.post("/v1/servings/s/dispatch", json={"item": 1})
+    assert one.json() == {"result": 1} and refused.status_code == 401
+    assert seen == ["/v1/servings/s/dispatch"] * 2
+    assert app.dispatcher() is None  # nor does queueserve gateway's protocol go around it
