@@ -13,7 +13,7 @@ import time
 from queueserve.broker.aio import AsyncProducer
 from queueserve.broker.retry import Retry
 from queueserve.client.base import BaseClient
-from queueserve.client.calls import Call
+from queueserve.client.calls import Call, check_placed, unsent
 from queueserve.client.job_records import jobs_at
 from queueserve.client.outgoing import Outgoing, admitted, enqueue_groups, send_window
 from queueserve.client.ticket import ticket_id
@@ -40,29 +40,30 @@ class AsyncSending(BaseClient):
         self._send_waiters: list[asyncio.Future[None]] = []  # woken as each send ends
 
     async def _sent_id(self, calls: list[Call]) -> str:
-        """``AsyncTicket.id``: as ``Ticket.id``, a job's once the job is in Redis (its record
-        is written just before its request): from then on the id holds whatever becomes of
-        this process."""
+        """``AsyncTicket.id``: as ``Ticket.id``, a job's once the job is in Redis (with its
+        record): from then on the id holds whatever becomes of this process."""
         if calls[0].keep_ms:
             await self._until_sent(calls)
         return ticket_id(self.client_id, calls)
 
     async def _until_sent(self, calls: list[Call]) -> None:
         """Return once ``calls`` are enqueued, or failed: sending what is queued if no task is
-        sending, else waiting for the sends under way to end, for at most RECONNECT_WITHIN_S
-        (a send that fails fails its calls; so does one that gives up retrying)."""
+        sending, else waiting for the sends under way to end; RedisUnavailable when they are
+        still being sent after RECONNECT_WITHIN_S (a send that fails fails its calls; so does
+        one that gives up retrying)."""
         loop = asyncio.get_running_loop()
         end = loop.time() + RECONNECT_WITHIN_S
-        while any(c.entry_id is None and c.state == "pending" for c in calls):
+        while unsent(calls):
             if not self._flushing and self._outbox:
                 await self._flush()
                 continue
             left = end - loop.time()
             if left <= 0:
-                return
+                break
             sent = loop.create_future()
             self._send_waiters.append(sent)
             await asyncio.wait((sent,), timeout=left)
+        check_placed(calls, RECONNECT_WITHIN_S)
 
     async def _withdraw(self, call: Call) -> bool:
         """Cancel ``call``: True when it will never run (see ``Client.withdraw``)."""

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from queueserve.errors import Cancelled, QueueServeError
+from queueserve.errors import Cancelled, QueueServeError, RedisUnavailable
 from queueserve.results import unbatch
 from queueserve.wire import protocol as P
 from queueserve.wire.codec import Codec, MsgpackCodec
@@ -230,3 +230,19 @@ def outcome(call: Call, return_exceptions: bool) -> list[Any]:
             if isinstance(r, QueueServeError):
                 raise r
     return call.results
+
+
+def unsent(calls: list[Call]) -> bool:
+    """Whether a request of ``calls`` is neither in Redis yet nor ended (refused, failed)."""
+    return any(c.entry_id is None and c.state == "pending" for c in calls)
+
+
+def check_placed(calls: list[Call], waited_s: float) -> None:
+    """What ``Ticket.id`` ends with for a job: nothing once its requests are in Redis (or
+    ended); RedisUnavailable while one is still being sent after ``waited_s``, as its id
+    would name no job yet (the send goes on: the ticket still gets its answer)."""
+    if unsent(calls):
+        raise RedisUnavailable(
+            f"the job was not in Redis after {waited_s:g}s of sending (Redis unreachable?): "
+            "its id names no job yet; ask for ticket.id again, or follow the ticket"
+        )

@@ -10,7 +10,7 @@ from functools import partial
 
 from queueserve.broker.retry import Retry
 from queueserve.client.base import INBOX_BLOCK_S, ServingRef
-from queueserve.client.calls import Call
+from queueserve.client.calls import Call, check_placed, unsent
 from queueserve.client.sending import Sending
 from queueserve.client.targets import Target
 from queueserve.errors import QueueServeError, Timeout
@@ -42,20 +42,18 @@ class Waiting(Sending):
 
     # -- what Ticket calls: _wait_watched, _expire, _timeout_text, _withdraw --------------
     def _until_sent(self, calls: list[Call]) -> None:
-        """Return once the jobs of ``calls`` are enqueued (their records were written first),
-        sending what is queued from this thread if no one is sending, for at most
-        RECONNECT_WITHIN_S (a send that fails fails its calls)."""
+        """Return once the jobs of ``calls`` are enqueued (with their records), sending what
+        is queued from this thread if no one is sending; RedisUnavailable when they are still
+        being sent after RECONNECT_WITHIN_S (a send that fails fails its calls)."""
         with self._out_lock:
             mine = not self._flushing and bool(self._outbox)
             self._flushing = self._flushing or mine
         if mine:
             self._flush()
         end = time.monotonic() + RECONNECT_WITHIN_S
-        while (
-            any(c.entry_id is None and c.state == "pending" for c in calls)
-            and time.monotonic() < end
-        ):
+        while unsent(calls) and time.monotonic() < end:
             time.sleep(_SENT_POLL_S)
+        check_placed(calls, RECONNECT_WITHIN_S)
 
     def _expire(self, call: Call, target: Target, timeout: float | None) -> None:
         """Fail ``call`` with Timeout: its request's own deadline passed."""

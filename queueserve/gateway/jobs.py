@@ -110,9 +110,9 @@ async def placed(gw: Gateway, ticket: AsyncTicket) -> AsyncJob:
     """The job of ``ticket`` once its record is in Redis (``await ticket.id``), so the id
     answered holds whatever becomes of this process. A send Redis refused (a full queue)
     raises its error: Redis is asked only when the ticket had ended by then (refused, or
-    answered already)."""
-    job = gw.client.job(await ticket.id)
+    answered already), and one still under way after the client's reconnect window is 503."""
     try:
+        job = gw.client.job(await ticket.id)
         if ticket.done() and await job.status() == "expired":
             await ticket.result()  # its send failed: that error (else it ran, and is forgotten)
     except QueueServeError as e:
