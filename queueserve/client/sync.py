@@ -170,8 +170,9 @@ class Client(Waiting):
         progress: bool = False,
         on_progress: ProgressCallback | None = None,
     ) -> Iterator[Any]:
-        """Results of ``items`` in input order, sending ``chunk_size`` items per request and
-        keeping at most ``max_in_flight`` requests outstanding (constant memory).
+        """Results of ``items`` in input order, sending ``chunk_size`` items per submit (as
+        requests of at most a batch) and keeping at most ``max_in_flight`` chunks outstanding
+        (constant memory).
 
         ``progress=True`` draws a tqdm bar (items, items/s, ETA) when stderr is a terminal;
         ``on_progress(done, total)`` is called as results arrive (total None without len()).
