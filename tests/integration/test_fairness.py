@@ -7,12 +7,14 @@ batch function's speed and the machine's load change nothing."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+import redis
 
 import queueserve as qs
 from queueserve.wire.codec import get_codec
@@ -177,21 +179,22 @@ def test_under_many_busy_keys_a_quiet_key_waits_one_round_and_priority_9_one_bat
 
 @pytest.mark.parametrize("holds_busy", [True, False])
 def test_a_read_takes_keys_the_worker_holds_work_of_after_the_others(
-    holds_busy: bool, redis_url: str, prefix: str
+    holds_busy: bool, redis_url: str, redis_client: redis.Redis, prefix: str
 ) -> None:
     # Given a busy key whose work became ready before a quiet key's, a batch waiting on each
-    broker = RedisBroker(redis_url)
     keys = Keys(prefix, "held")
     codec, inbox = get_codec("msgpack"), inbox_key(prefix, "c1")
-    for rid, key in enumerate(("busy", "quiet")):
-        broker.ensure_group(keys.stream(key))
-        request = encode_request(codec, rid, ["x"] * 4, inbox, None)
-        broker.enqueue(keys, [(key, 4, *request, 0)], 0)
-        time.sleep(0.005)  # the ready set ranks keys by the ms they became ready
+    with contextlib.closing(RedisBroker(redis_url)) as broker:
+        for rid, key in enumerate(("busy", "quiet")):
+            broker.ensure_group(keys.stream(key))
+            request = encode_request(codec, rid, ["x"] * 4, inbox, None)
+            broker.enqueue(keys, [(key, 4, *request, 0)], 0)
+        # (the ready set ranks keys by the ms they became ready: the same ms here, maybe)
+        redis_client.zadd(keys.ready, {"0busy": 1, "0quiet": 2}, xx=True)
 
-    # When a worker with room for one batch reads, holding part of a busy batch or nothing
-    marks = ["-busy"] if holds_busy else []
-    read = broker.read_ready(keys, "c", 4, 4, marks)
+        # When a worker with room for one batch reads, holding part of a busy batch or nothing
+        marks = ["-busy"] if holds_busy else []
+        read = broker.read_ready(keys, "c", 4, 4, marks)
 
     # Then a worker that holds busy work reads the quiet key: what it holds of the busy key
     # runs in its turn anyway, and the quiet request would wait a read more behind it
