@@ -236,23 +236,27 @@ def test_a_forged_meta_field_does_not_stop_clients_that_name_the_serving(
     field: str,
     value: str | bytes,
 ) -> None:
-    # Given a worker that declared its serving, one shard
-    serving = Recording(name="forged", batch_size=4, batch_timeout=0.005)
-    worker = start_worker(serving)
+    # Given a serving a worker declared, one shard, and stopped: its declaration stays, and
+    # no worker writes it back while the client reads it
+    start_worker(Recording(name="forged", batch_size=4, batch_timeout=0.005)).stop(timeout=10.0)
     meta = f"{prefix}:{{forged}}:meta"
-    wait_until(lambda: redis_client.hget(meta, "codec"), "the worker to declare the serving")
+    assert redis_client.hget(meta, "codec")
 
-    # When one write changes a field of its meta hash, and a new client names the serving
+    # When one write changes a field of its meta hash, a new client names the serving, and
+    # a worker starts
     redis_client.hset(meta, field, value)
     with (
         caplog.at_level(logging.WARNING, logger="queueserve"),
         qs.Client(redis_url, prefix=prefix) as client,
     ):
-        # Then every call is answered, and the client says what it ignored
-        assert answered(client, "forged") == REQUESTS
+        tickets = [client.submit("forged", [i], timeout=WAIT_S) for i in range(REQUESTS)]
+        said = [r.getMessage() for r in caplog.records]  # the client's, before any worker's
+        worker = start_worker(Recording(name="forged", batch_size=4, batch_timeout=0.005))
+        # Then every call is answered, and the client said what it ignored
+        assert [t.result() for t in tickets] == [[i] for i in range(REQUESTS)]
     assert threads_alive(worker)
     if field != "max_queue":  # read by enqueue.lua only, which falls back to the client's
-        assert any(field in r.getMessage() for r in caplog.records), caplog.text
+        assert any(field in m for m in said), caplog.text
 
 
 def test_shards_declared_by_the_workers_are_used(
