@@ -130,16 +130,17 @@ class _Reading:
             ) from None
         return keys, stream
 
-
-def _held_unknown(record: J.JobRecord | None) -> TypeGuard[J.JobRecord]:
-    """Whether telling queued from running needs Redis: a queued record with no answer yet
-    (one with answers is running) whose entry a worker may hold."""
-    return (
-        record is not None
-        and record.status == J.QUEUED
-        and not record.messages
-        and bool(record.entry_id)
-    )
+    def _held_unknown(self, record: J.JobRecord | None) -> TypeGuard[J.JobRecord]:
+        """Whether telling queued from running needs Redis: a queued record with no answer
+        yet (one with answers is running) whose entry a worker may hold, in a stream of this
+        prefix (``_keys``: a stream no worker of the serving reads raises, one outside the
+        prefix is not looked at)."""
+        return (
+            record is not None
+            and record.status == J.QUEUED
+            and not record.messages
+            and self._keys(record) is not None
+        )
 
 
 def _status(record: J.JobRecord | None, held: bool) -> str:
@@ -167,7 +168,7 @@ class Job(_Reading):
         """queued, running, done, failed, cancelled, or expired (no record: its keep passed,
         or it was forgotten)."""
         record = self._record()
-        held = _held_unknown(record) and self._jobs.running(record.stream, record.entry_id)
+        held = self._held_unknown(record) and self._jobs.running(record.stream, record.entry_id)
         return _status(record, held)
 
     def progress(self) -> JobProgress:
@@ -217,7 +218,9 @@ class AsyncJob(_Reading):
 
     async def status(self) -> str:
         record = await self._record()
-        held = _held_unknown(record) and await self._jobs.running(record.stream, record.entry_id)
+        held = self._held_unknown(record) and await self._jobs.running(
+            record.stream, record.entry_id
+        )
         return _status(record, held)
 
     async def progress(self) -> JobProgress:

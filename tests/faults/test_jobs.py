@@ -474,3 +474,25 @@ def test_a_job_s_progress_carries_the_last_hook_event_of_its_batches(
     code, shown = cli(redis_url, prefix, "show", ticket.id)
     assert code == 0
     assert shown["progress"]["hook"] == {"name": "progress", "payload": {"done": 3, "of": 3}}
+
+
+def test_a_forged_record_s_stream_is_looked_at_only_within_the_prefix(
+    client: qs.Client, redis_client: redis.Redis, prefix: str
+) -> None:
+    # Given a stream outside this prefix with an entry a consumer holds, and queued job
+    # records that name it, or a key of the prefix that is no request stream of their serving
+    outside = f"{prefix}-other:stream"
+    entry = redis_client.xadd(outside, {"x": "1"})
+    redis_client.xgroup_create(outside, "qs", id="0")
+    redis_client.xreadgroup("qs", "c", {outside: ">"})
+    fields = {"s": "queued", "n": "1", "sv": "s", "e": entry}
+    redis_client.hset(job_key(prefix, "f2-1"), mapping={**fields, "st": outside})
+    redis_client.hset(job_key(prefix, "f2-2"), mapping={**fields, "st": f"{prefix}:{{s}}:meta"})
+    try:
+        # Then the status never reads the key outside: queued, as the record says
+        assert client.job("f2-1").status() == "queued"
+        # and a stream the serving does not have is refused, saying so
+        with pytest.raises(qs.QueueServeError, match="was not written by queueserve"):
+            client.job("f2-2").status()
+    finally:
+        redis_client.delete(outside)
