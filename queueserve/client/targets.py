@@ -133,8 +133,8 @@ def confirmed_shards(keys: P.Keys, count: int, confirmation: dict[str, str]) -> 
         return count
     log.warning(
         "serving %s: its meta hash %s says shards=%d, but the last shard's (%s) says %r, so "
-        "no worker declared it; sending to shard 0 only (restart a worker of the serving to "
-        "declare its shards again)",
+        "no worker declared it; sending to shard 0 only (a live worker of the serving writes "
+        "its declaration back within a second; with none running, start one)",
         keys.name,
         keys.meta,
         count,
