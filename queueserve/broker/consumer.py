@@ -129,8 +129,8 @@ class Consumer(Replies):
         self.write_dead_letters(keys, [DeadLetter(stream, entry_id, records, ack_now)])
 
     def write_dead_letters(self, keys: Keys, letters: Sequence[DeadLetter]) -> None:
-        """Copy entries to the dead-letter streams of their shards, in one round trip however
-        many there are (a read's worth of forged entries costs the reader one).
+        """Copy entries to the dead-letter streams of their shards, one transaction per shard
+        however many entries there are (a read's worth of forged entries costs the reader one).
 
         Per shard one transaction (MULTI/EXEC) holds the records and the acks of the entries
         acked now: a Redis error before EXEC writes neither, so the worker that serves such an

@@ -12,7 +12,6 @@ from typing import Any, NamedTuple
 
 from redis.exceptions import NoScriptError, ResponseError
 
-from queueserve.broker import raw
 from queueserve.broker.common import Enqueued, Request, load_script
 from queueserve.broker.connect import is_cluster
 from queueserve.broker.errors import redis_errors
@@ -70,11 +69,11 @@ def _failures(out: Sequence[Any]) -> list[Exception]:
 
 
 class Jobs:
-    """Job records through one sync Redis client (and its raw connections, where it has
-    them: the records of a send cost one command, not a redis-py pipeline's)."""
+    """Job records through one sync Redis client (``created`` and ``placed`` on a Redis
+    Cluster only: elsewhere enqueue.lua writes a job's record with its entry)."""
 
-    def __init__(self, client: Any, url: str, connections: raw.Connections | None = None) -> None:
-        self.redis, self.url, self._raw = client, url, connections
+    def __init__(self, client: Any, url: str) -> None:
+        self.redis, self.url = client, url
         self._new = client.register_script(_NEW)
         self._placed = client.register_script(_PLACED)
         self._cancel = client.register_script(_CANCEL)
@@ -99,8 +98,6 @@ class Jobs:
                 raise failures[0]
 
     def _send(self, commands: list[tuple[Any, ...]]) -> list[Any]:
-        if self._raw is not None:
-            return raw.run(self._raw, commands)
         pipe = self.redis.pipeline(transaction=False)
         for command in commands:
             pipe.execute_command(*command)

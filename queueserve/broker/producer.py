@@ -42,7 +42,7 @@ class Producer(BrokerCore):
         self, url: str, *, client: redis.Redis | None = None, owner: str | None = None
     ) -> None:
         super().__init__(url, client=client, owner=owner)
-        self.jobs = Jobs(self.redis, url, self._raw)
+        self.jobs = Jobs(self.redis, url)
 
     def enqueue(
         self,

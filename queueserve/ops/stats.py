@@ -84,7 +84,7 @@ def stats_command(args: argparse.Namespace) -> int:
         }
         time.sleep(args.interval)  # throughput = entries read over this interval
         print(HEADER)
-        by_priority = []
+        priority_rows = []
         for keys in servings:
             of = shards[keys.name]
             dead = sum(n for _, n in broker.dead_letter_depths(of))
@@ -97,9 +97,9 @@ def stats_command(args: argparse.Namespace) -> int:
             hidden = max(broker.known_keys(s) for s in of) - len(rows)
             if hidden > 0:
                 print(f"{keys.name:<16} ... and {hidden} more known batch keys, idle (not shown)")
-            by_priority += priority_lines(broker, keys.name, of, now_ms)
-        if by_priority:
-            print(f"\n{PRIORITY_HEADER}", *by_priority, sep="\n")
+            priority_rows += priority_lines(broker, keys.name, of, now_ms)
+        if priority_rows:
+            print(f"\n{PRIORITY_HEADER}", *priority_rows, sep="\n")
         return 0
     finally:
         broker.close()

@@ -298,9 +298,9 @@ class Intake:
             )
             return
         out.dead.append(DeadLetter(entry.stream, entry.entry_id, [record], False))
-        if request is not None:  # the replier answers, then acks and releases its items
-            message = f"{reason}; it was moved to the dead-letter stream {dead}"
-            out.rows.append((request, 0, request.n, P.ERROR, dead_lettered(message)))
+        # the replier answers, then acks and releases its items
+        message = f"{reason}; it was moved to the dead-letter stream {dead}"
+        out.rows.append((request, 0, request.n, P.ERROR, dead_lettered(message)))
 
 
 def _item_errors(decoded: Accepted) -> list[Row]:
