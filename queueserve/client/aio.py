@@ -15,7 +15,7 @@ from typing import Any
 
 from queueserve.broker.retry import Retry
 from queueserve.client.async_sending import AsyncSending
-from queueserve.client.base import INBOX_BLOCK_S, ServingRef
+from queueserve.client.base import INBOX_BLOCK_S, ServingRef, timeout_message
 from queueserve.client.calls import Call, deadline_after
 from queueserve.client.events import RequestStream
 from queueserve.client.job_records import job_plan
@@ -375,7 +375,7 @@ class AsyncClient(AsyncSending):
             call.fail(Timeout(text))
 
     async def _timeout_text(self, target: Target, timeout: float | None) -> str:
-        return self._timeout_message(target, timeout, await self._alive(target))
+        return timeout_message(target, timeout, await self._alive(target))
 
     async def _alive(self, target: Target) -> int | None:
         try:

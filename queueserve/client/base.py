@@ -344,18 +344,20 @@ class BaseClient:
             )
         return Target(self._keys_of(serving), get_codec(codec), None, 0, None)
 
-    @staticmethod
-    def _timeout_message(target: Target, timeout: float | None, alive: int | None) -> str:
-        waited = f"within {timeout:g}s" if timeout is not None else "before its deadline"
-        head = f"no answer from serving {target.keys.name!r} {waited}"
-        if alive is None:
-            return f"{head}; Redis could not be asked whether any worker is alive"
-        if alive == 0:
-            return (
-                f"{head}; no worker is alive for it (none sent a heartbeat in the last "
-                f"{ALIVE_WITHIN_S:g}s): start one with `queueserve worker module:attr`"
-            )
+
+def timeout_message(target: Target, timeout: float | None, alive: int | None) -> str:
+    """What a caller whose answer did not come in time is told (``alive``: workers with a
+    heartbeat, None when Redis could not be asked)."""
+    waited = f"within {timeout:g}s" if timeout is not None else "before its deadline"
+    head = f"no answer from serving {target.keys.name!r} {waited}"
+    if alive is None:
+        return f"{head}; Redis could not be asked whether any worker is alive"
+    if alive == 0:
         return (
-            f"{head}; {alive} worker(s) alive for it, so the queue is long or the batch slow: "
-            "raise timeout or add workers"
+            f"{head}; no worker is alive for it (none sent a heartbeat in the last "
+            f"{ALIVE_WITHIN_S:g}s): start one with `queueserve worker module:attr`"
         )
+    return (
+        f"{head}; {alive} worker(s) alive for it, so the queue is long or the batch slow: "
+        "raise timeout or add workers"
+    )

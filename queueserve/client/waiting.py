@@ -9,7 +9,7 @@ import time
 from functools import partial
 
 from queueserve.broker.retry import Retry
-from queueserve.client.base import INBOX_BLOCK_S, ServingRef
+from queueserve.client.base import INBOX_BLOCK_S, ServingRef, timeout_message
 from queueserve.client.calls import Call, check_placed, unsent
 from queueserve.client.sending import Sending
 from queueserve.client.targets import Target
@@ -61,7 +61,7 @@ class Waiting(Sending):
         call.fail(Timeout(self._timeout_text(target, timeout)))
 
     def _timeout_text(self, target: Target, timeout: float | None) -> str:
-        return self._timeout_message(target, timeout, self._alive(target))
+        return timeout_message(target, timeout, self._alive(target))
 
     def _alive(self, target: Target) -> int | None:
         try:

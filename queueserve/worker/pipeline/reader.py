@@ -133,9 +133,8 @@ class Reader:
             self.cond.notify_all()
 
     def _housekeeping(self, due: dict[str, float], keys: P.Keys) -> None:
-        """Each job when due, its next time set first: one that fails (a Redis error, which
-        the read loop rides out) waits its period as a done one does, so it never stands
-        between the reader and its reads."""
+        # Each job's next time is set first: one Redis keeps refusing never stands between
+        # the read loop (which rides the error out) and its reads.
         now = time.monotonic()
         if now >= due["sweep"]:
             due["sweep"] = now + SWEEP_EVERY_S
