@@ -143,6 +143,8 @@ PRIORITY_AGE_MS: Final = 1000
 
 def check_priority(priority: object) -> int:
     """``priority`` if it is an int from 0 to 9, else ValueError saying so."""
+    if type(priority) is int and 0 <= priority <= MAX_PRIORITY:  # every header's: at once
+        return priority
     if (
         isinstance(priority, bool)
         or not isinstance(priority, int)

@@ -91,9 +91,7 @@ def parse_header(raw: bytes) -> list[Any]:
     ):
         raise ValueError(f"header fields have wrong types: {header!r:.200}")
     if size > 7:
-        priority = header[7]
-        if type(priority) is not int or not 0 <= priority <= P.MAX_PRIORITY:  # (bool is no int)
-            P.check_priority(priority)  # raises, saying what a priority must be
+        P.check_priority(header[7])
         if size > 8:
             _check_fields(header[8])
     return header
