@@ -46,29 +46,26 @@ def send(r: redis.Redis, redis_url: str, keys: Keys, n: int) -> tuple[int, list[
     return limit, ids
 
 
-@pytest.mark.parametrize("value", UNWRITTEN)
-def test_a_max_queue_no_worker_writes_counts_as_undeclared(
-    redis_client: redis.Redis, redis_url: str, prefix: str, value: str
+COUNTS = [
+    *(("max_queue", v) for v in UNWRITTEN),
+    *(("pack_items", v) for v in [*UNWRITTEN, "inf"]),  # inf: packs up to the bound
+]
+
+
+@pytest.mark.parametrize(("field", "value"), COUNTS, ids=[f"{f}={v!r}" for f, v in COUNTS])
+def test_a_count_no_worker_writes_counts_as_undeclared(
+    redis_client: redis.Redis, redis_url: str, prefix: str, field: str, value: str
 ) -> None:
-    # Given a serving declared by hand (no worker runs) whose max_queue is a number to Lua
+    # Given a serving declared by hand (no worker runs) whose max_queue or pack_items is a
+    # number only to Lua
     keys = Keys(prefix, "hexed")
-    redis_client.hset(keys.meta, mapping={"codec": "msgpack", "max_queue": value})
-    # When 20 requests are sent at once, then every one is admitted, against no limit
+    redis_client.hset(keys.meta, mapping={"codec": "msgpack", field: value})
+    # When 20 requests are sent at once, then every one is admitted, against no limit, each
+    # an entry of its own (no packs declared)
     limit, ids = send(redis_client, redis_url, keys, REQUESTS)
     assert limit == 0 and all(ids), (limit, ids)
-    assert int(redis_client.get(keys.queued) or 0) == REQUESTS
-
-
-@pytest.mark.parametrize("value", [*UNWRITTEN, "inf"])  # inf: packs up to the bound
-def test_a_pack_size_no_worker_writes_counts_as_undeclared(
-    redis_client: redis.Redis, redis_url: str, prefix: str, value: str
-) -> None:
-    # Given a declaration by hand whose pack_items is a number only to Lua
-    keys = Keys(prefix, "hexpack")
-    redis_client.hset(keys.meta, mapping={"codec": "msgpack", "pack_items": value})
-    # When 20 requests are sent at once, then each is an entry of its own (no packs declared)
-    _, ids = send(redis_client, redis_url, keys, REQUESTS)
     assert len(set(ids)) == REQUESTS, ids
+    assert int(redis_client.get(keys.queued) or 0) == REQUESTS
 
 
 FORGED = [
