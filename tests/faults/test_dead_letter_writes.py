@@ -6,6 +6,7 @@ one record, not a second beside the first.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -37,7 +38,7 @@ def refuse_ack_once(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[bytes
     failover's demoted master refuses it, before anything of it is sent; returns the list
     that records the refused write."""
     refused: list[bytes] = []
-    sha = redis.Redis().register_script(ACK_LUA).sha.encode()
+    sha = hashlib.sha1(ACK_LUA.encode()).hexdigest().encode()  # what EVALSHA sends
     send = AbstractConnection.send_packed_command
 
     def arm(entry_id: bytes) -> list[bytes]:

@@ -4,6 +4,7 @@ and dead-lettered on its own (docs/guarantees.md)."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 import msgpack
@@ -299,7 +300,8 @@ def test_requests_nobody_can_answer_give_their_admitted_items_back(
         for i, m in enumerate(members)
     ]
     # (the count enqueue.lua answered: the worker may give the items back before a GET)
-    _, queued, _ = RedisBroker(redis_url).enqueue(keys, sent, 0)
+    with contextlib.closing(RedisBroker(redis_url)) as broker:
+        _, queued, _ = broker.enqueue(keys, sent, 0)
     assert queued == BACKLOG + 2 * len(members)
 
     # Then the unreadable ones are dead-lettered, the others answered, the entry acked, and
@@ -309,5 +311,6 @@ def test_requests_nobody_can_answer_give_their_admitted_items_back(
         wait_until(lambda: inbox.answered(good), "the readable requests answered")
     wait_until(lambda: redis_client.xlen(stream_key(prefix, "owed")) == 0, "the entry acked")
     wait_until(lambda: int(redis_client.get(keys.queued)) == BACKLOG, "the items given back")
-    letters = DeadLetters(RedisBroker(redis_url), prefix, "owed").records()
+    with contextlib.closing(RedisBroker(redis_url)) as broker:
+        letters = DeadLetters(broker, prefix, "owed").records()
     assert len(letters) == members.count("bad")
