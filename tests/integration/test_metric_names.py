@@ -13,7 +13,7 @@ from pathlib import Path
 import queueserve as qs
 from queueserve.worker.queue_metrics import version
 from tests.integration.test_cli import Spawn, spawn  # noqa: F401
-from tests.support.helpers import wait_until
+from tests.support.helpers import metric_sample, wait_until
 from tests.support.redis_server import free_port
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
@@ -66,17 +66,6 @@ def test_the_docs_table_names_every_metric_a_worker_serves(
     assert {n: docs[n] for n in exported} == exported
 
 
-def _sample(text: str, name: str, **labels: str) -> float:
-    want = sorted(f'{k}="{v}"' for k, v in labels.items())
-    for line in text.splitlines():
-        if (
-            line.startswith(name + "{")
-            and sorted(line[len(name) + 1 : line.index("}")].split(",")) == want
-        ):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
-
-
 def test_queue_time_end_to_end_and_the_backlog_by_priority(
     redis_url: str, prefix: str, client: qs.Client
 ) -> None:
@@ -102,37 +91,48 @@ def test_queue_time_end_to_end_and_the_backlog_by_priority(
     try:
         first = client.submit("gated", [0])
         wait_until(
-            lambda: _sample(scrape(), "queueserve_queue_time_seconds_count", serving="gated") == 1,
+            lambda: (
+                metric_sample(scrape(), "queueserve_queue_time_seconds_count", serving="gated") == 1
+            ),
             "the first batch started",
         )
         # each goes as three requests of one item (a batch each: the client cuts them)
         later = [client.submit("gated", [1, 2, 3], priority=5) for _ in range(2)]
         wait_until(
-            lambda: _sample(scrape(), "queueserve_queued_items", serving="gated") == 7,
+            lambda: metric_sample(scrape(), "queueserve_queued_items", serving="gated") == 7,
             "seven items admitted",
         )
         text = scrape()  # of the two at priority 5, one may be read ahead already
-        assert _sample(text, "queueserve_priority_queue_depth", serving="gated", priority="5") >= 1
         assert (
-            _sample(text, "queueserve_oldest_request_age_seconds", serving="gated", priority="5")
+            metric_sample(text, "queueserve_priority_queue_depth", serving="gated", priority="5")
+            >= 1
+        )
+        assert (
+            metric_sample(
+                text, "queueserve_oldest_request_age_seconds", serving="gated", priority="5"
+            )
             >= 0
         )
         assert (
-            _sample(text, "queueserve_oldest_request_age_seconds", serving="gated", priority="0")
+            metric_sample(
+                text, "queueserve_oldest_request_age_seconds", serving="gated", priority="0"
+            )
             > 0
         )
         gate.set()
         assert first.result(30) == [0]
         assert [t.result(30) for t in later] == [[1, 2, 3]] * 2
         wait_until(
-            lambda: _sample(scrape(), "queueserve_end_to_end_seconds_count", serving="gated") == 7,
+            lambda: (
+                metric_sample(scrape(), "queueserve_end_to_end_seconds_count", serving="gated") == 7
+            ),
             "seven requests answered",
         )
         text = scrape()
-        assert _sample(text, "queueserve_queue_time_seconds_count", serving="gated") == 7
-        assert _sample(text, "queueserve_queued_items", serving="gated") == 0
+        assert metric_sample(text, "queueserve_queue_time_seconds_count", serving="gated") == 7
+        assert metric_sample(text, "queueserve_queued_items", serving="gated") == 0
         assert (
-            _sample(
+            metric_sample(
                 text, "queueserve_build_info", version=version(), python=platform.python_version()
             )
             == 1
@@ -170,7 +170,7 @@ def test_a_recycled_partition_counts_as_a_restart(
                 text = r.read().decode()
         except OSError:
             return 0.0
-        return _sample(
+        return metric_sample(
             text, "queueserve_partition_restarts_total", partition="0", reason="recycled"
         )
 

@@ -12,7 +12,6 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
-import msgpack
 import pytest
 import redis
 
@@ -21,34 +20,23 @@ from queueserve.broker.admin import Admin
 from queueserve.broker.fleet import Fleet
 from queueserve.dashboard.board import Board
 from queueserve.ops import stats
+from queueserve.wire.codec import get_codec
 from queueserve.wire.protocol import Keys
-from tests.integration.test_metric_names import _sample
+from queueserve.wire.request import encode_request
 from tests.support.broker import RedisBroker
 from tests.support.fault_app import RawInbox
-from tests.support.helpers import REPO, wait_until
+from tests.support.helpers import REPO, metric_sample, wait_until
 
 StartWorker = Callable[..., qs.Worker]
+MSGPACK = get_codec("msgpack")
 BACKLOG = 40  # items admitted elsewhere: the per-priority counts then go through the
 # increments and releases, not the reset that a counter at 0 makes
 
 
-def header(rid: int, n: int, inbox: RawInbox, priority: int) -> bytes:
-    """A request header (wire/request.py) of this priority: events "" before it."""
-    fields: list[Any] = [1, rid, n, inbox.key, 0, "msgpack"]
-    if priority:
-        fields += ["", priority]
-    return bytes(msgpack.packb(fields))
-
-
 def request(rid: int, items: list[int], inbox: RawInbox, priority: int) -> tuple[Any, ...]:
     """enqueue_arguments' form of one request."""
-    return (
-        "default",
-        len(items),
-        header(rid, len(items), inbox, priority),
-        msgpack.packb(items),
-        priority,
-    )
+    encoded = encode_request(MSGPACK, rid, items, inbox.key, None, priority=priority)
+    return ("default", len(items), *encoded, priority)
 
 
 def test_the_backlog_per_priority_counts_items_of_requests_and_packs_then_goes_to_zero(
@@ -91,8 +79,12 @@ def test_the_backlog_per_priority_counts_items_of_requests_and_packs_then_goes_t
             return str(r.read().decode())
 
     text = scrape()
-    assert _sample(text, "queueserve_priority_queued_items", serving="prio", priority="0") == 22
-    assert _sample(text, "queueserve_priority_queued_items", serving="prio", priority="5") == 14
+    assert (
+        metric_sample(text, "queueserve_priority_queued_items", serving="prio", priority="0") == 22
+    )
+    assert (
+        metric_sample(text, "queueserve_priority_queued_items", serving="prio", priority="5") == 14
+    )
     admin = Fleet(redis_url)
     try:
         now_ms = int(time.time() * 1000)
@@ -198,7 +190,7 @@ def test_an_enqueue_without_the_priority_key_still_works_and_a_job_key_is_not_ta
     job = f"{prefix}:job:j1"
     head = [keys.queued, keys.seen, keys.meta, keys.ready, keys.wake, keys.depth]
     stream = keys.stream("default", 1)
-    per_request = [1, 2, header(1, 2, inbox, 1), msgpack.packb([1, 2])]
+    per_request = [1, 2, *encode_request(MSGPACK, 1, [1, 2], inbox.key, None, priority=1)]
     old = enqueue(keys=[*head, stream], args=[0, "qs", 1000, 1, "default", 1, *per_request])
     with_job = enqueue(
         keys=[*head, stream, job],

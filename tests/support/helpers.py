@@ -116,3 +116,15 @@ def pending_requests(r: redis.Redis, stream: str) -> int:
             return 0
         raise
     return requests_in(r, stream, [p["message_id"] for p in pending])
+
+
+def metric_sample(text: str, name: str, **labels: str) -> float:
+    """The value of sample ``name{labels}`` in a Prometheus scrape ``text``; 0 when absent."""
+    want = sorted(f'{k}="{v}"' for k, v in labels.items())
+    for line in text.splitlines():
+        if (
+            line.startswith(name + "{")
+            and sorted(line[len(name) + 1 : line.index("}")].split(",")) == want
+        ):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
