@@ -186,6 +186,7 @@ class DispatchHttp(OneWriteHttp):
             or self.parser.get_http_version() != "1.1"
             or (previous is not None and not previous.response_complete)
             or self.access_log
+            or self.config.reset_contextvars  # uvicorn runs each request in a fresh context
             or self.limit_concurrency is not None
             or not url.startswith(b"/")  # absolute-form, or '*'
             or not url.isascii()

@@ -5,6 +5,8 @@ ASGI servers and mounting apps keep the whole path in ``scope["path"]`` and the 
 router strips it; so must everything that looks at the path before the router does (the
 token's open paths, the metrics' route labels, the dispatch route ahead of the stack), or a
 mounted gateway asks for the token on ``/healthz`` and labels every route ``other``.
+``route_path`` does what Starlette's private ``starlette._utils.get_route_path`` does (not its
+API to import): follow it when Starlette changes how it matches mounted paths.
 """
 
 from __future__ import annotations
