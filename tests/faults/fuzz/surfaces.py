@@ -48,6 +48,8 @@ class Target:
     channels: list[str] = field(default_factory=list)  # and their events channels
     created: set[str | bytes] = field(default_factory=set)  # keys the fuzzer made: deleted
     added: dict[str, set[bytes]] = field(default_factory=dict)  # key -> members/fields added
+    # stream -> entries added to a stream of the layout (a wake stream keeps its last ~100)
+    entries: dict[str, set[bytes]] = field(default_factory=dict)
     _broker: RedisBroker | None = None
 
     @property
@@ -62,13 +64,17 @@ class Target:
             self._broker.close()
 
     def clean(self, meta: dict[str, dict[bytes, bytes]]) -> None:
-        """Take back what the fuzzer wrote: the keys it made, the members and fields it added,
-        and each serving's meta hash as its workers declared it (``meta``: serving -> hash)."""
+        """Take back what the fuzzer wrote: the keys it made, the members, fields and stream
+        entries it added, and each serving's meta hash as its workers declared it (``meta``:
+        serving -> hash)."""
         for key, members in self.added.items():
             kind = self.r.type(key).decode()
             remove = {"zset": self.r.zrem, "hash": self.r.hdel, "set": self.r.srem}.get(kind)
             if remove is not None:
                 remove(key, *members)
+        for stream, ids in self.entries.items():
+            if self.r.type(stream) == b"stream":
+                self.r.xdel(stream, *ids)
         # The traffic's clients are closed by now: junk pushed into their inboxes has nobody
         # to read it (an inbox lives until its TTL, which RPUSH does not set)
         self.r.delete(
@@ -337,12 +343,13 @@ def active_member(t: Target, value: bytes) -> None:
 
 def wake_entry(t: Target, value: bytes) -> None:
     keys = t.keys(t.rng.choice(VALID))
-    t.r.xadd(
+    entry = t.r.xadd(
         keys.wake,
         t.rng.choice(({"k": value}, {value[:64] or b"?": value})),
         maxlen=100,
         approximate=True,
     )
+    t.entries.setdefault(keys.wake, set()).add(entry)
 
 
 def depth_field(t: Target, value: bytes) -> None:
