@@ -6,42 +6,26 @@ As ``bench.script_cost`` does for the plain path: on a private ``redis-server``,
 one-item requests go through the enqueue (``enqueue.lua``, one call), the worker's reads
 (``read.lua``) and its reply round trip (an inbox message, ``job.lua`` for jobs, ``ack.lua``),
 and Redis's own CPU clock (``INFO cpu``) is read around each step. Once plain, once with each
-request a job (``submit(..., keep=60)``: its header names the job, the enqueue writes its
-record, the reply its answer). Only this process talks to that server, so the figures hold on
-a busy machine: they say what a job adds to Redis's share of ``bench.throughput``'s "keep /
-plain submit" ratio, per step (docs/benchmarks.md, "Jobs").
+request a job (``submit(..., keep=60)``: its header carries its keep, the enqueue writes its
+record in its group, the reply its answer). Only this process talks to that server, so the
+figures hold on a busy machine: they say what a job adds to Redis's share of
+``bench.throughput``'s "keep / plain submit" ratio, per step (docs/benchmarks.md, "Jobs").
 """
 
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
 from typing import Any
 
 from bench.script_cost import Broker, N, on_private_redis, redis_cpu
 from queueserve.wire.codec import get_codec
-from queueserve.wire.jobs import job_key
+from queueserve.wire.jobs import inbox_group, job_writes
 from queueserve.wire.protocol import Keys, inbox_key
 from queueserve.wire.reply import ReplyEncoder
 from queueserve.wire.request import encode_request
 
 KEEP_MS = 60_000
 CLIENT_ID = "0123456789abcdef"
-
-
-@dataclass
-class Answer:
-    """One job's answer as the worker's replier hands it to job.lua (broker/replies.py's
-    JobAnswer): a first run's single message, which ends the job."""
-
-    job_id: str
-    messages: list[bytes]
-    keep_ms: int = KEEP_MS
-    n: int = 1
-    final: bool = True
-    errored: bool = False
-    fresh: bool = True
-    hook: bytes = b""
 
 
 def steps(broker: Broker, rounds: int, jobs: bool) -> dict[str, float]:
@@ -57,16 +41,24 @@ def steps(broker: Broker, rounds: int, jobs: bool) -> dict[str, float]:
     server: Any = broker.redis  # a plain server's client (bench.script_cost's Broker)
     rid = 0
     for _ in range(rounds):
-        requests, records, answers = [], [], []
+        requests, records = [], []
+        rows: dict[str, list[list[Any]]] = {}
         for i in range(N):
             rid += 1
-            job_id = f"{CLIENT_ID}-{rid}"
-            fields = {"job": job_id, "keep": KEEP_MS} if jobs else None
+            fields = {"job_keep": KEEP_MS} if jobs else None
             header, payload = encode_request(codec, rid, [i], inbox, None, "", 0, fields)
             requests.append(("default", 1, header, payload, 0))
             if jobs:
-                records.append((i, job_key(prefix, job_id), KEEP_MS))
-                answers.append(Answer(job_id, encoder.messages([[rid, 0, 1, 0, [i]]])))
+                group = inbox_group(inbox, rid)
+                records.append((i, group, str(rid), KEEP_MS))
+                rows.setdefault(group, []).append([rid, 0, 1, 0, [i]])
+        # per record group, what the worker's replier hands job.lua: the group's rows in one
+        # message, and its jobs as plain ones (a first run's answer that ends each)
+        answers = []
+        for group, group_rows in rows.items():
+            messages = encoder.messages(group_rows)
+            plain = [str(r[0]) for r in group_rows]
+            answers.append((group, job_writes(messages, [], plain, len(messages[0]) / N)))
         c0 = redis_cpu(server)
         broker.enqueue(keys, requests, 0, jobs=records)
         c1 = redis_cpu(server)

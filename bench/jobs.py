@@ -6,9 +6,9 @@ On a private ``redis-server`` (loopback, no persistence) with a ``queueserve wor
 no-op serving ``bench.servings:noop``: ``--jobs`` jobs of one small item each
 (``submit(noop, [i], keep=...)``, 8 threads, windows of 512), all waited for; then Redis's
 ``used_memory`` against what it was before the jobs (a client's inboxes emptied, the streams
-acked: what is left is the job records), the job keys counted; then, once ``keep`` passed,
-the same again. The budget: at most 40 MB for 100,000 jobs, and no job key and no memory of
-theirs left after expiry (docs/benchmarks.md, "Jobs").
+acked: what is left is the job records), their record groups counted (64 jobs a key); then,
+once ``keep`` passed, the same again. The budget: at most 40 MB for 100,000 jobs, and no
+group and no memory of theirs left after expiry (docs/benchmarks.md, "Jobs").
 """
 
 from __future__ import annotations
@@ -55,8 +55,8 @@ def submit_jobs(client: qs.Client, n: int, keep: float) -> float:
     return time.perf_counter() - began
 
 
-def job_keys(r: redis.Redis) -> int:
-    return sum(1 for _ in r.scan_iter(match=f"{PREFIX}:job:*", count=10_000))
+def job_groups(r: redis.Redis) -> int:
+    return sum(1 for _ in r.scan_iter(match=f"{PREFIX}:jobs:*", count=10_000))
 
 
 def used(r: redis.Redis) -> int:
@@ -83,21 +83,21 @@ def measure(n: int, keep: float) -> dict[str, Any]:
             client.dispatch(SERVING, 0)  # warm: the client's inbox and connections exist
             before = used(r)
             seconds = submit_jobs(client, n, keep)
-            kept, keys = used(r), job_keys(r)
+            kept, keys = used(r), job_groups(r)
             expires = time.monotonic() + keep
-            wait_until(lambda: job_keys(r) == 0, keep + 60, "every job record to expire")
+            wait_until(lambda: job_groups(r) == 0, keep + 60, "every job record to expire")
             after_expiry = used(r)
             expired_after = round(time.monotonic() - expires, 1)
         return {
             "jobs": n,
             "keep_s": keep,
             "submit_items_per_s": round(n / seconds),
-            "job_keys_kept": keys,
+            "job_groups_kept": keys,
             "bytes_kept": kept - before,
             "bytes_per_job": round((kept - before) / n, 1),
             "bytes_left_after_expiry": after_expiry - before,
             "all_gone_s_after_keep": expired_after,
-            "budget_ok": kept - before <= BUDGET_BYTES * n / 100_000 and keys == n,
+            "budget_ok": kept - before <= BUDGET_BYTES * n / 100_000 and keys >= n // 64,
             "redis": server.version(),
         }
     finally:

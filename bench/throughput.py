@@ -434,6 +434,7 @@ class Bench:
         n = self.n_single
         shapes: dict[str, Callable[[], float]] = {
             "submit_window": lambda: qs_windows(self.client, n, 8, 512),
+            "submit_keep_window": lambda: qs_windows(self.client, n, 8, 512, 60),
             "dispatch_64": lambda: qs_dispatch(self.client, n, 64),
         }
         spy = str(Path(sys.executable).parent / "py-spy")

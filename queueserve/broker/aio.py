@@ -37,7 +37,7 @@ from queueserve.broker.common import (
 )
 from queueserve.broker.connect import aclose, connect_async, is_cluster
 from queueserve.broker.errors import error_code, redis_errors
-from queueserve.broker.jobs import AsyncJobs, JobAt, new_jobs, placed_jobs
+from queueserve.broker.jobs import AsyncJobs, JobAt
 from queueserve.broker.retry import Outage
 from queueserve.broker.urls import redact_url
 from queueserve.errors import NotReplicated, QueueServeError, RedisUnavailable
@@ -152,11 +152,11 @@ class AsyncProducer:
         ``durable`` waits for a replica to hold them; ``jobs`` get their records; each run
         of ``together`` is admitted whole or refused whole."""
         if jobs and self.jobs.cluster:
-            await self.jobs.created(new_jobs(keys, requests, jobs))
+            await self.jobs.created(keys, requests, jobs)
             reply = await self._enqueue_call(keys, requests, max_queue, durable, (), together)
             # Not retried with the enqueue (see Producer.enqueue)
             with contextlib.suppress(QueueServeError):
-                await self.jobs.placed(placed_jobs(keys, requests, jobs, reply))
+                await self.jobs.placed(keys, requests, jobs, reply)
             return reply
         return await self._enqueue_call(keys, requests, max_queue, durable, jobs, together)
 

@@ -16,7 +16,7 @@ from redis.connection import HiredisRespSerializer
 from redis.exceptions import NoScriptError
 
 from queueserve.broker.urls import redact_url
-from queueserve.wire.jobs import LIVE_TTL_MS
+from queueserve.wire.jobs import placings
 from queueserve.wire.protocol import GROUP, PRIORITY_AGE_MS, Keys
 from queueserve.wire.timing import DURABLE_WAIT_MS
 
@@ -85,16 +85,15 @@ def enqueue_arguments(
     keys: Keys,
     requests: Sequence[Request],
     max_queue: int,
-    jobs: Sequence[tuple[int, str, int]] = (),
+    jobs: Sequence[tuple[int, str, str, int]] = (),
     together: Sequence[Together] = (),
 ) -> tuple[list[str], list[Any]]:
     """KEYS and ARGV of enqueue.lua for these requests: each stream's batch key and priority
     once, then four values per request (the first of ``together`` requests with its item
     count as 'N:R': admitted with the R-1 after it or refused with them); then, for ``jobs``
-    (broker/jobs.py's JobAt), their
-    records' keys and what enqueue.lua writes there (not on a cluster: the records are in
-    other slots). The per-priority counter goes last of all KEYS (enqueue.lua knows it by its
-    name, so callers that predate it still work)."""
+    (broker/jobs.py's JobAt), their record groups' keys and what enqueue.lua writes there
+    (not on a cluster: the groups are in other slots). The per-priority counter goes last
+    of all KEYS (enqueue.lua knows it by its name, so callers that predate it still work)."""
     streams: dict[tuple[str, int], int] = {}
     per_request: list[Any] = []
     for batch_key, n, header, payload, priority in requests:
@@ -110,10 +109,14 @@ def enqueue_arguments(
     script_keys = [keys.queued, keys.seen, keys.meta, keys.ready, keys.wake, keys.depth]
     script_keys += [keys.stream(key, priority) for key, priority in streams]
     if jobs:
-        script_keys += [key for _, key, _ in jobs]
-        per_request += (keys.name, LIVE_TTL_MS)
-        for index, _, keep_ms in jobs:
-            per_request += (index + 1, keep_ms)
+        groups: dict[str, list[Any]] = {}
+        for index, key, rid, keep_ms in jobs:
+            at = groups.get(key)
+            if at is None:
+                at = groups[key] = []
+            at += (index + 1, rid, keep_ms)
+        script_keys += groups
+        per_request.append(placings(keys.name, list(groups.values())))
     script_keys.append(keys.pdepth)
     return script_keys, args + per_request
 

@@ -1,14 +1,14 @@
 """Job records (wire/jobs.py) as clients touch them: create, read, cancel, forget; ``Jobs``
 for the sync client, ``AsyncJobs`` for asyncio. enqueue.lua writes the records of the jobs it
-admits; on a Redis Cluster, where they live in other slots than the streams, the producer
-writes them around the enqueue instead (``created`` before it, ``placed`` after). The
-worker's write is job.lua, in its reply-and-ack round trip (broker/replies.py).
+admits; on a Redis Cluster, where their groups live in other slots than the streams, the
+producer writes them around the enqueue instead (``created`` before it, ``placed`` after).
+The worker's write is job.lua, in its reply-and-ack round trip (broker/replies.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 from redis.exceptions import NoScriptError, ResponseError
 
@@ -21,51 +21,62 @@ from queueserve.wire.protocol import GROUP, Keys
 _NEW = load_script("job_new.lua")
 _PLACED = load_script("job_placed.lua")
 _CANCEL = load_script("job_cancel.lua")
+_FORGET = load_script("job_forget.lua")
+
+# A job among an enqueue's requests: its index, its record group's key, its request id (a
+# string: a field name) and keep (ms)
+JobAt = tuple[int, str, str, int]
 
 
-class NewJob(NamedTuple):
-    """A job about to be enqueued: its record's key and what is written there first."""
-
-    key: str
-    n: int
-    keep_ms: int
-    serving: str
+def _by_group(jobs: Sequence[JobAt]) -> dict[str, list[JobAt]]:
+    groups: dict[str, list[JobAt]] = {}
+    for job in jobs:
+        groups.setdefault(job[1], []).append(job)
+    return groups
 
 
-Placed = tuple[str, str, bytes | None]  # record key, stream, entry id (None: refused)
-JobAt = tuple[int, str, int]  # a job among an enqueue's requests: its index, record key, keep ms
-
-
-def new_jobs(keys: Keys, requests: Sequence[Request], jobs: Sequence[JobAt]) -> list[NewJob]:
-    """The records of ``jobs`` to write before their requests are enqueued (on a cluster)."""
-    return [NewJob(key, requests[i][1], keep_ms, keys.name) for i, key, keep_ms in jobs]
+def new_jobs(
+    sha: str, keys: Keys, requests: Sequence[Request], jobs: Sequence[JobAt]
+) -> list[tuple[Any, ...]]:
+    """job_new.lua calls writing ``jobs``' fields before their enqueue (on a cluster: one
+    per group, each its own slot)."""
+    commands: list[tuple[Any, ...]] = []
+    for key, group in _by_group(jobs).items():
+        args: list[Any] = []
+        for i, _, rid, keep_ms in group:
+            args += (rid, f"{requests[i][1]}:{keep_ms}:{keys.name}::")
+        commands.append(("EVALSHA", sha, 1, key, LIVE_TTL_MS, *args))
+    return commands
 
 
 def placed_jobs(
-    keys: Keys, requests: Sequence[Request], jobs: Sequence[JobAt], reply: Enqueued
-) -> list[Placed]:
-    """Where ``jobs`` wait once enqueued (no entry: refused, its record goes)."""
-    placed = []
-    for i, key, _ in jobs:
-        entry = reply[2][i]
-        stream = keys.stream(requests[i][0], requests[i][4])
-        placed.append((key, stream, entry if isinstance(entry, bytes) else None))
-    return placed
-
-
-def _new_commands(sha: str, jobs: Sequence[NewJob]) -> list[tuple[Any, ...]]:
-    """One script call per record: on a cluster each is in its own slot."""
-    return [
-        ("EVALSHA", sha, 1, job.key, LIVE_TTL_MS, job.n, job.keep_ms, job.serving) for job in jobs
-    ]
-
-
-def _placed_commands(sha: str, placed: Sequence[Placed]) -> list[tuple[Any, ...]]:
-    return [("EVALSHA", sha, 1, key, stream, entry or b"") for key, stream, entry in placed]
+    sha: str, keys: Keys, requests: Sequence[Request], jobs: Sequence[JobAt], reply: Enqueued
+) -> list[tuple[Any, ...]]:
+    """job_placed.lua calls saying where ``jobs`` wait once enqueued (no entry: refused)."""
+    commands: list[tuple[Any, ...]] = []
+    for key, group in _by_group(jobs).items():
+        args: list[Any] = []
+        for i, _, rid, _ in group:
+            entry = reply[2][i]
+            stream = keys.stream(requests[i][0], requests[i][4])
+            args += (rid, stream, entry if isinstance(entry, bytes) else b"")
+        commands.append(("EVALSHA", sha, 1, key, *args))
+    return commands
 
 
 def _failures(out: Sequence[Any]) -> list[Exception]:
     return [r for r in out if isinstance(r, Exception)]
+
+
+def _read_commands(key: str, fields: Sequence[str]) -> list[tuple[Any, ...]]:
+    return [("HMGET", key, *fields), ("TIME",)]
+
+
+def _read(out: list[Any]) -> tuple[list[bytes | None], int]:
+    for failure in _failures(out):
+        raise failure  # (a key of another type: WRONGTYPE)
+    values, (seconds, micros) = out
+    return list(values), int(seconds) * 1000 + int(micros) // 1000
 
 
 class Jobs:
@@ -77,15 +88,18 @@ class Jobs:
         self._new = client.register_script(_NEW)
         self._placed = client.register_script(_PLACED)
         self._cancel = client.register_script(_CANCEL)
+        self._forget = client.register_script(_FORGET)
         self.cluster = is_cluster(client)
 
-    def created(self, jobs: Sequence[NewJob]) -> None:
+    def created(self, keys: Keys, requests: Sequence[Request], jobs: Sequence[JobAt]) -> None:
         """Write the records of ``jobs`` about to be enqueued (one round trip)."""
-        self._scripted(_NEW, _new_commands(self._new.sha, jobs))
+        self._scripted(_NEW, new_jobs(self._new.sha, keys, requests, jobs))
 
-    def placed(self, placed: Sequence[Placed]) -> None:
+    def placed(
+        self, keys: Keys, requests: Sequence[Request], jobs: Sequence[JobAt], reply: Enqueued
+    ) -> None:
         """Where enqueued jobs wait; the records of refused ones go (one round trip)."""
-        self._scripted(_PLACED, _placed_commands(self._placed.sha, placed))
+        self._scripted(_PLACED, placed_jobs(self._placed.sha, keys, requests, jobs, reply))
 
     def _scripted(self, script: str, commands: list[tuple[Any, ...]]) -> None:
         """Send script calls; on a server without the script, load it and send them again."""
@@ -103,9 +117,14 @@ class Jobs:
             pipe.execute_command(*command)
         return list(pipe.execute(raise_on_error=False))
 
-    def record(self, key: str) -> dict[bytes, bytes]:
+    def record(self, key: str, fields: Sequence[str]) -> tuple[list[bytes | None], int]:
+        """``fields`` of group ``key``, and Redis's clock (unix ms)."""
         with redis_errors(self.url):
-            return dict(self.redis.hgetall(key))
+            return _read(self._send(_read_commands(key, fields)))
+
+    def messages(self, key: str, refs: Sequence[bytes]) -> list[bytes | None]:
+        with redis_errors(self.url):
+            return list(self.redis.hmget(key, [b"m" + ref for ref in refs])) if refs else []
 
     def running(self, stream: str, entry_id: bytes) -> bool:
         """Whether a worker holds entry ``entry_id`` of ``stream`` (read, not yet acked)."""
@@ -115,14 +134,14 @@ class Jobs:
             except ResponseError:  # no stream or no group yet: nobody holds it
                 return False
 
-    def cancel(self, key: str, default_keep_ms: int) -> int:
+    def cancel(self, key: str, rid: str, default_keep_ms: int) -> int:
         """job_cancel.lua: 1 cancelled now, 0 it had ended, -1 no record."""
         with redis_errors(self.url):
-            return int(self._cancel(keys=[key], args=[default_keep_ms, MAX_KEEP_MS]))
+            return int(self._cancel(keys=[key], args=[rid, default_keep_ms, MAX_KEEP_MS]))
 
-    def forget(self, key: str) -> bool:
+    def forget(self, key: str, rid: str) -> bool:
         with redis_errors(self.url):
-            return bool(self.redis.delete(key))
+            return bool(self._forget(keys=[key], args=[rid]))
 
 
 class AsyncJobs:
@@ -133,13 +152,16 @@ class AsyncJobs:
         self._new = client.register_script(_NEW)
         self._placed = client.register_script(_PLACED)
         self._cancel = client.register_script(_CANCEL)
+        self._forget = client.register_script(_FORGET)
         self.cluster = is_cluster(client)
 
-    async def created(self, jobs: Sequence[NewJob]) -> None:
-        await self._scripted(_NEW, _new_commands(self._new.sha, jobs))
+    async def created(self, keys: Keys, requests: Sequence[Request], jobs: Sequence[JobAt]) -> None:
+        await self._scripted(_NEW, new_jobs(self._new.sha, keys, requests, jobs))
 
-    async def placed(self, placed: Sequence[Placed]) -> None:
-        await self._scripted(_PLACED, _placed_commands(self._placed.sha, placed))
+    async def placed(
+        self, keys: Keys, requests: Sequence[Request], jobs: Sequence[JobAt], reply: Enqueued
+    ) -> None:
+        await self._scripted(_PLACED, placed_jobs(self._placed.sha, keys, requests, jobs, reply))
 
     async def _scripted(self, script: str, commands: list[tuple[Any, ...]]) -> None:
         with redis_errors(self.url):
@@ -156,9 +178,15 @@ class AsyncJobs:
             pipe.execute_command(*command)
         return list(await pipe.execute(raise_on_error=False))
 
-    async def record(self, key: str) -> dict[bytes, bytes]:
+    async def record(self, key: str, fields: Sequence[str]) -> tuple[list[bytes | None], int]:
         with redis_errors(self.url):
-            return dict(await self.redis.hgetall(key))
+            return _read(await self._send(_read_commands(key, fields)))
+
+    async def messages(self, key: str, refs: Sequence[bytes]) -> list[bytes | None]:
+        if not refs:
+            return []
+        with redis_errors(self.url):
+            return list(await self.redis.hmget(key, [b"m" + ref for ref in refs]))
 
     async def running(self, stream: str, entry_id: bytes) -> bool:
         with redis_errors(self.url):
@@ -168,10 +196,10 @@ class AsyncJobs:
                 return False
             return bool(found)
 
-    async def cancel(self, key: str, default_keep_ms: int) -> int:
+    async def cancel(self, key: str, rid: str, default_keep_ms: int) -> int:
         with redis_errors(self.url):
-            return int(await self._cancel(keys=[key], args=[default_keep_ms, MAX_KEEP_MS]))
+            return int(await self._cancel(keys=[key], args=[rid, default_keep_ms, MAX_KEEP_MS]))
 
-    async def forget(self, key: str) -> bool:
+    async def forget(self, key: str, rid: str) -> bool:
         with redis_errors(self.url):
-            return bool(await self.redis.delete(key))
+            return bool(await self._forget(keys=[key], args=[rid]))

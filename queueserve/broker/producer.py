@@ -30,7 +30,7 @@ from queueserve.broker.common import (
 )
 from queueserve.broker.core import BrokerCore
 from queueserve.broker.errors import redis_errors
-from queueserve.broker.jobs import JobAt, Jobs, new_jobs, placed_jobs
+from queueserve.broker.jobs import JobAt, Jobs
 from queueserve.errors import NotReplicated, QueueServeError
 from queueserve.wire.protocol import Keys
 
@@ -63,12 +63,12 @@ class Producer(BrokerCore):
         ``together``: runs of requests of one call, admitted whole or refused whole.
         """
         if jobs and self.jobs.cluster:
-            self.jobs.created(new_jobs(keys, requests, jobs))
+            self.jobs.created(keys, requests, jobs)
             reply = self._enqueue_call(keys, requests, max_queue, durable, (), together)
             # Not retried with the enqueue (that would enqueue twice): without it a job is
             # answered as ever, and a cancel cannot withdraw its entry.
             with contextlib.suppress(QueueServeError):
-                self.jobs.placed(placed_jobs(keys, requests, jobs, reply))
+                self.jobs.placed(keys, requests, jobs, reply)
             return reply
         return self._enqueue_call(keys, requests, max_queue, durable, jobs, together)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol, cast
+from typing import Any, cast
 
 from redis.exceptions import NoScriptError
 
@@ -17,7 +17,7 @@ from queueserve.broker.errors import redis_errors
 from queueserve.broker.reads import PendingRead, Reads, WakeRead
 from queueserve.broker.urls import redact_url
 from queueserve.errors import RedisUnavailable
-from queueserve.wire.jobs import LIVE_TTL_MS, MAX_JOB_BYTES, job_key, job_writes
+from queueserve.wire.jobs import MAX_JOB_BYTES
 from queueserve.wire.protocol import Keys
 from queueserve.wire.timing import DURABLE_WAIT_MS
 
@@ -58,40 +58,14 @@ def _drop_job_failures(out: list[Any], job_writes: range) -> None:
             out[i] = None
 
 
-class JobAnswer(Protocol):
-    """Answers of one job to keep in its record (worker/pipeline/replies.py's JobWrite)."""
-
-    @property
-    def job_id(self) -> str: ...
-    @property
-    def keep_ms(self) -> int: ...
-    @property
-    def n(self) -> int: ...
-    @property
-    def messages(self) -> list[bytes]: ...
-    @property
-    def final(self) -> bool: ...
-    @property
-    def errored(self) -> bool: ...
-    @property
-    def hook(self) -> bytes: ...
-    @property
-    def fresh(self) -> bool: ...
+# What one round trip keeps of one record group's jobs: the group's key and job.lua's
+# arguments for it after the limit (wire/jobs.py's job_writes).
+GroupWrite = tuple[str, tuple[bytes, str, str]]
 
 
-def _job_commands(
-    sha: str, prefix: str, jobs: Sequence[JobAnswer], cluster: bool
-) -> list[tuple[Any, ...]]:
-    """job.lua calls: one for all ``jobs``, or on a cluster one per job (each its own slot)."""
-    groups: list[Sequence[JobAnswer]] = [[job] for job in jobs] if cluster else [jobs]
-    commands = []
-    for group in groups:
-        writes = job_writes(
-            [[j.keep_ms, j.final, j.errored, j.n, j.hook, j.messages, j.fresh] for j in group]
-        )
-        keys = [job_key(prefix, job.job_id) for job in group]
-        commands.append(("EVALSHA", sha, len(keys), *keys, MAX_JOB_BYTES, LIVE_TTL_MS, writes))
-    return commands
+def _job_commands(sha: str, groups: Sequence[GroupWrite]) -> list[tuple[Any, ...]]:
+    """job.lua calls, one per record group (each its own key: on a cluster, its own slot)."""
+    return [("EVALSHA", sha, 1, key, MAX_JOB_BYTES, *writes) for key, writes in groups]
 
 
 class Replies(Reads):
@@ -107,7 +81,7 @@ class Replies(Reads):
         *,
         durable: bool = False,
         then_read: WakeRead | None = None,
-        jobs: Sequence[JobAnswer] = (),
+        jobs: Sequence[GroupWrite] = (),
     ) -> PendingRead | None:
         """Publish streamed events, push replies to client inboxes, then ack finished entries:
         one round trip, in that order (a batch's events precede its replies).
@@ -128,9 +102,9 @@ class Replies(Reads):
         within DURABLE_WAIT_MS the acks are held (RedisUnavailable, retried: the replies go
         again and the clients keep the first of each).
 
-        ``jobs``: answers kept in job records (job.lua), after the replies and before the
-        acks, in the same round trip: an acked job's record holds its answer, and a job run
-        again takes only its first answer (job.lua keeps nothing in a record that ended).
+        ``jobs``: answers kept in job record groups (job.lua), after the replies and before
+        the acks, in the same round trip: an acked job's record holds its answer, and a job
+        run again takes only its first answer (job.lua keeps nothing for a job that ended).
         """
         durable_replies = durable and bool(replies) and is_cluster(self.redis)
         if durable_replies:
@@ -143,7 +117,7 @@ class Replies(Reads):
         commands += _pushes(replies, inbox_ttl_ms)
         scripted = len(commands)
         if jobs:
-            commands += _job_commands(self._job.sha, keys.prefix, jobs, is_cluster(self.redis))
+            commands += _job_commands(self._job.sha, jobs)
         job_writes = range(scripted, len(commands))
         commands += self._ack_commands(keys, acks)
         fused = then_read is not None and self._raw is not None and not durable_replies

@@ -17,7 +17,6 @@ from queueserve import tracing
 from queueserve.broker.urls import redact_url
 from queueserve.client.calls import Call, CallTable
 from queueserve.client.events import RequestStream
-from queueserve.client.job_records import job_id
 from queueserve.client.outgoing import Outgoing
 from queueserve.client.targets import (
     Part,
@@ -139,7 +138,7 @@ class BaseClient:
         fields: dict[str, Any] | None = trace_fields() if target.traced else None
         if keep_ms:
             call.keep_ms = keep_ms
-            fields = {**(fields or {}), "job": job_id(self.client_id, call.rid), "keep": keep_ms}
+            fields = {**fields, "job_keep": keep_ms} if fields else {"job_keep": keep_ms}
         try:  # an item that does not encode, or a payload over the limit: the call goes
             header, payload = encode_request(
                 target.codec,
@@ -284,7 +283,7 @@ class BaseClient:
         target = self._target_for(serving, meta.get("codec"))
         target.traced = tracing.AVAILABLE and self._reads_trace(target.keys.name, meta)
         if meta:
-            target.keeps_jobs = "job" in meta.get(tracing.HEADER_FIELDS, "").split(",")
+            target.keeps_jobs = "job_keep" in meta.get(tracing.HEADER_FIELDS, "").split(",")
         if target.serving is not None:
             target.batch_size = target.serving.batch_size
             target.hooks = target.serving.hooks is not None

@@ -1,17 +1,12 @@
-"""What the clients send for jobs (wire/jobs.py): a job's id, its keep checked, and the
-records its enqueue writes."""
+"""What the clients send for jobs (wire/jobs.py): a job's keep checked, and the records its
+enqueue writes."""
 
 from __future__ import annotations
 
 from queueserve.broker.jobs import JobAt
 from queueserve.client.outgoing import Outgoing
 from queueserve.client.targets import Part, Target
-from queueserve.wire.jobs import check_keep, job_key
-
-
-def job_id(client_id: str, rid: int) -> str:
-    """The id of a client's request as a job: its ticket's id, unique across clients."""
-    return f"{client_id}-{rid}"
+from queueserve.wire.jobs import GROUP_SHIFT, check_keep
 
 
 def job_plan(target: Target, parts: list[Part], keep: float | None) -> int:
@@ -22,8 +17,9 @@ def job_plan(target: Target, parts: list[Part], keep: float | None) -> int:
     keep_ms = check_keep(keep)
     if target.keeps_jobs is False:
         raise ValueError(
-            f"the workers of serving {target.keys.name!r} do not keep jobs ('job' is not among "
-            "the header_fields of its meta hash): upgrade them before submitting with keep="
+            f"the workers of serving {target.keys.name!r} do not keep jobs ('job_keep' is not "
+            "among the header_fields of its meta hash): upgrade them before submitting with "
+            "keep="
         )
     if len(parts) != 1:
         raise ValueError(
@@ -35,9 +31,10 @@ def job_plan(target: Target, parts: list[Part], keep: float | None) -> int:
 
 def jobs_at(prefix: str, client_id: str, group: list[Outgoing]) -> list[JobAt]:
     """The jobs among a group's requests (which enqueue_groups lists in the group's order):
-    each one's index, record key and keep."""
+    each one's index, record group, request id and keep."""
+    groups = f"{prefix}:jobs:{client_id}:"
     return [
-        (i, job_key(prefix, job_id(client_id, o.call.rid)), o.call.keep_ms)
+        (i, groups + str(o.call.rid >> GROUP_SHIFT), str(o.call.rid), o.call.keep_ms)
         for i, o in enumerate(group)
         if o.call.keep_ms
     ]

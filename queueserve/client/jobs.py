@@ -40,9 +40,10 @@ class _Reading:
 
     def __init__(self, prefix: str, job_id: str, trusted_codec: str | None) -> None:
         self.id = J.check_job_id(job_id)
-        self._key = J.job_key(prefix, job_id)
+        self._key, rid = J.job_place(prefix, job_id)
+        self._fields = J.record_fields(rid)
         self._prefix = prefix
-        self._rid = int(job_id.rsplit("-", 1)[1])
+        self._rid = int(rid)
         self._accepted = {get_codec("msgpack").tag}
         if trusted_codec is not None:
             self._accepted.add(get_codec(trusted_codec).tag)
@@ -50,21 +51,26 @@ class _Reading:
     def __repr__(self) -> str:
         return f"<queueserve Job {self.id}>"
 
-    def _parse(self, raw: dict[bytes, bytes]) -> J.JobRecord | None:
-        if not raw:
-            return None
+    def _parse(self, raw: tuple[list[bytes | None], int]) -> J.JobRecord | None:
         try:
-            return J.parse_record(self.id, raw)
+            return J.parse_record(self.id, *raw)
         except ValueError as e:
             raise QueueServeError(str(e)) from None
 
-    def _call(self, record: J.JobRecord) -> Call:
-        """The job's answers so far, applied as a client applies its inbox's."""
+    def _messages(self, raw: list[bytes | None]) -> list[bytes]:
+        try:
+            return J.check_messages(self.id, raw)
+        except ValueError as e:
+            raise QueueServeError(str(e)) from None
+
+    def _call(self, record: J.JobRecord, messages: list[bytes]) -> Call:
+        """The job's answers so far, applied as a client applies its inbox's (a message of
+        its group holds other jobs' rows too: the table knows this job's alone)."""
         table = CallTable()
         table._accepted = self._accepted
         call = table.calls[self._rid] = Call(self._rid, record.n, _UNSENT, "")
         try:
-            for message in record.messages:
+            for message in messages:
                 table.deliver(message)
         except Exception as e:
             raise QueueServeError(
@@ -73,14 +79,16 @@ class _Reading:
             ) from None
         return call
 
-    def _results(self, record: J.JobRecord | None, return_exceptions: bool) -> list[Any]:
+    def _results(
+        self, record: J.JobRecord | None, messages: list[bytes], return_exceptions: bool
+    ) -> list[Any]:
         if record is None:
             raise QueueServeError(self._gone())
         if record.status == J.CANCELLED:
             raise Cancelled(f"job {self.id} was cancelled")
         if record.failure:
             raise QueueServeError(f"job {self.id} failed: {record.failure}")
-        call = self._call(record)
+        call = self._call(record, messages)
         if call.remaining:
             raise QueueServeError(
                 f"job {self.id} ended {record.status} with {record.n - call.remaining} of "
@@ -89,10 +97,10 @@ class _Reading:
             )
         return outcome(call, return_exceptions)
 
-    def _progress(self, record: J.JobRecord | None) -> JobProgress:
+    def _progress(self, record: J.JobRecord | None, messages: list[bytes]) -> JobProgress:
         if record is None:
             raise QueueServeError(self._gone())
-        call = self._call(record)
+        call = self._call(record, messages)
         return JobProgress(record.n - call.remaining, record.n, self._hook(record.hook))
 
     def _hook(self, raw: bytes) -> Hook | None:
@@ -138,7 +146,7 @@ class _Reading:
         return (
             record is not None
             and record.status == J.QUEUED
-            and not record.messages
+            and not record.refs
             and self._keys(record) is not None
         )
 
@@ -146,7 +154,7 @@ class _Reading:
 def _status(record: J.JobRecord | None, held: bool) -> str:
     if record is None:
         return J.EXPIRED
-    if record.status == J.QUEUED and (held or record.messages):
+    if record.status == J.QUEUED and (held or record.refs):
         return J.RUNNING
     return record.status
 
@@ -162,7 +170,12 @@ class Job(_Reading):
         self._jobs, self._withdraw = jobs, cancel
 
     def _record(self) -> J.JobRecord | None:
-        return self._parse(self._jobs.record(self._key))
+        return self._parse(self._jobs.record(self._key, self._fields))
+
+    def _answers(self, record: J.JobRecord | None) -> list[bytes]:
+        if record is None:
+            return []
+        return self._messages(self._jobs.messages(self._key, record.refs))
 
     def status(self) -> str:
         """queued, running, done, failed, cancelled, or expired (no record: its keep passed,
@@ -172,7 +185,8 @@ class Job(_Reading):
         return _status(record, held)
 
     def progress(self) -> JobProgress:
-        return self._progress(self._record())
+        record = self._record()
+        return self._progress(record, self._answers(record))
 
     def result(self, timeout: float | None = None, *, return_exceptions: bool = False) -> list[Any]:
         """Results in item order once it ended (waiting up to ``timeout`` seconds, None: for
@@ -185,14 +199,14 @@ class Job(_Reading):
                 raise Timeout(f"job {self.id} did not end within {timeout} s; it goes on")
             time.sleep(pause if left is None else min(pause, left))
             pause = min(pause * 2, _MOST_POLL_S)
-        return self._results(record, return_exceptions)
+        return self._results(record, self._answers(record), return_exceptions)
 
     def cancel(self) -> bool:
         """End it ``cancelled`` unless it ended: queued, it never runs; in a pack or running,
         it leaves at its next batch or step (its answer, if one comes, is not kept). True
         when this call cancelled it."""
         record = self._record()
-        if record is None or self._jobs.cancel(self._key, DEFAULT_KEEP_MS) != 1:
+        if record is None or self._jobs.cancel(self._key, self._fields[0], DEFAULT_KEEP_MS) != 1:
             return False
         where = self._keys(record)
         if where is not None:
@@ -201,7 +215,7 @@ class Job(_Reading):
 
     def forget(self) -> bool:
         """Delete its record now (its answer too); True when there was one."""
-        return self._jobs.forget(self._key)
+        return self._jobs.forget(self._key, self._fields[0])
 
 
 class AsyncJob(_Reading):
@@ -214,7 +228,12 @@ class AsyncJob(_Reading):
         self._jobs, self._withdraw = jobs, cancel
 
     async def _record(self) -> J.JobRecord | None:
-        return self._parse(await self._jobs.record(self._key))
+        return self._parse(await self._jobs.record(self._key, self._fields))
+
+    async def _answers(self, record: J.JobRecord | None) -> list[bytes]:
+        if record is None:
+            return []
+        return self._messages(await self._jobs.messages(self._key, record.refs))
 
     async def status(self) -> str:
         record = await self._record()
@@ -224,7 +243,8 @@ class AsyncJob(_Reading):
         return _status(record, held)
 
     async def progress(self) -> JobProgress:
-        return self._progress(await self._record())
+        record = await self._record()
+        return self._progress(record, await self._answers(record))
 
     async def result(
         self, timeout: float | None = None, *, return_exceptions: bool = False
@@ -237,11 +257,14 @@ class AsyncJob(_Reading):
                 raise Timeout(f"job {self.id} did not end within {timeout} s; it goes on")
             await asyncio.sleep(pause if left is None else min(pause, left))
             pause = min(pause * 2, _MOST_POLL_S)
-        return self._results(record, return_exceptions)
+        return self._results(record, await self._answers(record), return_exceptions)
 
     async def cancel(self) -> bool:
         record = await self._record()
-        if record is None or await self._jobs.cancel(self._key, DEFAULT_KEEP_MS) != 1:
+        if (
+            record is None
+            or await self._jobs.cancel(self._key, self._fields[0], DEFAULT_KEEP_MS) != 1
+        ):
             return False
         where = self._keys(record)
         if where is not None:
@@ -249,4 +272,4 @@ class AsyncJob(_Reading):
         return True
 
     async def forget(self) -> bool:
-        return await self._jobs.forget(self._key)
+        return await self._jobs.forget(self._key, self._fields[0])

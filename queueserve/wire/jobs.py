@@ -1,22 +1,37 @@
 """Jobs: requests whose answer is kept in Redis, under an id any process can follow.
 
-A request sent with ``keep`` carries two optional header fields (wire/request.py): ``job``,
-its id (``<client id>-<request id>``, the ticket's id: unique across clients), and ``keep``,
-how long its answer stays once it ended, in ms. Its record is one hash, ``P:job:<id>``
-(protocol.py's layout), written with its entry by enqueue.lua (where it waits; on a cluster by
-the client around the enqueue: job_new.lua, job_placed.lua)
-and by the worker that answers it (job.lua, in the reply-and-ack round trip, before the ack)::
+A request sent with ``keep`` carries one optional header field (wire/request.py),
+``job_keep``: how long its answer stays once it ended, in ms. Its id is
+``<client id>-<request id>`` (the ticket's id, unique across clients): the worker knows it from
+the request's inbox (``P:inbox:<client id>``) and request id, so the header carries no id.
 
-    s   status: queued, done, failed or cancelled ("running" and "expired" are read, not
-        stored: an entry a worker holds, and a record that is gone)
-    n   item count
-    k   keep, ms
-    sv  serving name; st, e: the stream and entry id it waits in (for cancel)
-    m   how many reply messages it holds; b, their bytes
-    r1 .. rm  the reply messages, as an inbox would get them (wire/reply.py)
-    x   why it failed without an answer (its answer went over MAX_JOB_BYTES)
-    h   the last hook event of its batches (``qs.emit``), as a codec tag and the encoding of
-        ``["h", name, payload, start, size]`` (wire/event.py), when the serving emits one
+Records live in groups: the jobs of 64 consecutive request ids of one client share one hash,
+``P:jobs:<client id>:<request id // 64>`` (protocol.py's layout), so a send or a reply touches
+one key for a run of jobs, and Redis does a few commands per group instead of several per job
+(issue 26: what a job costs is Redis's work per command and per key). For job ``r`` (its
+request id, in decimal) the group holds::
+
+    r        while it waits, where: ``<items>:<keep ms>:<serving>:<entry id>:<stream>``,
+             written with its entry (enqueue.lua; on a cluster by the client around the
+             enqueue: job_new.lua, job_placed.lua; entry id and stream empty until placed);
+             once it ended, how: ``<status>:<unix ms its keep ends>:<items>:<bytes>:<message
+             numbers>[:<why, for a job that failed without an answer>]`` (job.lua,
+             job_cancel.lua), status done, failed or cancelled. One field tells both, so the
+             worker reads one field per job (one that is missing costs a scan of the whole
+             hash in Redis's compact encoding).
+    r.a      a job answered in parts, while it waits: ``<bytes>:<errored 0|1>:<message
+             numbers>`` (space separated)
+    r.h      the last hook event of its batches (``qs.emit``), as a codec tag and the
+             encoding of ``["h", name, payload, start, size]`` (wire/event.py)
+    m<k>     reply message k, as an inbox would get it (wire/reply.py): the rows of one
+             reply round trip for the group's jobs (a reader takes its own rows)
+    #        the last message number; live, the group's jobs not ended; until, the unix ms
+             the last of its ended jobs' keep ends
+
+The group's TTL is a week while one of its jobs is live, then ``until``: its memory goes once
+the keep of every ended job in it passed. A job whose own keep passed reads ``expired`` at
+once (a reader compares its end with Redis's clock). "running" and "expired" are read, not
+stored: an entry a worker holds, and a record that is gone or past its keep.
 
 Anyone who can write to Redis can write a record: ``parse_record`` checks every field.
 """
@@ -39,7 +54,6 @@ QUEUED, RUNNING, DONE, FAILED, CANCELLED, EXPIRED = (
     "cancelled",
     "expired",
 )
-STORED: Final = frozenset((QUEUED, DONE, FAILED, CANCELLED))
 ENDED: Final = frozenset((DONE, FAILED, CANCELLED, EXPIRED))
 
 # The answers one job may keep: a job is a request, so this bounds what a forged or runaway
@@ -79,81 +93,144 @@ def check_keep(keep: object) -> int:
 
 
 def check_keep_ms(keep_ms: object) -> int:
-    """A header's ``keep`` field (ms), or ValueError."""
+    """A header's ``job_keep`` field (ms), or ValueError."""
     if type(keep_ms) is not int or not 0 < keep_ms <= MAX_KEEP_MS:
-        raise ValueError(f"header field 'keep' must be ms from 1 to {MAX_KEEP_MS}, got {keep_ms!r}")
+        raise ValueError(
+            f"header field 'job_keep' must be ms from 1 to {MAX_KEEP_MS}, got {keep_ms!r}"
+        )
     return keep_ms
 
 
-def job_key(prefix: str, job_id: str) -> str:
-    return f"{prefix}:job:{job_id}"
+GROUP_SHIFT: Final = 6  # a group holds the jobs of 2**6 consecutive request ids
+
+
+def job_place(prefix: str, job_id: str) -> tuple[str, str]:
+    """(group key, field) of a checked job id's record."""
+    client_id, rid = job_id.rsplit("-", 1)
+    return group_key(prefix, client_id, int(rid)), rid
+
+
+def group_key(prefix: str, client_id: str, rid: int) -> str:
+    return f"{prefix}:jobs:{client_id}:{rid >> GROUP_SHIFT}"
+
+
+def inbox_group(inbox: str, rid: int) -> str:
+    """The record group of a job from its request's inbox (``P:inbox:<client id>``, checked
+    by the worker) and request id."""
+    head, _, client_id = inbox.rpartition(":")
+    return f"{head[:-6]}:jobs:{client_id}:{rid >> GROUP_SHIFT}"
+
+
+def record_fields(rid: str) -> tuple[str, str, str]:
+    """The fields of job ``rid``'s record in its group: its own, its answers so far, its hook."""
+    return rid, rid + ".a", rid + ".h"
 
 
 @dataclass(frozen=True, slots=True)
 class JobRecord:
-    """A job's record, checked."""
+    """A job's record, checked; ``refs``: the group's messages that hold its answers."""
 
     status: str
     n: int
     serving: str
     stream: str
     entry_id: bytes
-    messages: list[bytes]
+    refs: list[bytes]
     failure: str
     hook: bytes
 
 
-def parse_record(job_id: str, raw: dict[bytes, bytes]) -> JobRecord:
-    """The record of job ``job_id`` from its hash (HGETALL); ValueError naming the field that
+def parse_record(job_id: str, raw: list[bytes | None], now_ms: int) -> JobRecord | None:
+    """The record of job ``job_id`` from its fields (``record_fields``' values, HMGET), or
+    None when it has none or its keep passed by ``now_ms``; ValueError naming the field that
     is wrong, for a record someone else wrote."""
-
-    def text(name: bytes, default: str = "") -> str:
-        value = raw.get(name)
-        if value is None:
-            return default
-        try:
-            return value.decode()
-        except UnicodeDecodeError:
-            raise _bad(job_id, name, value) from None
-
-    def count(name: bytes, upper: int) -> int:
-        value = raw.get(name, b"0")
-        if not value.isdigit() or len(value) > 12 or int(value) > upper:
-            raise _bad(job_id, name, value)
-        return int(value)
-
-    status = text(b"s", QUEUED)
-    if status not in STORED:
-        raise _bad(job_id, b"s", raw[b"s"])
-    n = count(b"n", 1 << 40)
-    count(b"b", MAX_JOB_BYTES)  # checked only: the messages' own lengths are what count
-    m = count(b"m", _MAX_MESSAGES)
-    messages = []
-    for i in range(1, m + 1):
-        message = raw.get(b"r%d" % i)
-        if message is None:
-            raise _bad(job_id, b"r%d" % i, b"(missing)")
-        messages.append(message)
-    if sum(map(len, messages)) > MAX_JOB_BYTES:
-        raise ValueError(
-            f"job {job_id}'s record holds {sum(map(len, messages))} bytes of answers, over "
-            f"the {MAX_JOB_BYTES} a job may keep: it was not written by queueserve; forget it"
+    own, answered, hook = raw
+    if own is None:
+        return None
+    if own[:1].isdigit():  # waiting: <items>:<keep>:<serving>:<entry id>:<stream>
+        parts = own.split(b":", 4)
+        if len(parts) != 5 or not _count(parts[0], 1 << 40) or not _count(parts[1], 1 << 50):
+            raise _bad(job_id, "", own)
+        refs = _refs(job_id, answered, b"0:0:")
+        return JobRecord(
+            QUEUED,
+            int(parts[0]),
+            _text(job_id, "", parts[2]),
+            _text(job_id, "", parts[4]),
+            parts[3],
+            refs,
+            "",
+            hook or b"",
         )
+    # ended: <status>:<ends, unix ms>:<items>:<bytes>:<message numbers>[:<why>]
+    parts = own.split(b":", 5)
+    if (
+        len(parts) < 5
+        or parts[0] not in _ENDS
+        or not _count(parts[1], 1 << 50)
+        or not _count(parts[2], 1 << 40)
+        or not _count(parts[3], 1 << 50)
+    ):
+        raise _bad(job_id, "", own)
+    if int(parts[1]) <= now_ms:
+        return None
+    failure = _text(job_id, "", parts[5]) if len(parts) > 5 else ""
     return JobRecord(
-        status,
-        n,
-        text(b"sv"),
-        text(b"st"),
-        raw.get(b"e", b""),
-        messages,
-        text(b"x"),
-        raw.get(b"h", b""),
+        parts[0].decode(),
+        int(parts[2]),
+        "",
+        "",
+        b"",
+        _numbers(job_id, "", own, parts[4]),
+        failure,
+        hook or b"",
     )
 
 
-def _bad(job_id: str, name: bytes, value: bytes) -> ValueError:
+_ENDS: Final = {DONE.encode(), FAILED.encode(), CANCELLED.encode()}
+
+
+def _refs(job_id: str, answered: bytes | None, default: bytes) -> list[bytes]:
+    """The message numbers of a waiting job's answers so far: ``<bytes>:<errored>:<numbers>``."""
+    fields = (answered or default).split(b":")
+    if len(fields) != 3 or not _count(fields[0], 1 << 50) or fields[1] not in (b"0", b"1"):
+        raise _bad(job_id, ".a", answered or b"")
+    return _numbers(job_id, ".a", answered or b"", fields[2])
+
+
+def _numbers(job_id: str, field: str, raw: bytes, numbers: bytes) -> list[bytes]:
+    refs = numbers.split()
+    if len(refs) > _MAX_MESSAGES or not all(_count(r, 1 << 50) for r in refs):
+        raise _bad(job_id, field, raw)
+    return refs
+
+
+def _count(value: bytes, upper: int) -> bool:
+    return value.isdigit() and len(value) <= 16 and int(value) <= upper
+
+
+def _text(job_id: str, field: str, value: bytes) -> str:
+    try:
+        return value.decode()
+    except UnicodeDecodeError:
+        raise _bad(job_id, field, value) from None
+
+
+def check_messages(job_id: str, messages: list[bytes | None]) -> list[bytes]:
+    """A record's messages (HMGET of its ``refs``), each there; ValueError otherwise."""
+    found = [m for m in messages if m is not None]
+    if len(found) != len(messages):
+        raise ValueError(
+            f"job {job_id}'s record names an answer its group does not hold: it was not "
+            "written by queueserve; forget it (job.forget())"
+        )
+    return found
+
+
+def _bad(job_id: str, field: str, value: bytes) -> ValueError:
+    rid = job_id.rsplit("-", 1)[-1]
     return ValueError(
-        f"job {job_id}'s record has a bad {name.decode(errors='replace')!r} field "
+        f"job {job_id}'s record has a bad {rid + field!r} field "
         f"({value!r:.80}): it was not written by queueserve; forget it (job.forget())"
     )
 
@@ -175,8 +252,18 @@ def parse_hook(raw: bytes, accepted: set[int]) -> tuple[str, Any, int, int]:
     return name, payload, start, size
 
 
-def job_writes(values: list[list[Any]]) -> bytes:
-    """job.lua's one argument for all its jobs' values: msgpack with strings as its raw type,
-    as Redis's cmsgpack reads no bin type."""
-    packed: bytes = msgpack.packb(values, use_bin_type=False)
+def placings(serving: str, groups: list[list[Any]]) -> bytes:
+    """enqueue.lua's last argument for jobs: per record group, (request number, request id,
+    keep ms) of each of its jobs."""
+    packed: bytes = msgpack.packb([serving, LIVE_TTL_MS, *groups], use_bin_type=False)
     return packed
+
+
+def job_writes(
+    messages: list[bytes], jobs: list[list[Any]], plain: list[str], per_item: float
+) -> tuple[bytes, str, str]:
+    """job.lua's arguments for a group after the limit: its messages and the values of its
+    jobs that are not plain (msgpack with strings as its raw type, as Redis's cmsgpack reads
+    no bin type), the plain jobs' request ids, and the bytes a plain job counts per item."""
+    packed: bytes = msgpack.packb([messages, jobs], use_bin_type=False)
+    return packed, " ".join(plain), repr(per_item)

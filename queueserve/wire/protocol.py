@@ -33,8 +33,9 @@ each with the keys below; ``meta``, ``config`` and ``workers`` are read from sha
     P:inbox:C         list     replies for client C, one element per (client, batch) (TTL)
     P:events:C        channel  streamed events (hooks, generator steps) for client C
     P:worker:W        hash     registry record of worker process W (TTL)
-    P:job:J           hash     job J's record: status, where it waits, its kept answer
-                               (wire/jobs.py; TTL: keep once it ended, a week before)
+    P:jobs:C:G        hash     the records of client C's jobs with request ids G*64 to G*64+63:
+                               where each waits, its kept answers, how it ended (wire/jobs.py;
+                               TTL: a week while one is live, then the last keep of them)
 
 Request stream entry:
     h  msgpack [version, request_id, n_items, reply_to, deadline_ms, codec(, events(, priority
@@ -45,7 +46,7 @@ Request stream entry:
        priority (0..9, larger first) is present only when not 0, so entries of priority 0 stay
        readable by workers that predate it. It is also in the stream's name, which a
        redelivery keeps. fields, present only when not empty, is a map of optional fields
-       (trace context, job id, tenant): the header grows there without a version bump.
+       (trace context, a job's keep, tenant): the header grows there without a version bump.
     p  the items, a list encoded with the serving's codec
     a  the items admission counted (enqueue.lua), released by the entry's ack
     r  present on the entries split.lua makes of a reclaimed pack: the request ran before,
@@ -112,7 +113,7 @@ LAYOUT: Final = (
     ("inbox", "list"),
     ("events", "channel"),
     ("worker", "hash"),
-    ("job", "hash"),
+    ("jobs", "hash"),
 )
 # The fields of a request stream entry: one request (h, p, a) or a pack of them (a, k).
 ENTRY_FIELDS: Final = ("h", "p", "a", "k")

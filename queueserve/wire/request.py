@@ -8,10 +8,10 @@ The header is a msgpack list, positional up to the priority, then a map of optio
 
 A trailing field is written only when it, or one after it, is set: a header without events,
 priority and fields is the 6-field list every version of the worker reads. ``fields`` (a map of
-str -> value) is how the header grows without a version bump per field: trace context, job
-id, tenant (``FIELDS``). A worker ignores keys it does not know. ``WIRE_VERSION`` changes only
-when an existing position changes meaning. docs/architecture.md ("Wire versions") says what
-mixed versions do during a rolling upgrade.
+str -> value) is how the header grows without a version bump per field: trace context, a
+job's keep, tenant (``FIELDS``). A worker ignores keys it does not know. ``WIRE_VERSION``
+changes only when an existing position changes meaning. docs/architecture.md ("Wire
+versions") says what mixed versions do during a rolling upgrade.
 
 Its payload is the items, encoded by the request's codec. A pack entry (several requests in
 one entry, enqueue.lua) carries each request's header, payload and admitted items in ``k``.
@@ -26,10 +26,10 @@ import msgpack
 
 from queueserve.wire import protocol as P
 from queueserve.wire.codec import Codec, pack_plain
-from queueserve.wire.jobs import check_job_id, check_keep_ms
+from queueserve.wire.jobs import check_keep_ms
 
 # Optional header fields the project knows of (the map may carry others: they are ignored).
-FIELDS: Final = ("trace", "job", "keep", "tenant")
+FIELDS: Final = ("trace", "job_keep", "tenant")
 _MAX_FIELDS = 64  # a map is a stranger's: its size is bounded like everything else read
 _VERSION: Final = P.WIRE_VERSION
 _unpackb = msgpack.unpackb
@@ -110,13 +110,12 @@ def _check_fields(fields: Any) -> None:
     )
 
 
-def job_of(fields: dict[str, Any] | None) -> tuple[str, int] | None:
-    """(job id, keep ms) from a checked header's optional fields; None when it is no job
-    (a job has both); ValueError saying what is wrong with a forged one (its id becomes a
-    key name: it must stay among this prefix's job records)."""
-    if fields is None or "job" not in fields:
-        return None
-    return check_job_id(fields["job"]), check_keep_ms(fields.get("keep"))
+def job_keep(fields: dict[str, Any] | None) -> int:
+    """A job's keep (ms) from a checked header's optional fields; 0 when it is no job;
+    ValueError saying what is wrong with a forged one."""
+    if fields is None or "job_keep" not in fields:
+        return 0
+    return check_keep_ms(fields["job_keep"])
 
 
 def header_events(header: list[Any]) -> str:

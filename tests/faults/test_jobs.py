@@ -8,15 +8,16 @@ import asyncio
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 
 import pytest
 import redis
 
 import queueserve as qs
-from queueserve.broker.jobs import Jobs, NewJob
+from queueserve.broker.jobs import Jobs
 from queueserve.wire.codec import get_codec
-from queueserve.wire.jobs import job_key
+from queueserve.wire.jobs import group_key, job_place
 from queueserve.wire.protocol import Keys
 from queueserve.wire.request import encode_request
 from tests.support.broker import RedisBroker
@@ -34,8 +35,13 @@ def other(redis_url: str, prefix: str) -> Iterator[qs.Client]:
         yield c
 
 
-def record(r: redis.Redis, prefix: str, job_id: str) -> dict[bytes, bytes]:
-    return r.hgetall(job_key(prefix, job_id))
+def record(r: redis.Redis, prefix: str, job_id: str) -> bytes | None:
+    """A job's own field in its record group (wire/jobs.py): where it waits, or how it ended."""
+    return r.hget(*job_place(prefix, job_id))
+
+
+def group_of(prefix: str, job_id: str) -> str:
+    return job_place(prefix, job_id)[0]
 
 
 def in_another_process(redis_url: str, prefix: str, code: str) -> str:
@@ -129,10 +135,13 @@ def test_a_job_refused_for_max_queue_leaves_no_record_and_an_admitted_one_says_w
         refused.result(timeout=30)
     # the refused job has no record; the admitted one's names its stream and entry, written
     # in the same step as the entry (enqueue.lua)
-    assert record(redis_client, prefix, refused.id) == {}
+    assert record(redis_client, prefix, refused.id) is None
     kept = record(redis_client, prefix, admitted.id)
-    assert kept[b"st"] == stream_key(prefix, "fulljobs").encode()
-    assert redis_client.xrange(kept[b"st"], kept[b"e"], kept[b"e"])
+    assert kept is not None
+    items, _keep, name, entry, stream = kept.split(b":", 4)
+    assert (items, name) == (b"2", b"fulljobs")
+    assert stream == stream_key(prefix, "fulljobs").encode()
+    assert redis_client.xrange(stream, entry, entry)
     serving.release()
     assert client.job(admitted.id).result(timeout=30) == ["r:a", "r:b"]
 
@@ -154,7 +163,8 @@ def test_cancel_by_id_of_a_running_job_keeps_no_answer_and_it_stays_cancelled(
     serving.release()  # the batch ends; its answer for this job is not kept
     wait_until(lambda: redis_client.xlen(stream_key(prefix, "held")) == 0, "entry acked")
     assert job.status() == "cancelled"
-    assert b"r1" not in record(redis_client, prefix, ticket.id)
+    kept = record(redis_client, prefix, ticket.id)
+    assert kept is not None and kept.startswith(b"cancelled:") and kept.endswith(b":0:")
 
 
 def test_cancel_by_id_of_a_packed_job_leaves_the_others_of_its_pack_done(
@@ -178,14 +188,17 @@ def test_cancel_by_id_of_a_packed_job_leaves_the_others_of_its_pack_done(
             [item],
             inbox,
             None,
-            fields={"job": ids[rid - 1], "keep": 60_000},
+            fields={"job_keep": 60_000},
         )
         requests.append(("default", 1, h, p, 0))
-    _, _, entries = broker.enqueue(keys, requests, 0)
-    assert len(set(entries)) == 1  # one pack
+    at = [
+        (i, group_key(prefix, "packer", rid), str(rid), 60_000) for i, rid in enumerate((1, 2, 3))
+    ]
     jobs = Jobs(redis_client, redis_url)
-    jobs.created([NewJob(job_key(prefix, i), 1, 60_000, "packs") for i in ids])
-    jobs.placed([(job_key(prefix, i), keys.stream("default"), entries[0]) for i in ids])
+    jobs.created(keys, requests, at)  # as a client on a cluster writes them
+    reply = broker.enqueue(keys, requests, 0)
+    assert len(set(reply[2])) == 1  # one pack
+    jobs.placed(keys, requests, at, reply)
 
     # When the second is cancelled by id, then a worker runs the pack
     assert other.job(ids[1]).cancel() is True
@@ -195,7 +208,8 @@ def test_cancel_by_id_of_a_packed_job_leaves_the_others_of_its_pack_done(
     assert other.job(ids[0]).result(timeout=30) == ["r:a"]
     assert other.job(ids[2]).result(timeout=30) == ["r:c"]
     assert other.job(ids[1]).status() == "cancelled"
-    assert b"r1" not in record(redis_client, prefix, ids[1])
+    kept = record(redis_client, prefix, ids[1])
+    assert kept is not None and kept.startswith(b"cancelled:") and kept.endswith(b":0:")
 
 
 def test_a_sigkilled_submitter_s_job_is_still_answered_and_fetched(
@@ -244,7 +258,8 @@ def test_a_sigkilled_worker_s_job_still_ends_done_once(
     # Then it ended done, with one answer kept
     wait_until(lambda: job.status() == "done", "done", process=second)
     kept = record(redis_client, prefix, ticket.id)
-    assert kept[b"m"] == b"1" and kept[b"s"] == b"done"
+    assert kept is not None and kept.startswith(b"done:")
+    assert kept.split(b":")[4] == b"1"  # one message: the first answer alone
 
 
 def test_expiry_frees_a_job_s_memory(
@@ -254,9 +269,9 @@ def test_expiry_frees_a_job_s_memory(
     ticket = client.submit("brief", ["a"], keep=0.3)
     job = client.job(ticket.id)
     assert job.result(timeout=30) == ["r:a"]
-    assert 0 < redis_client.pttl(job_key(prefix, ticket.id)) <= 300
+    assert 0 < redis_client.pttl(group_of(prefix, ticket.id)) <= 300
     wait_until(lambda: job.status() == "expired", "the record expired")
-    assert not redis_client.exists(job_key(prefix, ticket.id))
+    wait_until(lambda: not redis_client.exists(group_of(prefix, ticket.id)), "memory freed")
     with pytest.raises(qs.QueueServeError, match="keep passed"):
         job.result()
 
@@ -269,7 +284,9 @@ def test_forget_deletes_a_job_s_record(
     job = client.job(ticket.id)
     assert job.result(timeout=30) == ["r:a"]
     assert job.forget() is True
-    assert job.status() == "expired" and not redis_client.exists(job_key(prefix, ticket.id))
+    assert job.status() == "expired" and record(redis_client, prefix, ticket.id) is None
+    # its group keeps the reply message it may share with other jobs until the last keep
+    assert 0 < redis_client.pttl(group_of(prefix, ticket.id)) <= 60_000
 
 
 def test_an_answer_over_the_job_size_limit_ends_it_failed_with_a_clear_error(
@@ -292,17 +309,19 @@ def test_forged_job_records_and_ids_are_refused_with_a_clear_error(
     for bad in ("../x", "a:b-1", "{tag}-1", "x" * 100 + "-1", "nodash", 7):
         with pytest.raises(ValueError, match="is not a job id"):
             client.job(bad)  # type: ignore[arg-type]
-    # A record whose status is no status, whose counts are no counts, or that claims more
-    # answers than it holds
+    # A record whose field is no waiting job's nor ended one's, whose counts are no counts,
+    # that names answers its group does not hold, or holds an answer that is no answer
+    ends = b"%d" % (time.time() * 1000 + 600_000)
     forged = {
-        "f1-1": {"s": "exploded"},
-        "f1-2": {"s": "done", "n": "many"},
-        "f1-3": {"s": "done", "n": "1", "m": "5"},
-        "f1-4": {"s": "done", "n": "1", "m": str(10**9)},
-        "f1-5": {"s": "done", "n": "1", "m": "1", "r1": b"\x00garbage"},
+        "f1-1": {"1": b"exploded"},
+        "f1-2": {"2": b"done:" + ends + b":many:1:"},
+        "f1-3": {"3": b"done:" + ends + b":1:10:5"},
+        "f1-4": {"4": b"done:" + ends + b":1:10:" + b"1 " * 2_000_000},
+        "f1-5": {"5": b"done:" + ends + b":1:10:1", "m1": b"\x00garbage"},
+        "f1-6": {"6": b"2:60000:s::", "6.a": b"lots:0:"},
     }
     for job_id, fields in forged.items():
-        redis_client.hset(job_key(prefix, job_id), mapping=fields)
+        redis_client.hset(group_of(prefix, job_id), mapping=fields)
         with pytest.raises(qs.QueueServeError, match=f"job {job_id}"):
             client.job(job_id).result(timeout=5)
 
@@ -317,7 +336,7 @@ def test_a_forged_job_field_in_a_header_is_answered_with_no_record_and_the_reaso
     start_worker(qs.Serving(tag_items, name="strict", batch_size=4, batch_timeout=0))
     keys = Keys(prefix, "strict")
     inbox = RawInbox(redis_client, prefix, "forger")
-    forged = ({"job": "x:{y}-1", "keep": 1000}, {"job": "ok-1", "keep": -5}, {"job": 7})
+    forged = ({"job_keep": "1000"}, {"job_keep": -5}, {"job_keep": 10**12})
     requests = []
     for rid, fields in enumerate(forged, start=1):
         h, p = encode_request(get_codec("msgpack"), rid, ["a"], inbox.key, None, fields=fields)
@@ -327,8 +346,8 @@ def test_a_forged_job_field_in_a_header_is_answered_with_no_record_and_the_reaso
     wait_until(lambda: inbox.answered([1, 2, 3]), "every forger answered")
     assert all(inbox.slices[rid][0][3] == ["r:a"] for rid in (1, 2, 3))
     wait_until(lambda: int(redis_client.get(keys.queued) or 0) == 0, "admission released")
-    assert not redis_client.keys(f"{prefix}:job:*")
-    assert "is not a job id" in caplog.text and "'keep' must be ms" in caplog.text
+    assert not redis_client.keys(f"{prefix}:jobs:*")
+    assert caplog.text.count("'job_keep' must be ms") == 3
 
 
 async def test_an_async_client_submits_follows_and_cancels_jobs(
@@ -361,7 +380,7 @@ async def test_an_async_job_s_id_is_awaited_until_the_job_is_in_redis(
             ticket = await client.submit("asyncsent", ["b"], keep=60)
             job_id = await ticket.id
             # Asked with a sync call: nothing else runs on the loop meanwhile
-            return int(redis_client.exists(job_key(prefix, job_id)))
+            return int(redis_client.hexists(*job_place(prefix, job_id)))
 
         sending = asyncio.create_task(first())
         await asyncio.sleep(0)
@@ -421,35 +440,39 @@ def test_queueserve_job_shows_waits_for_and_cancels_a_job_as_json(
     assert code == 1 and "was cancelled" in failed["error"]
 
 
-def test_a_job_key_of_another_type_costs_only_its_own_job_s_record(
+def test_a_job_group_key_of_another_type_costs_only_its_own_jobs_records(
     start_worker: StartWorker,
     client: qs.Client,
     other: qs.Client,
     redis_client: redis.Redis,
     prefix: str,
 ) -> None:
-    # Given a worker held on a batch, and two jobs that will share one reply
+    # Given a worker held on a batch, and two jobs of two clients (two record groups) that
+    # will share one batch
     serving = Recording(tag_items, gated=True, name="shared", batch_size=8, batch_timeout=0)
     start_worker(serving)
     first = client.submit("shared", ["a"], keep=60)
-    second = client.submit("shared", ["b"], keep=60)
+    second = other.submit("shared", ["b"], keep=60)
     wait_until(lambda: other.job(second.id).status() == "running", "both read")
-    # When someone makes the first job's record a list before the reply
-    key = job_key(prefix, first.id)
+    # When someone makes the first job's group a list before the reply
+    key = group_of(prefix, first.id)
     redis_client.delete(key)
     redis_client.rpush(key, "junk")
     serving.release()
     # Then both callers are answered, and the second job's record keeps its answer
     assert first.result(timeout=30) == ["r:a"] and second.result(timeout=30) == ["r:b"]
     assert other.job(second.id).result(timeout=30) == ["r:b"]
+    assert redis_client.lrange(key, 0, -1) == [b"junk"]
 
 
+@pytest.mark.parametrize("declared", ["trace", "trace,job,keep,tenant"])
 def test_a_job_for_workers_that_do_not_keep_jobs_is_refused_before_sending(
-    client: qs.Client, redis_client: redis.Redis, prefix: str
+    client: qs.Client, redis_client: redis.Redis, prefix: str, declared: str
 ) -> None:
-    # Workers of a version before jobs: their meta hash lists no 'job' among header_fields
+    # Workers of a version before jobs, or of the first jobs release (one key per job, the
+    # header's 'job' and 'keep'): their meta hash lists no 'job_keep' among header_fields
     keys = Keys(prefix, "older")
-    redis_client.hset(keys.meta, mapping={"codec": "msgpack", "header_fields": "trace"})
+    redis_client.hset(keys.meta, mapping={"codec": "msgpack", "header_fields": declared})
     with pytest.raises(ValueError, match="do not keep jobs"):
         client.submit("older", ["a"], keep=60)
     assert not redis_client.exists(stream_key(prefix, "older"))
@@ -485,9 +508,9 @@ def test_a_forged_record_s_stream_is_looked_at_only_within_the_prefix(
     entry = redis_client.xadd(outside, {"x": "1"})
     redis_client.xgroup_create(outside, "qs", id="0")
     redis_client.xreadgroup("qs", "c", {outside: ">"})
-    fields = {"s": "queued", "n": "1", "sv": "s", "e": entry}
-    redis_client.hset(job_key(prefix, "f2-1"), mapping={**fields, "st": outside})
-    redis_client.hset(job_key(prefix, "f2-2"), mapping={**fields, "st": f"{prefix}:{{s}}:meta"})
+    waiting = f"1:60000:s:{entry}:"
+    redis_client.hset(group_of(prefix, "f2-1"), "1", waiting + outside)
+    redis_client.hset(group_of(prefix, "f2-2"), "2", waiting + f"{prefix}:{{s}}:meta")
     try:
         # Then the status never reads the key outside: queued, as the record says
         assert client.job("f2-1").status() == "queued"
@@ -496,3 +519,41 @@ def test_a_forged_record_s_stream_is_looked_at_only_within_the_prefix(
             client.job("f2-2").status()
     finally:
         redis_client.delete(outside)
+
+
+def test_a_job_past_its_keep_reads_expired_while_a_job_of_its_group_waits_on(
+    start_worker: StartWorker, client: qs.Client, redis_client: redis.Redis, prefix: str
+) -> None:
+    # Given two jobs of one client (one record group): one answered with a short keep, one
+    # that waits behind a held batch
+    start_worker(qs.Serving(tag_items, name="quick", batch_size=4, batch_timeout=0))
+    held = Recording(tag_items, gated=True, name="stuck", batch_size=4, batch_timeout=0)
+    start_worker(held)
+    brief = client.submit("quick", ["a"], keep=0.3)
+    waiting = client.submit("stuck", ["b"], keep=60)
+    assert group_of(prefix, brief.id) == group_of(prefix, waiting.id)
+    assert client.job(brief.id).result(timeout=30) == ["r:a"]
+    # When the short keep passes
+    wait_until(lambda: client.job(brief.id).status() == "expired", "its keep passed")
+    # Then the other job's record lives on (the group keeps a week's TTL while one of its
+    # jobs waits), and ends done with its own keep
+    assert client.job(waiting.id).status() in ("queued", "running")
+    assert redis_client.pttl(group_of(prefix, waiting.id)) > 60_000
+    held.release()
+    assert client.job(waiting.id).result(timeout=30) == ["r:b"]
+    assert 0 < redis_client.pttl(group_of(prefix, waiting.id)) <= 60_000
+    with pytest.raises(qs.QueueServeError, match="keep passed"):
+        client.job(brief.id).result()
+
+
+def test_a_job_forgotten_while_queued_is_not_made_again_by_its_answer(
+    start_worker: StartWorker, client: qs.Client, redis_client: redis.Redis, prefix: str
+) -> None:
+    ticket = client.submit("later", ["a"], keep=60, timeout=60)
+    assert client.job(ticket.id).forget() is True
+    start_worker(qs.Serving(tag_items, name="later", batch_size=4, batch_timeout=0))
+    assert ticket.result(timeout=30) == ["r:a"]  # its submitter is answered as ever
+    assert client.job(ticket.id).status() == "expired"
+    assert record(redis_client, prefix, ticket.id) is None
+    # no job of its group waits or ended: the group is gone
+    assert not redis_client.exists(group_of(prefix, ticket.id))

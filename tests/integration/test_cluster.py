@@ -22,7 +22,8 @@ import redis
 
 import queueserve as qs
 from queueserve.broker.connect import parse_url
-from queueserve.wire.jobs import job_key
+from queueserve.broker.jobs import Jobs
+from queueserve.wire.jobs import group_key, job_place
 from queueserve.wire.protocol import GROUP, Keys, key_slot, shard_tags
 from tests.support.broker import RedisBroker
 from tests.support.callers import Caller
@@ -204,9 +205,21 @@ def test_core_cases_run_on_a_sharded_serving(cluster: Cluster, prefix: str) -> N
             # writes them around the enqueue (on one Redis, enqueue.lua writes them)
             job = client.submit(squares, [3, 4], keep=60)
             assert job.result(timeout=30) == [9, 16]
-            record = cluster.client().hgetall(job_key(prefix, job.id))
-            assert record[b"s"] == b"done" and record[b"e"]  # where it waited (for cancel)
-            assert record[b"st"].startswith(f"{prefix}:{{squares".encode())
+            record = cluster.client().hget(*job_place(prefix, job.id))
+            assert record is not None and record.split(b":")[:1] + record.split(b":")[2:3] == [
+                b"done",
+                b"2",
+            ]
+            # where a job waits is written around its enqueue too (for cancel): as a client
+            # does for a job of request 7 that waits in entry 1-1
+            keys = Keys(prefix, "squares")
+            at = [(0, group_key(prefix, "clusterjobs", 7), "7", 60_000)]
+            requests = [("default", 1, b"h", b"p", 0)]
+            jobs = Jobs(cluster.client(), cluster.url)
+            jobs.created(keys, requests, at)
+            jobs.placed(keys, requests, at, (0, 1, [b"1-1"]))
+            waiting = cluster.client().hget(group_key(prefix, "clusterjobs", 7), "7")
+            assert waiting == f"1:60000:squares:1-1:{keys.stream('default')}".encode()
             with qs.Client(cluster.url, prefix=prefix) as other:
                 assert other.job(job.id).status() == "done"
                 assert other.job(job.id).result(timeout=5) == [9, 16]

@@ -21,6 +21,7 @@ from queueserve.broker.fleet import Fleet
 from queueserve.dashboard.board import Board
 from queueserve.ops import stats
 from queueserve.wire.codec import get_codec
+from queueserve.wire.jobs import placings
 from queueserve.wire.protocol import Keys
 from queueserve.wire.request import encode_request
 from tests.support.broker import RedisBroker
@@ -182,20 +183,21 @@ def test_an_enqueue_without_the_priority_key_still_works_and_a_job_key_is_not_ta
     redis_client: redis.Redis, redis_url: str, prefix: str
 ) -> None:
     # Given enqueue.lua called as producers written before the per-priority hash call it
-    # (docs/protocol.md: its KEY is optional and last), with a job record key last instead
+    # (docs/protocol.md: its KEY is optional and last), with a job record group key last
+    # instead
     keys = Keys(prefix, "older")
     inbox = RawInbox(redis_client, prefix)
     enqueue = redis_client.register_script(
         (REPO / "queueserve" / "broker" / "lua" / "enqueue.lua").read_text()
     )
-    job = f"{prefix}:job:j1"
+    job = f"{prefix}:jobs:j1:0"
     head = [keys.queued, keys.seen, keys.meta, keys.ready, keys.wake, keys.depth]
     stream = keys.stream("default", 1)
     per_request = [1, 2, *encode_request(MSGPACK, 1, [1, 2], inbox.key, None, priority=1)]
     old = enqueue(keys=[*head, stream], args=[0, "qs", 1000, 1, "default", 1, *per_request])
     with_job = enqueue(
         keys=[*head, stream, job],
-        args=[0, "qs", 1000, 1, "default", 1, *per_request, "older", 60000, 1, 60000],
+        args=[0, "qs", 1000, 1, "default", 1, *per_request, placings("older", [[1, "1", 60000]])],
     )
     # and once as queueserve calls it now
     broker = RedisBroker(redis_url)
@@ -207,7 +209,7 @@ def test_an_enqueue_without_the_priority_key_still_works_and_a_job_key_is_not_ta
     # Then all three are admitted, the job's record written, and only the last call's items
     # are in the per-priority count
     assert old[2] and with_job[2] and redis_client.get(keys.queued) == b"7"
-    assert redis_client.hget(job, "s") == b"queued"
+    assert redis_client.hget(job, "1").startswith(b"2:60000:older:")
     assert redis_client.hgetall(keys.pdepth) == {b"1": b"3"}
 
 

@@ -51,7 +51,7 @@ SHAPES = [
     ("", 3, None),
     ("qs:events:abc", 9, None),
     ("", 0, {"trace": "00-4bf92f-00f067-01"}),
-    ("qs:events:abc", 2, {"job": "j-1", "tenant": "acme", "unknown-later": [1, 2]}),
+    ("qs:events:abc", 2, {"job_keep": 60000, "tenant": "acme", "unknown-later": [1, 2]}),
 ]
 
 

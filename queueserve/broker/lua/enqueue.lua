@@ -17,12 +17,13 @@
 --           payload. An item count 'N:R' (N items, R > 1) starts R requests of one call (a
 --           call cut into requests of a batch, or spread over batch keys): the R are
 --           admitted together or all refused, never in part
--- Jobs (optional; wire/jobs.py): KEYS[7+S..6+S+J] are the records P:job:ID of J of these
--- requests, and ARGV ends with 2 + 2J values: the serving name, the TTL of a record still
--- waiting (ms), then per job its request number (1 = the first request) and keep (ms). The
--- record of each admitted job is written here, where its entry is, in the same atomic step
--- (a refused one gets none). On a Redis Cluster the records live in other slots: clients
--- there write them around the enqueue instead (job_new.lua, job_placed.lua).
+-- Jobs (optional; wire/jobs.py): KEYS[7+S..6+S+G] are the record groups P:jobs:C:G of the
+-- jobs among these requests, and the last ARGV is msgpack [serving name, TTL of a group with
+-- a job still waiting (ms), then per group in KEYS order a flat list of (request number
+-- (1 = the first request), request id (a string), keep (ms)) per job]. Each admitted job's
+-- field is written here, where its entry is, in the same atomic step (a refused one gets
+-- none), with one HSET per group. On a Redis Cluster the groups live in other slots:
+-- clients there write them around the enqueue instead (job_new.lua, job_placed.lua).
 -- Per priority (optional): the last of all KEYS may be P:{S}:pdepth (hash priority -> items
 -- admitted and not yet acked), known by its name: KEYS[6]'s with 'pdepth' for 'depth'. The
 -- admitted items are counted there per stream's priority; a caller that leaves it out (one
@@ -78,7 +79,7 @@ if #KEYS <= 6 + streams or string.sub(KEYS[6], -5) ~= 'depth'
   pdepth = nil
 end
 local jobs = #KEYS - 6 - streams - (pdepth and 1 or 0)
-local job_args = jobs > 0 and #ARGV - 2 * jobs - 2 or #ARGV  -- where the job values start
+local job_args = jobs > 0 and #ARGV - 1 or #ARGV  -- the last per-request value
 local filling = {}  -- stream number -> its pack being filled: {items, members, at}
 
 local function write(s)
@@ -155,17 +156,29 @@ for i = 5 + 2 * streams, job_args, 4 do
   end
 end
 for s = 1, streams do write(s) end
-for j = 1, jobs do
-  local at = job_args + 1 + 2 * j
-  local r = tonumber(ARGV[at])
-  local id = r and out[2 + r]
-  if type(id) == 'string' then  -- admitted (a refused request's is 0)
-    local request = 5 + 2 * streams + 4 * (r - 1)
-    local key = KEYS[6 + streams + j]
+if jobs > 0 then
+  local spec = cmsgpack.unpack(ARGV[#ARGV])
+  local serving, live = spec[1], spec[2]
+  for g = 1, jobs do
+    local key, list, fields, added = KEYS[6 + streams + g], spec[2 + g], {}, 0
+    for j = 1, #list, 3 do
+      local r = list[j]
+      local id = out[2 + r]
+      if type(id) == 'string' then  -- admitted (a refused request's is 0)
+        local request = 5 + 2 * streams + 4 * (r - 1)
+        fields[#fields + 1] = list[j + 1]
+        fields[#fields + 1] = string.match(ARGV[request + 1], '^%d+') .. ':' .. list[j + 2]
+          .. ':' .. serving .. ':' .. id .. ':' .. KEYS[6 + tonumber(ARGV[request])]
+        added = added + 1
+      end
+    end
     -- A key someone made another type is left as it is (pcall), and the others are written.
-    local ok = redis.pcall('HSET', key, 's', 'queued', 'n', ARGV[request + 1], 'k', ARGV[at + 1],
-      'sv', ARGV[job_args + 1], 'st', KEYS[6 + tonumber(ARGV[request])], 'e', id)
-    if type(ok) == 'number' then redis.call('PEXPIRE', key, ARGV[job_args + 2]) end
+    if added > 0 and type(redis.pcall('HSET', key, unpack(fields))) == 'number' then
+      if type(redis.pcall('HINCRBY', key, 'live', added)) ~= 'number' then
+        redis.call('HSET', key, 'live', added)  -- a forged count starts again
+      end
+      redis.call('PEXPIRE', key, live)
+    end
   end
 end
 if admitted > 0 then

@@ -1,95 +1,137 @@
--- Keep jobs' answers (wire/jobs.py): the worker's write, sent before the ack of their entries
--- in the same round trip, so a job's record holds its answer whenever its entry was acked.
--- KEYS[1..N]  P:job:ID    the records of N jobs (hashes; one per call on a cluster)
+-- Keep jobs' answers (wire/jobs.py): the worker's write for the jobs of one record group, sent
+-- before the ack of their entries in the same round trip, so a job's record holds its answer
+-- whenever its entry was acked.
+-- KEYS[1]  P:jobs:C:G     the group (hash)
 -- ARGV[1]  the most bytes of answers one job keeps (MAX_JOB_BYTES)
--- ARGV[2]  the TTL of a record still waiting (LIVE_TTL_MS)
--- ARGV[3]  msgpack: per job, in KEYS order, [keep (ms: the record's TTL once the job ended),
---          whether these messages end it (its last item is answered), whether one of these
---          items was answered with an error, its item count, the last hook event of its
---          batches ('' for none: the codec tag and its encoding), [the reply messages
---          (wire/reply.py) as an inbox would get them], whether the record holds none of
---          its answers yet (a first run's first answers: their count need not be read)].
---          One argument for all: per job values as arguments of their own cost the worker
---          and Redis more than the writes.
--- A job that ended already (done, failed, cancelled) takes nothing more: a run repeated after
--- its worker died, or a job cancelled while its pack ran, leaves its record as it was.
--- Everything in a record may have been written by anyone: counts that are no count are 0, and
--- a key of another type is left alone (its job's answer goes to its caller's inbox only).
--- Redis's work per job is most of what keeping a job costs (issue 26), and each command and
--- field read or written counts: a fresh job's write reads its status alone, and it writes
--- what readers will need: 'b' and 'f' only while more answers may come (an ended job takes
--- none), 'n' only into a record that had no status (gone before its answer: forgotten, or
--- expired), and the TTL only when it changes.
+-- ARGV[2]  msgpack [messages, jobs]: the reply messages (wire/reply.py) holding these jobs'
+--          rows of this round trip, as an inbox would get them, and per job that is not
+--          plain (below) [request id (a string), whether these rows end it (its last item is
+--          answered), whether one of them is an error, the numbers of the messages that hold
+--          its rows (1 = the first), the bytes of answers it is counted for, its last hook
+--          event ('' for none: the codec tag and its encoding)].
+-- ARGV[3]  the plain jobs' request ids, space separated: a first run's answer of all its
+--          items, none an error, in message 1, no hook event: most jobs. Their item count and
+--          keep are read from their own field, so each costs a name and nothing more.
+-- ARGV[4]  the bytes of message 1 a plain job is counted for per item
+-- A job's field says whether it waits (it starts with its item count, a digit) or ended
+-- (with its status): one field read per job, as a field that is not there costs a hash in
+-- Redis's compact encoding a scan of all of it. A job that ended already (done, failed,
+-- cancelled) takes nothing more: a run repeated after its worker died, or a job cancelled
+-- while its pack ran, leaves its record as it was; a job with no field (forgotten, its
+-- group expired, or never enqueued) is not made again.
+-- Everything in a group may have been written by anyone: counts that are no count are 0, and
+-- a key of another type is left alone (its jobs' answers go to their caller's inbox only).
+-- Redis's work per job is most of what keeping a job costs (issue 26): a group takes one
+-- read, one write and at most one TTL whatever its number of jobs, and Lua's own work per
+-- job (each string made) costs as much as Redis's.
 -- Returns how many jobs were written.
-local limit, live = tonumber(ARGV[1]), ARGV[2]
-local jobs = cmsgpack.unpack(ARGV[3])
-if type(jobs) ~= 'table' or #jobs ~= #KEYS then
-  return redis.error_reply('job.lua: ARGV[3] must hold one write per key')
+local limit = tonumber(ARGV[1])
+local data = cmsgpack.unpack(ARGV[2])
+local messages, jobs = data[1], data[2]
+if type(messages) ~= 'table' or type(jobs) ~= 'table' then
+  return redis.error_reply('job.lua: ARGV[2] must be [messages, jobs]')
 end
 local function count(value)
-  local n = tonumber(value or '0')
-  if not n or n < 0 or n > 1048576 * 1048576 then return 0 end
-  return math.floor(n)
+  local n = tonumber(value or '')
+  if n and n >= 0 and n < 1e13 then return math.floor(n) end
+  return 0
 end
-local written = 0
-for k = 1, #KEYS do
-  local key = KEYS[k]
-  local keep, final, errored, n, hook, messages, fresh = unpack(jobs[k])
-  -- pcall: a key someone made another type fails alone, not the other jobs of this reply
-  local s = redis.pcall('HGET', key, 's')
-  local readable = type(s) ~= 'table' or s.err == nil
-  if readable and not (s == 'done' or s == 'failed' or s == 'cancelled') then
+local wanted = {'#', 'live', 'until'}
+for _, job in ipairs(jobs) do
+  wanted[#wanted + 1] = job[1]
+  wanted[#wanted + 1] = job[1] .. '.a'
+end
+local complex = #wanted
+local plain = {}
+for rid in string.gmatch(ARGV[3], '%d+') do
+  plain[#plain + 1] = rid
+  wanted[#wanted + 1] = rid
+end
+local got = redis.pcall('HMGET', KEYS[1], unpack(wanted))
+if got.err then return 0 end  -- a key of another type
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local base, live, last = count(got[1]), count(got[2]), count(got[3])
+local fields, answered, written, ended, used = {}, {}, 0, 0, false
+local over = ':its answer is over ' .. string.format('%d', limit) .. ' bytes, the most one '
+  .. 'job keeps in Redis: return smaller results, or send fewer items per job'
+-- The field of a job that ends now: '<status>:<ends (unix ms)>:<items>:<bytes>:<messages>',
+-- then ':<why>' for one that failed without an answer.
+local function finish(rid, status, keep, n, bytes, numbers, why)
+  local ends = now + keep
+  fields[#fields + 1] = rid
+  fields[#fields + 1] = status .. string.format(':%d:%d:%d:', ends, n, bytes) .. numbers .. why
+  last = math.max(last, ends)
+  ended = ended + 1
+end
+for j, job in ipairs(jobs) do
+  local rid, final, errored, refs, bytes, hook = unpack(job)
+  local waiting, progress = got[2 * j + 2], got[2 * j + 3]
+  local n, keep = string.match(waiting or '', '^(%d+):(%d+):')
+  if n then
+    n, keep = count(n), math.max(count(keep), 1)
     written = written + 1
-    local m, bytes, failed = 0, 0, errored
-    if not fresh then  -- earlier writes may have kept answers: how many, their size, an error
-      local earlier = redis.call('HMGET', key, 'm', 'b', 'f')
-      m, bytes = math.min(count(earlier[1]), 1048576), count(earlier[2])
-      failed = failed or earlier[3] ~= false
+    local earlier, failed, numbers = 0, errored, {}
+    if progress then  -- earlier round trips' answers
+      local b, f, list = string.match(progress, '^(%d+):([01]):([%d ]*)$')
+      earlier, failed = count(b), failed or f == '1'
+      if list and list ~= '' then numbers[1] = list end
     end
-    local added = 0
-    for _, message in ipairs(messages) do added = added + #message end
-    if bytes + added > limit then
-      redis.call('DEL', key)  -- its answers so far go too: one command, whatever it held
-      redis.call('HSET', key, 's', 'failed', 'x',
-        'its answer is over ' .. limit .. ' bytes, the most one job keeps in Redis: return '
-        .. 'smaller results, or send fewer items per job')
-      redis.call('PEXPIRE', key, keep)
+    for _, r in ipairs(refs) do numbers[#numbers + 1] = string.format('%d', base + r) end
+    bytes = earlier + bytes
+    if bytes > limit then
+      finish(rid, 'failed', keep, n, bytes, '', over)
+      answered[#answered + 1] = rid .. '.a'
     else
-      local fields = {'m', m + #messages}
-      for i, message in ipairs(messages) do
-        fields[#fields + 1] = 'r' .. (m + i)
-        fields[#fields + 1] = message
-      end
+      used = used or #refs > 0
+      numbers = table.concat(numbers, ' ')
       if final then
-        fields[#fields + 1] = 's'
-        fields[#fields + 1] = failed and 'failed' or 'done'
+        finish(rid, failed and 'failed' or 'done', keep, n, bytes, numbers, '')
+        if progress then answered[#answered + 1] = rid .. '.a' end
       else
-        fields[#fields + 1] = 'b'
-        fields[#fields + 1] = bytes + added
-        if failed then
-          fields[#fields + 1] = 'f'
-          fields[#fields + 1] = 1
-        end
+        fields[#fields + 1] = rid .. '.a'
+        fields[#fields + 1] = string.format('%d:', bytes) .. (failed and '1:' or '0:') .. numbers
       end
-      if not s then  -- what reading it needs, for a record that was gone (or forged)
-        fields[#fields + 1] = 'n'
-        fields[#fields + 1] = n
-        if not final then
-          fields[#fields + 1] = 's'
-          fields[#fields + 1] = 'queued'
-        end
-      end
-      if hook ~= '' then
-        fields[#fields + 1] = 'h'
-        fields[#fields + 1] = hook
-      end
-      redis.call('HSET', key, unpack(fields))
-      if final then
-        redis.call('PEXPIRE', key, keep)
-      elseif not s then
-        redis.call('PEXPIRE', key, live)
-      end
+    end
+    if hook ~= '' then
+      fields[#fields + 1] = rid .. '.h'
+      fields[#fields + 1] = hook
     end
   end
 end
+local per_item = tonumber(ARGV[4]) or 0
+local ref = string.format('%d', base + 1)
+for j, rid in ipairs(plain) do
+  local n, keep = string.match(got[complex + j] or '', '^(%d+):(%d+):')
+  if n then
+    n, keep = count(n), math.max(count(keep), 1)
+    local bytes = math.floor(n * per_item) + 1
+    if bytes > limit then
+      finish(rid, 'failed', keep, n, bytes, '', over)
+    else
+      used = true
+      finish(rid, 'done', keep, n, bytes, ref, '')
+    end
+    written = written + 1
+  end
+end
+if written == 0 then return 0 end
+if used then  -- (no job took them: every one over the limit)
+  for i, message in ipairs(messages) do
+    fields[#fields + 1] = 'm' .. string.format('%d', base + i)
+    fields[#fields + 1] = message
+  end
+  fields[#fields + 1] = '#'
+  fields[#fields + 1] = string.format('%d', base + #messages)
+end
+if ended > 0 then
+  live = live - ended
+  fields[#fields + 1] = 'live'
+  fields[#fields + 1] = live
+  fields[#fields + 1] = 'until'
+  fields[#fields + 1] = string.format('%d', last)
+end
+redis.call('HSET', KEYS[1], unpack(fields))
+if #answered > 0 then redis.call('HDEL', KEYS[1], unpack(answered)) end
+if ended > 0 and live <= 0 then redis.call('PEXPIREAT', KEYS[1], string.format('%d', last)) end
 return written

@@ -1,17 +1,16 @@
--- Write the records of jobs about to be enqueued (wire/jobs.py), before their enqueue, so a
--- worker's answer always finds one.
--- KEYS[1..N]  P:job:ID       the records (one per call on a cluster)
--- ARGV[1]  the TTL of a record still waiting (LIVE_TTL_MS)
--- ARGV[3i-1], ARGV[3i], ARGV[3i+1]  job i's item count, keep (ms) and serving
--- Returns how many were written.
--- A key someone made another type is left as it is (pcall), and the others are written.
-local written = 0
-for i = 1, #KEYS do
-  local ok = redis.pcall('HSET', KEYS[i], 's', 'queued', 'n', ARGV[3 * i - 1], 'k', ARGV[3 * i],
-    'sv', ARGV[3 * i + 1])
-  if type(ok) == 'number' then
-    redis.call('PEXPIRE', KEYS[i], ARGV[1])
-    written = written + 1
-  end
+-- Write the fields of jobs about to be enqueued into their record group (wire/jobs.py), before
+-- their enqueue, so a worker's answer always finds them: on a Redis Cluster, where groups live
+-- in other slots than the streams (elsewhere enqueue.lua writes them with the entries).
+-- KEYS[1]  P:jobs:C:G    the group (hash)
+-- ARGV[1]  the TTL of a group with a job still waiting (LIVE_TTL_MS)
+-- ARGV[2i], ARGV[2i+1]  job i's request id and '<items>:<keep ms>:<serving>::' (not placed)
+-- Returns how many were written; a key someone made another type is left as it is.
+local fields = {}
+for i = 2, #ARGV do fields[#fields + 1] = ARGV[i] end
+if type(redis.pcall('HSET', KEYS[1], unpack(fields))) ~= 'number' then return 0 end
+local added = (#ARGV - 1) / 2
+if type(redis.pcall('HINCRBY', KEYS[1], 'live', added)) ~= 'number' then
+  redis.call('HSET', KEYS[1], 'live', added)  -- a forged count starts again
 end
-return written
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+return added

@@ -1,18 +1,23 @@
--- Say where jobs just enqueued wait (wire/jobs.py), for cancel and status; their records
--- were written before the enqueue (so a worker's answer always finds one).
--- KEYS[1..N]  P:job:ID       the records (one per call on a cluster)
--- ARGV[2i-1], ARGV[2i]       job i's stream and entry id; an entry id of "" means the enqueue
---                            refused it (max_queue): its record goes
--- A record that is gone (forgotten, or its keep passed already) is not made again.
--- Returns how many records were updated.
-local updated = 0
-for i = 1, #KEYS do
-  local stream, entry = ARGV[2 * i - 1], ARGV[2 * i]
-  if entry == '' then
-    redis.call('DEL', KEYS[i])
-  elseif redis.call('EXISTS', KEYS[i]) == 1
-      and type(redis.pcall('HSET', KEYS[i], 'st', stream, 'e', entry)) == 'number' then
-    updated = updated + 1  -- (a key of another type is left alone)
+-- Say where jobs just enqueued wait (wire/jobs.py), for cancel and status: on a Redis Cluster,
+-- after their enqueue; job_new.lua wrote their fields before it.
+-- KEYS[1]  P:jobs:C:G    the group (hash)
+-- ARGV[3i-2], ARGV[3i-1], ARGV[3i]  job i's request id, stream and entry id; an entry id of
+--          "" means the enqueue refused it (max_queue): its field goes, and the group counts
+--          one live job less
+-- A field that is gone (forgotten, or its group expired) is not made again, and one that is
+-- no job's (forged) is left alone. Returns how many jobs were placed.
+local placed, refused = 0, 0
+for i = 1, #ARGV, 3 do
+  local rid, stream, entry = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  local value = redis.pcall('HGET', KEYS[1], rid)
+  local head = type(value) == 'string' and string.match(value, '^(%d+:%d+:[^:]*):')
+  if head and entry == '' then
+    redis.call('HDEL', KEYS[1], rid)
+    refused = refused + 1
+  elseif head then
+    redis.call('HSET', KEYS[1], rid, head .. ':' .. entry .. ':' .. stream)
+    placed = placed + 1
   end
 end
-return updated
+if refused > 0 then redis.pcall('HINCRBY', KEYS[1], 'live', -refused) end
+return placed

@@ -64,8 +64,8 @@ class BatchContext:
                 continue
             if s.request.events:
                 rows += event_rows(s.request, hook_event(name, payload, start, len(s.items)))
-            elif s.request.fields is not None and "job" in s.request.fields:
-                # a job's progress keeps its last hook event (wire/jobs.py, field h)
+            elif s.request.fields is not None and "job_keep" in s.request.fields:
+                # a job's progress keeps its last hook event (wire/jobs.py, field r.h)
                 body = hook_event(name, payload, start, len(s.items))
                 rows.append((s.request, 0, 0, P.JOB_HOOK, body))
         if rows:

@@ -12,9 +12,9 @@ from typing import Any
 from queueserve.wire import protocol as P
 from queueserve.wire.codec import Codec
 from queueserve.wire.event import encode_events
-from queueserve.wire.jobs import encode_hook
+from queueserve.wire.jobs import GROUP_SHIFT, encode_hook, inbox_group, job_writes
 from queueserve.wire.reply import ReplyEncoder
-from queueserve.wire.request import job_of
+from queueserve.wire.request import job_keep
 from queueserve.worker.pipeline.execute import Row
 
 log = logging.getLogger(__name__)
@@ -68,35 +68,29 @@ class ReplyQueue:
                 self._cond.notify()
 
 
-class JobWrite:
-    """What one round trip writes into a job's record (job.lua): its rows of these batches,
-    whether they end it, and whether one of them is an error. ``fresh``: the record holds
-    none of its answers yet (a first run, nothing answered before these rows), so job.lua
-    need not read how many it holds. (A plain class: a dataclass's generated __init__ with
-    list factories costs more per job on the replier's thread.)"""
+class _JobRows:
+    """One job's part of a round trip's write into its record group (job.lua): how many of
+    its items these rows answer, whether one is an error, its last hook event. (A plain
+    class: a dataclass's generated __init__ costs more per job on the replier's thread.)"""
 
-    __slots__ = (
-        "errored",
-        "final",
-        "fresh",
-        "hook",
-        "job_id",
-        "keep_ms",
-        "messages",
-        "n",
-        "request",
-        "rows",
-    )
+    __slots__ = ("errored", "hook", "items", "request", "rows")
 
-    def __init__(self, job_id: str, keep_ms: int, request: Any) -> None:
-        self.job_id, self.keep_ms = job_id, keep_ms
-        self.request = request  # the worker's Request: it ends the job once no item is left
-        self.n = int(request.n)
-        self.fresh = request.remaining == request.n and not (request.redelivered or request.replay)
+    def __init__(self, request: Any) -> None:
+        self.request = request
         self.rows: list[list[Any]] = []
-        self.messages: list[bytes] = []
-        self.final = self.errored = False
+        self.items = 0
+        self.errored = False
         self.hook = b""  # the last hook event of its batches, encoded (wire/jobs.py)
+
+
+class _Group:
+    """The jobs of one record group in one round trip, and their rows in order."""
+
+    __slots__ = ("jobs", "rows")
+
+    def __init__(self) -> None:
+        self.jobs: dict[int, _JobRows] = {}
+        self.rows: list[list[Any]] = []
 
 
 @dataclass
@@ -110,7 +104,8 @@ class Composed:
     finished: list[tuple[str, bytes]] = field(default_factory=list)  # (stream, id) answered
     answered: int = 0  # items answered (results, errors or dropped)
     errors: dict[str, int] = field(default_factory=dict)  # items by error kind
-    jobs: list[JobWrite] = field(default_factory=list)  # answers kept for jobs, before acks
+    # job.lua's writes, one per record group (broker/replies.py's GroupWrite), before acks
+    jobs: list[tuple[str, tuple[bytes, str, str]]] = field(default_factory=list)
 
 
 def compose(rows: list[Row], codec: Codec, max_bytes: int) -> Composed:
@@ -123,7 +118,7 @@ def compose(rows: list[Row], codec: Codec, max_bytes: int) -> Composed:
     messages: dict[str, list[list[Any]]] = defaultdict(list)
     acks: dict[str, dict[int, list[bytes]]] = defaultdict(dict)
     errors: dict[str, int] = defaultdict(int)
-    jobs: dict[int, JobWrite] = {}
+    jobs: dict[tuple[str, int], _Group] = {}
     for request, offset, count, kind, body in rows:
         if kind == P.EVENT:
             events.append((request.events, [request.rid, offset, *body]))
@@ -141,7 +136,7 @@ def compose(rows: list[Row], codec: Codec, max_bytes: int) -> Composed:
             if request.events:
                 row += request.stream_tail()
             messages[request.reply_to].append(row)
-            if request.fields is not None and "job" in request.fields:
+            if request.fields is not None and "job_keep" in request.fields:
                 _keep(jobs, request, row)
         request.remaining -= count
         if request.remaining <= 0:
@@ -150,19 +145,71 @@ def compose(rows: list[Row], codec: Codec, max_bytes: int) -> Composed:
     encoder = ReplyEncoder(codec, bytes((codec.tag,)), max_bytes - 1, errors)
     out.messages = {inbox: encoder.messages(m) for inbox, m in messages.items()}
     out.acks, out.errors = dict(acks), dict(errors)
-    out.jobs = _job_writes(jobs, encoder)
+    out.jobs = _job_writes(jobs, encoder, messages, out.messages)
     return out
 
 
-def _job_writes(jobs: dict[int, JobWrite], encoder: ReplyEncoder) -> list[JobWrite]:
-    """The jobs' rows encoded as an inbox's would be, whether each ends now, and its last
-    hook event (none when too large to keep)."""
-    for job in jobs.values():
-        job.messages = encoder.messages(job.rows) if job.rows else []
-        job.final = job.request.remaining <= 0
-        if len(job.hook) > MAX_HOOK_BYTES:  # too large to keep: progress() shows counts alone
-            job.hook = b""
-    return list(jobs.values())
+def _job_writes(
+    groups: dict[tuple[str, int], _Group],
+    encoder: ReplyEncoder,
+    rows: dict[str, list[list[Any]]],
+    encoded: dict[str, list[bytes]],
+) -> list[tuple[str, tuple[bytes, str, str]]]:
+    """Per record group, its jobs' rows encoded as an inbox's would be (one message for the
+    group, read by each of its jobs; a message each when they do not fit one), and per job
+    what job.lua needs: a plain job (a first run answered whole, no error, no hook event)
+    its request id alone. A group that has all of its inbox's rows keeps the inbox's
+    message."""
+    writes = []
+    for (inbox, number), group in groups.items():
+        if not group.rows:
+            messages = []
+        elif len(group.rows) == len(rows[inbox]):  # (its rows are some of its inbox's)
+            messages = encoded[inbox]
+        else:
+            messages = encoder.messages(group.rows)
+        shared = len(messages) == 1
+        per_item = 0.0
+        if shared:  # each job is counted for its items' share of the message
+            per_item = len(messages[0]) / sum(job.items for job in group.jobs.values())
+        else:
+            messages = []
+        values, plain = [], []
+        for job in group.jobs.values():
+            request = job.request
+            if (
+                shared
+                and job.items == request.n
+                and not (job.errored or job.hook or request.redelivered or request.replay)
+            ):
+                plain.append(str(request.rid))
+                continue
+            if not job.rows:
+                refs, size = [], 0
+            elif shared:
+                refs, size = _FIRST, int(per_item * job.items) + 1
+            else:
+                own = encoder.messages(job.rows)
+                refs = list(range(len(messages) + 1, len(messages) + len(own) + 1))
+                messages += own
+                size = sum(map(len, own))
+            hook = job.hook if len(job.hook) <= MAX_HOOK_BYTES else b""  # else counts alone
+            values.append(
+                [
+                    str(request.rid),
+                    request.remaining <= 0,
+                    job.errored,
+                    refs,
+                    size,
+                    hook,
+                ]
+            )
+        key = inbox_group(inbox, number << GROUP_SHIFT)
+        writes.append((key, job_writes(messages, values, plain, per_item)))
+    return writes
+
+
+_FIRST = [1]
 
 
 def _finish(request: Any, acks: dict[str, dict[int, list[bytes]]], out: Composed) -> None:
@@ -182,23 +229,27 @@ def _finish(request: Any, acks: dict[str, dict[int, list[bytes]]], out: Composed
 
 
 def _keep(
-    jobs: dict[int, JobWrite], request: Any, row: list[Any] | None, hook: bytes = b""
+    groups: dict[tuple[str, int], _Group], request: Any, row: list[Any] | None, hook: bytes = b""
 ) -> None:
     """Add ``row`` (or the encoded last ``hook`` event) to what is written into its job's
     record (a request that is a job)."""
     try:
-        job = job_of(request.fields)
+        job_keep(request.fields)  # (its record holds its keep: enqueue.lua wrote it)
     except ValueError as e:
         # A forged header: its caller is answered as ever, and no record is written.
         log.warning("request %s: its answer is kept in no job record: %s", request.rid, e)
         return
+    key = (request.reply_to, request.rid >> GROUP_SHIFT)  # its group's name, made once
+    group = groups.get(key)
+    if group is None:
+        group = groups[key] = _Group()
+    job = group.jobs.get(id(request))
     if job is None:
-        return
-    write = jobs.get(id(request))
-    if write is None:
-        write = jobs[id(request)] = JobWrite(job[0], job[1], request)
+        job = group.jobs[id(request)] = _JobRows(request)
     if row is None:
-        write.hook = hook
+        job.hook = hook
         return
-    write.rows.append(row)
-    write.errored = write.errored or row[3] == P.ERROR
+    job.rows.append(row)
+    group.rows.append(row)
+    job.items += row[2]
+    job.errored = job.errored or row[3] == P.ERROR

@@ -27,7 +27,7 @@ from queueserve.client.jobs import Job
 from queueserve.errors import QueueServeError
 from queueserve.ops.deadletter import DeadLetters
 from queueserve.wire import protocol as P
-from queueserve.wire.jobs import job_key
+from queueserve.wire.jobs import group_key
 from tests.faults.fuzz.values import FAMILIES, NUMBERS, WRONG_TYPE, hostile_object
 from tests.support.broker import RedisBroker
 
@@ -552,29 +552,27 @@ def live_worker_record(t: Target) -> str:
     return P.worker_key(t.prefix, t.rng.choice(consumers))
 
 
-_JOB_FIELDS = (b"s", b"n", b"m", b"b", b"r1", b"k", b"st", b"e", b"sv", b"f", b"x")
+def _job_fields(rid: int) -> tuple[bytes, ...]:
+    r = b"%d" % rid
+    return (r, r + b".a", r + b".h", b"m1", b"m2", b"#", b"live", b"until", b"%d" % (rid + 1))
 
 
 def job_record(t: Target, value: bytes) -> None:
-    """A field of a job's record (wire/jobs.py), then a request of that job, which a worker
-    answers into the forged record (job.lua), with a job id and keep that may be junk too;
-    then the record read as ``Client.job`` reads it: its answer, or a QueueServeError."""
-    job_id = f"fuzzjob-{t.rng.randrange(100)}"  # the ids wrong_type replaces, now and then
-    name = job_key(t.prefix, job_id)
-    t.r.hset(name, t.rng.choice((*_JOB_FIELDS, value[:64] or b"?")), value)
+    """A field of a job's record group (wire/jobs.py), then a request of that job (its inbox
+    and request id name it), written with its record or not, which a worker answers into the
+    forged group (job.lua), with a keep that may be junk too; then the record read as
+    ``Client.job`` reads it: its answer, or a QueueServeError."""
+    rid = t.rng.randrange(128)  # two groups, which wrong_type replaces now and then
+    name = group_key(t.prefix, "fuzzjunk", rid)
+    t.r.hset(name, t.rng.choice((*_job_fields(rid), value[:64] or b"?")), value)
     t.r.pexpire(name, 60_000)
     t.created.add(name)
-    fields = t.rng.choice(
-        (
-            {"job": job_id, "keep": 60_000},
-            {"job": value[:80].decode("latin-1"), "keep": 1000},
-            {"job": job_id, "keep": t.rng.choice((-1, 0, "x", 10**13, 1.5))},
-        )
-    )
-    header = t.header(f6="", f7=0, f8=fields)
+    keep = t.rng.choice((60_000, 60_000, -1, 0, "x", 10**13, 1.5))
+    header = t.header(f1=rid, f6="", f7=0, f8={"job_keep": keep})
+    jobs = [(0, name, str(rid), 60_000)] if t.rng.random() < 0.5 else []
     with contextlib.suppress(QueueServeError):  # a full queue, as it says
-        t.broker.enqueue(t.keys(), [("default", 1, header, msgpack.packb([1]), 0)], 0)
-    job = Job(t.broker.jobs, t.broker.cancel, t.prefix, job_id, None)
+        t.broker.enqueue(t.keys(), [("default", 1, header, msgpack.packb([1]), 0)], 0, jobs=jobs)
+    job = Job(t.broker.jobs, t.broker.cancel, t.prefix, f"fuzzjunk-{rid}", None)
     with contextlib.suppress(QueueServeError):  # refused with a clear error
         job.status()
         job.progress()
@@ -715,11 +713,11 @@ SURFACES: tuple[Surface, ...] = (
         ),
     ),
     Surface(
-        "job",
+        "jobs",
         "worker: job.lua; clients: Client.job; queueserve job",
         (
             Attack("field", job_record),
-            _wrong_type("job", lambda t: job_key(t.prefix, f"fuzzjob-{t.rng.randrange(100)}")),
+            _wrong_type("jobs", lambda t: group_key(t.prefix, "fuzzjunk", t.rng.randrange(128))),
         ),
     ),
 )
