@@ -14,7 +14,7 @@ from queueserve.broker.aio import AsyncProducer
 from queueserve.broker.retry import Retry
 from queueserve.client.base import BaseClient
 from queueserve.client.calls import Call, check_placed, unsent
-from queueserve.client.job_records import jobs_at
+from queueserve.client.job_records import job_place_of, jobs_at
 from queueserve.client.outgoing import Outgoing, admitted, enqueue_groups, send_window
 from queueserve.client.ticket import ticket_id
 from queueserve.errors import NotReplicated, QueueServeError
@@ -74,6 +74,8 @@ class AsyncSending(BaseClient):
                 if outgoing.call is call:
                     del box[i]
                     return True
+        if call.keep_ms:  # a job: its record ends cancelled first, and keeps no answer
+            await self._broker.jobs.cancel(*job_place_of(self.prefix, self.client_id, call))
         return call.entry_id is not None and await self._broker.cancel(
             call.keys, call.keys.stream(call.batch_key, call.priority), call.entry_id, call.n
         )

@@ -4,9 +4,10 @@ enqueue writes."""
 from __future__ import annotations
 
 from queueserve.broker.jobs import JobAt
+from queueserve.client.calls import Call
 from queueserve.client.outgoing import Outgoing
 from queueserve.client.targets import Part, Target
-from queueserve.wire.jobs import GROUP_SHIFT, check_keep
+from queueserve.wire.jobs import GROUP_SHIFT, check_keep, group_key
 
 
 def job_plan(target: Target, parts: list[Part], keep: float | None) -> int:
@@ -27,6 +28,11 @@ def job_plan(target: Target, parts: list[Part], keep: float | None) -> int:
             "key the serving's batch_key function gave): submit one job per batch key"
         )
     return keep_ms
+
+
+def job_place_of(prefix: str, client_id: str, call: Call) -> tuple[str, str, int]:
+    """A job's record group, request id and keep: what a cancel of its record takes."""
+    return group_key(prefix, client_id, call.rid), str(call.rid), call.keep_ms
 
 
 def jobs_at(prefix: str, client_id: str, group: list[Outgoing]) -> list[JobAt]:

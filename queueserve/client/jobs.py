@@ -68,8 +68,8 @@ class _Reading:
         its group holds other jobs' rows too: the table knows this job's alone)."""
         table = CallTable()
         table._accepted = self._accepted
-        call = table.calls[self._rid] = Call(self._rid, record.n, _UNSENT, "")
         try:
+            call = table.calls[self._rid] = Call(self._rid, record.n, _UNSENT, "")
             for message in messages:
                 table.deliver(message)
         except Exception as e:
@@ -214,7 +214,8 @@ class Job(_Reading):
         return True
 
     def forget(self) -> bool:
-        """Delete its record now (its answer too); True when there was one."""
+        """Delete its record now (it reads ``expired``; a reply message it shares with other
+        jobs of its group goes with the group); True when there was one."""
         return self._jobs.forget(self._key, self._fields[0])
 
 

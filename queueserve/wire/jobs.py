@@ -64,7 +64,10 @@ MAX_KEEP_MS: Final = 30 * 24 * 3600 * 1000
 # TTL (docs/design.md §4); a job still queued after a week has no one waiting for it.
 LIVE_TTL_MS: Final = 7 * 24 * 3600 * 1000
 _MAX_MESSAGES: Final = 1 << 20
-_JOB_ID: Final = re.compile(r"[A-Za-z0-9_.]{1,64}-[0-9]{1,18}")
+# A job of more items could never keep its answer (an item's answer takes a byte at least):
+# a reader refuses a record that says so rather than make room for that many.
+_MAX_ITEMS: Final = MAX_JOB_BYTES
+_JOB_ID: Final = re.compile(r"[A-Za-z0-9_.-]{1,64}-[0-9]{1,18}")
 
 
 def check_job_id(job_id: object) -> str:
@@ -73,7 +76,7 @@ def check_job_id(job_id: object) -> str:
     if not isinstance(job_id, str) or _JOB_ID.fullmatch(job_id) is None:
         raise ValueError(
             f"{job_id!r:.100} is not a job id: a job id is what submit(..., keep=...) gave "
-            "as ticket.id, '<client id>-<request number>' (letters, digits, '_', '.')"
+            "as ticket.id, '<client id>-<request number>' (letters, digits, '_', '.', '-')"
         )
     return job_id
 
@@ -149,7 +152,7 @@ def parse_record(job_id: str, raw: list[bytes | None], now_ms: int) -> JobRecord
         return None
     if own[:1].isdigit():  # waiting: <items>:<keep>:<serving>:<entry id>:<stream>
         parts = own.split(b":", 4)
-        if len(parts) != 5 or not _count(parts[0], 1 << 40) or not _count(parts[1], 1 << 50):
+        if len(parts) != 5 or not _count(parts[0], _MAX_ITEMS) or not _count(parts[1], 1 << 50):
             raise _bad(job_id, "", own)
         refs = _refs(job_id, answered, b"0:0:")
         return JobRecord(
@@ -168,7 +171,7 @@ def parse_record(job_id: str, raw: list[bytes | None], now_ms: int) -> JobRecord
         len(parts) < 5
         or parts[0] not in _ENDS
         or not _count(parts[1], 1 << 50)
-        or not _count(parts[2], 1 << 40)
+        or not _count(parts[2], _MAX_ITEMS)
         or not _count(parts[3], 1 << 50)
     ):
         raise _bad(job_id, "", own)

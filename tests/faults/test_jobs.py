@@ -17,7 +17,7 @@ import redis
 import queueserve as qs
 from queueserve.broker.jobs import Jobs
 from queueserve.wire.codec import get_codec
-from queueserve.wire.jobs import group_key, job_place
+from queueserve.wire.jobs import group_key, job_place, job_writes
 from queueserve.wire.protocol import Keys
 from queueserve.wire.request import encode_request
 from tests.support.broker import RedisBroker
@@ -26,6 +26,7 @@ from tests.support.helpers import REPO, child_env, stream_key, wait_until
 from tests.support.servings import Recording, tag_items
 
 StartWorker = Callable[..., qs.Worker]
+LUA = REPO / "queueserve" / "broker" / "lua"
 
 
 @pytest.fixture
@@ -290,7 +291,11 @@ def test_forget_deletes_a_job_s_record(
 
 
 def test_an_answer_over_the_job_size_limit_ends_it_failed_with_a_clear_error(
-    start_worker: StartWorker, client: qs.Client, monkeypatch: pytest.MonkeyPatch
+    start_worker: StartWorker,
+    client: qs.Client,
+    redis_client: redis.Redis,
+    prefix: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr("queueserve.broker.replies.MAX_JOB_BYTES", 1000)
     start_worker(qs.Serving(lambda xs: ["x" * 5000 for _ in xs], name="big", batch_size=4))
@@ -300,6 +305,9 @@ def test_an_answer_over_the_job_size_limit_ends_it_failed_with_a_clear_error(
     with pytest.raises(qs.QueueServeError, match="over 1000 bytes, the most one job keeps"):
         job.result(timeout=30)
     assert job.status() == "failed"
+    # and its group keeps none of that answer
+    group = redis_client.hkeys(group_of(prefix, ticket.id))
+    assert not [f for f in group if f.startswith(b"m")], group
 
 
 def test_forged_job_records_and_ids_are_refused_with_a_clear_error(
@@ -319,6 +327,7 @@ def test_forged_job_records_and_ids_are_refused_with_a_clear_error(
         "f1-4": {"4": b"done:" + ends + b":1:10:" + b"1 " * 2_000_000},
         "f1-5": {"5": b"done:" + ends + b":1:10:1", "m1": b"\x00garbage"},
         "f1-6": {"6": b"2:60000:s::", "6.a": b"lots:0:"},
+        "f1-7": {"7": b"%d:60000:s::" % (1 << 40)},  # a reader makes no room for that many
     }
     for job_id, fields in forged.items():
         redis_client.hset(group_of(prefix, job_id), mapping=fields)
@@ -557,3 +566,71 @@ def test_a_job_forgotten_while_queued_is_not_made_again_by_its_answer(
     assert record(redis_client, prefix, ticket.id) is None
     # no job of its group waits or ended: the group is gone
     assert not redis_client.exists(group_of(prefix, ticket.id))
+
+
+def test_a_group_s_ttl_never_falls_below_the_keep_an_ended_job_has_left(
+    start_worker: StartWorker, client: qs.Client, redis_client: redis.Redis, prefix: str
+) -> None:
+    # Given a job kept 30 days that ends while another job of its group waits
+    start_worker(qs.Serving(tag_items, name="quick", batch_size=4, batch_timeout=0))
+    start_worker(Recording(tag_items, gated=True, name="stuck", batch_size=4, batch_timeout=0))
+    month = 30 * 24 * 3600
+    kept = client.submit("quick", ["a"], keep=month)
+    waiting = client.submit("stuck", ["b"], keep=60)
+    assert kept.result(timeout=30) == ["r:a"]
+    group = group_of(prefix, kept.id)
+    wait_until(lambda: client.job(kept.id).status() == "done", "its record ended")
+    # Then the group stays a month, not the week a waiting job would give it, and a later
+    # job of the group does not cut that
+    assert redis_client.pttl(group) > (month - 60) * 1000
+    later = client.submit("stuck", ["c"], keep=60)
+    assert group_of(prefix, later.id) == group
+    assert client.job(later.id).status() in ("queued", "running")  # (its id: once in Redis)
+    assert redis_client.pttl(group) > (month - 60) * 1000
+    assert client.job(waiting.id).status() in ("queued", "running")
+
+
+def test_a_job_sent_twice_is_one_waiting_job_of_its_group(
+    redis_client: redis.Redis, redis_url: str, prefix: str
+) -> None:
+    # A send retried after a lost reply enqueues its requests again: the job's field is
+    # written again, and its group still counts one job waiting, so its TTL drops to its
+    # keep once that job ends
+    keys = Keys(prefix, "twice")
+    inbox = f"{prefix}:inbox:twicer"
+    h, p = encode_request(get_codec("msgpack"), 5, ["a"], inbox, None, fields={"job_keep": 1000})
+    at = [(0, group_key(prefix, "twicer", 5), "5", 1000)]
+    broker = RedisBroker(redis_url)
+    for _ in range(2):
+        broker.enqueue(keys, [("default", 1, h, p, 0)], 0, jobs=at)
+    assert redis_client.hget(at[0][1], "live") == b"1"
+
+
+def test_cancelling_a_job_s_ticket_ends_its_record_cancelled(
+    client: qs.Client, redis_client: redis.Redis, prefix: str
+) -> None:
+    ticket = client.submit("nobodyyet", ["a"], keep=60)
+    job = client.job(ticket.id)
+    assert job.status() == "queued"
+    assert ticket.cancel() is True
+    assert job.status() == "cancelled"
+    # no job of its group waits any more: the group goes with the cancelled job's keep
+    assert 0 < redis_client.pttl(group_of(prefix, ticket.id)) <= 60_000
+
+
+def test_the_answer_of_a_job_over_the_size_limit_is_not_kept_beside_another_job_s(
+    redis_client: redis.Redis, prefix: str
+) -> None:
+    # Given a group with two waiting jobs, and a worker's write (job.lua) of one round trip
+    # whose messages are each job's own: job 1's over the size limit, job 2's small
+    group = group_key(prefix, "mixer", 1)
+    redis_client.hset(group, mapping={"1": b"1:60000:s::", "2": b"1:60000:s::", "live": 2})
+    job_lua = redis_client.register_script((LUA / "job.lua").read_text())
+    big, small = b"m" + b"x" * 2_000, b"m" + b"small"
+    jobs = [["1", True, False, [1], len(big), b""], ["2", True, False, [2], len(small), b""]]
+    job_lua(keys=[group], args=[1_000, *job_writes([big, small], jobs, [], 0.0)])
+    # Then job 1 ends failed, job 2 done, and the group keeps job 2's message alone
+    fields = redis_client.hgetall(group)
+    assert fields[b"1"].startswith(b"failed:") and fields[b"2"].startswith(b"done:")
+    assert [f for f in fields if f.startswith(b"m")] == [b"m2"]
+    assert fields[b"m2"] == small

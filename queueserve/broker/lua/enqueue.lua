@@ -173,11 +173,14 @@ if jobs > 0 then
       end
     end
     -- A key someone made another type is left as it is (pcall), and the others are written.
-    if added > 0 and type(redis.pcall('HSET', key, unpack(fields))) == 'number' then
-      if type(redis.pcall('HINCRBY', key, 'live', added)) ~= 'number' then
-        redis.call('HSET', key, 'live', added)  -- a forged count starts again
+    -- HSET counts the fields it made: a request sent again (a retried send) is one job still.
+    local made = added > 0 and redis.pcall('HSET', key, unpack(fields))
+    if type(made) == 'number' then
+      if type(redis.pcall('HINCRBY', key, 'live', made)) ~= 'number' then
+        redis.call('HSET', key, 'live', made)  -- a forged count starts again
       end
-      redis.call('PEXPIRE', key, live)
+      -- a week at least, never less than the keep an ended job of it has left
+      if redis.call('PTTL', key) < live then redis.call('PEXPIRE', key, live) end
     end
   end
 end

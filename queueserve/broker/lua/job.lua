@@ -52,7 +52,7 @@ if got.err then return 0 end  -- a key of another type
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local base, live, last = count(got[1]), count(got[2]), count(got[3])
-local fields, answered, written, ended, used = {}, {}, 0, 0, false
+local fields, answered, written, ended, used, seen = {}, {}, 0, 0, {}, {}
 local over = ':its answer is over ' .. string.format('%d', limit) .. ' bytes, the most one '
   .. 'job keeps in Redis: return smaller results, or send fewer items per job'
 -- The field of a job that ends now: '<status>:<ends (unix ms)>:<items>:<bytes>:<messages>',
@@ -68,7 +68,8 @@ for j, job in ipairs(jobs) do
   local rid, final, errored, refs, bytes, hook = unpack(job)
   local waiting, progress = got[2 * j + 2], got[2 * j + 3]
   local n, keep = string.match(waiting or '', '^(%d+):(%d+):')
-  if n then
+  if n and not seen[rid] then  -- (a request id twice in one call: a forged entry's)
+    seen[rid] = true
     n, keep = count(n), math.max(count(keep), 1)
     written = written + 1
     local earlier, failed, numbers = 0, errored, {}
@@ -83,7 +84,7 @@ for j, job in ipairs(jobs) do
       finish(rid, 'failed', keep, n, bytes, '', over)
       answered[#answered + 1] = rid .. '.a'
     else
-      used = used or #refs > 0
+      for _, r in ipairs(refs) do used[r] = true end
       numbers = table.concat(numbers, ' ')
       if final then
         finish(rid, failed and 'failed' or 'done', keep, n, bytes, numbers, '')
@@ -103,27 +104,30 @@ local per_item = tonumber(ARGV[4]) or 0
 local ref = string.format('%d', base + 1)
 for j, rid in ipairs(plain) do
   local n, keep = string.match(got[complex + j] or '', '^(%d+):(%d+):')
-  if n then
+  if n and not seen[rid] then
+    seen[rid] = true
     n, keep = count(n), math.max(count(keep), 1)
     local bytes = math.floor(n * per_item) + 1
     if bytes > limit then
       finish(rid, 'failed', keep, n, bytes, '', over)
     else
-      used = true
+      used[1] = true
       finish(rid, 'done', keep, n, bytes, ref, '')
     end
     written = written + 1
   end
 end
 if written == 0 then return 0 end
-if used then  -- (no job took them: every one over the limit)
-  for i, message in ipairs(messages) do
+-- Only the messages a job written now takes: not those of a job that ended already, went
+-- over the limit, or has no field (their numbers are left unused)
+for i, message in ipairs(messages) do
+  if used[i] then
     fields[#fields + 1] = 'm' .. string.format('%d', base + i)
     fields[#fields + 1] = message
   end
-  fields[#fields + 1] = '#'
-  fields[#fields + 1] = string.format('%d', base + #messages)
 end
+fields[#fields + 1] = '#'
+fields[#fields + 1] = string.format('%d', base + #messages)
 if ended > 0 then
   live = live - ended
   fields[#fields + 1] = 'live'
@@ -133,5 +137,9 @@ if ended > 0 then
 end
 redis.call('HSET', KEYS[1], unpack(fields))
 if #answered > 0 then redis.call('HDEL', KEYS[1], unpack(answered)) end
-if ended > 0 and live <= 0 then redis.call('PEXPIREAT', KEYS[1], string.format('%d', last)) end
+if ended > 0 and live <= 0 then  -- none waits: it goes with the last keep
+  redis.call('PEXPIREAT', KEYS[1], string.format('%d', last))
+elseif ended > 0 then  -- it stays for that keep at least
+  redis.call('PEXPIREAT', KEYS[1], string.format('%d', last), 'GT')
+end
 return written

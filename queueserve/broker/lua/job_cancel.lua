@@ -26,5 +26,9 @@ local last = math.max(count(got[3]) or 0, ends)
 redis.call('HSET', KEYS[1], rid, string.format('cancelled:%d:%d:0:', ends, count(n) or 0),
   'live', live, 'until', string.format('%d', last))
 redis.call('HDEL', KEYS[1], rid .. '.a')  -- its answers so far are not kept
-if live <= 0 then redis.call('PEXPIREAT', KEYS[1], string.format('%d', last)) end
+if live <= 0 then  -- none waits: it goes with the last keep
+  redis.call('PEXPIREAT', KEYS[1], string.format('%d', last))
+else  -- it stays for that keep at least
+  redis.call('PEXPIREAT', KEYS[1], string.format('%d', last), 'GT')
+end
 return 1

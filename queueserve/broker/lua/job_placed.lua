@@ -19,5 +19,15 @@ for i = 1, #ARGV, 3 do
     placed = placed + 1
   end
 end
-if refused > 0 then redis.pcall('HINCRBY', KEYS[1], 'live', -refused) end
+if refused > 0 then
+  local live = redis.pcall('HINCRBY', KEYS[1], 'live', -refused)
+  if type(live) == 'number' and live <= 0 then  -- none waits: keep what ended, if any
+    local last = tonumber(redis.call('HGET', KEYS[1], 'until') or '')
+    if last and last > 0 and last < 1e13 then
+      redis.call('PEXPIREAT', KEYS[1], string.format('%d', last))
+    else
+      redis.call('DEL', KEYS[1])
+    end
+  end
+end
 return placed

@@ -19,6 +19,7 @@ from queueserve.worker.pipeline.execute import Row
 
 log = logging.getLogger(__name__)
 MAX_HOOK_BYTES = 64 * 1024  # a job's last hook event is kept up to this size
+MAX_SHARED_BYTES = 1 << 20  # a bigger reply message is kept as each job's own (job.lua)
 
 
 class ReplyQueue:
@@ -168,9 +169,11 @@ def _job_writes(
             messages = encoded[inbox]
         else:
             messages = encoder.messages(group.rows)
-        shared = len(messages) == 1
+        # Shared, each job is counted for its items' share of the message's bytes: near
+        # enough for a small message, not for a big one (its items' sizes may differ)
+        shared = len(messages) == 1 and len(messages[0]) <= MAX_SHARED_BYTES
         per_item = 0.0
-        if shared:  # each job is counted for its items' share of the message
+        if shared:
             per_item = len(messages[0]) / sum(job.items for job in group.jobs.values())
         else:
             messages = []
