@@ -20,8 +20,7 @@ from queueserve.wire.protocol import GROUP, Keys
 
 _NEW = load_script("job_new.lua")
 _PLACED = load_script("job_placed.lua")
-_CANCEL = load_script("job_cancel.lua")
-_FORGET = load_script("job_forget.lua")
+_END = load_script("job_end.lua")
 
 # A job among an enqueue's requests: its index, its record group's key, its request id (a
 # string: a field name) and keep (ms)
@@ -87,8 +86,7 @@ class Jobs:
         self.redis, self.url = client, url
         self._new = client.register_script(_NEW)
         self._placed = client.register_script(_PLACED)
-        self._cancel = client.register_script(_CANCEL)
-        self._forget = client.register_script(_FORGET)
+        self._end = client.register_script(_END)
         self.cluster = is_cluster(client)
 
     def created(self, keys: Keys, requests: Sequence[Request], jobs: Sequence[JobAt]) -> None:
@@ -135,13 +133,13 @@ class Jobs:
                 return False
 
     def cancel(self, key: str, rid: str, default_keep_ms: int) -> int:
-        """job_cancel.lua: 1 cancelled now, 0 it had ended, -1 no record."""
+        """job_end.lua: 1 cancelled now, 0 it had ended, -1 no record."""
         with redis_errors(self.url):
-            return int(self._cancel(keys=[key], args=[rid, default_keep_ms, MAX_KEEP_MS]))
+            return int(self._end(keys=[key], args=["cancel", rid, default_keep_ms, MAX_KEEP_MS]))
 
     def forget(self, key: str, rid: str) -> bool:
         with redis_errors(self.url):
-            return bool(self._forget(keys=[key], args=[rid]))
+            return bool(self._end(keys=[key], args=["forget", rid, 0, MAX_KEEP_MS]))
 
 
 class AsyncJobs:
@@ -151,8 +149,7 @@ class AsyncJobs:
         self.redis, self.url = client, url
         self._new = client.register_script(_NEW)
         self._placed = client.register_script(_PLACED)
-        self._cancel = client.register_script(_CANCEL)
-        self._forget = client.register_script(_FORGET)
+        self._end = client.register_script(_END)
         self.cluster = is_cluster(client)
 
     async def created(self, keys: Keys, requests: Sequence[Request], jobs: Sequence[JobAt]) -> None:
@@ -198,8 +195,9 @@ class AsyncJobs:
 
     async def cancel(self, key: str, rid: str, default_keep_ms: int) -> int:
         with redis_errors(self.url):
-            return int(await self._cancel(keys=[key], args=[rid, default_keep_ms, MAX_KEEP_MS]))
+            args = ["cancel", rid, default_keep_ms, MAX_KEEP_MS]
+            return int(await self._end(keys=[key], args=args))
 
     async def forget(self, key: str, rid: str) -> bool:
         with redis_errors(self.url):
-            return bool(await self._forget(keys=[key], args=[rid]))
+            return bool(await self._end(keys=[key], args=["forget", rid, 0, MAX_KEEP_MS]))

@@ -16,7 +16,7 @@ request id, in decimal) the group holds::
              enqueue: job_new.lua, job_placed.lua; entry id and stream empty until placed);
              once it ended, how: ``<status>:<unix ms its keep ends>:<items>:<bytes>:<message
              numbers>[:<why, for a job that failed without an answer>]`` (job.lua,
-             job_cancel.lua), status done, failed or cancelled. One field tells both, so the
+             job_end.lua), status done, failed or cancelled. One field tells both, so the
              worker reads one field per job (one that is missing costs a scan of the whole
              hash in Redis's compact encoding).
     r.a      a job answered in parts, while it waits: ``<bytes>:<errored 0|1>:<message
