@@ -147,18 +147,21 @@ class AsyncProducer:
         durable: bool = False,
         jobs: Sequence[JobAt] = (),
         together: Sequence[Together] = (),
+        again: bool = False,
     ) -> Enqueued:
         """``Producer.enqueue``: admit requests atomically, or reject them for max_queue;
         ``durable`` waits for a replica to hold them; ``jobs`` get their records; each run
         of ``together`` is admitted whole or refused whole."""
         if jobs and self.jobs.cluster:
-            await self.jobs.created(keys, requests, jobs)
-            reply = await self._enqueue_call(keys, requests, max_queue, durable, (), together)
+            made = await self.jobs.created(keys, requests, jobs, again)
+            reply = await self._enqueue_call(
+                keys, requests, max_queue, durable, (), together, again
+            )
             # Not retried with the enqueue (see Producer.enqueue)
             with contextlib.suppress(QueueServeError):
-                await self.jobs.placed(keys, requests, jobs, reply)
+                await self.jobs.placed(keys, requests, jobs, reply, made)
             return reply
-        return await self._enqueue_call(keys, requests, max_queue, durable, jobs, together)
+        return await self._enqueue_call(keys, requests, max_queue, durable, jobs, together, again)
 
     async def _enqueue_call(
         self,
@@ -168,8 +171,9 @@ class AsyncProducer:
         durable: bool,
         jobs: Sequence[JobAt],
         together: Sequence[Together],
+        again: bool = False,
     ) -> Enqueued:
-        script_keys, args = enqueue_arguments(keys, requests, max_queue, jobs, together)
+        script_keys, args = enqueue_arguments(keys, requests, max_queue, jobs, together, again)
         with redis_errors(self.url):
             if not durable:
                 return enqueued(await self._enqueue(keys=script_keys, args=args))

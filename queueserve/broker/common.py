@@ -87,12 +87,14 @@ def enqueue_arguments(
     max_queue: int,
     jobs: Sequence[tuple[int, str, str, int]] = (),
     together: Sequence[Together] = (),
+    again: bool = False,
 ) -> tuple[list[str], list[Any]]:
     """KEYS and ARGV of enqueue.lua for these requests: each stream's batch key and priority
     once, then four values per request (the first of ``together`` requests with its item
     count as 'N:R': admitted with the R-1 after it or refused with them); then, for ``jobs``
     (broker/jobs.py's JobAt), their record groups' keys and what enqueue.lua writes there
-    (not on a cluster: the groups are in other slots). The per-priority counter goes last
+    (not on a cluster: the groups are in other slots); ``again``: the send was tried before,
+    so a job's field may be there already, or ended. The per-priority counter goes last
     of all KEYS (enqueue.lua knows it by its name, so callers that predate it still work)."""
     streams: dict[tuple[str, int], int] = {}
     per_request: list[Any] = []
@@ -116,7 +118,7 @@ def enqueue_arguments(
                 at = groups[key] = []
             at += (index + 1, rid, keep_ms)
         script_keys += groups
-        per_request.append(placings(keys.name, list(groups.values())))
+        per_request.append(placings(keys.name, list(groups.values()), again))
     script_keys.append(keys.pdepth)
     return script_keys, args + per_request
 

@@ -35,32 +35,47 @@ def _by_group(jobs: Sequence[JobAt]) -> dict[str, list[JobAt]]:
 
 
 def new_jobs(
-    sha: str, keys: Keys, requests: Sequence[Request], jobs: Sequence[JobAt]
+    sha: str, keys: Keys, requests: Sequence[Request], jobs: Sequence[JobAt], again: bool
 ) -> list[tuple[Any, ...]]:
     """job_new.lua calls writing ``jobs``' fields before their enqueue (on a cluster: one
-    per group, each its own slot)."""
+    per group, each its own slot); ``again``: the send was tried before."""
     commands: list[tuple[Any, ...]] = []
     for key, group in _by_group(jobs).items():
         args: list[Any] = []
         for i, _, rid, keep_ms in group:
             args += (rid, f"{requests[i][1]}:{keep_ms}:{keys.name}::")
-        commands.append(("EVALSHA", sha, 1, key, LIVE_TTL_MS, *args))
+        commands.append(("EVALSHA", sha, 1, key, LIVE_TTL_MS, int(again), *args))
     return commands
 
 
 def placed_jobs(
-    sha: str, keys: Keys, requests: Sequence[Request], jobs: Sequence[JobAt], reply: Enqueued
+    sha: str,
+    keys: Keys,
+    requests: Sequence[Request],
+    jobs: Sequence[JobAt],
+    reply: Enqueued,
+    made: set[str],
 ) -> list[tuple[Any, ...]]:
-    """job_placed.lua calls saying where ``jobs`` wait once enqueued (no entry: refused)."""
+    """job_placed.lua calls saying where ``jobs`` wait once enqueued. A refused one's field
+    goes only if this send ``made`` it: a field an earlier try of the send made may name an
+    entry that try enqueued."""
     commands: list[tuple[Any, ...]] = []
     for key, group in _by_group(jobs).items():
         args: list[Any] = []
         for i, _, rid, _ in group:
             entry = reply[2][i]
-            stream = keys.stream(requests[i][0], requests[i][4])
-            args += (rid, stream, entry if isinstance(entry, bytes) else b"")
-        commands.append(("EVALSHA", sha, 1, key, *args))
+            if isinstance(entry, bytes):
+                args += (rid, keys.stream(requests[i][0], requests[i][4]), entry)
+            elif rid in made:
+                args += (rid, "", b"")
+        if args:
+            commands.append(("EVALSHA", sha, 1, key, *args))
     return commands
+
+
+def _made(out: list[Any]) -> set[str]:
+    """The request ids job_new.lua calls say they made fields for."""
+    return {rid.decode() if isinstance(rid, bytes) else str(rid) for made in out for rid in made}
 
 
 def _failures(out: Sequence[Any]) -> list[Exception]:
@@ -89,25 +104,34 @@ class Jobs:
         self._end = client.register_script(_END)
         self.cluster = is_cluster(client)
 
-    def created(self, keys: Keys, requests: Sequence[Request], jobs: Sequence[JobAt]) -> None:
-        """Write the records of ``jobs`` about to be enqueued (one round trip)."""
-        self._scripted(_NEW, new_jobs(self._new.sha, keys, requests, jobs))
+    def created(
+        self, keys: Keys, requests: Sequence[Request], jobs: Sequence[JobAt], again: bool
+    ) -> set[str]:
+        """Write the records of ``jobs`` about to be enqueued (one round trip); the request
+        ids whose fields this made."""
+        return _made(self._scripted(_NEW, new_jobs(self._new.sha, keys, requests, jobs, again)))
 
     def placed(
-        self, keys: Keys, requests: Sequence[Request], jobs: Sequence[JobAt], reply: Enqueued
+        self,
+        keys: Keys,
+        requests: Sequence[Request],
+        jobs: Sequence[JobAt],
+        reply: Enqueued,
+        made: set[str],
     ) -> None:
         """Where enqueued jobs wait; the records of refused ones go (one round trip)."""
-        self._scripted(_PLACED, placed_jobs(self._placed.sha, keys, requests, jobs, reply))
+        self._scripted(_PLACED, placed_jobs(self._placed.sha, keys, requests, jobs, reply, made))
 
-    def _scripted(self, script: str, commands: list[tuple[Any, ...]]) -> None:
+    def _scripted(self, script: str, commands: list[tuple[Any, ...]]) -> list[Any]:
         """Send script calls; on a server without the script, load it and send them again."""
         with redis_errors(self.url):
-            failures = _failures(self._send(commands))
-            if any(isinstance(f, NoScriptError) for f in failures):
+            out = self._send(commands)
+            if any(isinstance(f, NoScriptError) for f in _failures(out)):
                 self.redis.script_load(script)  # on a cluster: on every master
-                failures = _failures(self._send(commands))
-            if failures:
-                raise failures[0]
+                out = self._send(commands)
+            for failure in _failures(out):
+                raise failure
+            return out
 
     def _send(self, commands: list[tuple[Any, ...]]) -> list[Any]:
         pipe = self.redis.pipeline(transaction=False)
@@ -152,22 +176,32 @@ class AsyncJobs:
         self._end = client.register_script(_END)
         self.cluster = is_cluster(client)
 
-    async def created(self, keys: Keys, requests: Sequence[Request], jobs: Sequence[JobAt]) -> None:
-        await self._scripted(_NEW, new_jobs(self._new.sha, keys, requests, jobs))
+    async def created(
+        self, keys: Keys, requests: Sequence[Request], jobs: Sequence[JobAt], again: bool
+    ) -> set[str]:
+        commands = new_jobs(self._new.sha, keys, requests, jobs, again)
+        return _made(await self._scripted(_NEW, commands))
 
     async def placed(
-        self, keys: Keys, requests: Sequence[Request], jobs: Sequence[JobAt], reply: Enqueued
+        self,
+        keys: Keys,
+        requests: Sequence[Request],
+        jobs: Sequence[JobAt],
+        reply: Enqueued,
+        made: set[str],
     ) -> None:
-        await self._scripted(_PLACED, placed_jobs(self._placed.sha, keys, requests, jobs, reply))
+        commands = placed_jobs(self._placed.sha, keys, requests, jobs, reply, made)
+        await self._scripted(_PLACED, commands)
 
-    async def _scripted(self, script: str, commands: list[tuple[Any, ...]]) -> None:
+    async def _scripted(self, script: str, commands: list[tuple[Any, ...]]) -> list[Any]:
         with redis_errors(self.url):
-            failures = _failures(await self._send(commands))
-            if any(isinstance(f, NoScriptError) for f in failures):
+            out = await self._send(commands)
+            if any(isinstance(f, NoScriptError) for f in _failures(out)):
                 await self.redis.script_load(script)
-                failures = _failures(await self._send(commands))
-            if failures:
-                raise failures[0]
+                out = await self._send(commands)
+            for failure in _failures(out):
+                raise failure
+            return out
 
     async def _send(self, commands: list[tuple[Any, ...]]) -> list[Any]:
         pipe = self.redis.pipeline(transaction=False)

@@ -53,6 +53,7 @@ class Producer(BrokerCore):
         durable: bool = False,
         jobs: Sequence[JobAt] = (),
         together: Sequence[Together] = (),
+        again: bool = False,
     ) -> Enqueued:
         """Admit requests ``(batch_key, n_items, header, payload, priority)`` atomically.
 
@@ -63,14 +64,14 @@ class Producer(BrokerCore):
         ``together``: runs of requests of one call, admitted whole or refused whole.
         """
         if jobs and self.jobs.cluster:
-            self.jobs.created(keys, requests, jobs)
-            reply = self._enqueue_call(keys, requests, max_queue, durable, (), together)
+            made = self.jobs.created(keys, requests, jobs, again)
+            reply = self._enqueue_call(keys, requests, max_queue, durable, (), together, again)
             # Not retried with the enqueue (that would enqueue twice): without it a job is
             # answered as ever, and a cancel cannot withdraw its entry.
             with contextlib.suppress(QueueServeError):
-                self.jobs.placed(keys, requests, jobs, reply)
+                self.jobs.placed(keys, requests, jobs, reply, made)
             return reply
-        return self._enqueue_call(keys, requests, max_queue, durable, jobs, together)
+        return self._enqueue_call(keys, requests, max_queue, durable, jobs, together, again)
 
     def _enqueue_call(
         self,
@@ -80,8 +81,9 @@ class Producer(BrokerCore):
         durable: bool,
         jobs: Sequence[JobAt],
         together: Sequence[Together],
+        again: bool = False,
     ) -> Enqueued:
-        script_keys, args = enqueue_arguments(keys, requests, max_queue, jobs, together)
+        script_keys, args = enqueue_arguments(keys, requests, max_queue, jobs, together, again)
         with redis_errors(self.url):
             if not durable:
                 return enqueued(self._evalsha(self._enqueue, script_keys, args))

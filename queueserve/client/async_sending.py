@@ -8,7 +8,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import itertools
 import time
+from collections.abc import Iterator
 
 from queueserve.broker.aio import AsyncProducer
 from queueserve.broker.retry import Retry
@@ -110,9 +112,10 @@ class AsyncSending(BaseClient):
 
     async def _send_batch(self, batch: list[Outgoing], retry: Retry) -> None:
         """Enqueue ``batch``, retrying transient failures; its callers get any error."""
+        tries = itertools.count()  # a send tried again may find its jobs written (or ended)
         try:
             await retry.arun(
-                functools.partial(self._enqueue, batch),
+                functools.partial(self._enqueue, batch, tries),
                 keep_going=lambda: not self._closed,
                 give_up_at=time.monotonic() + send_window(batch),
             )
@@ -130,12 +133,19 @@ class AsyncSending(BaseClient):
             if not sent.done():
                 sent.set_result(None)
 
-    async def _enqueue(self, batch: list[Outgoing]) -> None:
+    async def _enqueue(self, batch: list[Outgoing], tries: Iterator[int] | None = None) -> None:
+        again = tries is not None and next(tries) > 0
         for group, keys, requests, max_queue, durable, together in enqueue_groups(batch):
             jobs = jobs_at(self.prefix, self.client_id, group) if self._jobs_sent else ()
             try:
                 reply = await self._broker.enqueue(
-                    keys, requests, max_queue, durable=durable, jobs=jobs, together=together
+                    keys,
+                    requests,
+                    max_queue,
+                    durable=durable,
+                    jobs=jobs,
+                    together=together,
+                    again=again,
                 )
             except NotReplicated as e:  # queued, but not safe: these callers are told so
                 self._fail_batch(group, e)

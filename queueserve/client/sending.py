@@ -5,6 +5,7 @@ thread, and the durable sender that waits for replicas apart from the other serv
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 
@@ -125,9 +126,10 @@ class Sending(BaseClient):
 
     def _send_batch(self, batch: list[Outgoing], retry: Retry) -> None:
         """Enqueue ``batch``, retrying transient failures; its callers get any error."""
+        tries = itertools.count()  # a send tried again may find its jobs written (or ended)
         try:
             retry.run(
-                lambda: self._enqueue(batch),
+                lambda: self._enqueue(batch, next(tries) > 0),
                 keep_going=lambda: not self._closed,
                 give_up_at=time.monotonic() + send_window(batch),
             )
@@ -136,12 +138,18 @@ class Sending(BaseClient):
         except Exception as e:
             self._fail_send(batch, e)
 
-    def _enqueue(self, batch: list[Outgoing]) -> None:
+    def _enqueue(self, batch: list[Outgoing], again: bool = False) -> None:
         for group, keys, requests, max_queue, durable, together in enqueue_groups(batch):
             jobs = jobs_at(self.prefix, self.client_id, group) if self._jobs_sent else ()
             try:
                 reply = self._broker.enqueue(
-                    keys, requests, max_queue, durable=durable, jobs=jobs, together=together
+                    keys,
+                    requests,
+                    max_queue,
+                    durable=durable,
+                    jobs=jobs,
+                    together=together,
+                    again=again,
                 )
             except NotReplicated as e:  # queued, but not safe: these callers are told so
                 self._fail_batch(group, e)

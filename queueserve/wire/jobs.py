@@ -67,7 +67,7 @@ _MAX_MESSAGES: Final = 1 << 20
 # A job of more items could never keep its answer (an item's answer takes a byte at least):
 # a reader refuses a record that says so rather than make room for that many.
 _MAX_ITEMS: Final = MAX_JOB_BYTES
-_JOB_ID: Final = re.compile(r"[A-Za-z0-9_.-]{1,64}-[0-9]{1,18}")
+_JOB_ID: Final = re.compile(r"[A-Za-z0-9_.-]{1,64}-(?:0|[1-9][0-9]{0,17})")
 
 
 def check_job_id(job_id: object) -> str:
@@ -255,10 +255,10 @@ def parse_hook(raw: bytes, accepted: set[int]) -> tuple[str, Any, int, int]:
     return name, payload, start, size
 
 
-def placings(serving: str, groups: list[list[Any]]) -> bytes:
-    """enqueue.lua's last argument for jobs: per record group, (request number, request id,
-    keep ms) of each of its jobs."""
-    packed: bytes = msgpack.packb([serving, LIVE_TTL_MS, *groups], use_bin_type=False)
+def placings(serving: str, groups: list[list[Any]], again: bool = False) -> bytes:
+    """enqueue.lua's last argument for jobs: whether the send was tried before, and per record
+    group (request number, request id, keep ms) of each of its jobs."""
+    packed: bytes = msgpack.packb([serving, LIVE_TTL_MS, again, *groups], use_bin_type=False)
     return packed
 
 

@@ -196,10 +196,10 @@ def test_cancel_by_id_of_a_packed_job_leaves_the_others_of_its_pack_done(
         (i, group_key(prefix, "packer", rid), str(rid), 60_000) for i, rid in enumerate((1, 2, 3))
     ]
     jobs = Jobs(redis_client, redis_url)
-    jobs.created(keys, requests, at)  # as a client on a cluster writes them
+    made = jobs.created(keys, requests, at, False)  # as a client on a cluster writes them
     reply = broker.enqueue(keys, requests, 0)
     assert len(set(reply[2])) == 1  # one pack
-    jobs.placed(keys, requests, at, reply)
+    jobs.placed(keys, requests, at, reply, made)
 
     # When the second is cancelled by id, then a worker runs the pack
     assert other.job(ids[1]).cancel() is True
@@ -314,7 +314,7 @@ def test_forged_job_records_and_ids_are_refused_with_a_clear_error(
     client: qs.Client, redis_client: redis.Redis, prefix: str
 ) -> None:
     # Ids that would name a key outside this prefix's job records
-    for bad in ("../x", "a:b-1", "{tag}-1", "x" * 100 + "-1", "nodash", 7):
+    for bad in ("../x", "a:b-1", "{tag}-1", "x" * 100 + "-1", "nodash", "c-007", 7):
         with pytest.raises(ValueError, match="is not a job id"):
             client.job(bad)  # type: ignore[arg-type]
     # A record whose field is no waiting job's nor ended one's, whose counts are no counts,
@@ -331,8 +331,12 @@ def test_forged_job_records_and_ids_are_refused_with_a_clear_error(
     }
     for job_id, fields in forged.items():
         redis_client.hset(group_of(prefix, job_id), mapping=fields)
-        with pytest.raises(qs.QueueServeError, match=f"job {job_id}"):
-            client.job(job_id).result(timeout=5)
+        # (progress: it reads a record and its answers, and never waits for an end)
+        with pytest.raises(qs.QueueServeError, match=f"job {job_id}'s record"):
+            client.job(job_id).progress()
+    # a count no job can have is refused as such, before any room is made for it
+    with pytest.raises(qs.QueueServeError, match="has a bad '7' field"):
+        client.job("f1-7").progress()
 
 
 def test_a_forged_job_field_in_a_header_is_answered_with_no_record_and_the_reason_logged(
@@ -634,3 +638,94 @@ def test_the_answer_of_a_job_over_the_size_limit_is_not_kept_beside_another_job_
     assert fields[b"1"].startswith(b"failed:") and fields[b"2"].startswith(b"done:")
     assert [f for f in fields if f.startswith(b"m")] == [b"m2"]
     assert fields[b"m2"] == small
+
+
+def end_job(redis_client: redis.Redis, group: str, plain: str) -> None:
+    """job.lua as the worker calls it for plain jobs ``plain`` (request ids) of ``group``."""
+    job_lua = redis_client.register_script((LUA / "job.lua").read_text())
+    job_lua(keys=[group], args=[1 << 20, *job_writes([b"m-answer"], [], plain.split(), 1.0)])
+
+
+def test_a_send_tried_again_leaves_a_job_that_ended_meanwhile_as_it_ended(
+    redis_client: redis.Redis, redis_url: str, prefix: str
+) -> None:
+    # Given a job enqueued, answered and ended, whose send is then tried again (its reply
+    # was lost), as it was, and then a second job of its group that waits
+    keys = Keys(prefix, "again")
+    inbox = f"{prefix}:inbox:againer"
+    group = group_key(prefix, "againer", 5)
+    codec = get_codec("msgpack")
+    broker = RedisBroker(redis_url)
+    first = encode_request(codec, 5, ["a"], inbox, None, fields={"job_keep": 1000})
+    broker.enqueue(keys, [("default", 1, *first, 0)], 0, jobs=[(0, group, "5", 1000)])
+    end_job(redis_client, group, "5")
+    broker.enqueue(keys, [("default", 1, *first, 0)], 0, jobs=[(0, group, "5", 1000)], again=True)
+    second = encode_request(codec, 6, ["b"], inbox, None, fields={"job_keep": 1000})
+    broker.enqueue(keys, [("default", 1, *second, 0)], 0, jobs=[(0, group, "6", 1000)])
+    # When the first job's entry runs again
+    end_job(redis_client, group, "5")
+    # Then it stays as it ended, and its group counts the second job waiting, a week's TTL
+    assert redis_client.hget(group, "5").startswith(b"done:")
+    assert redis_client.hget(group, "live") == b"1"
+    assert redis_client.pttl(group) > 3_600_000
+
+
+def test_a_refused_cluster_job_goes_only_when_this_send_made_it(
+    redis_client: redis.Redis, redis_url: str, prefix: str
+) -> None:
+    keys = Keys(prefix, "placing")
+    requests = [("default", 1, b"h", b"p", 0)]
+    at = [(0, group_key(prefix, "placer", 3), "3", 60_000)]
+    jobs = Jobs(redis_client, redis_url)
+    refused = (1, 1, [0])
+    # A first try refused: its field goes, and with no job left its group
+    made = jobs.created(keys, requests, at, False)
+    assert made == {"3"}
+    jobs.placed(keys, requests, at, refused, made)
+    assert not redis_client.exists(at[0][1])
+    # A first try admitted whose reply was lost, then its retry refused (the first entry
+    # fills max_queue): the field of the first try stays, where it waits
+    made = jobs.created(keys, requests, at, False)
+    jobs.placed(keys, requests, at, (1, 1, [b"1-1"]), made)
+    made = jobs.created(keys, requests, at, True)
+    assert made == set()
+    jobs.placed(keys, requests, at, refused, made)
+    assert redis_client.hget(at[0][1], "3").split(b":")[3] == b"1-1"
+    assert redis_client.hget(at[0][1], "live") == b"1"
+
+
+def test_one_request_id_twice_in_a_worker_s_write_ends_its_job_once(
+    redis_client: redis.Redis, prefix: str
+) -> None:
+    group = group_key(prefix, "twin", 1)
+    waiting = b"1:60000:s::"
+    redis_client.hset(group, mapping={"1": waiting, "2": waiting, "live": 2})
+    end_job(redis_client, group, "1 1")  # (a forged entry's copy of a request)
+    assert redis_client.hget(group, "live") == b"1"
+    assert redis_client.pttl(group) == -1 or redis_client.pttl(group) > 60_000
+
+
+def test_cancel_and_forget_by_id_free_a_group_only_when_none_of_its_jobs_waits(
+    client: qs.Client, redis_client: redis.Redis, prefix: str
+) -> None:
+    waiting = b"1:60000:s::"
+    week = 7 * 24 * 3600 * 1000
+    # A group with one ended job (its keep a minute) and two waiting ones
+    group = group_key(prefix, "ender", 1)
+    redis_client.hset(group, mapping={"1": waiting, "2": waiting, "3": waiting, "live": 3})
+    redis_client.pexpire(group, week)
+    end_job(redis_client, group, "1")
+    assert redis_client.pttl(group) > week - 60_000  # two wait
+    # Cancel one: the other still waits, so the group keeps its TTL
+    assert client.job("ender-2").cancel() is True
+    assert redis_client.pttl(group) > week - 60_000
+    # Forget the last waiting one: none waits, the group goes with the last keep
+    assert client.job("ender-3").forget() is True
+    assert 0 < redis_client.pttl(group) <= 60_000
+    assert client.job("ender-1").status() == "done"
+    # A group whose count someone made unreadable is never freed early by a forget
+    other = group_key(prefix, "ender2", 1)
+    redis_client.hset(other, mapping={"1": waiting, "2": waiting, "live": "junk"})
+    redis_client.pexpire(other, week)
+    assert client.job("ender2-1").forget() is True
+    assert redis_client.hget(other, "2") == waiting and redis_client.pttl(other) > week - 60_000

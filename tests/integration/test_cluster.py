@@ -216,8 +216,9 @@ def test_core_cases_run_on_a_sharded_serving(cluster: Cluster, prefix: str) -> N
             at = [(0, group_key(prefix, "clusterjobs", 7), "7", 60_000)]
             requests = [("default", 1, b"h", b"p", 0)]
             jobs = Jobs(cluster.client(), cluster.url)
-            jobs.created(keys, requests, at)
-            jobs.placed(keys, requests, at, (0, 1, [b"1-1"]))
+            made = jobs.created(keys, requests, at, False)
+            assert made == {"7"}
+            jobs.placed(keys, requests, at, (0, 1, [b"1-1"]), made)
             waiting = cluster.client().hget(group_key(prefix, "clusterjobs", 7), "7")
             assert waiting == f"1:60000:squares:1-1:{keys.stream('default')}".encode()
             with qs.Client(cluster.url, prefix=prefix) as other:

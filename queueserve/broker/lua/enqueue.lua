@@ -19,10 +19,12 @@
 --           admitted together or all refused, never in part
 -- Jobs (optional; wire/jobs.py): KEYS[7+S..6+S+G] are the record groups P:jobs:C:G of the
 -- jobs among these requests, and the last ARGV is msgpack [serving name, TTL of a group with
--- a job still waiting (ms), then per group in KEYS order a flat list of (request number
--- (1 = the first request), request id (a string), keep (ms)) per job]. Each admitted job's
--- field is written here, where its entry is, in the same atomic step (a refused one gets
--- none), with one HSET per group. On a Redis Cluster the groups live in other slots:
+-- a job still waiting (ms), whether the send was tried before, then per group in KEYS order a
+-- flat list of (request number (1 = the first request), request id (a string), keep (ms))
+-- per job]. Each admitted job's field is written here, where its entry is, in the same
+-- atomic step (a refused one gets none), with one HSET per group. A send tried again (its
+-- reply lost) may find a job's field written, or ended already: an ended one is left as it
+-- is (the rerun of its entry then takes nothing), and only fields made count as waiting. On a Redis Cluster the groups live in other slots:
 -- clients there write them around the enqueue instead (job_new.lua, job_placed.lua).
 -- Per priority (optional): the last of all KEYS may be P:{S}:pdepth (hash priority -> items
 -- admitted and not yet acked), known by its name: KEYS[6]'s with 'pdepth' for 'depth'. The
@@ -158,13 +160,24 @@ end
 for s = 1, streams do write(s) end
 if jobs > 0 then
   local spec = cmsgpack.unpack(ARGV[#ARGV])
-  local serving, live = spec[1], spec[2]
+  local serving, live, again = spec[1], spec[2], spec[3]
   for g = 1, jobs do
-    local key, list, fields, added = KEYS[6 + streams + g], spec[2 + g], {}, 0
+    local key, list, fields, added = KEYS[6 + streams + g], spec[3 + g], {}, 0
+    local ended = {}
+    if again then  -- rare: worth a read of the fields
+      local names = {}
+      for j = 2, #list, 3 do names[#names + 1] = list[j] end
+      local old = redis.pcall('HMGET', key, unpack(names))
+      if type(old) == 'table' and not old.err then
+        for j, value in ipairs(old) do
+          if value and not string.match(value, '^%d') then ended[names[j]] = true end
+        end
+      end
+    end
     for j = 1, #list, 3 do
       local r = list[j]
       local id = out[2 + r]
-      if type(id) == 'string' then  -- admitted (a refused request's is 0)
+      if type(id) == 'string' and not ended[list[j + 1]] then  -- admitted, not ended
         local request = 5 + 2 * streams + 4 * (r - 1)
         fields[#fields + 1] = list[j + 1]
         fields[#fields + 1] = string.match(ARGV[request + 1], '^%d+') .. ':' .. list[j + 2]

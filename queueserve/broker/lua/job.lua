@@ -51,7 +51,11 @@ local got = redis.pcall('HMGET', KEYS[1], unpack(wanted))
 if got.err then return 0 end  -- a key of another type
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-local base, live, last = count(got[1]), count(got[2]), count(got[3])
+local base, last = count(got[1]), count(got[3])
+-- how many of its jobs wait; nil when unreadable (forged): then the group is never freed
+-- early, its TTL only raised
+local live = tonumber(got[2] or '')
+if not live or live ~= math.floor(live) or live < 0 or live > 1e13 then live = nil end
 local fields, answered, written, ended, used, seen = {}, {}, 0, 0, {}, {}
 local over = ':its answer is over ' .. string.format('%d', limit) .. ' bytes, the most one '
   .. 'job keeps in Redis: return smaller results, or send fewer items per job'
@@ -129,15 +133,17 @@ end
 fields[#fields + 1] = '#'
 fields[#fields + 1] = string.format('%d', base + #messages)
 if ended > 0 then
-  live = live - ended
-  fields[#fields + 1] = 'live'
-  fields[#fields + 1] = live
+  if live then
+    live = math.max(live - ended, 0)
+    fields[#fields + 1] = 'live'
+    fields[#fields + 1] = string.format('%d', live)
+  end
   fields[#fields + 1] = 'until'
   fields[#fields + 1] = string.format('%d', last)
 end
 redis.call('HSET', KEYS[1], unpack(fields))
 if #answered > 0 then redis.call('HDEL', KEYS[1], unpack(answered)) end
-if ended > 0 and live <= 0 then  -- none waits: it goes with the last keep
+if ended > 0 and live == 0 then  -- none waits: it goes with the last keep
   redis.call('PEXPIREAT', KEYS[1], string.format('%d', last))
 elseif ended > 0 then  -- it stays for that keep at least
   redis.call('PEXPIREAT', KEYS[1], string.format('%d', last), 'GT')

@@ -36,13 +36,17 @@ else
   redis.call('HDEL', KEYS[1], rid, rid .. '.a', rid .. '.h')
 end
 if not n then return 1 end  -- (forgotten after it ended: the group is as it was)
-local live = (count(got[2]) or 1) - 1
-redis.call('HSET', KEYS[1], 'live', live)
-if live > 0 and last then  -- it stays for that keep at least
-  redis.call('PEXPIREAT', KEYS[1], string.format('%d', last), 'GT')
-elseif live <= 0 and last then  -- none waits: it goes with the last keep
+-- An unreadable count (forged) frees nothing early: the TTL is only raised
+local live = count(got[2])
+if live then
+  live = math.max(live - 1, 0)
+  redis.call('HSET', KEYS[1], 'live', live)
+end
+if live == 0 and last then  -- none waits: it goes with the last keep
   redis.call('PEXPIREAT', KEYS[1], string.format('%d', last))
-elseif live <= 0 then  -- no job of it ended, and none waits: nothing to keep
+elseif live == 0 then  -- no job of it ended, and none waits: nothing to keep
   redis.call('DEL', KEYS[1])
+elseif last then  -- it stays for that keep at least
+  redis.call('PEXPIREAT', KEYS[1], string.format('%d', last), 'GT')
 end
 return 1
