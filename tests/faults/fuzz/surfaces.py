@@ -394,11 +394,17 @@ META_FIELDS = (
 
 
 def meta_field(t: Target, value: bytes) -> None:
-    """A hostile value for a field clients or enqueue.lua read, or a field nobody knows."""
+    """A hostile value for a field clients or enqueue.lua read, or a field nobody knows. One
+    the options model takes reads as the workers' declaration (max_payload_bytes=1 refuses
+    every call until they write theirs back), not an attack: it goes in spoilt, as in the
+    config hash."""
     name = t.rng.choice((*META_FIELDS, "fuzz-unknown"))
     keys = t.keys(t.rng.choice(VALID))
     if name == "shards" and value in NUMBERS and t.rng.random() < 0.5:
         value = b"64"  # more shards than any worker reads: issue 23's own example
+    elif name in CONFIG_FIELDS and _valid_setting(name, value):
+        print(f"fuzz: meta {name}={value!r} is a valid setting; written as {b'x' + value!r}")
+        value = b"x" + value
     t.r.hset(keys.meta, name, value)
     t.note(keys.meta, name)
 
