@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import itertools
 import time
-from collections.abc import Iterator
 
 from queueserve.broker.aio import AsyncProducer
 from queueserve.broker.retry import Retry
@@ -115,7 +113,7 @@ class AsyncSending(BaseClient):
         tries = itertools.count()  # a send tried again may find its jobs written (or ended)
         try:
             await retry.arun(
-                functools.partial(self._enqueue, batch, tries),
+                lambda: self._enqueue(batch, next(tries) > 0),
                 keep_going=lambda: not self._closed,
                 give_up_at=time.monotonic() + send_window(batch),
             )
@@ -133,8 +131,7 @@ class AsyncSending(BaseClient):
             if not sent.done():
                 sent.set_result(None)
 
-    async def _enqueue(self, batch: list[Outgoing], tries: Iterator[int] | None = None) -> None:
-        again = tries is not None and next(tries) > 0
+    async def _enqueue(self, batch: list[Outgoing], again: bool = False) -> None:
         for group, keys, requests, max_queue, durable, together in enqueue_groups(batch):
             jobs = jobs_at(self.prefix, self.client_id, group) if self._jobs_sent else ()
             try:

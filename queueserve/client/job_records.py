@@ -7,7 +7,7 @@ from queueserve.broker.jobs import JobAt
 from queueserve.client.calls import Call
 from queueserve.client.outgoing import Outgoing
 from queueserve.client.targets import Part, Target
-from queueserve.wire.jobs import GROUP_SHIFT, check_keep, group_key
+from queueserve.wire.jobs import check_keep, group_key
 
 
 def job_plan(target: Target, parts: list[Part], keep: float | None) -> int:
@@ -38,9 +38,8 @@ def job_place_of(prefix: str, client_id: str, call: Call) -> tuple[str, str, int
 def jobs_at(prefix: str, client_id: str, group: list[Outgoing]) -> list[JobAt]:
     """The jobs among a group's requests (which enqueue_groups lists in the group's order):
     each one's index, record group, request id and keep."""
-    groups = f"{prefix}:jobs:{client_id}:"
     return [
-        (i, groups + str(o.call.rid >> GROUP_SHIFT), str(o.call.rid), o.call.keep_ms)
+        (i, group_key(prefix, client_id, o.call.rid), str(o.call.rid), o.call.keep_ms)
         for i, o in enumerate(group)
         if o.call.keep_ms
     ]

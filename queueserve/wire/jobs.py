@@ -54,7 +54,6 @@ QUEUED, RUNNING, DONE, FAILED, CANCELLED, EXPIRED = (
     "cancelled",
     "expired",
 )
-ENDED: Final = frozenset((DONE, FAILED, CANCELLED, EXPIRED))
 
 # The answers one job may keep: a job is a request, so this bounds what a forged or runaway
 # job costs Redis; a bigger answer ends the job "failed" with a message saying so.
