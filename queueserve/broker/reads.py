@@ -32,7 +32,7 @@ SWEEP_STREAMS = 1000
 class ReadOutcome:
     """What one read of the ready streams gave."""
 
-    __slots__ = ("entries", "left", "more", "skipped", "wake_id")
+    __slots__ = ("entries", "leads", "left", "more", "skipped", "wake_id")
 
     def __init__(
         self,
@@ -41,12 +41,15 @@ class ReadOutcome:
         more: bool,
         left: int,
         entries: list[tuple[str, StreamEntries]],
+        leads: frozenset[str] = frozenset(),
     ) -> None:
         self.wake_id = wake_id  # block on the wake stream after this id when nothing came
         self.skipped = skipped  # ready streams of keys the worker said were full
         self.more = more  # the room ran out before every ready stream was looked at
         self.left = left  # streams read from that still hold unread entries
         self.entries = entries
+        # streams read as new keys (no turn since they became ready): their batch goes first
+        self.leads = leads
 
     @property
     def drained(self) -> bool:
@@ -103,13 +106,14 @@ def _read_outcome(out: list[Any]) -> tuple[ReadOutcome, Unnamed]:
     """read.lua's reply, and apart the entries of streams whose names are not UTF-8."""
     entries: list[tuple[str, StreamEntries]] = []
     unnamed: Unnamed = []
-    for i in range(4, len(out), 2):
+    for i in range(5, len(out), 2):
         read = [(e[0], _fields(e[1])) for e in out[i + 1]]
         try:
             entries.append((text(out[i]), read))
         except UnicodeDecodeError:
             unnamed.append((out[i], read))
-    return ReadOutcome(out[0], int(out[1]), bool(out[2]), int(out[3]), entries), unnamed
+    leads = frozenset(text(s, "replace") for s in out[4])
+    return ReadOutcome(out[0], int(out[1]), bool(out[2]), int(out[3]), entries, leads), unnamed
 
 
 class Reads(BrokerCore):

@@ -17,6 +17,7 @@ import pytest
 import redis
 
 import queueserve as qs
+from queueserve.broker.common import text
 from queueserve.wire.codec import get_codec
 from queueserve.wire.protocol import Keys, inbox_key
 from queueserve.wire.request import encode_request
@@ -200,3 +201,98 @@ def test_a_read_takes_keys_the_worker_holds_work_of_after_the_others(
     # runs in its turn anyway, and the quiet request would wait a read more behind it
     first = "quiet" if holds_busy else "busy"
     assert [stream for stream, _ in read.entries] == [keys.stream(first)]
+
+
+STEADY_KEYS = 60  # busy keys, each with two requests of one batch
+QUIET_SENDS = 5
+
+
+@pytest.mark.timeout(180)
+def test_once_busy_keys_had_their_turn_a_new_key_goes_first_and_one_back_at_once_waits_a_round(
+    start_worker: StartWorker, redis_url: str, prefix: str
+) -> None:
+    # Given a worker in the second round of STEADY_KEYS busy keys: each had one batch (its
+    # first turn, as a new key), and each holds one more
+    serving = Recording(slow_echo, name="steady", batch_size=10, batch_timeout=0.005)
+    start_worker(serving)
+    client = qs.Client(redis_url, prefix=prefix)
+    items = [f"b{i}" for i in range(20)]  # cut into two requests of a batch
+    backlog = [client.submit("steady", items, batch_key=f"k{k}") for k in range(STEADY_KEYS)]
+    wait_until(lambda: len(serving.batches) >= STEADY_KEYS, "the first round")
+    assert len({key for key, _ in serving.batches[:STEADY_KEYS]}) == STEADY_KEYS
+
+    # When quiet keys send, one at a time, then a priority-9 request comes on a busy key
+    # twice in a row
+    runs: dict[str, int] = {}
+    for name, key, priority in (
+        *((f"quiet{i}", f"quiet{i}", 0) for i in range(QUIET_SENDS)),
+        ("urgent", "k5", 9),
+        ("urgent again", "k5", 9),
+    ):
+        runs[name] = len(serving.batches)
+        assert client.dispatch("steady", name, batch_key=key, priority=priority) == name
+    # and the first quiet key sends again at once, before the busy keys had their turn
+    before_again = len(serving.batches)
+    assert client.dispatch("steady", "quiet again", batch_key="quiet0") == "quiet again"
+
+    # Then each quiet key and each priority-9 request ran within QUIET_BOUND batches: none
+    # waited for the round of busy keys (a priority's lead is its own: the busy keys' turns
+    # are of priority 0); and most quiet keys in the batch after they came, before the ones
+    # the worker held (it reads a new key while its look-ahead is full)
+    ran = serving.batches
+    between = {}
+    for name, before in runs.items():
+        between[name] = next(i for i, (_, batch) in enumerate(ran) if name in batch) - before
+    assert max(between.values()) <= QUIET_BOUND, between
+    assert sorted(between[f"quiet{i}"] for i in range(QUIET_SENDS))[QUIET_SENDS // 2] == 0, between
+    # but the quiet key back at once had no lead: it had its turn this round, and ran after
+    # the busy keys still waiting for theirs (no key takes half the worker by draining and
+    # coming back)
+    again_at = next(i for i, (_, batch) in enumerate(ran) if "quiet again" in batch)
+    assert again_at - before_again >= STEADY_KEYS // 2, (again_at, before_again)
+    for ticket in backlog:
+        assert ticket.result(WAIT_S * 4) == items
+    client.close()
+
+
+def test_a_new_key_has_one_lead_and_a_key_drained_in_it_none_until_its_round_is_over(
+    redis_url: str, redis_client: redis.Redis, prefix: str
+) -> None:
+    keys = Keys(prefix, "lead")
+    codec, inbox = get_codec("msgpack"), inbox_key(prefix, "c1")
+    rids = iter(range(100))
+
+    def send(key: str) -> None:
+        broker.ensure_group(keys.stream(key))
+        request = encode_request(codec, next(rids), ["x"] * 4, inbox, None)
+        broker.enqueue(keys, [(key, 4, *request, 0)], 0)
+
+    def read() -> list[str]:  # with room for one batch
+        entries = broker.read_ready(keys, "c", 4, 4, []).entries
+        return [keys.batch_key_of(text(stream)) for stream, _ in entries]
+
+    def has_lead(key: str) -> bool:
+        score = redis_client.zscore(keys.ready, f"0{key}")
+        return score is not None and score < time.time() * 1000 - 1e11
+
+    with contextlib.closing(RedisBroker(redis_url)) as broker:
+        # Given a busy key that had its turn, and holds a batch more
+        send("busy")
+        send("busy")
+        assert has_lead("busy")
+        assert read() == ["busy"]
+        assert not has_lead("busy")
+        # When a quiet key sends, then it is read first
+        send("quiet")
+        assert has_lead("quiet")
+        assert read() == ["quiet"]
+        # and when it sends again before the busy key had its turn, it waits for it
+        send("quiet")
+        assert not has_lead("quiet")
+        assert read() == ["busy"]
+        assert read() == ["quiet"]
+        # and once that round is over, a quiet key has its lead again
+        send("quiet")
+        assert has_lead("quiet")
+        assert read() == ["quiet"]
+        assert redis_client.zcard(keys.ready) <= 1  # at most the last mark is left

@@ -125,10 +125,10 @@ def record_take_ins(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     threads: list[str] = []
     take_in = Reader.take_in
 
-    def recording(self: Reader, entries: Any, yield_gil: bool = True) -> None:
+    def recording(self: Reader, entries: Any, yield_gil: bool = True, *leads: Any) -> None:
         if entries:
             threads.append(threading.current_thread().name)
-        take_in(self, entries, yield_gil)
+        take_in(self, entries, yield_gil, *leads)
 
     monkeypatch.setattr(Reader, "take_in", recording)
     return threads

@@ -31,6 +31,8 @@ from typing import Any
 
 from queueserve.worker.pipeline.latency import BatchTimes, LatencyPlan
 
+# A new key's lead (read.lua's, 1e12 ms, in seconds): more than any wait and priority's worth
+NEW_KEY_LEAD_S = 1e9
 ENDS_KEPT = 1000  # expected batch ends of emptied keys kept before the ended ones are dropped
 
 
@@ -233,15 +235,20 @@ class Assembler:
         queue = self.queues.get(key)
         return self.capacity if queue is None else self.capacity - queue.weight
 
-    def add(self, key: str, piece: Slice, now: float) -> None:
+    def add(self, key: str, piece: Slice, now: float, lead: bool = False) -> None:
+        """``lead``: read.lua read the key as new (no turn since it became ready): unless a
+        batch of it still runs, its turn ranks before every key that had one, as in Redis."""
         queue = self.queues.get(key)
         if queue is None:
             queue = self.queues[key] = KeyQueue(key)
         levels = queue.levels
         if not levels:
             queue.started = queue.turn = now
-            if self._ends:
-                queue.turn = max(now, self._ends.pop(key, now))
+            ends = self._ends.pop(key, None) if self._ends else None
+            if ends is not None:
+                queue.turn = max(now, ends)
+            elif lead:
+                queue.turn = now - NEW_KEY_LEAD_S
         if self.latency is not None:
             self.latency.arrived(len(piece.items), now)
         priority = piece.request.priority

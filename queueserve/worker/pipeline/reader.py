@@ -29,6 +29,7 @@ from queueserve.worker.pipeline.declaration import Declaration
 from queueserve.worker.pipeline.intake import Decisions, Entry, Intake
 from queueserve.worker.pipeline.lease import READ_BLOCK_MS, ReadLease
 from queueserve.worker.pipeline.ledger import Ledger
+from queueserve.worker.pipeline.new_keys import NewKeyWatch
 from queueserve.worker.pipeline.reclaim import Reclaims
 from queueserve.worker.pipeline.replies import ReplyQueue
 from queueserve.worker.pipeline.stepping import StepQueue
@@ -85,6 +86,7 @@ class Reader:
         self._config_seen: dict[str, str] = {}
         self._item_weight = 1.0  # cost per item read, averaged (1 without a cost function)
         self._reserved = 0  # items that reads in flight may bring (one reader per shard)
+        self.new_keys = NewKeyWatch(broker, consumer, batch_s)
         self.lease = ReadLease(
             self.cond,
             assembler,
@@ -209,7 +211,8 @@ class Reader:
             return
         with self.cond:
             budget = self.budget()
-            if budget <= 0:  # the look-ahead is full: an executor taking a batch wakes us
+            watch_ms = self.new_keys.block_ms(keys) if budget <= 0 and len(self.shards) == 1 else 0
+            if budget <= 0 and not watch_ms:  # the look-ahead is full: a batch taken wakes us
                 self.cond.wait(RECLAIM_EVERY_S)
                 return
             marks = self.assembler.read_marks()
@@ -219,11 +222,17 @@ class Reader:
                 # reserves a share of the room, not all of it, or the other shards' readers
                 # would find none while it waits.
                 budget = max(1, budget // len(self.shards))
-            self._reserved += budget
+            self._reserved += max(0, budget)
+        if watch_ms:  # the look-ahead is full: but a new key goes first (new_keys.py)
+            if self.reading:
+                read = self.new_keys.read(keys, watch_ms, per_key, marks, self.age_ms())
+                self.take_in_read(read)
+            return
         try:
             if not self.reading:
                 return
             read = self._read(keys, budget, per_key, marks)
+            self.new_keys.seen[keys.shard] = read.wake_id
             self.take_in_read(read)
         finally:
             with self.cond:
@@ -286,44 +295,22 @@ class Reader:
             if keys.issubset(self.assembler.full_keys()):
                 self.cond.wait(FULL_WAIT_S)
 
-    def _write(self, decided: Decisions) -> None:
-        """Split the reclaimed packs (so that whatever killed their worker is blamed on one
-        request each), then write every dead letter in one round trip: before the rows that
-        tell their callers go to the replier, which acks them."""
-        for entry in decided.splits:
-            written = self.broker.split_pack(self.keys, entry.stream, entry.entry_id)
-            if written < 0:
-                decided.dead.append(self.intake.split_refused(entry))
-            else:
-                log.warning(
-                    "serving %s: reclaimed pack %s of %s split into %d entries",
-                    self.serving.name,
-                    entry.entry_id.decode(),
-                    entry.stream,
-                    written,
-                )
-        if decided.dead:
-            self.broker.write_dead_letters(self.keys, decided.dead)
-
     def take_in_read(self, read: ReadOutcome, yield_gil: bool = True) -> None:
         # Nothing known to wait in Redis: an idle executor may reply itself.
         self.caught_up = read.drained or not (read.entries or read.skipped)
         if read.entries:
-            self.take_in(
-                [
-                    Entry(stream, entry_id, fields)
-                    for stream, entries in read.entries
-                    for entry_id, fields in entries
-                ],
-                yield_gil,
-            )
+            entries = [Entry(s, entry_id, f) for s, got in read.entries for entry_id, f in got]
+            self.take_in(entries, yield_gil, read.leads)
 
-    def take_in(self, entries: list[Entry], yield_gil: bool = True) -> None:
+    def take_in(
+        self, entries: list[Entry], yield_gil: bool = True, leads: frozenset[str] = frozenset()
+    ) -> None:
+        """``leads``: streams read.lua read as new keys, whose batch goes first here too."""
         if not entries:
             return
         decided = self.intake.ingest(entries)
         if decided.dead or decided.splits:
-            self._write(decided)
+            _write(self.broker, self.intake, decided)
         slices, rows = decided.slices, decided.rows
         if slices and self.serving.cost is not None:  # a moving average of an item's cost
             items = sum(len(piece.items) for _, piece in slices)
@@ -334,7 +321,7 @@ class Reader:
             idle = self.assembler.buffered == 0  # an executor may be waiting for this
             self.ledger.hold(slices, rows)
             for key, piece in slices:
-                self.assembler.add(key, piece, now)
+                self.assembler.add(key, piece, now, piece.request.stream in leads)
             self.cond.notify_all()
         if rows:  # only now: the replier forgets what it acks, so it must be held first
             self.outbox.put(rows)
@@ -343,3 +330,23 @@ class Reader:
             # blocks in its next read, a few hundred µs of Python later, on the critical
             # path of an idle worker's answer. Reading ahead can wait.
             time.sleep(0)
+
+
+def _write(broker: Consumer, intake: Intake, decided: Decisions) -> None:
+    """Split the reclaimed packs (so that whatever killed their worker is blamed on one request
+    each), then write every dead letter in one round trip: before the rows that tell their
+    callers go to the replier, which acks them."""
+    for entry in decided.splits:
+        written = broker.split_pack(intake.keys, entry.stream, entry.entry_id)
+        if written < 0:
+            decided.dead.append(intake.split_refused(entry))
+        else:
+            log.warning(
+                "serving %s: reclaimed pack %s of %s split into %d entries",
+                intake.keys.name,
+                entry.entry_id.decode(),
+                entry.stream,
+                written,
+            )
+    if decided.dead:
+        broker.write_dead_letters(intake.keys, decided.dead)
