@@ -12,11 +12,11 @@ partition), so "a batch time" is a fixed, known duration on any machine. Shapes 
 - ``keys1000``: 1,000 batch keys with two batches each, sent as two ``submit``s of a batch per
   key; the calls start once every key had its first turn (its first ``submit`` answered), so
   the worker is in the round of their second batches. Each quiet call is on a key of its own:
-  a key that had its turn comes back to wait for the round like any other (docs/usage.md);
-  the priority-9 requests go on one of the busy keys.
+  a key that sends again within a second is not quiet, and waits for its turn like the busy
+  keys (docs/usage.md); the priority-9 requests go on one of the busy keys.
 - ``keys1000new``: outside the budget, to show the limit: 1,000 batch keys with ITEMS / 1,000
-  items each (under a batch), sent just before the calls, so none had its first turn yet. The
-  quiet key is new as they are and comes after the ones that came before it.
+  items each (under a batch), sent just before the calls, so none had its first turn yet. They
+  are all quiet keys, as the quiet key is, and it comes after the ones that came before it.
 
 Per shape: the backlog alone (its items/s), then again with SAMPLES quiet-key dispatches and
 SAMPLES priority-9 dispatches, one at a time, alternating; p50 and p99 of their latencies in

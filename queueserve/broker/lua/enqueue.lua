@@ -11,7 +11,7 @@
 --          0 = unlimited
 -- ARGV[2]  consumer group
 -- ARGV[3]  ms of waiting one priority level is worth (ready score = now - priority * this,
---          and NEW_MS less for a key that had no turn since it became ready: read.lua)
+--          and LEAD_MS - 0.5 less for a quiet or urgent key that becomes ready: read.lua)
 -- ARGV[4]  S, the number of streams: KEYS[7..6+S]
 -- ARGV[5..4+2S]  per stream, in KEYS order: batch key, priority
 -- ARGV[5+2S..] per request, four values: stream number (1 = KEYS[7]), item count, header,
@@ -70,27 +70,17 @@ queued = queued or 0
 local step = tonumber(ARGV[3])
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-local NEW_MS = 1e12  -- a new key's lead (read.lua): scores below now - NEW_MS / 2 are new
--- Whether the key of ready member 'member' was read as new and drained (read.lua's mark
--- '~member', at the rank it had then) and the round since is not over: read.lua takes the mark
--- out once every key ranked before it had its turn. Above priority 0 the round is that of its
--- level: the mark counts while the first key that had its turn is of the level or above
--- (looked for among the first 16 members). The mark goes once the key has its lead again.
-local function had_its_lead(member, priority)
-  local mark = tonumber(redis.call('ZSCORE', KEYS[4], '~' .. member))
-  if not mark then return false end
-  if priority == 0 then return true end
-  local head = redis.call('ZRANGEBYSCORE', KEYS[4], '(' .. string.format('%d', now - NEW_MS / 2),
-                          '+inf', 'LIMIT', 0, 16)
-  for _, first in ipairs(head) do
-    local level = tonumber(string.sub(first, 1, 1))
-    if level then
-      if level >= priority then return true end
-      break
-    end
-  end
-  redis.call('ZREM', KEYS[4], '~' .. member)
-  return false
+-- A quiet key's lead (read.lua): it ranks as if it had waited this much longer, and its score
+-- ends in .5, which no other rank does, so that read.lua knows it had no turn yet
+local LEAD_MS, QUIET_MS = 60000, 1000
+-- Whether a key that becomes ready at 'priority' takes the lead: above priority 0 always (an
+-- urgent request); at 0 when the key had no request for QUIET_MS (so a client that sends a
+-- batch at a time, each after the last was answered, is not new each time and does not take
+-- half the worker from keys that wait their turn)
+local function leads(key, priority)
+  if priority > 0 then return true end
+  local last = tonumber(redis.pcall('ZSCORE', KEYS[2], key))
+  return not last or last <= now - QUIET_MS
 end
 local admitted = 0
 local per_key = {}
@@ -148,12 +138,11 @@ for i = 5 + 2 * streams, job_args, 4 do
     if not registered[s] then
       registered[s] = true
       local priority = tonumber(ARGV[4 + 2 * s])
-      local member, rank = priority .. key, now - priority * step
-      if redis.call('ZADD', KEYS[4], 'NX', rank - NEW_MS, member) == 1 then
-        -- It had nothing unread: it is a new key, read before keys that had their turn,
-        -- unless it had that lead this round already (read.lua). It may be a new stream (no
-        -- group yet; BUSYGROUP is fine), and idle workers wait on the wake stream.
-        if had_its_lead(member, priority) then redis.call('ZADD', KEYS[4], 'XX', rank, member) end
+      local rank = now - priority * step
+      if leads(key, priority) then rank = rank - LEAD_MS + 0.5 end
+      if redis.call('ZADD', KEYS[4], 'NX', rank, priority .. key) == 1 then
+        -- It had nothing unread: it may be new (no group yet; BUSYGROUP is fine) and idle
+        -- workers wait on the wake stream, not on this one.
         redis.pcall('XGROUP', 'CREATE', stream, ARGV[2], '0', 'MKSTREAM')
         redis.call('XADD', KEYS[5], 'MAXLEN', '~', 100, '*', 'k', priority .. key)
       end

@@ -14,8 +14,8 @@
 -- ARGV[8..] '<priority><batch key>': streams of that key at that priority or below are not to
 --           be read: the worker holds a whole batch of it already, as urgent or more;
 --           '-<batch key>': the worker holds some of that key's work (less than a batch);
---           '+': read new keys only (the worker's look-ahead is full: one of their batches
---           goes in first, read while the others wait)
+--           '+': read leading keys only, among the first 64 (the worker's look-ahead is full:
+--           their batch goes in first, read while the others wait)
 -- Keys the worker holds work of are read after the others, whatever their rank: what it holds
 -- of them runs in their turn anyway, and reading more of them first would spend the room on
 -- work that only waits, while a key that became ready later (a quiet one) waits a read more.
@@ -24,24 +24,20 @@
 -- A stream that gave fewer entries than asked is drained and leaves the ready set (enqueue.lua
 -- adds it back on its next request, atomically, so no request is missed); one that gave all
 -- it was asked is ranked again as if it became ready now: ready keys take turns.
--- New keys first (FQ-CoDel's new flows): enqueue.lua ranks a key that becomes ready NEW_MS
--- ahead, so it is read before every key that has had a turn since it became ready, and a
--- quiet key waits for no round of busy ones. One read ends that: a key read as new is ranked
--- again as any other, and one it drained leaves a mark '~<priority><batch key>' at the rank
--- it would have now. Until this read reaches the mark (every key ranked before it had its
--- turn: a round) or drains the key again in its turn, enqueue.lua gives the key no lead: a key
--- that drains and comes back at once gets one turn a round, as every other, not half the
--- worker. A lead never passes more urgent work: a new key of a priority below that of the
--- first key that had its turn (among the first 16 members after the new ones) is ranked as
--- any other instead, and read in that rank.
--- Returns {wake id, skipped, more, left, new, stream, entries, stream, entries, ...}: the
+-- Quiet keys first (FQ-CoDel's new flows): enqueue.lua ranks a key that becomes ready after a
+-- second without requests (or at a priority above 0) LEAD_MS ahead, its score ending in .5, so
+-- it is read before the keys taking turns, and a quiet key waits for no round of busy ones. The
+-- lead lasts one read: a key read so is ranked again as any other. It never passes more urgent
+-- work: a leading key of a priority below that of the first key without a lead (among the first
+-- 16 members) is ranked as any other instead, and read in that rank.
+-- Returns {wake id, skipped, more, left, leads, stream, entries, stream, entries, ...}: the
 -- newest wake entry id (block on the wake stream after it, so a request that comes after this
 -- read is not missed), how many ready streams were skipped (their keys' batches are full), 1
 -- when the room ran out before every ready stream was looked at (else 0), how many streams it
--- read from still hold unread entries, the streams it read as new keys (the worker gives
--- their batch the same lead), and what XREADGROUP returns per stream. With nothing skipped,
+-- read from still hold unread entries, the streams it read with a lead (the worker gives their
+-- batch the same lead), and what XREADGROUP returns per stream. With nothing skipped,
 -- no more and none left, the worker may block on the wake stream at once.
-local NEW_MS = 1e12  -- enqueue.lua's lead: scores below now - NEW_MS / 2 are new keys'
+local LEAD_MS = 60000  -- enqueue.lua's lead
 local group, consumer = ARGV[1], ARGV[2]
 local step = tonumber(ARGV[3])
 local budget = tonumber(ARGV[4])
@@ -67,7 +63,6 @@ local out = {last[1] and last[1][1] or '0-0', 0, 0, 0, leads}
 local taken = {}
 local drained = {}
 local again = {}
-local spent = {}  -- score, mark of each new key this read drained
 local function take(member, priority, key, new)
   local want = math.min(per_key - (taken[key] or 0), budget)
   if want <= 0 then return end
@@ -101,12 +96,6 @@ local function take(member, priority, key, new)
   end
   if drained_now then
     drained[#drained + 1] = member
-    if new and n > 0 then
-      spent[#spent + 1] = now - priority * step
-      spent[#spent + 1] = '~' .. member
-    elseif not new then  -- its turn in the round came: its mark, if any, goes with it
-      drained[#drained + 1] = '~' .. member
-    end
   else
     again[#again + 1] = now - priority * step
     again[#again + 1] = member
@@ -121,30 +110,23 @@ local function take(member, priority, key, new)
   end
 end
 local later = {}  -- {member, priority, key, new} of keys the worker holds work of, in rank order
-local new_below = now - NEW_MS / 2
-local urgent_level  -- the priority of the first key that had its turn (looked up once needed)
+local function leading(score) return score % 1 == 0.5 end
+local urgent_level  -- the priority of the first key without a lead (looked up once needed)
 local function passes_urgent_work(priority)
   if not urgent_level then
     urgent_level = -1
-    local head = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. string.format('%d', new_below),
-                            '+inf', 'LIMIT', 0, 16)
-    for _, first in ipairs(head) do
-      local level = tonumber(string.sub(first, 1, 1))
-      if level then urgent_level = level break end
+    local head = redis.call('ZRANGE', KEYS[1], 0, 15, 'WITHSCORES')
+    for i = 1, #head, 2 do
+      local level = tonumber(string.sub(head[i], 1, 1))
+      if level and not leading(tonumber(head[i + 1]) or 0) then urgent_level = level break end
     end
   end
   return priority < urgent_level
 end
-local ranked = {}  -- score, member of new keys whose lead would pass more urgent work
+local ranked = {}  -- score, member of leading keys whose lead would pass more urgent work
 local start = 0
 while budget > 0 do
-  local members
-  if new_only then
-    members = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. string.format('%d', new_below),
-                         'WITHSCORES', 'LIMIT', start, 64)
-  else
-    members = redis.call('ZRANGE', KEYS[1], start, start + 63, 'WITHSCORES')
-  end
+  local members = redis.call('ZRANGE', KEYS[1], start, start + 63, 'WITHSCORES')
   if #members == 0 then break end
   start = start + 64
   for i = 1, #members, 2 do
@@ -152,23 +134,23 @@ while budget > 0 do
     local priority = tonumber(string.sub(member, 1, 1))
     local key = string.sub(member, 2)
     local score = tonumber(members[i + 1]) or 0
-    local new = score < new_below
+    local new = leading(score)
     if new and priority and passes_urgent_work(priority) then
-      local ordinary = score + NEW_MS  -- (a score anyone wrote may be -inf)
-      ranked[#ranked + 1] = ordinary >= new_below and ordinary or now - priority * step
+      ranked[#ranked + 1] = score - 0.5 + LEAD_MS
       ranked[#ranked + 1] = member
-    elseif not priority then
-      -- a '~' mark this read reached with room left (every key before it had its turn), or
-      -- not a mark any script writes (anyone may ZADD): it goes
-      if budget > 0 or string.sub(member, 1, 1) ~= '~' then drained[#drained + 1] = member end
+    elseif not priority then  -- not a mark enqueue.lua or sweep.lua wrote (anyone may ZADD)
+      drained[#drained + 1] = member
     elseif full[key] and priority <= full[key] then
       out[2] = out[2] + 1
-    elseif held[key] then
-      later[#later + 1] = {member, priority, key, new}
-    elseif budget > 0 then
-      take(member, priority, key, new)
+    elseif new or not new_only then  -- (the watch reads leading keys alone)
+      if held[key] then
+        later[#later + 1] = {member, priority, key, new}
+      elseif budget > 0 then
+        take(member, priority, key, new)
+      end
     end
   end
+  if new_only then break end
 end
 for _, m in ipairs(later) do
   if budget <= 0 then break end
@@ -176,7 +158,6 @@ for _, m in ipairs(later) do
 end
 if #drained > 0 then redis.call('ZREM', KEYS[1], unpack(drained)) end
 if #again > 0 then redis.call('ZADD', KEYS[1], 'XX', unpack(again)) end
-if #spent > 0 then redis.call('ZADD', KEYS[1], unpack(spent)) end
 if #ranked > 0 then redis.call('ZADD', KEYS[1], 'XX', unpack(ranked)) end
 if budget <= 0 then out[3] = 1 end
 out[4] = #again / 2

@@ -31,8 +31,8 @@ from typing import Any
 
 from queueserve.worker.pipeline.latency import BatchTimes, LatencyPlan
 
-# A new key's lead (read.lua's, 1e12 ms, in seconds): more than any wait and priority's worth
-NEW_KEY_LEAD_S = 1e9
+# A quiet key's lead (enqueue.lua's LEAD_MS): its batch ranks as if it had waited this longer
+LEAD_S = 60.0
 ENDS_KEPT = 1000  # expected batch ends of emptied keys kept before the ended ones are dropped
 
 
@@ -236,8 +236,8 @@ class Assembler:
         return self.capacity if queue is None else self.capacity - queue.weight
 
     def add(self, key: str, piece: Slice, now: float, lead: bool = False) -> None:
-        """``lead``: read.lua read the key as new (no turn since it became ready): unless a
-        batch of it still runs, its turn ranks before every key that had one, as in Redis."""
+        """``lead``: read.lua read the key with a lead (quiet, or urgent): unless a batch of it
+        still runs, its turn ranks LEAD_S earlier, as in Redis."""
         queue = self.queues.get(key)
         if queue is None:
             queue = self.queues[key] = KeyQueue(key)
@@ -248,7 +248,7 @@ class Assembler:
             if ends is not None:
                 queue.turn = max(now, ends)
             elif lead:
-                queue.turn = now - NEW_KEY_LEAD_S
+                queue.turn = now - LEAD_S
         if self.latency is not None:
             self.latency.arrived(len(piece.items), now)
         priority = piece.request.priority

@@ -29,7 +29,7 @@ from queueserve.worker.pipeline.declaration import Declaration
 from queueserve.worker.pipeline.intake import Decisions, Entry, Intake
 from queueserve.worker.pipeline.lease import READ_BLOCK_MS, ReadLease
 from queueserve.worker.pipeline.ledger import Ledger
-from queueserve.worker.pipeline.new_keys import NewKeyWatch
+from queueserve.worker.pipeline.quiet_keys import QuietKeyWatch
 from queueserve.worker.pipeline.reclaim import Reclaims
 from queueserve.worker.pipeline.replies import ReplyQueue
 from queueserve.worker.pipeline.stepping import StepQueue
@@ -86,7 +86,7 @@ class Reader:
         self._config_seen: dict[str, str] = {}
         self._item_weight = 1.0  # cost per item read, averaged (1 without a cost function)
         self._reserved = 0  # items that reads in flight may bring (one reader per shard)
-        self.new_keys = NewKeyWatch(broker, consumer, batch_s)
+        self.quiet_keys = QuietKeyWatch(broker, consumer, batch_s, assembler, executors)
         self.lease = ReadLease(
             self.cond,
             assembler,
@@ -211,7 +211,9 @@ class Reader:
             return
         with self.cond:
             budget = self.budget()
-            watch_ms = self.new_keys.block_ms(keys) if budget <= 0 and len(self.shards) == 1 else 0
+            watch_ms = (
+                self.quiet_keys.block_ms(keys) if budget <= 0 and len(self.shards) == 1 else 0
+            )
             if budget <= 0 and not watch_ms:  # the look-ahead is full: a batch taken wakes us
                 self.cond.wait(RECLAIM_EVERY_S)
                 return
@@ -223,16 +225,16 @@ class Reader:
                 # would find none while it waits.
                 budget = max(1, budget // len(self.shards))
             self._reserved += max(0, budget)
-        if watch_ms:  # the look-ahead is full: but a new key goes first (new_keys.py)
+        if watch_ms:  # the look-ahead is full: but a quiet key goes first (quiet_keys.py)
             if self.reading:
-                read = self.new_keys.read(keys, watch_ms, per_key, marks, self.age_ms())
+                read = self.quiet_keys.read(keys, watch_ms, per_key, marks, self.age_ms())
                 self.take_in_read(read)
             return
         try:
             if not self.reading:
                 return
             read = self._read(keys, budget, per_key, marks)
-            self.new_keys.seen[keys.shard] = read.wake_id
+            self.quiet_keys.seen[keys.shard] = read.wake_id
             self.take_in_read(read)
         finally:
             with self.cond:
@@ -305,7 +307,7 @@ class Reader:
     def take_in(
         self, entries: list[Entry], yield_gil: bool = True, leads: frozenset[str] = frozenset()
     ) -> None:
-        """``leads``: streams read.lua read as new keys, whose batch goes first here too."""
+        """``leads``: streams read.lua read with a lead, whose batch goes first here too."""
         if not entries:
             return
         decided = self.intake.ingest(entries)

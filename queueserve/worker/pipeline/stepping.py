@@ -150,7 +150,7 @@ class StepQueue:
         return self.capacity - self.buffered
 
     def add(self, key: str, piece: Slice, now: float, lead: bool = False) -> None:
-        """Requests join in arrival order: read.lua read a new key (``lead``) first already."""
+        """Requests join in arrival order: read.lua read a leading key (``lead``) first already."""
         # A raw request larger than the slots (not streamed, so splittable) runs in parts.
         while len(piece.items) > self.capacity and not piece.request.no_split:
             head, piece = piece.split(self.capacity)

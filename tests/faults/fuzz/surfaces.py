@@ -334,13 +334,6 @@ def ready_score(t: Target, value: bytes) -> None:
     t.r.zadd(t.keys(t.rng.choice(VALID)).ready, {"0default": _score(t, value)}, xx=True)
 
 
-def ready_lead_mark(t: Target, value: bytes) -> None:
-    """A '~' mark (read.lua: a key that had its lead this round) at a hostile rank: on a key
-    of the valid traffic, or one named by the value."""
-    member = t.rng.choice((b"~0default", b"~" + value, b"~9default"))
-    _zadd(t, t.keys(t.rng.choice(VALID)).ready, member, value)
-
-
 def active_member(t: Target, value: bytes) -> None:
     keys = t.keys(t.rng.choice(VALID))
     member = t.rng.choice(
@@ -637,7 +630,6 @@ SURFACES: tuple[Surface, ...] = (
         (
             Attack("member", ready_member),
             Attack("score", ready_score, ("numbers",)),
-            Attack("lead mark", ready_lead_mark, ("numbers",)),
             _wrong_type("ready", lambda t: t.victim.ready),
         ),
     ),

@@ -1,0 +1,66 @@
+"""Reading a quiet key while the look-ahead is full.
+
+A quiet key (or an urgent request) that becomes ready takes a lead: read.lua reads it before the
+keys taking turns, and its batch goes before the batches the worker holds (``Assembler.add``).
+But a full look-ahead stops the reader until an executor takes a batch, and the executor takes
+one of the held batches first: the quiet key would wait for one of them. So while the
+look-ahead is full, the reader blocks on the wake stream instead, for half a batch's time at
+most, and reads leading keys only (read.lua's '+' mark): one batch of them over the
+look-ahead. The executors never starve meanwhile: a full look-ahead holds a batch more than
+they take.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from queueserve.broker.consumer import Consumer
+from queueserve.broker.reads import ReadOutcome, WakeRead
+from queueserve.wire import protocol as P
+from queueserve.worker.pipeline.batching import Assembler
+from queueserve.worker.pipeline.lease import READ_BLOCK_MS
+from queueserve.worker.pipeline.stepping import StepQueue
+
+# Batches quicker than this turn the look-ahead over before a wake read would help; the
+# reader then waits for room as it always did.
+MIN_BATCH_S = 0.002
+
+
+class QuietKeyWatch:
+    def __init__(
+        self,
+        broker: Consumer,
+        consumer: str,
+        batch_s: Callable[[], float],
+        assembler: Assembler | StepQueue,
+        executors: int,
+    ) -> None:
+        self.broker = broker
+        self.consumer = consumer
+        self._batch_s = batch_s  # how long batches take now (the executors' moving average)
+        self._assembler = assembler
+        self._executors = executors
+        self.seen: dict[int, bytes] = {}  # per shard: the wake id its last read returned
+
+    def block_ms(self, keys: P.Keys) -> int:
+        """How long a watch of ``keys``'s shard may block (caller holds cond): 0 when there is
+        no watch to make (batches too quick, no read of the shard yet to wait after, or a
+        watch's batch over the look-ahead waiting already)."""
+        batch_s = self._batch_s()
+        assembler = self._assembler
+        if (
+            batch_s < MIN_BATCH_S
+            or keys.shard not in self.seen
+            or assembler.look_ahead() > assembler.capacity * (self._executors + 1)
+        ):
+            return 0
+        return max(1, min(READ_BLOCK_MS, int(batch_s * 500)))
+
+    def read(
+        self, keys: P.Keys, block_ms: int, per_key: int, marks: Sequence[str], age_ms: int
+    ) -> ReadOutcome:
+        after = self.seen[keys.shard]
+        watch = WakeRead(after, block_ms, self.consumer, per_key, per_key, [*marks, "+"], age_ms)
+        read = self.broker.wait_then_read(keys, watch)
+        self.seen[keys.shard] = read.wake_id
+        return read
