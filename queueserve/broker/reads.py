@@ -48,7 +48,7 @@ class ReadOutcome:
         self.more = more  # the room ran out before every ready stream was looked at
         self.left = left  # streams read from that still hold unread entries
         self.entries = entries
-        # streams read with a lead (a quiet key's, or an urgent one's): their batch goes first
+        # streams read with a lead (a quiet key's): their batch goes first
         self.leads = leads
 
     @property

@@ -15,8 +15,8 @@ each with the keys below; ``meta``, ``config`` and ``workers`` are read from sha
     P:{S}:ready       zset     "<N><K>" for each stream holding entries no worker read yet;
                                score = when it became ready or was last served, unix ms, minus
                                PRIORITY_AGE_MS per priority level (lowest is read first), and
-                               59,999.5 less for a quiet or urgent key until its first read (a
-                               lead: the .5 marks it; enqueue.lua, read.lua)
+                               59,999.5 less for a quiet key until its first read (a lead:
+                               the .5 marks it; enqueue.lua, read.lua)
     P:{S}:active      zset     streams that may hold pending entries, which reclaim watches
                                (read.lua adds; ack.lua and sweep.lua take out emptied ones)
     P:{S}:wake        stream   one entry each time a stream becomes ready (MAXLEN ~ 100): idle

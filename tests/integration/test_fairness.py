@@ -209,7 +209,7 @@ QUIET_SENDS = 5
 
 @pytest.mark.timeout(180)
 def test_once_busy_keys_had_their_turn_a_quiet_key_goes_first_and_one_back_at_once_waits(
-    start_worker: StartWorker, redis_url: str, prefix: str
+    start_worker: StartWorker, redis_client: redis.Redis, redis_url: str, prefix: str
 ) -> None:
     # Given a worker in the second round of STEADY_KEYS busy keys: each had one batch (its
     # first turn, as a new key), and each holds one more
@@ -231,7 +231,9 @@ def test_once_busy_keys_had_their_turn_a_quiet_key_goes_first_and_one_back_at_on
     ):
         runs[name] = len(serving.batches)
         assert client.dispatch("steady", name, batch_key=key, priority=priority) == name
-    # and the first quiet key sends again at once
+    # and the first quiet key sends again at once (its last request a moment ago, however
+    # slow this machine was meanwhile)
+    redis_client.zadd(Keys(prefix, "steady").seen, {"quiet0": time.time() * 1000})
     before_again = len(serving.batches)
     assert client.dispatch("steady", "quiet again", batch_key="quiet0") == "quiet again"
 
@@ -296,3 +298,36 @@ def test_a_quiet_key_leads_once_and_a_key_back_within_a_second_waits_its_turn(
         assert has_lead("quiet")
         assert read() == ["quiet"]
         assert redis_client.zcard(keys.ready) == 0
+
+
+@pytest.mark.parametrize("quiet_keys", [1, 20])
+def test_a_quiet_key_takes_no_lead_over_more_urgent_work_waiting_its_turn(
+    quiet_keys: int, redis_url: str, redis_client: redis.Redis, prefix: str
+) -> None:
+    keys = Keys(prefix, "urgent")
+    codec, inbox = get_codec("msgpack"), inbox_key(prefix, "c1")
+    rids = iter(range(100))
+
+    def send(key: str, priority: int = 0) -> None:
+        broker.ensure_group(keys.stream(key, priority))
+        request = encode_request(codec, next(rids), ["x"] * 4, inbox, None)
+        broker.enqueue(keys, [(key, 4, *request, priority)], 0)
+
+    def read() -> list[str]:  # with room for one batch
+        entries = broker.read_ready(keys, "c", 4, 4, []).entries
+        return [keys.batch_key_of(text(stream)) for stream, _ in entries]
+
+    with contextlib.closing(RedisBroker(redis_url)) as broker:
+        # Given priority-9 work that had its turn and waits for the next
+        send("urgent", 9)
+        send("urgent", 9)
+        assert read() == ["urgent"]
+        # When quiet keys send at priority 0
+        for i in range(quiet_keys):
+            send(f"quiet{i}")
+        # Then the urgent work goes first, then the quiet keys (in the order they came; those
+        # sent in the same ms by name)
+        assert read() == ["urgent"]
+        assert sorted(k for _ in range(quiet_keys) for k in read()) == sorted(
+            f"quiet{i}" for i in range(quiet_keys)
+        )

@@ -363,3 +363,26 @@ def test_request_remaining_starts_at_its_item_count() -> None:
     r = request(5)
     assert r.n == 5
     assert r.remaining == 5
+
+
+# -- a quiet key's lead (read.lua reads it with one) -------------------------------------------
+@pytest.mark.parametrize("back_at", [100.05, 160.0])
+def test_a_leading_key_goes_before_held_batches_unless_a_batch_of_it_still_runs(
+    back_at: float,
+) -> None:
+    # Given a key that gave a batch at 100 s (expected to end at 100.1 s), and a busy key
+    # with a full batch waiting since just before the first key came back
+    a = Assembler(capacity=2, timeout=0.5)
+    a.add("quiet", piece([1, 2]), now=100.0)
+    chosen, _ = a.pick(now=100.0)
+    assert chosen is not None
+    a.batch_times.observe(2, 0.1)
+    a.take(chosen, now=100.0)
+    a.add("busy", piece(["b1", "b2"]), now=back_at - 0.01)
+    # When the first key comes back with a lead
+    a.add("quiet", piece([3, 4]), now=back_at, lead=True)
+    chosen, _ = a.pick(now=back_at)
+    # Then it runs next once its batch is over, however long ago that was; while its batch
+    # still runs, the busy key goes first (what came during a key's batch waits for its end)
+    assert chosen is not None
+    assert chosen.key == ("quiet" if back_at > 100.1 else "busy")

@@ -11,7 +11,7 @@
 --          0 = unlimited
 -- ARGV[2]  consumer group
 -- ARGV[3]  ms of waiting one priority level is worth (ready score = now - priority * this,
---          and LEAD_MS - 0.5 less for a quiet or urgent key that becomes ready: read.lua)
+--          and LEAD_MS - 0.5 less for a quiet key that becomes ready: read.lua)
 -- ARGV[4]  S, the number of streams: KEYS[7..6+S]
 -- ARGV[5..4+2S]  per stream, in KEYS order: batch key, priority
 -- ARGV[5+2S..] per request, four values: stream number (1 = KEYS[7]), item count, header,
@@ -70,18 +70,6 @@ queued = queued or 0
 local step = tonumber(ARGV[3])
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
--- A quiet key's lead (read.lua): it ranks as if it had waited this much longer, and its score
--- ends in .5, which no other rank does, so that read.lua knows it had no turn yet
-local LEAD_MS, QUIET_MS = 60000, 1000
--- Whether a key that becomes ready at 'priority' takes the lead: above priority 0 always (an
--- urgent request); at 0 when the key had no request for QUIET_MS (so a client that sends a
--- batch at a time, each after the last was answered, is not new each time and does not take
--- half the worker from keys that wait their turn)
-local function leads(key, priority)
-  if priority > 0 then return true end
-  local last = tonumber(redis.pcall('ZSCORE', KEYS[2], key))
-  return not last or last <= now - QUIET_MS
-end
 local admitted = 0
 local per_key = {}
 local per_priority = {}
@@ -96,6 +84,27 @@ end
 local jobs = #KEYS - 6 - streams - (pdepth and 1 or 0)
 local job_args = jobs > 0 and #ARGV - 1 or #ARGV  -- the last per-request value
 local filling = {}  -- stream number -> its pack being filled: {items, members, at}
+-- A quiet key's lead (read.lua): it ranks as if it had waited this much longer, and its score
+-- ends in .5, which no other rank does, so that read.lua knows it had no turn yet
+local LEAD_MS, QUIET_MS = 60000, 1000
+-- Whether a key that becomes ready at 'priority' takes the lead: when it had no request for
+-- QUIET_MS (so a client that sends a batch at a time, each after the last was answered, is not
+-- quiet each time and does not take half the worker from keys that wait their turn; nor does
+-- an urgent flood that keeps draining, which priority ageing bounds) and no more urgent work
+-- is queued or running (pdepth, and this call's own requests so far)
+local function leads(key, priority)
+  local last = tonumber(redis.pcall('ZSCORE', KEYS[2], key))
+  if last and last > now - QUIET_MS then return false end
+  if priority >= 9 then return true end
+  local above = {}
+  for level = priority + 1, 9 do above[#above + 1] = level end
+  local counts = pdepth and redis.pcall('HMGET', pdepth, unpack(above))
+  for i, level in ipairs(above) do
+    local queued_now = type(counts) == 'table' and tonumber(counts[i]) or 0
+    if queued_now + (per_priority[level] or 0) > 0 then return false end
+  end
+  return true
+end
 
 local function write(s)
   local pack = filling[s]

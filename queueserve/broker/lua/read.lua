@@ -25,11 +25,11 @@
 -- adds it back on its next request, atomically, so no request is missed); one that gave all
 -- it was asked is ranked again as if it became ready now: ready keys take turns.
 -- Quiet keys first (FQ-CoDel's new flows): enqueue.lua ranks a key that becomes ready after a
--- second without requests (or at a priority above 0) LEAD_MS ahead, its score ending in .5, so
--- it is read before the keys taking turns, and a quiet key waits for no round of busy ones. The
--- lead lasts one read: a key read so is ranked again as any other. It never passes more urgent
--- work: a leading key of a priority below that of the first key without a lead (among the first
--- 16 members) is ranked as any other instead, and read in that rank.
+-- second without requests, while no more urgent work is queued, LEAD_MS ahead, its score ending
+-- in .5, so it is read before the keys taking turns, and a quiet key waits for no round of busy
+-- ones. The lead lasts one read: a key read so is ranked again as any other. Nor does it pass
+-- more urgent work that came after it: a leading key of a priority below that of the first key
+-- without a lead (among the first 16 members) is ranked as any other instead.
 -- Returns {wake id, skipped, more, left, leads, stream, entries, stream, entries, ...}: the
 -- newest wake entry id (block on the wake stream after it, so a request that comes after this
 -- read is not missed), how many ready streams were skipped (their keys' batches are full), 1
@@ -160,5 +160,5 @@ if #drained > 0 then redis.call('ZREM', KEYS[1], unpack(drained)) end
 if #again > 0 then redis.call('ZADD', KEYS[1], 'XX', unpack(again)) end
 if #ranked > 0 then redis.call('ZADD', KEYS[1], 'XX', unpack(ranked)) end
 if budget <= 0 then out[3] = 1 end
-out[4] = #again / 2
+out[4] = (#again + #ranked) / 2  -- a key ranked anew waits unread: read again, do not block
 return out

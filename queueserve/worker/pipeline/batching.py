@@ -236,7 +236,7 @@ class Assembler:
         return self.capacity if queue is None else self.capacity - queue.weight
 
     def add(self, key: str, piece: Slice, now: float, lead: bool = False) -> None:
-        """``lead``: read.lua read the key with a lead (quiet, or urgent): unless a batch of it
+        """``lead``: read.lua read the key with a lead (a quiet key's): unless a batch of it
         still runs, its turn ranks LEAD_S earlier, as in Redis."""
         queue = self.queues.get(key)
         if queue is None:
@@ -245,8 +245,8 @@ class Assembler:
         if not levels:
             queue.started = queue.turn = now
             ends = self._ends.pop(key, None) if self._ends else None
-            if ends is not None:
-                queue.turn = max(now, ends)
+            if ends is not None and ends > now:  # a batch of it still runs
+                queue.turn = ends
             elif lead:
                 queue.turn = now - LEAD_S
         if self.latency is not None:

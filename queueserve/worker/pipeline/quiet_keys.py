@@ -1,13 +1,15 @@
 """Reading a quiet key while the look-ahead is full.
 
-A quiet key (or an urgent request) that becomes ready takes a lead: read.lua reads it before the
+A quiet key that becomes ready takes a lead: read.lua reads it before the
 keys taking turns, and its batch goes before the batches the worker holds (``Assembler.add``).
 But a full look-ahead stops the reader until an executor takes a batch, and the executor takes
 one of the held batches first: the quiet key would wait for one of them. So while the
 look-ahead is full, the reader blocks on the wake stream instead, for half a batch's time at
 most, and reads leading keys only (read.lua's '+' mark): one batch of them over the
-look-ahead. The executors never starve meanwhile: a full look-ahead holds a batch more than
-they take.
+look-ahead. The executors do not starve meanwhile while batches take about as long as the
+moving average says: a full look-ahead holds a batch more than they take. Only servings of one
+shard watch (a reader of several shards waits for room as before), and not step servings,
+whose requests join in arrival order.
 """
 
 from __future__ import annotations
@@ -49,7 +51,8 @@ class QuietKeyWatch:
         batch_s = self._batch_s()
         assembler = self._assembler
         if (
-            batch_s < MIN_BATCH_S
+            not isinstance(assembler, Assembler)  # steps join in arrival order: no lead there
+            or batch_s < MIN_BATCH_S
             or keys.shard not in self.seen
             or assembler.look_ahead() > assembler.capacity * (self._executors + 1)
         ):

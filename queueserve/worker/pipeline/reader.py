@@ -224,11 +224,13 @@ class Reader:
                 # reserves a share of the room, not all of it, or the other shards' readers
                 # would find none while it waits.
                 budget = max(1, budget // len(self.shards))
-            self._reserved += max(0, budget)
+            self._reserved += budget
         if watch_ms:  # the look-ahead is full: but a quiet key goes first (quiet_keys.py)
             if self.reading:
                 read = self.quiet_keys.read(keys, watch_ms, per_key, marks, self.age_ms())
+                caught_up = self.caught_up  # (a read of leading keys says nothing of the rest)
                 self.take_in_read(read)
+                self.caught_up = caught_up
             return
         try:
             if not self.reading:

@@ -320,6 +320,8 @@ def seen_score(t: Target, value: bytes) -> None:
 
 
 def ready_member(t: Target, value: bytes) -> None:
+    """A member no script wrote: ranked first, or with a lead (a score ending in .5, which
+    read.lua weighs against the first member without one)."""
     shape = t.rng.randrange(4)
     member = (
         value,
@@ -327,7 +329,8 @@ def ready_member(t: Target, value: bytes) -> None:
         b"0default" + value,
         t.rng.choice((b"x", b"", b"-1", b"10", b"99")) + value,
     )[shape]
-    _zadd(t, t.keys(t.rng.choice(VALID)).ready, member, b"-inf")
+    score = t.rng.choice((b"-inf", b"-0.5", b"0.5", b"-1e15"))
+    _zadd(t, t.keys(t.rng.choice(VALID)).ready, member, score)
 
 
 def ready_score(t: Target, value: bytes) -> None:
@@ -617,7 +620,7 @@ SURFACES: tuple[Surface, ...] = (
     Surface("pN", "worker: read.lua, sweep.lua, decode", (Attack("entry", priority_entry),)),
     Surface(
         "seen",
-        "worker: sweep.lua; stats",
+        "worker: sweep.lua; stats; enqueue.lua (a key's lead)",
         (
             Attack("member", seen_member),
             Attack("score", seen_score, ("numbers",)),
