@@ -331,3 +331,33 @@ def test_a_quiet_key_takes_no_lead_over_more_urgent_work_waiting_its_turn(
         assert sorted(k for _ in range(quiet_keys) for k in read()) == sorted(
             f"quiet{i}" for i in range(quiet_keys)
         )
+
+
+def test_a_quiet_key_ranked_anew_behind_urgent_work_is_read_next_not_waited_for(
+    redis_url: str, redis_client: redis.Redis, prefix: str
+) -> None:
+    keys = Keys(prefix, "anew")
+    codec, inbox = get_codec("msgpack"), inbox_key(prefix, "c1")
+    rids = iter(range(100))
+
+    def send(key: str, priority: int = 0) -> None:
+        broker.ensure_group(keys.stream(key, priority))
+        request = encode_request(codec, next(rids), ["x"] * 4, inbox, None)
+        broker.enqueue(keys, [(key, 4, *request, priority)], 0)
+
+    with contextlib.closing(RedisBroker(redis_url)) as broker:
+        # Given a quiet key with its lead, then priority-9 work of two batches after it
+        send("quiet")
+        send("urgent", 9)
+        send("urgent", 9)
+        first = broker.read_ready(keys, "c", 4, 4, [])
+        assert [keys.batch_key_of(text(s)) for s, _ in first.entries] == ["urgent"]
+        # When a read with room for two batches takes the urgent work's last and ranks the
+        # quiet key anew
+        second = broker.read_ready(keys, "c", 8, 4, [])
+        assert [keys.batch_key_of(text(s)) for s, _ in second.entries] == ["urgent"]
+        # Then it says work is left unread (the reader reads again, instead of blocking on the
+        # wake stream while the quiet key waits), and the next read takes it
+        assert not second.drained
+        third = broker.read_ready(keys, "c", 4, 4, [])
+        assert [keys.batch_key_of(text(s)) for s, _ in third.entries] == ["quiet"]
