@@ -147,11 +147,13 @@ for i = 5 + 2 * streams, job_args, 4 do
     if not registered[s] then
       registered[s] = true
       local priority = tonumber(ARGV[4 + 2 * s])
-      local rank = now - priority * step
-      if leads(key, priority) then rank = rank - LEAD_MS + 0.5 end
-      if redis.call('ZADD', KEYS[4], 'NX', rank, priority .. key) == 1 then
-        -- It had nothing unread: it may be new (no group yet; BUSYGROUP is fine) and idle
-        -- workers wait on the wake stream, not on this one.
+      local rank, member = now - priority * step, priority .. key
+      if redis.call('ZADD', KEYS[4], 'NX', rank, member) == 1 then
+        -- It had nothing unread: it may be quiet, it may be new (no group yet; BUSYGROUP is
+        -- fine), and idle workers wait on the wake stream, not on this one.
+        if leads(key, priority) then
+          redis.call('ZADD', KEYS[4], 'XX', rank - LEAD_MS + 0.5, member)
+        end
         redis.pcall('XGROUP', 'CREATE', stream, ARGV[2], '0', 'MKSTREAM')
         redis.call('XADD', KEYS[5], 'MAXLEN', '~', 100, '*', 'k', priority .. key)
       end
