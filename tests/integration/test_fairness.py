@@ -18,6 +18,7 @@ import redis
 
 import queueserve as qs
 from queueserve.broker.common import text
+from queueserve.broker.reads import ReadOutcome
 from queueserve.wire.codec import get_codec
 from queueserve.wire.protocol import Keys, inbox_key
 from queueserve.wire.request import encode_request
@@ -256,27 +257,40 @@ def test_once_busy_keys_had_their_turn_a_quiet_key_goes_first_and_one_back_at_on
     client.close()
 
 
+class Scripts:
+    """enqueue.lua and read.lua called directly, for one serving: a request of 4 items per
+    send, and reads with room for ``room`` items, a batch (4) per key."""
+
+    def __init__(self, broker: RedisBroker, keys: Keys, prefix: str) -> None:
+        self.broker, self.keys = broker, keys
+        self.codec, self.inbox = get_codec("msgpack"), inbox_key(prefix, "c1")
+        self.rids = iter(range(10**6))
+
+    def send(self, key: str, priority: int = 0) -> None:
+        self.broker.ensure_group(self.keys.stream(key, priority))
+        request = encode_request(self.codec, next(self.rids), ["x"] * 4, self.inbox, None)
+        self.broker.enqueue(self.keys, [(key, 4, *request, priority)], 0)
+
+    def read(self, room: int = 4) -> tuple[list[str], ReadOutcome]:
+        read = self.broker.read_ready(self.keys, "c", room, 4, [])
+        return [self.keys.batch_key_of(text(stream)) for stream, _ in read.entries], read
+
+    def keys_read(self) -> list[str]:
+        return self.read()[0]
+
+
 def test_a_quiet_key_leads_once_and_a_key_back_within_a_second_waits_its_turn(
     redis_url: str, redis_client: redis.Redis, prefix: str
 ) -> None:
     keys = Keys(prefix, "lead")
-    codec, inbox = get_codec("msgpack"), inbox_key(prefix, "c1")
-    rids = iter(range(100))
-
-    def send(key: str) -> None:
-        broker.ensure_group(keys.stream(key))
-        request = encode_request(codec, next(rids), ["x"] * 4, inbox, None)
-        broker.enqueue(keys, [(key, 4, *request, 0)], 0)
-
-    def read() -> list[str]:  # with room for one batch
-        entries = broker.read_ready(keys, "c", 4, 4, []).entries
-        return [keys.batch_key_of(text(stream)) for stream, _ in entries]
 
     def has_lead(key: str) -> bool:  # enqueue.lua's mark of a lead: a score ending in .5
         score = redis_client.zscore(keys.ready, f"0{key}")
         return score is not None and score % 1 == 0.5
 
     with contextlib.closing(RedisBroker(redis_url)) as broker:
+        scripts = Scripts(broker, keys, prefix)
+        send, read = scripts.send, scripts.keys_read
         # Given a busy key that had its turn, and holds a batch more
         send("busy")
         send("busy")
@@ -302,22 +316,11 @@ def test_a_quiet_key_leads_once_and_a_key_back_within_a_second_waits_its_turn(
 
 @pytest.mark.parametrize("quiet_keys", [1, 20])
 def test_a_quiet_key_takes_no_lead_over_more_urgent_work_waiting_its_turn(
-    quiet_keys: int, redis_url: str, redis_client: redis.Redis, prefix: str
+    quiet_keys: int, redis_url: str, prefix: str
 ) -> None:
-    keys = Keys(prefix, "urgent")
-    codec, inbox = get_codec("msgpack"), inbox_key(prefix, "c1")
-    rids = iter(range(100))
-
-    def send(key: str, priority: int = 0) -> None:
-        broker.ensure_group(keys.stream(key, priority))
-        request = encode_request(codec, next(rids), ["x"] * 4, inbox, None)
-        broker.enqueue(keys, [(key, 4, *request, priority)], 0)
-
-    def read() -> list[str]:  # with room for one batch
-        entries = broker.read_ready(keys, "c", 4, 4, []).entries
-        return [keys.batch_key_of(text(stream)) for stream, _ in entries]
-
     with contextlib.closing(RedisBroker(redis_url)) as broker:
+        scripts = Scripts(broker, Keys(prefix, "urgent"), prefix)
+        send, read = scripts.send, scripts.keys_read
         # Given priority-9 work that had its turn and waits for the next
         send("urgent", 9)
         send("urgent", 9)
@@ -334,30 +337,20 @@ def test_a_quiet_key_takes_no_lead_over_more_urgent_work_waiting_its_turn(
 
 
 def test_a_quiet_key_ranked_anew_behind_urgent_work_is_read_next_not_waited_for(
-    redis_url: str, redis_client: redis.Redis, prefix: str
+    redis_url: str, prefix: str
 ) -> None:
-    keys = Keys(prefix, "anew")
-    codec, inbox = get_codec("msgpack"), inbox_key(prefix, "c1")
-    rids = iter(range(100))
-
-    def send(key: str, priority: int = 0) -> None:
-        broker.ensure_group(keys.stream(key, priority))
-        request = encode_request(codec, next(rids), ["x"] * 4, inbox, None)
-        broker.enqueue(keys, [(key, 4, *request, priority)], 0)
-
     with contextlib.closing(RedisBroker(redis_url)) as broker:
+        scripts = Scripts(broker, Keys(prefix, "anew"), prefix)
         # Given a quiet key with its lead, then priority-9 work of two batches after it
-        send("quiet")
-        send("urgent", 9)
-        send("urgent", 9)
-        first = broker.read_ready(keys, "c", 4, 4, [])
-        assert [keys.batch_key_of(text(s)) for s, _ in first.entries] == ["urgent"]
+        scripts.send("quiet")
+        scripts.send("urgent", 9)
+        scripts.send("urgent", 9)
+        assert scripts.keys_read() == ["urgent"]
         # When a read with room for two batches takes the urgent work's last and ranks the
         # quiet key anew
-        second = broker.read_ready(keys, "c", 8, 4, [])
-        assert [keys.batch_key_of(text(s)) for s, _ in second.entries] == ["urgent"]
+        read, second = scripts.read(room=8)
+        assert read == ["urgent"]
         # Then it says work is left unread (the reader reads again, instead of blocking on the
         # wake stream while the quiet key waits), and the next read takes it
         assert not second.drained
-        third = broker.read_ready(keys, "c", 4, 4, [])
-        assert [keys.batch_key_of(text(s)) for s, _ in third.entries] == ["quiet"]
+        assert scripts.keys_read() == ["quiet"]
