@@ -93,9 +93,8 @@ def _read(out: list[Any]) -> tuple[list[bytes | None], int]:
     return list(values), int(seconds) * 1000 + int(micros) // 1000
 
 
-class Jobs:
-    """Job records through one sync Redis client (``created`` and ``placed`` on a Redis
-    Cluster only: elsewhere enqueue.lua writes a job's record with its entry)."""
+class _JobScripts:
+    """The job scripts, registered on one Redis client (sync or asyncio)."""
 
     def __init__(self, client: Any, url: str) -> None:
         self.redis, self.url = client, url
@@ -103,6 +102,11 @@ class Jobs:
         self._placed = client.register_script(_PLACED)
         self._end = client.register_script(_END)
         self.cluster = is_cluster(client)
+
+
+class Jobs(_JobScripts):
+    """Job records through one sync Redis client (``created`` and ``placed`` on a Redis
+    Cluster only: elsewhere enqueue.lua writes a job's record with its entry)."""
 
     def created(
         self, keys: Keys, requests: Sequence[Request], jobs: Sequence[JobAt], again: bool
@@ -166,15 +170,8 @@ class Jobs:
             return bool(self._end(keys=[key], args=["forget", rid, 0, MAX_KEEP_MS]))
 
 
-class AsyncJobs:
+class AsyncJobs(_JobScripts):
     """``Jobs`` for asyncio."""
-
-    def __init__(self, client: Any, url: str) -> None:
-        self.redis, self.url = client, url
-        self._new = client.register_script(_NEW)
-        self._placed = client.register_script(_PLACED)
-        self._end = client.register_script(_END)
-        self.cluster = is_cluster(client)
 
     async def created(
         self, keys: Keys, requests: Sequence[Request], jobs: Sequence[JobAt], again: bool
