@@ -50,7 +50,7 @@ class HiredisPacker:
     measured on the development machine)."""
 
     def __init__(self) -> None:
-        self._general = HiredisRespSerializer()
+        self._general = HiredisRespSerializer()  # type: ignore[no-untyped-call, unused-ignore]
 
     def pack(self, *args: Any) -> list[bytes]:
         return pack_fast(args) or self._general.pack(*args)

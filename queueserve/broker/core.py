@@ -44,7 +44,7 @@ class Subscription:
 
     def _subscribed(self) -> Any:
         if self._pubsub is None:
-            self._pubsub = self._client.pubsub(  # type: ignore[no-untyped-call]
+            self._pubsub = self._client.pubsub(  # type: ignore[no-untyped-call, unused-ignore]
                 ignore_subscribe_messages=False
             )
         if not self._pubsub.subscribed:
