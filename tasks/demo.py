@@ -304,12 +304,19 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt  # unwinds through the cleanup below
 
 
+def demo_index_dir(stack: contextlib.ExitStack) -> str:
+    """Where the demo's Celery worker writes its index (EMBED_INDEX_DIR): a temporary directory
+    that ``stack`` removes, so a run leaves nothing in the checkout. (The tasks' own default,
+    ``./.index``, is git-ignored for those who run them from the checkout.)"""
+    return stack.enter_context(tempfile.TemporaryDirectory(prefix="qs-demo-index-"))
+
+
 def run(args: argparse.Namespace, stack: contextlib.ExitStack, problems: list[str]) -> None:
     """The demo; shutdown problems (exit codes, processes left) are added to ``problems``."""
     url = _redis(stack)
     given_prefix = os.environ.get("QUEUESERVE_PREFIX")
     prefix = given_prefix or f"demo-{os.getpid()}"
-    index_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="qs-demo-index-"))
+    index_dir = demo_index_dir(stack)
     # Set here, before the Celery app is first used: it reads them (tasks.celery_app).
     os.environ.update(
         QUEUESERVE_REDIS_URL=url,
