@@ -1,8 +1,8 @@
-"""A serving's max_latency, set at run time (`queueserve config set NAME max_latency=...`):
-the worker learns what its batches take and closes a batch as soon as waiting longer would
-not help, or would push its oldest item past the target; batch_timeout stays the upper bound.
-Checked by outcome, not by timing: with a batch_timeout of an hour, a lone request is answered
-only if the plan closed its batch."""
+"""A serving's max_latency, set at run time (`queueserve config set NAME max_latency=...`) or
+in code (a keyword or a class attribute): the worker learns what its batches take and closes a
+batch as soon as waiting longer would not help, or would push its oldest item past the target;
+batch_timeout stays the upper bound. Checked by outcome, not by timing: with a batch_timeout of
+an hour, a lone request is answered only if the plan closed its batch."""
 
 from __future__ import annotations
 
@@ -59,3 +59,29 @@ def test_with_max_latency_set_at_run_time_a_lone_request_does_not_wait_for_batch
     assert waiting.result(WAIT_S) == ["waits"]  # it ran in the full batch, with those three
     assert sorted(map(str, serving.item_batches[-1])) == ["1", "2", "3", "waits"]
     client.close()
+
+
+class LatencyTarget(Recording):
+    """max_latency as a class attribute, as a subclass may set any option."""
+
+    max_latency = "200ms"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("how", ["keyword", "class attribute"])
+def test_max_latency_set_in_code_closes_batches_as_config_set_does(
+    start_worker: StartWorker, redis_url: str, prefix: str, how: str
+) -> None:
+    # Given a serving whose batches wait up to an hour to fill, with a target set in code
+    if how == "keyword":
+        serving = Recording(name="in_code", batch_size=4, batch_timeout="1h", max_latency="200ms")
+    else:
+        serving = LatencyTarget(name="in_code", batch_size=4, batch_timeout="1h")
+    assert serving.max_latency == 0.2
+    start_worker(serving)
+    # When lone requests come, no config hash written by anyone
+    with qs.Client(redis_url, prefix=prefix) as client:
+        # Then each is answered in a batch of its own, not an hour later
+        for i in range(3):
+            assert client.submit("in_code", [f"lone{i}"]).result(WAIT_S) == [f"lone{i}"]
+    assert serving.item_batches == [["lone0"], ["lone1"], ["lone2"]]

@@ -74,6 +74,7 @@ class Reader:
         self.ledger = ledger
         self.cond = ledger.cond
         self.assembler = assembler
+        self._tune_assembler()  # the serving's own options, however they were set
         self.outbox = outbox
         self.executors = executors
         self.declared_keys = declared_keys
@@ -195,15 +196,21 @@ class Reader:
         self._config_seen = raw
         with self.cond:
             changed = apply_overrides(self.serving, parse_overrides(raw, self.keys))
-            self.assembler.capacity = self.serving.batch_size
-            self.assembler.timeout = self.serving.batch_timeout
-            if isinstance(self.assembler, Assembler):
-                self.assembler.age_per_priority = self.serving.priority_age
-                self.assembler.weights = self.serving.batch_key_weights
-                self.assembler.plan_latency(self.serving.max_latency)
+            self._tune_assembler()
             self.cond.notify_all()
         for name, (old, new) in changed.items():
             log.warning("serving %s: %s changed from %s to %s", self.serving.name, name, old, new)
+
+    def _tune_assembler(self) -> None:
+        """The serving's batching options into the assembler: at the start (options set in
+        code, as class attributes or by the worker's flags) and after each config change."""
+        assembler, serving = self.assembler, self.serving
+        assembler.capacity = serving.batch_size
+        assembler.timeout = serving.batch_timeout
+        if isinstance(assembler, Assembler):
+            assembler.age_per_priority = serving.priority_age
+            assembler.weights = serving.batch_key_weights
+            assembler.plan_latency(serving.max_latency)
 
     def _read_once(self, keys: P.Keys) -> None:
         lease = self.lease

@@ -92,9 +92,8 @@ class ServingRunner:
         if isinstance(serving, StepServing):
             self.assembler = StepQueue(serving.batch_size)
         else:
-            self.assembler = Assembler(
-                serving.batch_size, serving.batch_timeout, serving.priority_age
-            )
+            # the reader tunes it from the serving's options (reader._tune_assembler)
+            self.assembler = Assembler(serving.batch_size, serving.batch_timeout)
         step = isinstance(serving, StepServing)
         self.executors = 1 if step else max_concurrent_batches
         # An idle worker's blocking read is done by the thread that will run what it brings
