@@ -196,20 +196,40 @@ def test_without_opentelemetry_nothing_imports_it_and_requests_are_answered(
     redis_url: str, prefix: str
 ) -> None:
     # A process where opentelemetry cannot be imported (as if the extra were not installed)
-    # serves and calls as always, and imports nothing of it.
+    # serves and calls as always, and tries to import nothing of it but the one look-up that
+    # tells it is missing. (Blocking it with sys.modules["opentelemetry"] = None would hide an
+    # attempt: every one fails quietly, and nothing of it can be in sys.modules.)
     script = f"""
 import sys
-sys.modules["opentelemetry"] = None
+
+class Missing:
+    tried = []  # (module, the queueserve function that asked) of each attempt of queueserve's
+
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        if name.partition(".")[0] != "opentelemetry":
+            return None
+        frame = sys._getframe(1)
+        while frame is not None and "importlib" in frame.f_code.co_filename:
+            frame = frame.f_back
+        where = frame.f_code.co_filename if frame is not None else "?"
+        if "/queueserve/" in where:  # redis-py looks it up too (its own observability)
+            cls.tried.append((name, where.rpartition("/queueserve/")[2], frame.f_code.co_name))
+        raise ModuleNotFoundError(name)
+
+sys.meta_path.insert(0, Missing)
 import queueserve as qs
 from queueserve import tracing
 assert not tracing.AVAILABLE
+LOOKUP = [("opentelemetry", "tracing.py", "_installed")]  # the one that tells it is missing
+assert Missing.tried == LOOKUP, Missing.tried
 square = qs.Serving(lambda xs: [x * x for x in xs], name="plain", batch_size=4)
 worker = qs.Worker([square], redis_url={redis_url!r}, prefix={prefix!r}, handle_signals=False)
 worker.start()
 with qs.Client({redis_url!r}, prefix={prefix!r}) as client:
     assert client.dispatch("plain", 3, timeout=60) == 9
 worker.stop(timeout=10)
-assert [m for m in sys.modules if m.startswith("opentelemetry.")] == []
+assert Missing.tried == LOOKUP, Missing.tried
 print("ok")
 """
     done = subprocess.run(
