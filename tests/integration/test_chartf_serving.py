@@ -11,16 +11,14 @@ from typing import Any
 import pytest
 import redis
 
+# The dev install includes torch: a broken one fails here, it is not skipped.
 import queueserve as qs
+from tasks.chartf import CharTF
+from tasks.paged_kv import BlockPool
 from tests.support.callers import Caller
 from tests.support.fault_app import WorkerProc, serving_consumer
 from tests.support.helpers import stream_key, wait_until
 from tests.support.step_app import Records
-
-torch = pytest.importorskip("torch")
-
-from tasks.chartf import CharTF  # noqa: E402
-from tasks.paged_kv import BlockPool  # noqa: E402
 
 PROMPTS = [
     "Return the ",

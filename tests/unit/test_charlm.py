@@ -7,12 +7,12 @@ import random
 
 import pytest
 
+# The dev install includes torch: a broken one fails here, it is not skipped.
+import torch
+
 import queueserve as qs
-
-torch = pytest.importorskip("torch")
-
-from tasks.charlm import CACHE_EVERY, CharLM, State  # noqa: E402
-from tasks.charlm_model import CharGRU, Stepper, encode, load  # noqa: E402
+from tasks.charlm import CACHE_EVERY, CharLM, State
+from tasks.charlm_model import CharGRU, Stepper, encode, load
 
 
 @pytest.fixture(scope="module")
