@@ -73,3 +73,26 @@ def test_an_async_durable_wait_does_not_hold_up_other_servings_sends(
                 await waiting.result(WAIT_S)
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("side", ["sync", "async"])
+def test_an_answer_that_comes_before_the_replica_wait_ends_stands(
+    long_durable_wait: None, start_worker: StartWorker, redis_url: str, prefix: str, side: str
+) -> None:
+    # Given a durable serving that a worker runs, on a Redis without replicas
+    durable, _ = servings()
+    start_worker(durable)
+    # When a caller sends to it, the worker answers long before the wait for a replica ends
+    if side == "sync":
+        with qs.Client(redis_url, prefix=prefix) as client:
+            answers = [client.dispatch(durable, i) for i in range(3)]
+    else:
+
+        async def calls() -> list[object]:
+            async with qs.AsyncClient(redis_url, prefix=prefix) as client:
+                return [await client.dispatch(durable, i) for i in range(3)]
+
+        answers = asyncio.run(calls())
+    # Then the calls return their answers (the requests ran: nothing is left to lose), as
+    # docs/scaling.md says; only a call still unanswered when the wait ends gets NotReplicated
+    assert answers == [0, 1, 2]
