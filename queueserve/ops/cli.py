@@ -48,7 +48,8 @@ variable is listed in docs/operations.md; a misspelled one is a usage error.
 exit codes: 0 ok or stopped by SIGTERM/SIGINT; 1 error (Redis unreachable at start, a
 serving's setup() failed, --check found no live worker, an unknown serving); 2 usage (bad
 arguments or Redis URL, a module:attr that does not load); 3 forced stop (a second signal);
-4 crash loop (a partition died more than --max-restarts times within --restart-window).
+4 crash loop (a partition died more than --max-restarts times within --restart-window);
+5 `job wait`: the job failed (its JSON holds each item's result or error).
 Each error is explained in docs/troubleshooting.md."""
 
 DEFAULT_URL = Settings.model_fields["redis_url"].default
