@@ -3,7 +3,8 @@ and their limits are the gateway's own). Reads are open to whoever reaches the a
 binds 127.0.0.1 by default); every change (replay, drop, config set) needs the token.
 
 Routes: ``/`` the page, ``/dashboard.js`` its script (plain files in static/, no build step),
-``/api/overview``, ``/api/dead-letters/{name}``, and the changes under ``/api/...`` as POSTs.
+``/api/overview`` (``?offset=N&filter=TEXT``: a page of the servings, board.py),
+``/api/dead-letters/{name}``, and the changes under ``/api/...`` as POSTs.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from starlette.responses import FileResponse, Response
 from starlette.routing import Route
 
 from queueserve.broker.fleet import Fleet
-from queueserve.dashboard.board import Board
+from queueserve.dashboard.board import MAX_SERVINGS, Board
 from queueserve.gateway.app import api_error, http_error
 from queueserve.gateway.auth import Token, refused
 from queueserve.gateway.body import JSON, parse
@@ -98,7 +99,8 @@ class Views:
         return FileResponse(STATIC / "dashboard.js", media_type="text/javascript")
 
     async def overview(self, request: Request) -> Response:
-        return JSON(await run_in_threadpool(self.board.overview))
+        offset, name_filter = overview_query(request)
+        return JSON(await run_in_threadpool(self.board.overview, offset, name_filter))
 
     async def dead_letters(self, request: Request) -> Response:
         name = await _declared(self.board, request.path_params["name"])
@@ -130,6 +132,35 @@ class Views:
         fleet = self.board.fleet
         await run_in_threadpool(fleet.set_config, keys, options)
         return JSON({"serving": name, "options": await run_in_threadpool(fleet.meta, keys)})
+
+
+def overview_query(request: Request) -> tuple[int, str]:
+    """``?offset=`` (how many servings to skip, by name; default 0) and ``?filter=`` (text a
+    serving's name holds; default: every serving), or 400 saying what is wrong."""
+    query = request.query_params
+    extra = set(query) - {"offset", "filter"}
+    if extra:
+        raise ApiError(
+            400,
+            "bad_request",
+            f"unknown query parameters {sorted(extra)!r:.200}: use offset, filter",
+        )
+    text = query.get("offset", "0")
+    if not (text.isascii() and text.isdigit() and len(text) <= 9):
+        raise ApiError(
+            400,
+            "bad_request",
+            f"offset must be a whole number of servings to skip (0, {MAX_SERVINGS}, ...), "
+            f"got {text!r:.50}",
+        )
+    name_filter = query.get("filter", "")
+    if len(name_filter) > MAX_NAME:
+        raise ApiError(
+            400,
+            "bad_request",
+            f"filter must be at most {MAX_NAME} characters, got {len(name_filter)}",
+        )
+    return int(text), name_filter
 
 
 def _authorize(request: Request, token: Token | None) -> None:

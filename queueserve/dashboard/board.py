@@ -1,6 +1,11 @@
 """What the dashboard shows, read from Redis (broker/fleet.py): one snapshot per poll, and
 the throughput and batch sizes of the last minutes, from the counters workers' heartbeats
-carry (items and batches run by each partition process since it started)."""
+carry (items and batches run by each partition process since it started).
+
+A snapshot holds one page of servings (MAX_SERVINGS, by name, those whose name holds the
+filter), and says how many there are in all and how many match, so a wrong prefix (none) or
+a big deployment (more than a page) is told, never shown as an empty or a whole one.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ from typing import Any
 
 from queueserve.broker.admin import StreamDepth, by_priority, hash_count
 from queueserve.broker.fleet import Fleet
+from queueserve.broker.urls import redact_url
 from queueserve.ops.deadletter import DeadLetters
 from queueserve.wire.protocol import Keys
 from queueserve.wire.timing import ALIVE_WITHIN_S
@@ -54,15 +60,29 @@ class Board:
         self._lock = threading.Lock()
         self._history: dict[str, deque[Sample]] = {}
 
-    def servings(self) -> list[str]:
-        return self.fleet.servings(self.prefix)[:MAX_SERVINGS]
+    @property
+    def redis(self) -> str:
+        """The Redis URL read, its password hidden: the page shows it."""
+        return redact_url(self.fleet.url)
 
-    def overview(self) -> dict[str, Any]:
+    def overview(self, offset: int = 0, name_filter: str = "") -> dict[str, Any]:
+        """A snapshot of the servings ``offset`` .. ``offset + MAX_SERVINGS`` by name of
+        those whose name holds ``name_filter``; ``total``: how many servings there are,
+        ``matched``: how many hold the filter."""
         now = time.time()
+        every = self.fleet.servings(self.prefix)
+        matched = [name for name in every if name_filter in name]
+        page = matched[offset : offset + MAX_SERVINGS]
         return {
             "now_ms": int(now * 1000),
             "prefix": self.prefix,
-            "servings": [self._serving(name, now) for name in self.servings()],
+            "redis": self.redis,
+            "total": len(every),
+            "matched": len(matched),
+            "offset": offset,
+            "limit": MAX_SERVINGS,
+            "filter": name_filter,
+            "servings": [self._serving(name, now) for name in page],
         }
 
     def _serving(self, name: str, now: float) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from tests.faults.test_gateway_fuzz import (
     HOSTILE_BODIES,
     HOSTILE_HEADERS,
     HOSTILE_NAMES,
+    HOSTILE_QUERY,
     HOSTILE_VALUES,
     check,
 )
@@ -47,12 +48,13 @@ class Endpoint:
     fields: list[str] = field(default_factory=list)
     ok: int = 200  # a valid request's status (a dead letter that is not there: 404)
     named: bool = False  # the path ends with a serving name to attack
+    query: list[str] = field(default_factory=list)  # query parameters to attack
 
 
 ENDPOINTS: dict[tuple[str, str], Endpoint] = {
     ("GET", "/"): Endpoint("GET", "/"),
     ("GET", "/dashboard.js"): Endpoint("GET", "/dashboard.js"),
-    ("GET", "/api/overview"): Endpoint("GET", "/api/overview"),
+    ("GET", "/api/overview"): Endpoint("GET", "/api/overview", query=["offset", "filter"]),
     ("GET", "/api/dead-letters/{name}"): Endpoint("GET", "/api/dead-letters/square", named=True),
     ("POST", "/api/dead-letters/replay"): Endpoint(
         "POST",
@@ -115,10 +117,20 @@ def attacks(endpoint: Endpoint, rng: random.Random) -> Iterator[Attack]:
                     f'{head}"{name}": {value}}}'.encode(),
                     {},
                 )
+    yield from path_attacks(endpoint, rng, valid)
+
+
+def path_attacks(endpoint: Endpoint, rng: random.Random, valid: bytes) -> Iterator[Attack]:
+    """Hostile serving names and query parameters, with a valid body."""
     if endpoint.named:
         base = endpoint.path.rsplit("/", 1)[0]
         for name in rng.sample(HOSTILE_NAMES, len(HOSTILE_NAMES)):
             yield f"name {name[:20]!r}", f"{base}/{name}", valid, {}
+    for name in endpoint.query:
+        for value in [*HOSTILE_QUERY, *HOSTILE_NAMES]:
+            yield f"query {name}={value[:20]!r}", f"{endpoint.path}?{name}={value}", valid, {}
+    if endpoint.query:
+        yield "query unknown", f"{endpoint.path}?nosuch=1", valid, {}
 
 
 def test_hostile_requests_to_every_endpoint_get_clear_answers(

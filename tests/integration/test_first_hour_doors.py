@@ -14,10 +14,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import redis
+from selenium.webdriver.remote.webdriver import WebDriver
 
 import queueserve as qs
+from queueserve.settings import redact_url
+from tests.support.dashboard_proc import DashboardProc, chromium
 from tests.support.fault_app import WorkerProc
 from tests.support.helpers import REPO, WAIT_S, child_env, wait_until
 
@@ -115,3 +119,116 @@ def test_the_failed_job_exit_code_is_in_the_help_and_the_docs() -> None:
     assert f"{EXIT_JOB_FAILED} `job wait`: the job failed" in help_text
     operations = (REPO / "docs" / "operations.md").read_text()
     assert f"| {EXIT_JOB_FAILED} | `queueserve job wait`: the job ended failed" in operations
+
+
+# --- queueserve dashboard ------------------------------------------------------------------
+def declare(r: redis.Redis, prefix: str, names: list[str]) -> None:
+    """Declarations as workers write them (a meta hash holding the codec), without workers."""
+    pipe = r.pipeline(transaction=False)
+    for name in names:
+        pipe.hset(f"{prefix}:{{{name}}}:meta", mapping={"codec": "msgpack", "batch_size": "8"})
+    pipe.execute()
+
+
+@pytest.fixture
+def dashboard(
+    redis_client: redis.Redis, redis_url: str, prefix: str, tmp_path: Path
+) -> Iterator[DashboardProc]:
+    """A dashboard process over the test's prefix, where no worker declared anything yet."""
+    proc = DashboardProc(redis_url, prefix, tmp_path / "dashboard.log")
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+def overview(dashboard: DashboardProc, **query: str) -> dict[str, Any]:
+    response = httpx.get(f"{dashboard.url}/api/overview", params=query, timeout=WAIT_S)
+    assert response.status_code == 200, response.text
+    answer: dict[str, Any] = response.json()
+    return answer
+
+
+def test_the_overview_of_a_prefix_without_servings_says_where_it_looked(
+    dashboard: DashboardProc, redis_url: str, prefix: str
+) -> None:
+    answer = overview(dashboard)
+    assert answer["servings"] == []
+    assert (answer["total"], answer["matched"], answer["prefix"]) == (0, 0, prefix)
+    assert answer["redis"] == redact_url(redis_url)
+
+
+def test_past_a_hundred_servings_the_overview_says_how_many_and_pages_and_filters_them(
+    dashboard: DashboardProc, redis_client: redis.Redis, prefix: str
+) -> None:
+    # Given 105 servings under the prefix
+    names = [f"s-{i:03d}" for i in range(105)]
+    declare(redis_client, prefix, names)
+
+    # Then the first page holds 100 of them and says there are 105
+    first = overview(dashboard)
+    assert (first["total"], first["matched"], first["offset"], first["limit"]) == (105, 105, 0, 100)
+    assert [s["name"] for s in first["servings"]] == names[:100]
+    # the next page holds the rest
+    rest = overview(dashboard, offset="100")
+    assert [s["name"] for s in rest["servings"]] == names[100:]
+    # and a filter keeps the names that hold it
+    some = overview(dashboard, filter="10")
+    assert (some["total"], some["matched"]) == (105, 6)
+    assert [s["name"] for s in some["servings"]] == [names[10], *names[100:]]
+
+    # A bad offset is refused, naming it
+    response = httpx.get(f"{dashboard.url}/api/overview?offset=-1", timeout=WAIT_S)
+    assert response.status_code == 400
+    assert "offset must be a whole number" in response.json()["error"]["message"]
+    assert "'-1'" in response.json()["error"]["message"]
+
+
+@pytest.fixture
+def browser() -> Iterator[WebDriver]:
+    driver = chromium()
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def text_of(browser: WebDriver, selector: str) -> str:
+    text = browser.execute_script(
+        "const e = document.querySelector(arguments[0]); return e ? e.textContent : '';", selector
+    )
+    return str(text)
+
+
+def sections(browser: WebDriver) -> int:
+    return int(
+        browser.execute_script("return document.querySelectorAll('section.serving').length;")
+    )
+
+
+def test_the_page_says_no_serving_is_declared_then_pages_past_a_hundred(
+    dashboard: DashboardProc,
+    browser: WebDriver,
+    redis_client: redis.Redis,
+    redis_url: str,
+    prefix: str,
+) -> None:
+    # Given the page of a prefix where no worker declared a serving
+    browser.get(dashboard.url)
+
+    # Then it says so, where it looked, and how to start one (not a blank page)
+    said = f"no serving has been declared under prefix {prefix} on {redact_url(redis_url)}"
+    wait_until(lambda: said in text_of(browser, "#notice"), "the notice", process=dashboard)
+    assert "queueserve worker" in text_of(browser, "#notice code")
+
+    # When 105 servings are declared
+    declare(redis_client, prefix, [f"s-{i:03d}" for i in range(105)])
+
+    # Then the page shows 100 and says there are 105
+    wait_until(lambda: "servings 1 to 100 of 105" in text_of(browser, "#notice"), "the count")
+    wait_until(lambda: sections(browser) == 100, "a page of servings")
+    # and its next page shows the other 5
+    browser.execute_script("document.getElementById('next').click();")
+    wait_until(lambda: "servings 101 to 105 of 105" in text_of(browser, "#notice"), "page two")
+    wait_until(lambda: sections(browser) == 5, "the rest")
+    assert "Traceback" not in dashboard.output(), dashboard.output()

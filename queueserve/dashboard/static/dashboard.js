@@ -7,6 +7,24 @@ const tokenInput = document.getElementById("token");
 tokenInput.value = sessionStorage.getItem("qs-token") || "";
 tokenInput.addEventListener("change", () => sessionStorage.setItem("qs-token", tokenInput.value));
 
+// The page of servings shown: the API answers at most `limit` from `offset`, of those whose
+// name holds the filter, and says how many there are.
+const page = { offset: 0, limit: 100, filter: "" };
+const filterInput = document.getElementById("filter");
+filterInput.addEventListener("input", () => {
+  page.filter = filterInput.value;
+  page.offset = 0;
+  refresh();
+});
+document.getElementById("previous").addEventListener("click", () => {
+  page.offset = Math.max(0, page.offset - page.limit);
+  refresh();
+});
+document.getElementById("next").addEventListener("click", () => {
+  page.offset += page.limit;
+  refresh();
+});
+
 function el(tag, attrs, ...children) {
   const node = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs || {})) {
@@ -147,11 +165,45 @@ async function poll() {
   setTimeout(poll, POLL_MS);
 }
 
+// What the page holds, said above the servings: none under this prefix (a wrong prefix or
+// Redis looks just like that), none matching the filter, or which of how many are shown.
+function showNotice(o) {
+  const notice = document.getElementById("notice");
+  const shown = o.servings.length;
+  notice.className = o.total === 0 ? "empty" : "";
+  if (o.total === 0) {
+    notice.replaceChildren(
+      `no serving has been declared under prefix ${o.prefix} on ${o.redis}. Start a worker ` +
+        "with this Redis and prefix, ",
+      el("code", {}, `queueserve worker myapp.servings:serving --redis-url ${o.redis} --prefix ${o.prefix}`),
+      ", or open the dashboard with the --redis-url and --prefix your workers use.");
+  } else if (o.matched === 0) {
+    notice.replaceChildren(`no serving name under prefix ${o.prefix} holds "${o.filter}" ` +
+      `(${o.total} servings in all)`);
+  } else if (shown < o.matched || o.filter) {
+    notice.replaceChildren(`servings ${o.offset + 1} to ${o.offset + shown} of ${o.matched}` +
+      (o.filter ? ` whose name holds "${o.filter}" (${o.total} in all)` : "") +
+      (shown < o.matched ? ": filter by name, or page with next and previous" : ""));
+  } else {
+    notice.replaceChildren(`${o.total} serving${o.total === 1 ? "" : "s"}`);
+  }
+  document.getElementById("previous").disabled = o.offset === 0;
+  document.getElementById("next").disabled = o.offset + shown >= o.matched;
+}
+
 async function draw() {
   try {
-    const response = await fetch("api/overview");
+    const query = `offset=${page.offset}&filter=${encodeURIComponent(page.filter)}`;
+    const response = await fetch(`api/overview?${query}`);
     if (!response.ok) throw new Error((await response.json()).error.message);
     const overview = await response.json();
+    page.limit = overview.limit;
+    if (!overview.servings.length && overview.matched && page.offset) {
+      page.offset = 0;  // servings went away under a later page: back to the first
+      again = true;
+      return;
+    }
+    showNotice(overview);
     await Promise.all(overview.servings.filter((s) => s.dead_letters > 0 || deadLetters[s.name]?.length)
       .map((s) => readDeadLetters(s.name)));
     document.getElementById("prefix").textContent = `prefix ${overview.prefix}`;
