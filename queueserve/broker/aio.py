@@ -258,6 +258,11 @@ class AsyncProducer:
     def subscribe(self, channel: str) -> AsyncSubscription:
         return AsyncSubscription(self.redis, self.url, channel)
 
+    async def ping(self) -> None:
+        """One PING; RedisUnavailable when Redis does not answer (the gateway's /readyz)."""
+        with redis_errors(self.url):
+            await self.redis.ping()
+
     async def alive_workers(self, keys: Keys, within: float) -> int:
         with redis_errors(self.url):
             return int(await self.redis.zcount(keys.workers, since_ms(within), "+inf"))

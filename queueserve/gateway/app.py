@@ -22,7 +22,9 @@ from queueserve.gateway.errors import ApiError, error_response, internal
 from queueserve.gateway.fast import FastDispatch, GatewayApp
 from queueserve.gateway.metrics import HttpMetrics
 
-KNOWN_PATHS = frozenset({"/healthz", "/metrics", "/v1/models", "/v1/embeddings", "/v1/completions"})
+KNOWN_PATHS = frozenset(
+    {"/healthz", "/readyz", "/metrics", "/v1/models", "/v1/embeddings", "/v1/completions"}
+)
 
 
 def create_app(
@@ -37,8 +39,13 @@ def create_app(
 
     ``client_or_url``: an ``AsyncClient`` of yours (kept open: you close it), or a Redis URL
     (default ``QUEUESERVE_REDIS_URL``) for a client the app makes on first use and closes at
-    shutdown. ``token``: every route but ``/healthz`` requires ``Authorization: Bearer
-    <token>``. ``models``: OpenAI model name -> serving name, added to DEFAULT_MODELS.
+    shutdown. ``token``: every route but ``/healthz`` and ``/readyz`` requires
+    ``Authorization: Bearer <token>``. ``models``: OpenAI model name -> serving name, added to
+    DEFAULT_MODELS; at startup (when the server runs the app's lifespan) each one whose serving
+    no worker has declared is logged as a warning.
+
+    ``GET /healthz`` answers 200 while the process serves (liveness); ``GET /readyz`` 200 while
+    Redis answers, 503 while it does not (readiness: what a load balancer routes by).
 
     >>> app = create_app("redis://localhost:6379/0", token="s3cret")
     >>> # uvicorn.run(app, port=8000), or: outer_app.mount("/qs", app)
@@ -56,11 +63,23 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        if models:
+            await gw.check_models(models)
         yield
         await gw.aclose()
 
     async def healthz(request: Request) -> Response:
         return JSON({"status": "ok"})
+
+    async def readyz(request: Request) -> Response:
+        if await gw.ready():
+            return JSON({"status": "ready"})
+        raise ApiError(
+            503,
+            "redis_unavailable",
+            "not ready: Redis does not answer the gateway (its log names the Redis and why); "
+            "send no traffic here until this answers 200",
+        )
 
     bearer = Token(token) if token is not None else None
     # Outermost: refused and failed requests are counted too.
@@ -70,6 +89,7 @@ def create_app(
     app = GatewayApp(
         routes=[
             Route("/healthz", healthz, methods=["GET"]),
+            Route("/readyz", readyz, methods=["GET"]),
             Route("/metrics", metrics.endpoint, methods=["GET"]),
             *servings.routes(gw),
             *jobs.routes(gw),

@@ -1,9 +1,10 @@
-"""Bearer-token auth: a pure ASGI middleware in front of every route but ``/healthz`` (the
-busiest route checks the same ``Token`` itself: fast.py). The dashboard's changes check the
-same ``Token`` (queueserve/dashboard/app.py).
+"""Bearer-token auth: a pure ASGI middleware in front of every route but ``/healthz`` and
+``/readyz`` (the busiest route checks the same ``Token`` itself: fast.py). The dashboard's
+changes check the same ``Token`` (queueserve/dashboard/app.py).
 
-A load balancer's health check carries no token, and a liveness answer tells nothing; the
-metrics, the models list and every serving need the token when one is set.
+A load balancer's health check carries no token, and a liveness or readiness answer tells
+nothing (readiness: whether Redis answers; its 503 names no address); the metrics, the models
+list and every serving need the token when one is set.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from queueserve.gateway.errors import ApiError, error_response
 from queueserve.gateway.paths import route_path
 
-OPEN_PATHS = frozenset({"/healthz"})
+OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 
 
 class Token:

@@ -1,14 +1,18 @@
-"""What every route shares: the one ``AsyncClient`` of the process, which servings exist, and
-a call that is withdrawn when its HTTP client disconnects."""
+"""What every route shares: the one ``AsyncClient`` of the process, which servings exist,
+whether Redis answers (``ready``), and a call that is withdrawn when its HTTP client
+disconnects."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Iterable
+import asyncio
+import logging
+from collections.abc import AsyncGenerator, Iterable, Mapping
 from typing import Any, cast
 
 from starlette.types import Receive
 
 from queueserve.broker.errors import redis_errors
+from queueserve.broker.urls import redact_url
 from queueserve.client.aio import AsyncClient, AsyncTicket
 from queueserve.errors import QueueServeError
 from queueserve.gateway.errors import ApiError, bad_request, from_queueserve
@@ -16,7 +20,13 @@ from queueserve.gateway.watch import Watches
 from queueserve.hooks import Event
 from queueserve.wire.protocol import Keys
 
+log = logging.getLogger(__name__)
+
 MAX_NAME = 200  # longer serving names are not looked up in Redis
+# How long /readyz waits for Redis's PING: well under a load balancer's probe timeout, so an
+# unreachable Redis (no answer at all) is a 503, not a probe that times out.
+READY_TIMEOUT_S = 2.0
+CHECK_MODELS_TIMEOUT_S = 5.0  # the startup check of --model mappings, Redis down included
 
 
 class Gateway:
@@ -38,6 +48,7 @@ class Gateway:
         self.models = models
         self._known: set[str] = set()
         self._watches = Watches()
+        self._ready: bool | None = None  # what the last /readyz found (None: not asked yet)
 
     @property
     def client(self) -> AsyncClient:
@@ -55,29 +66,105 @@ class Gateway:
         if self.owns_client and self._client is not None:
             await self._client.aclose()
 
-    async def require(self, name: str, what: str = "serving") -> None:
-        """404 unless a worker declared ``name`` (its meta hash holds the codec, as every
-        declaration does). A known name costs nothing; an unknown one an HGETALL."""
+    @property
+    def redis(self) -> str:
+        """The client's Redis URL, its password hidden: for logs."""
+        return redact_url(self.client._broker.url)
+
+    async def require(self, name: str, model: str | None = None) -> None:
+        """404 unless a worker declared serving ``name`` (its meta hash holds the codec, as
+        every declaration does), naming the ``model`` the caller asked for when it is not the
+        serving's own name. A known name costs nothing; an unknown one an HGETALL."""
         if name in self._known:
             return
-        try:
-            keys = Keys(self.prefix, name) if len(name) <= MAX_NAME else None
-        except ValueError:
-            keys = None
-        if keys is not None:
-            try:
-                declared = "codec" in await self.client._broker.meta(keys)
-            except QueueServeError as e:
-                raise from_queueserve(e) from None
-            if declared:
-                self._known.add(name)
-                return
+        if await self._declared(name):
+            self._known.add(name)
+            return
+        shown = f"{name[:MAX_NAME]!r}"
+        if model is None:
+            what = f"serving {shown}"
+        elif model == name:
+            what = f"model {shown} (taken as a serving's name: no --model maps it)"
+        else:
+            what = f"serving {shown}, which model {model[:MAX_NAME]!r} maps to (--model),"
         raise ApiError(
             404,
             "unknown_serving",
-            f"no worker has declared {what} {name[:MAX_NAME]!r} under prefix "
-            f"{self.prefix!r}; GET /v1/models lists the servings there are",
+            f"no worker has declared {what} under prefix {self.prefix!r}; GET /v1/models "
+            "lists the servings there are",
         )
+
+    async def _declared(self, name: str) -> bool:
+        try:
+            keys = Keys(self.prefix, name) if len(name) <= MAX_NAME else None
+        except ValueError:
+            return False
+        if keys is None:
+            return False
+        try:
+            return "codec" in await self.client._broker.meta(keys)
+        except QueueServeError as e:
+            raise from_queueserve(e) from None
+
+    async def ready(self) -> bool:
+        """Whether Redis answers a PING within READY_TIMEOUT_S; a change from the last
+        answer is logged (once per outage, not once per probe)."""
+        try:
+            await asyncio.wait_for(self.client._broker.ping(), READY_TIMEOUT_S)
+        except (QueueServeError, TimeoutError) as e:
+            if self._ready is not False:
+                log.warning(
+                    "gateway: not ready: %s; /readyz answers 503 until Redis answers",
+                    self._no_answer(e, READY_TIMEOUT_S),
+                )
+            self._ready = False
+            return False
+        if self._ready is False:
+            log.info("gateway: ready again: Redis at %s answers", self.redis)
+        self._ready = True
+        return True
+
+    async def check_models(self, models: Mapping[str, str]) -> None:
+        """Log a warning for each of ``models`` (model -> serving) whose serving no worker
+        has declared (yet): its requests would get 404. Redis away: said, and left to the
+        requests."""
+        try:
+            await asyncio.wait_for(self._warn_undeclared(models), CHECK_MODELS_TIMEOUT_S)
+        except (ApiError, TimeoutError) as e:
+            log.warning(
+                "gateway: could not check the --model mappings: %s",
+                self._no_answer(e, CHECK_MODELS_TIMEOUT_S),
+            )
+
+    def _no_answer(self, error: Exception, waited: float) -> str:
+        """What a failed read of Redis says (its error names the Redis), or that it did not
+        answer within ``waited`` seconds."""
+        if isinstance(error, TimeoutError):
+            return f"Redis at {self.redis} did not answer within {waited:g} s"
+        return str(error)
+
+    async def _warn_undeclared(self, models: Mapping[str, str]) -> None:
+        undeclared = [(m, s) for m, s in models.items() if not await self._declared(s)]
+        if not undeclared:
+            return
+        try:
+            names = await self.servings()
+        except QueueServeError as e:
+            raise from_queueserve(e) from None
+        there = ", ".join(names[:20]) + (f" and {len(names) - 20} more" if len(names) > 20 else "")
+        for model, serving in undeclared:
+            log.warning(
+                "gateway: --model %s=%s: no worker has declared serving %r under prefix %r on "
+                "%s (servings declared there: %s); requests for model %r get 404 until one "
+                "does: check the serving's name, or start its worker",
+                model,
+                serving,
+                serving,
+                self.prefix,
+                self.redis,
+                there or "none",
+                model,
+            )
 
     async def servings(self) -> list[str]:
         """Names of the servings workers declared under this prefix (a SCAN of meta keys)."""

@@ -148,7 +148,7 @@ def routes(gw: Gateway) -> list[Route]:
 
 async def serving_of(gw: Gateway, model: str) -> str:
     serving = gw.models.get(model, model)
-    await gw.require(serving, f"serving {serving!r} for model" if serving != model else "model")
+    await gw.require(serving, model)
     return serving
 
 

@@ -11,7 +11,9 @@ from typing import Any
 
 import uvicorn
 
+from queueserve.broker.urls import redact_url
 from queueserve.gateway.app import create_app
+from queueserve.settings import Settings
 
 log = logging.getLogger("queueserve.gateway")
 
@@ -51,13 +53,41 @@ def http_protocol() -> Any:
     return "auto"
 
 
+def log_start(args: argparse.Namespace, settings: Settings, token: str | None) -> None:
+    """One line of where the gateway's servings are and whether it asks for a token: a wrong
+    Redis, prefix or missing token is seen at start, not from the first 404 or 401."""
+    if args.redis_url:
+        source = "given"
+    elif "redis_url" in settings.model_fields_set:
+        source = "from QUEUESERVE_REDIS_URL"
+    else:
+        source = "the default: pass --redis-url or set QUEUESERVE_REDIS_URL"
+    if args.token:
+        auth = "on (bearer token from --token)"
+    elif token:
+        auth = f"on (bearer token from {TOKEN_ENV})"
+    else:
+        auth = f"off: every route is open (set {TOKEN_ENV} or --token to require one)"
+    log.info(
+        "gateway: Redis %s (%s), prefix %r, auth %s",
+        redact_url(args.redis_url or settings.redis_url),
+        source,
+        args.prefix or settings.prefix,
+        auth,
+    )
+
+
 def gateway_command(args: argparse.Namespace) -> int:
+    settings = Settings()
+    token = args.token or os.environ.get(TOKEN_ENV) or None
+    models = models_of(args.models)
+    log_start(args, settings, token)
     app = create_app(
-        args.redis_url,
-        prefix=args.prefix,
-        token=args.token or os.environ.get(TOKEN_ENV) or None,
+        args.redis_url or settings.redis_url,
+        prefix=args.prefix or settings.prefix,
+        token=token,
         max_body_bytes=args.max_body_bytes,
-        models=models_of(args.models),
+        models=models,
     )
     # Everything loaded so far lives as long as the process: frozen, the cyclic collector's full
     # passes stop walking it (bench/gateway.py: a fifth of the CPU per HTTP request before).

@@ -157,6 +157,7 @@ class Endpoint:
 
 ENDPOINTS: dict[tuple[str, str], Endpoint] = {
     ("GET", "/healthz"): Endpoint("GET", "/healthz"),
+    ("GET", "/readyz"): Endpoint("GET", "/readyz"),
     ("GET", "/metrics"): Endpoint("GET", "/metrics"),
     ("POST", "/v1/servings/{name}/dispatch"): Endpoint(
         "POST",

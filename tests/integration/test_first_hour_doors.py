@@ -23,9 +23,12 @@ import queueserve as qs
 from queueserve.settings import redact_url
 from tests.support.dashboard_proc import DashboardProc, chromium
 from tests.support.fault_app import WorkerProc
+from tests.support.gateway_app import GatewayProc
 from tests.support.helpers import REPO, WAIT_S, child_env, wait_until
+from tests.support.redis_server import RedisServer
 
 EXIT_JOB_FAILED = 5  # docs/operations.md, "Supervision and exit codes"
+TOKEN = "doors-token"
 
 
 # --- queueserve job wait -------------------------------------------------------------------
@@ -232,3 +235,98 @@ def test_the_page_says_no_serving_is_declared_then_pages_past_a_hundred(
     wait_until(lambda: "servings 101 to 105 of 105" in text_of(browser, "#notice"), "page two")
     wait_until(lambda: sections(browser) == 5, "the rest")
     assert "Traceback" not in dashboard.output(), dashboard.output()
+
+
+# --- queueserve gateway --------------------------------------------------------------------
+def status(url: str, **headers: str) -> int:
+    try:
+        return httpx.get(url, headers=headers, timeout=10).status_code
+    except httpx.TransportError:
+        return 0
+
+
+def test_readyz_is_503_while_redis_is_down_and_200_again_once_it_answers(
+    redis_tmp_server: RedisServer, prefix: str, tmp_path: Path
+) -> None:
+    # Given a gateway (with a token) on a Redis of the test's own
+    gateway = GatewayProc(redis_tmp_server.url, prefix, tmp_path / "gateway.log", "--token", TOKEN)
+    try:
+        # Then /readyz answers 200 without the token, as a load balancer asks
+        assert status(f"{gateway.url}/readyz") == 200, gateway.output()
+
+        # When Redis stops
+        redis_tmp_server.stop()
+        # Then /readyz answers 503 (in the gateway's error shape), /healthz still 200
+        wait_until(
+            lambda: status(f"{gateway.url}/readyz") == 503, "/readyz to say 503", process=gateway
+        )
+        body = httpx.get(f"{gateway.url}/readyz", timeout=10).json()
+        assert body["error"]["type"] == "redis_unavailable"
+        assert status(f"{gateway.url}/healthz") == 200
+        wait_until(lambda: "gateway: not ready" in gateway.output(), "the outage logged")
+
+        # When Redis is back on its port
+        redis_tmp_server.start()
+        # Then /readyz answers 200 again, and the recovery is logged
+        wait_until(
+            lambda: status(f"{gateway.url}/readyz") == 200, "/readyz to say 200", process=gateway
+        )
+        wait_until(lambda: "gateway: ready again" in gateway.output(), "the recovery logged")
+    finally:
+        gateway.stop()
+    assert "Traceback" not in gateway.output(), gateway.output()
+
+
+def test_the_gateway_logs_its_redis_and_auth_and_warns_of_a_model_mapped_to_no_serving(
+    redis_client: redis.Redis, redis_url: str, prefix: str, tmp_path: Path
+) -> None:
+    # Given a serving declared under the prefix
+    declare(redis_client, prefix, ["declared"])
+    # When a gateway starts mapping one model to it and one to a serving no worker declared
+    gateway = GatewayProc(
+        redis_url,
+        prefix,
+        tmp_path / "gateway.log",
+        *("--model", "gpt-4=nosuch", "--model", "my-embedder=declared", "--token", TOKEN),
+    )
+    try:
+        log = gateway.output()
+    finally:
+        gateway.stop()
+    # Then its startup log names the Redis (redacted), the prefix and that auth is on
+    started = f"gateway: Redis {redact_url(redis_url)} (given), prefix {prefix!r}, auth on"
+    assert started in log, log
+    # and warns of the model mapped to a serving no worker declared (only), naming both
+    warned = [line for line in log.splitlines() if "WARNING" in line and "--model" in line]
+    assert len(warned) == 1, log
+    assert "gpt-4=nosuch" in warned[0] and "'nosuch'" in warned[0], warned
+    assert "servings declared there: declared" in warned[0], warned
+
+
+def test_the_404_for_a_mapped_model_names_the_model_asked_for_and_its_serving(
+    redis_client: redis.Redis, redis_url: str, prefix: str, tmp_path: Path
+) -> None:
+    # Given a gateway mapping model gpt-4 to a serving no worker declared
+    gateway = GatewayProc(redis_url, prefix, tmp_path / "gateway.log", "--model", "gpt-4=nosuch")
+    try:
+        # When a caller asks for that model
+        response = httpx.post(
+            f"{gateway.url}/v1/embeddings", json={"model": "gpt-4", "input": "a"}, timeout=WAIT_S
+        )
+    finally:
+        gateway.stop()
+    # Then the 404 names the model it asked for and the serving that model maps to
+    assert response.status_code == 404, response.text
+    message = response.json()["error"]["message"]
+    assert "model 'gpt-4'" in message and "serving 'nosuch'" in message, message
+    assert "model 'nosuch'" not in message, message
+
+
+def test_a_gateway_without_a_token_says_auth_is_off(
+    redis_client: redis.Redis, redis_url: str, prefix: str, tmp_path: Path
+) -> None:
+    gateway = GatewayProc(redis_url, prefix, tmp_path / "gateway.log")
+    try:
+        assert "auth off: every route is open" in gateway.output(), gateway.output()
+    finally:
+        gateway.stop()
