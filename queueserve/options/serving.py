@@ -139,8 +139,8 @@ class ServingOptions(BaseModel):
     )
     batch_key_weights: Annotated[KeyWeights, checked_by(key_weights)] = Field(
         default_factory=KeyWeights,
-        description="Batch key -> weight (key=w,key2=w2): waiting counts w times, so under a "
-        "backlog a key of weight w gets about w times the batches of a weight-1 key.",
+        description="Batch key -> weight (key=w,key2=w2): while keys have work, a key of "
+        "weight w comes round w times as often as a key of weight 1 (about w times the batches).",
     )
     max_latency: Annotated[float, duration(MAX_BATCH_TIMEOUT_S)] = Field(
         0.0,

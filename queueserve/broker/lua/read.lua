@@ -15,7 +15,8 @@
 --           be read: the worker holds a whole batch of it already, as urgent or more;
 --           '-<batch key>': the worker holds some of that key's work (less than a batch);
 --           '+': read leading keys only, among the first 64 (the worker's look-ahead is full:
---           their batch goes in first, read while the others wait)
+--           their batch goes in first, read while the others wait);
+--           '=<batch key>=<weight>': the key's weight (batch_key_weights; 1 when not named)
 -- Keys the worker holds work of are read after the others, whatever their rank: what it holds
 -- of them runs in their turn anyway, and reading more of them first would spend the room on
 -- work that only waits, while a key that became ready later (a quiet one) waits a read more.
@@ -23,7 +24,10 @@
 -- live in the slot of KEYS[1].
 -- A stream that gave fewer entries than asked is drained and leaves the ready set (enqueue.lua
 -- adds it back on its next request, atomically, so no request is missed); one that gave all
--- it was asked is ranked again as if it became ready now: ready keys take turns.
+-- it was asked is ranked again as if it became ready now: ready keys take turns. A key of weight
+-- w is ranked again only 1/w of the way from its rank to now, so it comes round w times as often
+-- as a key of weight 1 while both have work (stride scheduling; the worker's assembler ranks
+-- the batches it holds the same way).
 -- Quiet keys first (FQ-CoDel's new flows): enqueue.lua ranks a key that becomes ready after a
 -- second without requests, while no more urgent work is queued, LEAD_MS ahead, its score ending
 -- in .5, so it is read before the keys taking turns, and a quiet key waits for no round of busy
@@ -42,10 +46,14 @@ local group, consumer = ARGV[1], ARGV[2]
 local step = tonumber(ARGV[3])
 local budget = tonumber(ARGV[4])
 local per_key = tonumber(ARGV[5])
-local full, held, new_only = {}, {}, false
+local full, held, new_only, weights = {}, {}, false, {}
 for i = 8, #ARGV do
   local mark, key = string.sub(ARGV[i], 1, 1), string.sub(ARGV[i], 2)
   if mark == '-' then held[key] = true elseif mark == '+' then new_only = true
+  elseif mark == '=' then
+    local name, weight = string.match(key, '^(.*)=([^=]+)$')
+    weight = tonumber(weight)
+    if name and weight and weight > 0 then weights[name] = weight end
   else full[key] = tonumber(mark) end
 end
 local function items_of(entry)
@@ -63,7 +71,7 @@ local out = {last[1] and last[1][1] or '0-0', 0, 0, 0, leads}
 local taken = {}
 local drained = {}
 local again = {}
-local function take(member, priority, key, new)
+local function take(member, priority, key, new, score)
   local want = math.min(per_key - (taken[key] or 0), budget)
   if want <= 0 then return end
   local stream
@@ -97,7 +105,12 @@ local function take(member, priority, key, new)
   if drained_now then
     drained[#drained + 1] = member
   else
-    again[#again + 1] = now - priority * step
+    local rank = now - priority * step
+    local weight = weights[key]
+    if weight and not new and score < rank then
+      rank = math.floor(score + (rank - score) / weight)
+    end
+    again[#again + 1] = rank
     again[#again + 1] = member
   end
   if n > 0 then
@@ -109,7 +122,7 @@ local function take(member, priority, key, new)
     redis.call('ZADD', KEYS[2], now, stream)
   end
 end
-local later = {}  -- {member, priority, key, new} of keys the worker holds work of, in rank order
+local later = {}  -- {member, priority, key, new, score} of keys the worker holds work of, in order
 local function leading(score) return score % 1 == 0.5 end
 local urgent_level  -- the priority of the first key without a lead (looked up once needed)
 local function passes_urgent_work(priority)
@@ -144,9 +157,9 @@ while budget > 0 do
       out[2] = out[2] + 1
     elseif new or not new_only then  -- (the watch reads leading keys alone)
       if held[key] then
-        later[#later + 1] = {member, priority, key, new}
+        later[#later + 1] = {member, priority, key, new, score}
       elseif budget > 0 then
-        take(member, priority, key, new)
+        take(member, priority, key, new, score)
       end
     end
   end
@@ -154,7 +167,7 @@ while budget > 0 do
 end
 for _, m in ipairs(later) do
   if budget <= 0 then break end
-  take(m[1], m[2], m[3], m[4])
+  take(m[1], m[2], m[3], m[4], m[5])
 end
 if #drained > 0 then redis.call('ZREM', KEYS[1], unpack(drained)) end
 if #again > 0 then redis.call('ZADD', KEYS[1], 'XX', unpack(again)) end

@@ -17,7 +17,10 @@ from the front of one key's queue:
   its levels' worth goes before a higher priority served all along (never starved by it);
 - between keys with a batch ready to run, the one waiting longest goes first, each priority
   level counting as ``age_per_priority`` seconds of waiting: keys take turns by batch, so a
-  quiet key waits for about one batch per busy key, never for a backlog to drain.
+  quiet key waits for about one batch per busy key, never for a backlog to drain;
+- a key of weight w (``batch_key_weights``) comes round w times as often: after each batch its
+  turn moves only 1/w of the way from where it was to that batch's end (stride scheduling, as
+  read.lua ranks keys in Redis).
 """
 
 from __future__ import annotations
@@ -170,8 +173,9 @@ class Assembler:
         self.capacity = capacity
         self.timeout = timeout
         self.age_per_priority = age_per_priority
-        # Batch key -> weight (batch_key_weights): a key's waiting counts that many times.
-        self.weights: Mapping[str, float] = {}
+        # Batch key -> weight (batch_key_weights): a key comes round that many times as often.
+        self._weights: Mapping[str, float] = {}
+        self._weight_marks: list[str] = []
         self.batch_times = BatchTimes()  # what batches take here (the executors measure)
         self.latency: LatencyPlan | None = None  # when max_latency is set
         # The clock passed in is monotonic; entry ids (when a request was enqueued) are unix
@@ -185,6 +189,16 @@ class Assembler:
         self._ends: dict[str, float] = {}
         self.weight = 0.0  # items (or cost) waiting, all keys
 
+    @property
+    def weights(self) -> Mapping[str, float]:
+        return self._weights
+
+    @weights.setter
+    def weights(self, weights: Mapping[str, float]) -> None:
+        self._weights = {key: w for key, w in weights.items() if w != 1.0}
+        # read.lua ranks a weighted key's streams with its weight too: '=<key>=<weight>'
+        self._weight_marks = [f"={key}={w!r}" for key, w in self._weights.items()]
+
     def full_keys(self) -> list[str]:
         """Keys holding a whole batch waiting: reading more of them would only buffer."""
         return [k for k, q in self.queues.items() if q.weight >= self.capacity]
@@ -193,8 +207,9 @@ class Assembler:
         """``<priority><key>`` for each key holding a whole batch at that priority and above
         (read.lua reads none of the key's streams at or below it: they would only buffer; a
         more urgent stream is read, its request goes in the key's next batch), and ``-<key>``
-        for each key holding less (read.lua reads those after every other ready key)."""
-        marks = []
+        for each key holding less (read.lua reads those after every other ready key), and
+        ``=<key>=<weight>`` for each weighted key (read.lua ranks it again so)."""
+        marks = self._weight_marks.copy()
         for key, queue in self.queues.items():
             if queue.weight < self.capacity:
                 if queue.weight > 0:
@@ -249,6 +264,8 @@ class Assembler:
                 queue.turn = ends
             elif lead:
                 queue.turn = now - LEAD_S
+            elif ends is not None:  # a weighted key's turn, saved from its last batch
+                queue.turn = ends
         if self.latency is not None:
             self.latency.arrived(len(piece.items), now)
         priority = piece.request.priority
@@ -265,22 +282,19 @@ class Assembler:
 
         Runnable are full and due batches; of those, the one whose turn started first runs,
         each priority level of its most urgent item counting as ``age_per_priority`` seconds
-        earlier, and each second of waiting as ``weights[key]`` seconds (1 by default). A busy
-        key's turn restarts with each batch it gives, from when that batch is expected to end,
-        so keys take turns, and a request that came during a batch goes in the next one: a
-        batch still filling runs early rather than wait behind a key ranked after it.
+        earlier. A busy key's turn restarts with each batch it gives, from when that batch is
+        expected to end (``_next_turn``: a weighted key's, nearer), so keys take turns, and a
+        request that came during a batch goes in the next one: a batch still filling runs
+        early rather than wait behind a key ranked after it.
         ``flush`` treats every waiting batch as due (a stopping worker runs what it holds).
         """
         chosen: KeyQueue | None = None
         early: KeyQueue | None = None  # the first ranked of the batches not due yet
         best = early_rank = 0.0
         next_due: float | None = None
-        weights, latency, capacity = self.weights, self.latency, self.capacity
+        latency, capacity = self.latency, self.capacity
         for queue in self.queues.values():
-            turn = queue.turn
-            if weights and (weight := weights.get(queue.key)):
-                turn = now - weight * (now - turn)
-            rank = turn - queue.urgent() * self.age_per_priority
+            rank = queue.turn - queue.urgent() * self.age_per_priority
             at = queue.started + self.timeout
             if latency is not None and at > now and queue.weight < capacity:
                 at = min(
@@ -331,25 +345,41 @@ class Assembler:
         taken_weight = self.capacity - room
         queue.weight = max(0.0, queue.weight - taken_weight)
         self.weight = max(0.0, self.weight - taken_weight)
+        turn = self._next_turn(queue, now + self.batch_times.predict(taken_weight), now)
         if levels:
             queue.started = now
-            queue.turn = now + self.batch_times.predict(taken_weight)
+            queue.turn = turn
         else:
             self.weight = max(0.0, self.weight - queue.weight)
             del self.queues[queue.key]
-            self._ended(queue.key, now + self.batch_times.predict(taken_weight), now)
+            self._ended(queue.key, turn, now)
         self.buffered -= sum(len(s.items) for s in taken)
         return TakenBatch(queue.key, taken, opened, since)
 
-    def _ended(self, key: str, end: float, now: float) -> None:
-        """Remember when the batch just taken from ``key``'s emptied queue should end; what
-        ended already is forgotten, a thousand keys at a time."""
-        if end <= now:
+    def _next_turn(self, queue: KeyQueue, end: float, now: float) -> float:
+        """When ``queue``'s key's next turn starts, after a batch expected to end at ``end``:
+        then, for a key of weight 1. A key of weight w moves 1/w of the way there from its
+        last turn, so it comes round w times as often as a key of weight 1 while both have
+        work (stride scheduling). A quiet key's lead is for one batch: it is not saved up.
+        (A key that pauses for a second or more comes back quiet, so what it saves up is what
+        it may take of under a second.)"""
+        weight = self.weights.get(queue.key, 1.0) if self.weights else 1.0
+        if weight == 1.0:
+            return end
+        turn = queue.turn if queue.turn > now - LEAD_S else now
+        return turn + (end - turn) / weight
+
+    def _ended(self, key: str, turn: float, now: float) -> None:
+        """Remember when the next turn of ``key``, whose queue emptied, starts: when the batch
+        just taken should end, or a weighted key's saved turn. What is past and unweighted
+        needs no record (the key starts anew); the rest goes a thousand keys at a time."""
+        weights = self.weights
+        if turn <= now and key not in weights:
             return
         ends = self._ends
         if len(ends) >= ENDS_KEPT:
-            self._ends = ends = {k: t for k, t in ends.items() if t > now}
-        ends[key] = end
+            self._ends = ends = {k: t for k, t in ends.items() if t > now or k in weights}
+        ends[key] = turn
 
     def _next_level(self, queue: KeyQueue, unix_now: float) -> int:
         """The priority whose head a batch takes next: the lowest ``since - priority * age``,
