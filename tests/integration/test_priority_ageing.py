@@ -74,3 +74,48 @@ def test_a_priority_zero_request_waits_no_more_batches_than_its_ageing_allows(
     for ticket in flood:
         ticket.cancel()
     client.close()
+
+
+@pytest.mark.timeout(120)
+def test_every_priority_zero_request_sent_during_the_flood_waits_within_the_bound(
+    quick_ageing: None,
+    start_worker: StartWorker,
+    redis_client: redis.Redis,
+    redis_url: str,
+    prefix: str,
+) -> None:
+    # Given a worker, and a flood of priority-9 requests on the batch key
+    serving = Recording(
+        slow_echo, name="aged", batch_size=4, batch_timeout=0, priority_age=AGE_MS / 1000
+    )
+    start_worker(serving)
+    client = qs.Client(redis_url, prefix=prefix)
+    flood = [client.submit("aged", [f"h{i}"], priority=9) for i in range(FLOOD)]
+    wait_until(lambda: len(serving.item_batches) >= 5, "the flood running")
+
+    # When priority-0 requests keep coming on the same key, one every 4 batches (faster than
+    # the 9 levels of ageing: several wait at once)
+    sent_at: dict[str, int] = {}
+    lows = []
+    for i in range(8):
+        sent_at[f"low{i}"] = len(serving.item_batches)
+        lows.append(client.submit("aged", [f"low{i}"]))
+        wait_until(
+            lambda i=i: len(serving.item_batches) >= sent_at[f"low{i}"] + 4, "4 more batches"
+        )
+
+    # Then each runs within the bound of the test above, counted from its own send: ageing
+    # gives every one its turn, not one per bound (16, 23, 30 ... batch bounds)
+    for low in lows:
+        low.result(WAIT_S)
+    ran = serving.item_batches
+    bound = int(9 * AGE_MS / 1000 / BATCH_S) + 4
+    waits = {
+        name: next(i for i, items in enumerate(ran) if name in items) - before
+        for name, before in sent_at.items()
+    }
+    assert max(waits.values()) <= bound, (waits, bound)
+    assert sum(len(b) for b in ran) < FLOOD
+    for ticket in flood:
+        ticket.cancel()
+    client.close()

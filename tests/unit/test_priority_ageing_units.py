@@ -52,3 +52,26 @@ def test_a_level_never_served_ranks_from_its_head_entry() -> None:
         assert queue is not None
         taken += a.take(queue, now).items()
     assert taken == ["high", "low", "later"]
+
+
+def test_every_low_priority_request_of_a_sparse_stream_runs_within_its_bound() -> None:
+    # Given batches of one item every 0.1 s, a priority-9 flood that never ends, and a
+    # priority-0 request every 2 s on the same key
+    a = Assembler(capacity=1, timeout=0.0, age_per_priority=1.0, unix_offset=0.0)
+    sent: dict[str, float] = {}
+    waited: dict[str, float] = {}
+    for step in range(600):
+        now = 100.0 + step * 0.1
+        a.add("k", enqueued(now, 9, f"h{step}"), now=now)
+        if step % 20 == 0:
+            sent[f"low{step}"] = now
+            a.add("k", enqueued(now, 0, f"low{step}"), now=now)
+        queue, _ = a.pick(now)
+        assert queue is not None
+        for item in a.take(queue, now).items():
+            if item in sent:
+                waited[item] = now - sent[item]
+    # Then each runs about 9 s (9 levels of 1 s) after it was sent, not one per 9 s (the
+    # second 16 s, the third 23 s ... as when a batch's service restarted the level's clock)
+    assert len(waited) >= 25
+    assert max(waited.values()) <= 9.25, sorted(waited.values())

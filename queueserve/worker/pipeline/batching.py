@@ -385,13 +385,18 @@ class Assembler:
         """The priority whose head a batch takes next: the lowest ``since - priority * age``,
         ``since`` being when the level last gave a batch items, or when its head was enqueued
         if later (read.lua ranks a key's streams so in Redis). A level served all along ranks
-        as if it waited from now; one that waited its levels' worth goes first."""
+        as if it waited from now; one that waited its levels' worth goes first. But a head
+        that was not yet due when its level last gave a batch (enqueued less than the levels'
+        worth it may wait behind the most urgent level before that) keeps its own clock: each
+        request of a level that wins only by ageing runs within that bound, not one request
+        per bound."""
         best, best_rank = 0, math.inf
+        age, top = self.age_per_priority, max(queue.levels)
         for priority, slices in queue.levels.items():
-            since = max(
-                _enqueued(slices[0].request, unix_now), queue.served.get(priority, -math.inf)
-            )
-            rank = since - priority * self.age_per_priority
+            head = _enqueued(slices[0].request, unix_now)
+            served = queue.served.get(priority, -math.inf)
+            since = head if head > served - (top - priority) * age else served
+            rank = since - priority * age
             if rank < best_rank or (rank == best_rank and priority > best):
                 best, best_rank = priority, rank
         return best
