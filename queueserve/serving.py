@@ -12,7 +12,7 @@ from pydantic import BaseModel, ValidationError
 
 from queueserve import hooks
 from queueserve.hooks import END, NO_OUTPUT
-from queueserve.options.serving import KeyWeights, OnError, ServingOptions, resolve
+from queueserve.options.serving import KeyWeights, OnError, ServingOptions, followers, resolve
 from queueserve.results import BatchResults
 from queueserve.wire.protocol import Keys
 from queueserve.wire.request import FIELDS
@@ -341,14 +341,13 @@ class Serving:
 
     def options(self) -> dict[str, Any]:
         """The options workers publish for clients and operators."""
+        own = {name: getattr(self, name) for name in ServingOptions.model_fields}
         return {
-            **{name: getattr(self, name) for name in ServingOptions.model_fields},
+            **own,
             "cost": self.cost is not None,
             "hooks": ",".join(sorted(self.hooks)) if self.hooks is not None else "",
             "streaming": self.hooks is not None,
-            # Workers of this version read packs (several requests in one entry); clients
-            # pack up to this many items (enqueue.lua).
-            "pack_items": self.batch_size,
+            **followers(own),  # pack_items: the batch_size (options/serving.py)
             # They read the header's optional fields: clients send trace context only then
             # (docs/architecture.md, "Wire versions").
             "header_fields": ",".join(FIELDS),

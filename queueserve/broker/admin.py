@@ -15,6 +15,7 @@ from typing import Any, cast
 from queueserve.broker.common import StreamEntries, text, texts
 from queueserve.broker.core import BrokerCore
 from queueserve.broker.errors import raise_but_wrong_type, redis_errors
+from queueserve.options.serving import followers
 from queueserve.wire.protocol import GROUP, MAX_PRIORITY, PRIORITY_AGE_MS, Keys, check_shards
 
 log = logging.getLogger(__name__)
@@ -345,10 +346,23 @@ class Admin(BrokerCore):
             return bool(self.redis.xdel(keys.dead, dead_id))
 
     def set_config(self, keys: Keys, options: Mapping[str, Any]) -> None:
-        """Store run-time overrides, and show them in the declared options at once."""
+        """Store run-time overrides, and show them in the declared options at once, with the
+        fields that follow from them as the workers will declare them (``pack_items`` from
+        ``batch_size``): a worker that finds its new declaration already there writes nothing
+        and logs nothing (worker/pipeline/declaration.py). A follower an operator deleted
+        stays deleted (docs/operations.md, "Upgrading workers"): the meta hash is watched
+        from the read of which followers it holds to the write."""
         fields: dict[Any, Any] = {k: str(v) for k, v in options.items()}
-        with redis_errors(self.url):
-            pipe = self.redis.pipeline(transaction=True)
+        follow = {k: str(v) for k, v in followers(options).items()}
+
+        def write(pipe: Any) -> None:
+            held = pipe.hmget(keys.meta, list(follow)) if follow else []
+            kept = {
+                k: v for (k, v), was in zip(follow.items(), held, strict=True) if was is not None
+            }
+            pipe.multi()
             pipe.hset(keys.config, mapping=fields)
-            pipe.hset(keys.meta, mapping=fields)
-            pipe.execute()
+            pipe.hset(keys.meta, mapping={**fields, **kept})
+
+        with redis_errors(self.url):
+            self.redis.transaction(write, keys.meta)

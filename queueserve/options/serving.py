@@ -188,6 +188,20 @@ RUNTIME = (
 )
 
 
+# Fields of the declaration (``P:{S}:meta``) that follow from an option, each from its option.
+# Workers of this version read packs (several requests in one entry), and clients pack up to
+# pack_items items (enqueue.lua): the batch_size a worker declares.
+FOLLOWERS = {"pack_items": "batch_size"}
+
+
+def followers(options: Mapping[str, Any]) -> dict[str, Any]:
+    """The declared fields that follow from ``options`` (``{"pack_items": 64}`` for
+    ``{"batch_size": 64}``): a worker declares them with its options, and ``queueserve config
+    set`` writes them with the options it changes, so that neither finds the other's value
+    stale."""
+    return {field: options[option] for field, option in FOLLOWERS.items() if option in options}
+
+
 def validated(model: type[M], values: Mapping[str, Any]) -> M:
     """``model`` of ``values``; a ValueError saying what was wrong (a TypeError for a value of
     the wrong type where the field says so)."""
