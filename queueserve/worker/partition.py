@@ -29,7 +29,12 @@ YOUNG_COLLECTION_AFTER = 10_000  # objects allocated and not freed (Python's def
 
 class StartupFailed(QueueServeError):
     """A partition could not start serving (a serving's setup() raised, Redis refused its
-    first heartbeat); the message is one line naming the serving and the cause."""
+    first heartbeat); the message is one line naming the serving and the cause. ``serving``
+    names the serving whose setup() raised (its exception is the cause), None otherwise."""
+
+    def __init__(self, message: str, serving: str | None = None) -> None:
+        super().__init__(message)
+        self.serving = serving
 
 
 class Tally(Middleware):
@@ -151,7 +156,8 @@ class PartitionHost:
             except Exception as e:
                 raise StartupFailed(
                     f"setup() of serving {runner.serving.name!r} failed on partition "
-                    f"{self.partition.index} ({self.partition.device}): {type(e).__name__}: {e}"
+                    f"{self.partition.index} ({self.partition.device}): {type(e).__name__}: {e}",
+                    runner.serving.name,
                 ) from e
         if freeze_heap:
             gc.collect()

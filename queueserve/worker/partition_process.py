@@ -61,17 +61,36 @@ def partition_main(
     try:
         host = _start_partition(sources, config, partition, clock)
     except Exception as e:
-        # One line, said by the supervisor; the traceback only for those who ask for it.
-        log.debug("partition %d could not start", partition.index, exc_info=True)
-        report.send(
-            ("failed", str(e) if isinstance(e, StartupFailed) else f"{type(e).__name__}: {e}")
-        )
+        report.send(("failed", _failed(e, partition), _in_setup(e)))
         sys.exit(EXIT_ERROR)
     report.send(("started",))
     code = _serve_until_stopped(partition, config.limits, clock, stop, wake)
     host.stop(config.options.shutdown_timeout)
     report.send(("stopped", host.drained, host.summary))
     sys.exit(code)
+
+
+def _failed(error: Exception, partition: Partition) -> str:
+    """Log why this partition could not start, and return it in one line (the supervisor says
+    it). A serving's setup() that raised is its author's code: its traceback is an ERROR, once
+    per start of the partition; the others (Redis refused a command) only at DEBUG."""
+    serving = _in_setup(error)
+    if serving is not None:
+        log.error(
+            "serving %s: setup() failed on partition %d (%s)",
+            serving,
+            partition.index,
+            partition.device,
+            exc_info=error.__cause__,
+        )
+    else:
+        log.debug("partition %d could not start", partition.index, exc_info=True)
+    return str(error) if isinstance(error, StartupFailed) else f"{type(error).__name__}: {error}"
+
+
+def _in_setup(error: Exception) -> str | None:
+    """The serving whose setup() raised ``error``'s cause; None when it was something else."""
+    return error.serving if isinstance(error, StartupFailed) else None
 
 
 def _serve_until_stopped(

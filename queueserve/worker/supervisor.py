@@ -3,11 +3,12 @@
 Children are started with ``spawn`` (never ``fork``): a forked child inherits the parent's threads'
 locks and, with CUDA, a context it cannot use. The supervisor itself never touches a device.
 
-Each partition reports over a pipe: ``("started",)`` once it serves, ``("failed", line)`` when it
-could not start (a serving's setup() raised), ``("stopped", drained, totals)`` after draining. A
-partition that fails before it ever started is a startup failure: the worker stops with
-EXIT_ERROR at once instead of restarting it into a crash loop. A partition one of whose threads
-died of a bug exits with EXIT_THREAD_DIED (watchdog.py): restarted, and always counted as a crash.
+Each partition reports over a pipe: ``("started",)`` once it serves, ``("failed", line, serving)``
+when it could not start (``serving``: the one whose setup() raised, its traceback logged by the
+partition; else None), ``("stopped", drained, totals)`` after draining. A partition that fails
+before it ever started is a startup failure: the worker stops with EXIT_ERROR at once instead of
+restarting it into a crash loop. A partition one of whose threads died of a bug exits with
+EXIT_THREAD_DIED (watchdog.py): restarted, and always counted as a crash.
 
 Signals: the first SIGTERM/SIGINT is forwarded to every partition as SIGTERM, each drains (stops
 reading, finishes and answers what it holds, acks) and exits; the supervisor waits up to the
@@ -97,6 +98,7 @@ class _Slot:
     crashes: deque[float] = field(default_factory=deque)
     started: bool = False  # it reported serving at least once
     failure: str | None = None  # why it could not start, as it reported
+    failed_in: str | None = None  # the serving whose setup() raised (its traceback is logged)
     drained: dict[str, int] = field(default_factory=dict)  # summed over its stops
     totals: dict[str, int] = field(default_factory=dict)
     clock: Any = None  # shared with the process: its running batch (worker.watchdog)
@@ -241,6 +243,7 @@ class Supervisor:
             slot.started = True
         elif kind == "failed":
             slot.failure = str(report[1])
+            slot.failed_in = str(report[2]) if len(report) > 2 and report[2] else None
         elif kind == "stopped":
             _add(slot.drained, report[1])
             _add(slot.totals, report[2])
@@ -256,11 +259,13 @@ class Supervisor:
                     self._why_stop = "a partition could not start"
                     log.error(
                         "partition %d could not start: %s. Stopping the worker (exit code %d) "
-                        "without restarts: fix the cause and start it again (--log-level DEBUG "
-                        "shows the traceback)",
+                        "without restarts: fix the cause and start it again (%s)",
                         slot.partition.index,
                         slot.failure,
                         EXIT_ERROR,
+                        "the traceback of setup() is logged above"
+                        if slot.failed_in is not None
+                        else "--log-level DEBUG shows the traceback",
                     )
                     slot.process = None
                     return EXIT_ERROR

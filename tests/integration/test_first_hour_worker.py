@@ -1,6 +1,7 @@
 """A new user's first hour with the worker (issue 36), each surprise they met as a test:
 
 1. the operator's own `config set batch_size` draws no warning, and `config get` is current;
+2. a serving whose setup() raises shows its traceback at ERROR, once per start of a partition;
 
 Workers and the CLI run as real processes against the session's Redis; every wait is for a
 condition (a log line, a heartbeat, an exit) with a deadline, never a sleep.
@@ -8,9 +9,11 @@ condition (a log line, a heartbeat, an exit) with a deadline, never a sleep.
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
@@ -18,7 +21,8 @@ import redis
 import queueserve as qs
 from queueserve.wire.protocol import Keys
 from tests.integration.test_cli import Spawn, WorkerProcess, run_cli, spawn  # noqa: F401
-from tests.support.helpers import wait_until
+from tests.support.first_hour_worker_app import MISSING_MODEL
+from tests.support.helpers import child_env, wait_until
 
 APP = "tests.support.first_hour_worker_app"
 STRANGER = "not what this worker declared"
@@ -95,3 +99,52 @@ def test_config_set_batch_size_draws_no_stranger_warning_and_config_get_shows_pa
     assert cli(redis_url, prefix, "config", "set", "square", "batch_size=4").returncode == 0
     assert not redis_client.hexists(meta, "pack_items")
     assert redis_client.hget(meta, "batch_size") == b"4"
+
+
+# -- 2. a failing setup() shows its traceback, once per start of the partition ------------------
+def test_a_setup_that_raises_is_an_error_with_its_traceback(
+    spawn: Spawn,  # noqa: F811
+    redis_url: str,
+    prefix: str,
+) -> None:
+    failing = worker(spawn, redis_url, prefix, f"{APP}:Unloadable")
+    assert failing.wait() == 1, failing.output()
+    out = failing.output()
+    (error,) = lines_with("setup() failed on partition", out)
+    assert " ERROR " in error and error.endswith(
+        "serving unloadable: setup() failed on partition 0 (cpu)"
+    ), error
+    # the traceback follows it, down to the line of the serving that raised
+    after = out[out.index(error) :]
+    assert "Traceback (most recent call last):" in after
+    assert re.search(r'first_hour_worker_app\.py", line \d+, in setup', after), after
+    assert f"FileNotFoundError: {MISSING_MODEL}" in after
+    assert out.count("Traceback (most recent call last):") == 1
+    assert "(the traceback of setup() is logged above)" in out
+
+
+def test_a_setup_that_fails_after_a_restart_is_logged_once_per_start(
+    spawn: Spawn,  # noqa: F811
+    redis_url: str,
+    prefix: str,
+    client: qs.Client,
+    tmp_path: Path,
+) -> None:
+    # Given a serving whose setup() works once, and a partition recycled after each batch
+    env = child_env(FIRST_HOUR_SETUP_MARK=str(tmp_path / "set-up"))
+    flags = ["--max-batches-per-partition", "1", "--max-restarts", "1"]
+    args = ["--redis-url", redis_url, "--prefix", prefix, "--partitions", "1", *flags]
+    fragile = spawn(f"{APP}:Fragile", *args, env=env)
+
+    # When a batch runs, the partition is recycled, and each fresh one's setup() fails
+    assert client.dispatch("fragile", 1, timeout=60) == 1
+
+    # Then the worker gives up after the restarts it was allowed (a crash loop, exit 4)
+    assert fragile.wait() == 4, fragile.output()
+    out = fragile.output()
+    starts = out.count("started as pid")
+    errors = lines_with("serving fragile: setup() failed on partition 0 (cpu)", fragile.output())
+    # and each start whose setup() failed said so once, with one traceback: not the first
+    assert starts == 3, out
+    assert len(errors) == starts - 1 and all(" ERROR " in e for e in errors), out
+    assert out.count("Traceback (most recent call last):") == starts - 1, out

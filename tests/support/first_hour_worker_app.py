@@ -3,7 +3,13 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+from typing import Any
+
 import queueserve as qs
+
+MISSING_MODEL = "model file /models/missing.bin not found"
 
 
 def _square(xs: list[int]) -> list[int]:
@@ -11,3 +17,32 @@ def _square(xs: list[int]) -> list[int]:
 
 
 square = qs.Serving(_square, name="square", batch_size=10, batch_timeout=0.1)
+
+
+class Unloadable(qs.Serving):
+    """A serving whose setup() always fails, as a missing model file makes it."""
+
+    name = "unloadable"
+
+    def setup(self, partition: qs.Partition) -> None:
+        raise FileNotFoundError(MISSING_MODEL)
+
+    def handle_batch(self, batch: qs.Batch) -> list[Any]:
+        return list(batch)
+
+
+class Fragile(qs.Serving):
+    """A serving whose setup() succeeds once, and fails in every partition started after it
+    (its model was deleted meanwhile): the file FIRST_HOUR_SETUP_MARK says it ran."""
+
+    name = "fragile"
+    batch_timeout = 0.0
+
+    def setup(self, partition: qs.Partition) -> None:
+        mark = Path(os.environ["FIRST_HOUR_SETUP_MARK"])
+        if mark.exists():
+            raise FileNotFoundError(MISSING_MODEL)
+        mark.write_text("set up once")
+
+    def handle_batch(self, batch: qs.Batch) -> list[Any]:
+        return list(batch)
