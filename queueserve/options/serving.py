@@ -10,7 +10,13 @@ cost units too (tokens, pixels).
 
 from __future__ import annotations
 
+import inspect
+import os
+import re
+import sys
 from collections.abc import Mapping
+from pathlib import Path
+from types import FrameType
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationError
@@ -213,10 +219,56 @@ def validated(model: type[M], values: Mapping[str, Any]) -> M:
 
 def resolve(model: type[M], owner: type, given: Mapping[str, Any]) -> M:
     """The options of an instance of ``owner``: each ``given`` one, else ``owner``'s class
-    attribute of that name (a subclass may set options so), else the model's default."""
+    attribute of that name (a subclass may set options so), else the model's default.
+
+    A refused value's error names where the user wrote it (pydantic's own frames are no
+    help): the line that built the serving, or the class that set the option."""
     values = {
         name: given[name] if name in given else getattr(owner, name)
         for name in model.model_fields
         if name in given or hasattr(owner, name)
     }
-    return validated(model, values)
+    try:
+        return validated(model, values)
+    except (TypeError, ValueError) as e:
+        refused = [k for k, v in values.items() if k not in given and _refused(model, k, v)]
+        where = _defined_at(owner, refused[0]) if refused else _built_at()
+        if where is None:
+            raise
+        raise (ValueError if isinstance(e, ValueError) else TypeError)(f"{e} ({where})") from None
+
+
+_PACKAGE = str(Path(__file__).resolve().parents[1]) + os.sep  # queueserve/, with the separator
+
+
+def _built_at() -> str | None:
+    """``made at FILE, line N``: the innermost frame of the stack outside queueserve (the
+    user's ``qs.Serving(...)``, ``@qs.serving(...)`` or ``super().__init__(...)``)."""
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame = frame.f_back
+    if frame is None:
+        return None
+    return f"in the serving made at {frame.f_code.co_filename}, line {frame.f_lineno}"
+
+
+def _refused(model: type[BaseModel], name: str, value: Any) -> bool:
+    try:
+        validated(model, {name: value})
+    except (TypeError, ValueError):
+        return True
+    return False
+
+
+def _defined_at(owner: type, name: str) -> str | None:
+    """``set on class C at FILE, line N``: the line of the class (of ``owner``'s, itself or a
+    base) that sets option ``name``, else the class's first line."""
+    cls = next((c for c in owner.__mro__ if name in vars(c)), owner)
+    try:
+        file = inspect.getsourcefile(cls)
+        lines, first = inspect.getsourcelines(cls)
+    except (OSError, TypeError):
+        return None
+    sets = re.compile(rf"\s*{re.escape(name)}\s*(:[^=]*)?=")
+    line = next((first + i for i, text in enumerate(lines) if sets.match(text)), first)
+    return f"set on class {cls.__qualname__} at {file}, line {line}"

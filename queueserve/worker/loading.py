@@ -5,9 +5,12 @@ from __future__ import annotations
 import importlib
 import os
 import traceback
+from pathlib import Path
 
 from queueserve.errors import QueueServeError
 from queueserve.serving import Serving
+
+_PACKAGE = str(Path(__file__).resolve().parents[1]) + os.sep  # queueserve/, with the separator
 
 
 class ServingNotFound(QueueServeError):
@@ -34,7 +37,10 @@ def load_servings(spec: str) -> list[Serving]:
     except AttributeError:
         raise ServingNotFound(f"module {module_name!r} has no attribute {attr!r}") from None
     if isinstance(obj, type) and issubclass(obj, Serving):
-        obj = obj()
+        try:
+            obj = obj()
+        except Exception as e:  # an option the class sets is refused, say: one line, exit 2
+            raise ServingNotFound(f"cannot make serving {spec!r}: {_raised_at(e)}") from None
     found = obj if isinstance(obj, list | tuple) else [obj]
     if not found or not all(isinstance(s, Serving) for s in found):
         raise ServingNotFound(
@@ -45,12 +51,17 @@ def load_servings(spec: str) -> list[Serving]:
 
 def _raised_at(e: Exception) -> str:
     """What a failing import raised, with where: the offending line of a SyntaxError, else the
-    innermost frame of the traceback."""
+    innermost frame of the traceback outside queueserve (the user's line that called into it:
+    a ``qs.Serving(...)`` refusing an option raises from pydantic's frames), said once."""
     if isinstance(e, SyntaxError):
         return f"{type(e).__name__}: {e.msg} ({e.filename}, line {e.lineno})"
     frames = traceback.extract_tb(e.__traceback__)
-    where = f" ({frames[-1].filename}, line {frames[-1].lineno})" if frames else ""
-    return f"{type(e).__name__}: {e}{where}"
+    theirs = [f for f in frames if not f.filename.startswith(_PACKAGE)]
+    frame = theirs[-1] if theirs else None  # None: loading.py called queueserve's own code
+    said = f"{type(e).__name__}: {e}"
+    if frame is None or f"{frame.filename}, line {frame.lineno}" in said:
+        return said
+    return f"{said} ({frame.filename}, line {frame.lineno})"
 
 
 def _where_hint(module_name: str, error: ImportError) -> str:

@@ -2,6 +2,7 @@
 
 1. the operator's own `config set batch_size` draws no warning, and `config get` is current;
 2. a serving whose setup() raises shows its traceback at ERROR, once per start of a partition;
+3. an option qs.Serving refuses names the user's file and line, not pydantic's;
 
 Workers and the CLI run as real processes against the session's Redis; every wait is for a
 condition (a log line, a heartbeat, an exit) with a deadline, never a sleep.
@@ -9,9 +10,11 @@ condition (a log line, a heartbeat, an exit) with a deadline, never a sleep.
 
 from __future__ import annotations
 
+import inspect
 import re
 import signal
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,7 +25,8 @@ import queueserve as qs
 from queueserve.wire.protocol import Keys
 from tests.integration.test_cli import Spawn, WorkerProcess, run_cli, spawn  # noqa: F401
 from tests.support.first_hour_worker_app import MISSING_MODEL
-from tests.support.helpers import child_env, wait_until
+from tests.support.helpers import WAIT_S, child_env, wait_until
+from tests.support.redis_server import free_port
 
 APP = "tests.support.first_hour_worker_app"
 STRANGER = "not what this worker declared"
@@ -148,3 +152,65 @@ def test_a_setup_that_fails_after_a_restart_is_logged_once_per_start(
     assert starts == 3, out
     assert len(errors) == starts - 1 and all(" ERROR " in e for e in errors), out
     assert out.count("Traceback (most recent call last):") == starts - 1, out
+
+
+# -- 3. a refused option names the user's line, not pydantic's ----------------------------------
+def test_a_refused_option_names_the_line_that_made_the_serving() -> None:
+    frame = inspect.currentframe()
+    assert frame is not None
+    with pytest.raises(ValueError) as raised:
+        qs.Serving(lambda xs: xs, name="zero", batch_size=0)
+    line = frame.f_lineno - 1  # the qs.Serving line above
+    assert str(raised.value) == (
+        "batch_size must be an int from 1 to 1000000000, got 0 "
+        f"(in the serving made at {__file__}, line {line})"
+    )
+
+
+def in_folder(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """The CLI run from ``folder``, as a user runs it beside their module (no Redis answers)."""
+    dead = f"redis://127.0.0.1:{free_port()}/0"
+    return subprocess.run(
+        [sys.executable, "-m", "queueserve", *args, "--redis-url", dead],
+        cwd=folder,
+        env=child_env(),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=WAIT_S,
+    )
+
+
+def test_the_worker_names_the_module_line_with_the_refused_option(tmp_path: Path) -> None:
+    (tmp_path / "badopts.py").write_text(
+        "import queueserve as qs\n"
+        "\n"
+        "\n"
+        "serving = qs.Serving(lambda xs: xs, name='zero', batch_size=0)\n"
+    )
+    made = in_folder(tmp_path, "worker", "badopts:serving")
+    assert made.returncode == 2, made.stderr
+    assert made.stderr.strip() == (
+        "queueserve: cannot import module 'badopts' for 'badopts:serving': ValueError: "
+        "batch_size must be an int from 1 to 1000000000, got 0 (in the serving made at "
+        f"{tmp_path / 'badopts.py'}, line 4)"
+    )
+    # an option a subclass sets: the line that sets it
+    (tmp_path / "badclass.py").write_text(
+        "import queueserve as qs\n"
+        "\n"
+        "\n"
+        "class Model(qs.Serving):\n"
+        "    name = 'model'\n"
+        "    batch_timeout = '10 parsecs'\n"
+        "\n"
+        "    def handle_batch(self, batch):\n"
+        "        return list(batch)\n"
+    )
+    by_class = in_folder(tmp_path, "worker", "badclass:Model")
+    assert by_class.returncode == 2, by_class.stderr
+    assert by_class.stderr.strip() == (
+        "queueserve: cannot make serving 'badclass:Model': ValueError: batch_timeout "
+        "'10 parsecs' is not a duration; write it like '10ms', '2s', '1.5m' or '0.1' (set on "
+        f"class Model at {tmp_path / 'badclass.py'}, line 6)"
+    )
