@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import os
 import traceback
 from pathlib import Path
+from types import ModuleType
 
 from queueserve.errors import QueueServeError
 from queueserve.serving import Serving
@@ -22,11 +24,17 @@ def load_servings(spec: str) -> list[Serving]:
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise ServingNotFound(f"{spec!r} is not module:attr (for example myapp.servings:embed)")
+    if "/" in module_name or "\\" in module_name:  # a path: no module's name holds one
+        raise ServingNotFound(_path_hint(spec, module_name, attr))
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
+        named_a_file = module_name.endswith(".py") and e.name == module_name
+        hint = _path_hint(spec, module_name, attr) if named_a_file else ""
         raise ServingNotFound(
-            f"cannot import module {module_name!r} for {spec!r}: {e}{_where_hint(module_name, e)}"
+            hint
+            or f"cannot import module {module_name!r} for {spec!r}: {e}"
+            f"{_where_hint(module_name, e)}"
         ) from None
     except Exception as e:  # a SyntaxError, or the module's own code raised: one line, exit 2
         raise ServingNotFound(
@@ -35,7 +43,9 @@ def load_servings(spec: str) -> list[Serving]:
     try:
         obj = getattr(module, attr)
     except AttributeError:
-        raise ServingNotFound(f"module {module_name!r} has no attribute {attr!r}") from None
+        raise ServingNotFound(
+            f"module {module_name!r} has no attribute {attr!r}{_suggest(module, attr)}"
+        ) from None
     if isinstance(obj, type) and issubclass(obj, Serving):
         try:
             obj = obj()
@@ -62,6 +72,47 @@ def _raised_at(e: Exception) -> str:
     if frame is None or f"{frame.filename}, line {frame.lineno}" in said:
         return said
     return f"{said} ({frame.filename}, line {frame.lineno})"
+
+
+def _suggest(module: ModuleType, attr: str) -> str:
+    """The servings of ``module`` whose names are close to ``attr`` (difflib), else all of
+    them, for the message of a misspelled attribute."""
+    servings = sorted(name for name, value in vars(module).items() if _is_servings(value))
+    where = module.__name__
+    close = difflib.get_close_matches(attr, servings, n=3)
+    if close:
+        return "; did you mean " + " or ".join(f"{where}:{name}" for name in close) + "?"
+    if servings:
+        return f"; its servings: {', '.join(f'{where}:{name}' for name in servings)}"
+    return "; it defines no qs.Serving"
+
+
+def _is_servings(value: object) -> bool:
+    """What ``module:attr`` may name: a Serving, a Serving subclass of the user's, or a
+    non-empty list or tuple of Servings."""
+    if isinstance(value, type):
+        return issubclass(value, Serving) and not value.__module__.startswith("queueserve")
+    if isinstance(value, list | tuple):
+        return bool(value) and all(isinstance(v, Serving) for v in value)
+    return isinstance(value, Serving)
+
+
+def _path_hint(spec: str, module_name: str, attr: str) -> str:
+    """The message for a file path given where a module's name goes (``myapp/servings.py``):
+    the dotted name Python imports it by, and the folder to run the command from."""
+    cwd = os.getcwd()
+    path = Path(os.path.normpath(os.path.join(cwd, module_name.removesuffix(".py"))))
+    try:
+        parts = list(path.relative_to(cwd).parts)
+    except ValueError:  # outside the current folder: named from its own
+        parts, cwd = [path.name], str(path.parent)
+    if len(parts) > 1 and parts[-1] == "__init__":
+        parts.pop()
+    holds = f"{parts[0]}/" if len(parts) > 1 else f"{parts[0]}.py"
+    return (
+        f"{spec!r} names a file, not a module: name the module with dots, as Python imports "
+        f"it: {'.'.join(parts)}:{attr} (run from {cwd}, the folder that holds {holds})"
+    )
 
 
 def _where_hint(module_name: str, error: ImportError) -> str:

@@ -3,6 +3,7 @@
 1. the operator's own `config set batch_size` draws no warning, and `config get` is current;
 2. a serving whose setup() raises shows its traceback at ERROR, once per start of a partition;
 3. an option qs.Serving refuses names the user's file and line, not pydantic's;
+4. a misspelled `module:attr`, or a file path in its place, gets the right spelling;
 
 Workers and the CLI run as real processes against the session's Redis; every wait is for a
 condition (a log line, a heartbeat, an exit) with a deadline, never a sleep.
@@ -213,4 +214,49 @@ def test_the_worker_names_the_module_line_with_the_refused_option(tmp_path: Path
         "queueserve: cannot make serving 'badclass:Model': ValueError: batch_timeout "
         "'10 parsecs' is not a duration; write it like '10ms', '2s', '1.5m' or '0.1' (set on "
         f"class Model at {tmp_path / 'badclass.py'}, line 6)"
+    )
+
+
+# -- 4. a misspelled attribute or a file path gets the right spelling ---------------------------
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """myapp/servings.py in a project folder, as the README has it, with two servings."""
+    (tmp_path / "myapp").mkdir()
+    (tmp_path / "myapp" / "__init__.py").write_text("")
+    (tmp_path / "myapp" / "servings.py").write_text(
+        "import queueserve as qs\n\n"
+        "def square(xs):\n    return [x * x for x in xs]\n\n"
+        "serving = qs.Serving(square, name='square')\n"
+        "embed = qs.Serving(square, name='embed')\n"
+    )
+    return tmp_path
+
+
+def test_a_misspelled_attribute_suggests_the_close_servings(project: Path) -> None:
+    done = in_folder(project, "worker", "myapp.servings:servng")
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == (
+        "queueserve: module 'myapp.servings' has no attribute 'servng'; did you mean "
+        "myapp.servings:serving?"
+    )
+    # nothing close: the module's servings are listed (the function square is none of them)
+    far = in_folder(project, "worker", "myapp.servings:model")
+    assert far.returncode == 2, far.stderr
+    assert far.stderr.strip() == (
+        "queueserve: module 'myapp.servings' has no attribute 'model'; its servings: "
+        "myapp.servings:embed, myapp.servings:serving"
+    )
+
+
+@pytest.mark.parametrize(
+    "spec", ["myapp/servings.py:serving", "./myapp/servings.py:serving", "ABSOLUTE"]
+)
+def test_a_file_path_gets_the_module_name_with_dots(project: Path, spec: str) -> None:
+    spec = spec.replace("ABSOLUTE", f"{project / 'myapp' / 'servings.py'}:serving")
+    done = in_folder(project, "worker", spec)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == (
+        f"queueserve: {spec!r} names a file, not a module: name the module with dots, as "
+        f"Python imports it: myapp.servings:serving (run from {project}, the folder that "
+        "holds myapp/)"
     )
