@@ -49,10 +49,12 @@ def request_ids(entry_ids: Iterable[bytes], most: int = MAX_IDS) -> str:
 
 
 @contextlib.contextmanager
-def batch_scope(slices: Sequence[Any]) -> Iterator[str]:
-    """Records logged in the block (on this thread) carry a new batch id and the requests of
-    ``slices`` (the pipeline's Slice: ``.request.entry_id``)."""
-    batch_id = f"{_partition}.{next(_batch_numbers)}"
+def batch_scope(slices: Sequence[Any], batch_id: str | None = None) -> Iterator[str]:
+    """Records logged in the block (on this thread) carry a new batch id (``batch_id``: that
+    one, for lines about a batch said after its scope ended) and the requests of ``slices``
+    (the pipeline's Slice: ``.request.entry_id``)."""
+    if batch_id is None:
+        batch_id = f"{_partition}.{next(_batch_numbers)}"
     token = _batch.set((batch_id, slices))
     try:
         yield batch_id
@@ -126,10 +128,16 @@ class FailureLog:
         self._next_at = 0.0
         self._suppressed = 0
 
-    def note(self, slices: Sequence[Any], segments: Sequence[tuple[int, int, Any]]) -> None:
+    def note(
+        self,
+        slices: Sequence[Any],
+        segments: Sequence[tuple[int, int, Any]],
+        batch_id: str,
+    ) -> None:
         """Log the batch's failure, if a call of its batch function raised: ``segments`` are
         (offset, count, result) over the items of ``slices``, an error result being the body
-        its requests get (type, message, traceback, kind)."""
+        its requests get (type, message, traceback, kind). The line carries ``batch_id`` (the
+        batch's, from ``batch_scope``) and the batch's requests, as its other lines do."""
         failed = [(a, n, body) for a, n, body in segments if isinstance(body, list)]
         if not failed:
             return
@@ -139,7 +147,8 @@ class FailureLog:
             if any(a < end and offset < a + n for a, n, _ in failed):
                 culprits.append(piece.request.entry_id)
             offset = end
-        self.failed(offset, culprits, failed[0][2])
+        with batch_scope(slices, batch_id):
+            self.failed(offset, culprits, failed[0][2])
 
     def failed(self, size: int, culprits: Sequence[bytes], error: Sequence[Any]) -> None:
         """A call on ``size`` items failed for the requests ``culprits`` with ``error`` (the

@@ -413,6 +413,13 @@ class MetricsServer:
 
     def start(self) -> MetricsServer:
         self._thread.start()
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        log.info(
+            "metrics: http://%s:%d/metrics (and /healthz, /readyz)%s",
+            host,
+            self.port,
+            " on every interface" if self.host in ("0.0.0.0", "::") else "",
+        )
         return self
 
     def stop(self) -> None:

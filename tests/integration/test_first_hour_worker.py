@@ -4,6 +4,7 @@
 2. a serving whose setup() raises shows its traceback at ERROR, once per start of a partition;
 3. an option qs.Serving refuses names the user's file and line, not pydantic's;
 4. a misspelled `module:attr`, or a file path in its place, gets the right spelling;
+5. the JSON log ties a failed batch's line to its batch, and says where the metrics are served.
 
 Workers and the CLI run as real processes against the session's Redis; every wait is for a
 condition (a log line, a heartbeat, an exit) with a deadline, never a sleep.
@@ -12,21 +13,26 @@ condition (a log line, a heartbeat, an exit) with a deadline, never a sleep.
 from __future__ import annotations
 
 import inspect
+import json
 import re
 import signal
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
 
 import queueserve as qs
+from queueserve.errors import RemoteError
 from queueserve.wire.protocol import Keys
 from tests.integration.test_cli import Spawn, WorkerProcess, run_cli, spawn  # noqa: F401
 from tests.support.first_hour_worker_app import MISSING_MODEL
 from tests.support.helpers import WAIT_S, child_env, wait_until
+from tests.support.log_app import BAD
 from tests.support.redis_server import free_port
 
 APP = "tests.support.first_hour_worker_app"
@@ -260,3 +266,66 @@ def test_a_file_path_gets_the_module_name_with_dots(project: Path, spec: str) ->
         f"Python imports it: myapp.servings:serving (run from {project}, the folder that "
         "holds myapp/)"
     )
+
+
+# -- 5. the JSON log ties a failure to its batch, and says where the metrics are ----------------
+def json_records(worker: WorkerProcess) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in worker.output().splitlines() if line.startswith("{")]
+
+
+def test_a_failed_batch_line_carries_the_batch_id_in_the_json_log(
+    spawn: Spawn,  # noqa: F811
+    redis_url: str,
+    prefix: str,
+    client: qs.Client,
+) -> None:
+    flaky = worker(spawn, redis_url, prefix, "tests.support.log_app:flaky", "--log-format", "json")
+    got = client.dispatch_many("flaky", [1, BAD, 2], return_exceptions=True, timeout=60)
+    assert isinstance(got[1], RemoteError)
+    wait_until(
+        lambda: any("batch function failed" in r["message"] for r in json_records(flaky)),
+        "the failed batch's WARNING",
+        process=flaky,
+    )
+    records = json_records(flaky)
+    (failure,) = [r for r in records if "batch function failed" in r["message"]]
+    (batch,) = [r for r in records if r["message"] == "handling 3 items"]
+    assert failure["level"] == "WARNING"
+    assert re.fullmatch(r"0\.\d+", failure["batch_id"]), failure
+    assert failure["batch_id"] == batch["batch_id"]
+    assert failure["request_ids"] == batch["request_ids"]
+
+
+def test_the_metrics_address_is_logged_when_the_server_starts(
+    spawn: Spawn,  # noqa: F811
+    redis_url: str,
+    prefix: str,
+) -> None:
+    # Given --metrics-port 0: the port is the system's choice, known only from the log
+    served = worker(
+        spawn,
+        redis_url,
+        prefix,
+        f"{APP}:square",
+        "--metrics-port",
+        "0",
+        "--log-format",
+        "json",
+    )
+    # (the server starts before the first partition does)
+    wait_until(
+        lambda: any("started as pid" in r["message"] for r in json_records(served)),
+        "the first partition's start",
+        process=served,
+    )
+    (record,) = [r for r in json_records(served) if "/metrics" in r["message"]]
+    assert record["level"] == "INFO", record
+    found = re.fullmatch(
+        r"metrics: http://127\.0\.0\.1:(\d+)/metrics \(and /healthz, /readyz\)",
+        record["message"],
+    )
+    assert found, record
+    # Then the address it names serves the metrics
+    url = f"http://127.0.0.1:{found.group(1)}/metrics"
+    with urllib.request.urlopen(url, timeout=WAIT_S) as response:
+        assert b"queueserve_queue_depth" in response.read()

@@ -252,7 +252,7 @@ class Stages:
             self.serving.hooks, live, self._send, self._ledger.cancelled, self.serving.name
         )
         segments: list[Segment] = []
-        with hooks.running(context), batch_scope(live):
+        with hooks.running(context), batch_scope(live) as batch_id:
             for part in parts:
                 if part.error is not None:
                     segments.append((part.start, part.count, part.error))
@@ -276,7 +276,7 @@ class Stages:
                 self.middleware.batch_model(self.serving, self.partition, model.a, model.b, slack)
         self.recent_batch_s = 0.8 * self.recent_batch_s + 0.2 * took
         self.middleware.batch_finished(self.serving, batch.key, self.partition, len(items), took)
-        self._failures.note(live, segments)
+        self._failures.note(live, segments, batch_id)
         log.debug(
             "serving %s key %s partition %d: batch of %d items (%d requests) in %.2f ms",
             self.serving.name,
