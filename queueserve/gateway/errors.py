@@ -1,7 +1,8 @@
 """Errors as HTTP: each queueserve error maps to a status and a ``type``, in one table.
 
-Every error the gateway answers has the body ``{"error": {"type", "status", "message"}}``
-(the OpenAI clients read ``error.message`` from the same shape). docs/gateway.md lists the
+Every error the gateway answers has the body ``{"error": {"type", "status", "message",
+"param", "code"}}``: OpenAI's error object (its ``Error`` requires ``param`` and ``code``, which
+may be null: tests/contracts/openai_schema.json), plus the status. docs/gateway.md lists the
 table for users.
 """
 
@@ -77,7 +78,15 @@ def internal(error: Exception) -> ApiError:
 
 
 def error_body(error: ApiError) -> dict[str, Any]:
-    return {"error": {"type": error.kind, "status": error.status, "message": str(error)}}
+    return {
+        "error": {
+            "type": error.kind,
+            "status": error.status,
+            "message": str(error),
+            "param": None,
+            "code": None,
+        }
+    }
 
 
 def item_error(error: QueueServeError) -> dict[str, Any]:

@@ -7,7 +7,10 @@ plus ``--model ALIAS=SERVING``), else the serving of that name. Embeddings send 
 items and take each item's result as its vector. Completions send each prompt as an item
 ``{"prompt", "max_new", "temperature", "seed", "stop"}`` (tasks/charlm.py's form) to a step or
 generator serving whose steps are text pieces; a choice's text is its steps joined. The
-gateway counts no tokens: ``usage`` holds zeros.
+gateway counts no tokens: ``usage`` (embeddings, and completions not streamed) holds zeros.
+
+What each answer must hold is OpenAI's published schema, copied in
+tests/contracts/openai_schema.json and checked by tests/integration/test_openai_contract.py.
 """
 
 from __future__ import annotations
@@ -39,6 +42,10 @@ DEFAULT_MODELS = {
     "sentence-transformers/all-MiniLM-L6-v2": "embed",
 }
 DONE = b"data: [DONE]\n\n"
+# OpenAI's schema requires usage in an embeddings answer and allows it in a completion (its
+# API always sends it there); the gateway counts no tokens.
+NO_USAGE = {"prompt_tokens": 0, "total_tokens": 0}
+NO_COMPLETION_USAGE = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
 
 
 class OpenAIBody(BaseModel):
@@ -117,7 +124,7 @@ def routes(gw: Gateway) -> list[Route]:
                     }
                     for i, v in enumerate(vectors)
                 ],
-                "usage": {"prompt_tokens": 0, "total_tokens": 0},
+                "usage": NO_USAGE,
             }
         )
 
@@ -136,7 +143,11 @@ def routes(gw: Gateway) -> list[Route]:
         answers = await gw.call(request.receive, serving, items, Options())
         texts = ["".join(map(str, a)) for a in answers]
         return encoded(
-            {**head, "choices": [choice(i, t, finish(items[i], t)) for i, t in enumerate(texts)]}
+            {
+                **head,
+                "choices": [choice(i, t, finish(items[i], t)) for i, t in enumerate(texts)],
+                "usage": NO_COMPLETION_USAGE,
+            }
         )
 
     return [
@@ -182,8 +193,9 @@ def finish(item: dict[str, Any], text: str) -> str:
 
 
 def openai_error(error: ApiError) -> bytes:
-    """An error mid-stream, as the OpenAI clients read one: a data event holding ``error``."""
-    return frame(error_body(error))
+    """An error mid-stream, as the OpenAI clients read one: a data event holding ``error``;
+    then ``[DONE]``, which ends every stream (a client reading to it is not left waiting)."""
+    return frame(error_body(error)) + DONE
 
 
 async def completion_frames(

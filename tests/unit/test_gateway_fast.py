@@ -35,6 +35,8 @@ async def test_an_unexpected_error_is_a_500_in_the_error_shape_raised_on_and_cou
             "type": "internal_error",
             "status": 500,
             "message": "RuntimeError in the gateway (see its log)",
+            "param": None,
+            "code": None,
         }
     }
     assert 'route="/v1/servings/{name}/dispatch",status="500"} 1.0' in metrics
