@@ -25,13 +25,18 @@ class Token:
     def __init__(self, token: str) -> None:
         if not token:
             raise ValueError("the token must not be empty; leave it out for none")
-        self._expected = f"Bearer {token}".encode()
+        self._expected = token.encode()
 
     def allows(self, scope: Scope) -> bool:
-        """Whether the request's first Authorization header is the token, compared as the
-        bytes sent (UTF-8 for a token that is not ASCII), in constant time."""
+        """Whether the request's first Authorization header carries the token: the scheme
+        ``Bearer`` in any case (RFC 9110 section 11.1, RFC 6750 section 2.1), one space (a
+        second is read as part of the token), then the token as the bytes sent (UTF-8 for a
+        token that is not ASCII), compared in constant time. Whitespace around the whole
+        value is not part of it (RFC 9110 section 5.5): h11 strips it, httptools keeps a
+        trailing one, and both servers must answer alike."""
         given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
-        return hmac.compare_digest(given, self._expected)
+        scheme, _, token = given.strip(b" \t").partition(b" ")
+        return scheme.lower() == b"bearer" and hmac.compare_digest(token, self._expected)
 
 
 class BearerAuth:

@@ -92,14 +92,21 @@ HOSTILE_BODIES: list[bytes] = [
     b" " * 1000 + b"{}",
     b"\x00" * 100,
 ]
-# Headers: auth variants and lying or nonsense lengths and types.
-HOSTILE_HEADERS: list[dict[str, str]] = [
+# Auth variants that are not the token: each must be 401 on every route but the open ones
+# (tests/integration/test_gateway_auth_bytes.py has every near miss, on every route).
+AUTH_REFUSED: list[dict[str, str]] = [
     {"authorization": ""},
     {"authorization": "Bearer"},
-    {"authorization": f"bearer {TOKEN}"},
     {"authorization": f"Bearer {TOKEN}x"},
+    {"authorization": f"Bearer {TOKEN[:-1]}"},
     {"authorization": f"Basic {TOKEN}"},
     {"authorization": "Bearer " + "x" * 8000},
+]
+OPEN_ROUTES = {("GET", "/healthz"), ("GET", "/readyz")}  # no token asked: 200 whatever is sent
+# Headers: lying or nonsense lengths and types, and the token with the scheme in lower case
+# (RFC 6750's scheme is case-insensitive: that is the token, answered as the valid request).
+HOSTILE_HEADERS: list[dict[str, str]] = [
+    {"authorization": f"bearer {TOKEN}"},
     {"content-type": "text/plain"},
     {"content-type": "application/json; charset=latin-1"},
     {"accept": "text/event-stream"},
@@ -264,6 +271,8 @@ Attack = tuple[str, str, bytes, dict[str, str]]
 def attacks(endpoint: Endpoint, rng: random.Random) -> Iterator[Attack]:
     """(what, path, body, extra headers) of each hostile request to ``endpoint``."""
     valid = b"" if endpoint.valid is None else json.dumps(endpoint.valid).encode()
+    for i, headers in enumerate(AUTH_REFUSED):
+        yield f"auth {i}", endpoint.path, valid, headers
     for i, headers in enumerate(HOSTILE_HEADERS):
         yield f"header {i}", endpoint.path, valid, headers
     if endpoint.valid is not None:
@@ -293,8 +302,8 @@ def path_attacks(endpoint: Endpoint, rng: random.Random, valid: bytes) -> Iterat
             yield f"query {name}={value[:20]!r}", path, valid, {}
 
 
-def check(what: str, response: httpx.Response) -> None:
-    assert response.status_code in EXPECTED, (what, response.status_code, response.text[:500])
+def check(what: str, response: httpx.Response, expected: set[int] = EXPECTED) -> None:
+    assert response.status_code in expected, (what, response.status_code, response.text[:500])
     if response.status_code >= 400:
         error = response.json()["error"]
         assert error["status"] == response.status_code and error["type"] and error["message"]
@@ -320,7 +329,10 @@ def test_hostile_requests_to_every_endpoint_get_clear_answers(gateway: GatewayPr
                 response = http.request(
                     endpoint.method, with_job(http, path), content=body or None, headers=headers
                 )
-                check(f"{key} {what}", response)
+                if what.startswith("auth "):  # not the token: refused, unless no token is asked
+                    check(f"{key} {what}", response, {200} if key in OPEN_ROUTES else {401})
+                else:
+                    check(f"{key} {what}", response)
                 sent += 1
         # After it all, every endpoint answers a valid request as before
         for key, endpoint in ENDPOINTS.items():
