@@ -106,7 +106,7 @@ def test_priority_age_set_at_run_time_bounds_a_priority_zero_wait_under_a_flood(
     # Given a worker whose priority_age an operator set to AGE_S (`queueserve config set`)
     serving = Recording(slow_echo, name="aged", batch_size=4, batch_timeout=0)
     start_worker(serving)
-    caplog.set_level("WARNING")
+    caplog.set_level("INFO")
     redis_client.hset(f"{prefix}:{{aged}}:config", "priority_age", "100ms")
     wait_until(lambda: "priority_age changed from 1.0 to 0.1" in caplog.text, "the new age")
     # and a flood of priority-9 requests on the batch key

@@ -35,7 +35,7 @@ def test_with_max_latency_set_at_run_time_a_lone_request_does_not_wait_for_batch
     assert client.dispatch_many("slow_fill", [1, 2, 3, 4]) == [1, 2, 3, 4]
 
     # When an operator sets a latency target
-    caplog.set_level("WARNING")
+    caplog.set_level("INFO")
     redis_client.hset(f"{prefix}:{{slow_fill}}:config", "max_latency", "200ms")
     wait_until(lambda: "max_latency changed from 0.0 to 0.2" in caplog.text, "the target")
 

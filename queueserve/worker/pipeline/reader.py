@@ -198,8 +198,8 @@ class Reader:
             changed = apply_overrides(self.serving, parse_overrides(raw, self.keys))
             self._tune_assembler()
             self.cond.notify_all()
-        for name, (old, new) in changed.items():
-            log.warning("serving %s: %s changed from %s to %s", self.serving.name, name, old, new)
+        for name, (old, new) in changed.items():  # an operator's own action: news, not a warning
+            log.info("serving %s: %s changed from %s to %s", self.serving.name, name, old, new)
 
     def _tune_assembler(self) -> None:
         """The serving's batching options into the assembler: at the start (options set in
