@@ -2,6 +2,8 @@
 
 Every plain item a batch runs is counted in ``$QS_TEST_PREFIX:fuzz:exec`` (a hash: item ->
 runs) on ``$QS_TEST_URL``, so the test can tell that each valid request ran exactly once.
+With ``$QS_FUZZ_TRACING`` set (the fuzzer's worker process), the process sets a TracerProvider
+that keeps nothing: its partitions then read the trace context of every request they run.
 """
 
 from __future__ import annotations
@@ -14,6 +16,12 @@ import redis
 
 import queueserve as qs
 from tests.support.step_app import Count
+
+if os.environ.get("QS_FUZZ_TRACING"):  # the worker's process only: the test's is left alone
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+
+    trace.set_tracer_provider(TracerProvider())
 
 _REDIS: redis.Redis | None = None
 

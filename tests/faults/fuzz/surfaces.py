@@ -1,9 +1,15 @@
 """Every Redis key and channel queueserve reads, with the writers that attack it: the fuzzer's
 registry (tests/faults/test_fuzz.py runs it; tests/unit/test_fuzz_registry.py checks that each
-kind of ``wire/protocol.py``'s LAYOUT, and each field of a request entry, has an entry here).
+kind of ``wire/protocol.py``'s LAYOUT, each field of a request entry (ENTRY_FIELDS, and those
+the docstring and the Lua scripts write), each optional header field (``wire/request.py``'s
+FIELDS) and each HTTP server of the worker has an entry here).
 
 A new key, channel or entry field gets a row in the layout table, in LAYOUT, and a Surface
-here in the same change.
+here in the same change; a new optional header field gets an entry in HEADER_ATTACKS. The
+fields of the meta and config hashes and of a worker's record are not listed here: they are
+read from what a worker declares (``Serving.options()``), from the options model (RUNTIME,
+ServingOptions) and from what the dashboard reads and a live worker's heartbeat writes, so a
+field added there is attacked without an edit here.
 
 Writers of the valid servings' keys write what valid traffic must survive: junk entries,
 members, fields and messages beside the real ones. Writers that replace a whole key with one of
@@ -15,7 +21,11 @@ callers by design; the worker, and its other servings, must serve on.
 from __future__ import annotations
 
 import contextlib
+import http.client
 import random
+import re
+import socket
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,11 +34,15 @@ import msgpack
 import redis
 
 from queueserve.client.jobs import Job
+from queueserve.dashboard import board
 from queueserve.errors import QueueServeError
 from queueserve.ops.deadletter import DeadLetters
+from queueserve.options import serving as model
 from queueserve.wire import protocol as P
 from queueserve.wire.jobs import group_key
 from queueserve.wire.options import parse_option
+from queueserve.worker.metrics import MAX_CONNECTIONS
+from tests.faults.fuzz import app
 from tests.faults.fuzz.values import FAMILIES, NUMBERS, WRONG_TYPE, hostile_object
 from tests.support.broker import RedisBroker
 
@@ -51,6 +65,9 @@ class Target:
     added: dict[str, set[bytes]] = field(default_factory=dict)  # key -> members/fields added
     # stream -> entries added to a stream of the layout (a wake stream keeps its last ~100)
     entries: dict[str, set[bytes]] = field(default_factory=dict)
+    metrics_port: int | None = None  # the worker's /metrics port, when it serves one
+    slow: list[socket.socket] = field(default_factory=list)  # slow clients of that port, held
+    record_fields: set[bytes] = field(default_factory=set)  # what a live worker's record holds
     _broker: RedisBroker | None = None
 
     @property
@@ -63,6 +80,9 @@ class Target:
     def close(self) -> None:
         if self._broker is not None:
             self._broker.close()
+        for held in self.slow:
+            held.close()
+        self.slow.clear()
 
     def clean(self, meta: dict[str, dict[bytes, bytes]]) -> None:
         """Take back what the fuzzer wrote: the keys it made, the members, fields and stream
@@ -162,7 +182,9 @@ class Attack:
 
 @dataclass(frozen=True)
 class Surface:
-    kind: str  # a kind of P.LAYOUT, or "entry.<field>" for a field of P.ENTRY_FIELDS
+    # a kind of P.LAYOUT, "entry.<field>" for a field of a request entry, "header.<name>" for
+    # an optional header field, "http.<module>" for an HTTP server of the worker
+    kind: str
     reader: str  # who reads it, for reports
     attacks: tuple[Attack, ...]
 
@@ -231,12 +253,34 @@ def entry_k(t: Target, value: bytes, priority: int = 0) -> None:
     _xadd(t, {"a": t.rng.choice((value, b"1", b"2")), "k": k}, priority)
 
 
+def entry_r(t: Target, value: bytes, priority: int = 0) -> None:
+    """The replay mark split.lua puts on each request of a reclaimed pack, forged (a worker
+    looks only at whether it is there, whatever it holds): on a request, on a pack, on a
+    request whose events go to a channel nobody reads (a replay announces itself there), or
+    alone."""
+    choice = t.rng.randrange(4)
+    fields: dict[Any, Any]
+    if choice == 0:
+        fields = {"h": t.header(), "p": _valid_payload(), "r": value}
+    elif choice == 1:
+        member = [t.header(), _valid_payload(), b"1"]
+        fields = {"a": b"1", "k": bytes(msgpack.packb([member])), "r": value}
+    elif choice == 2:
+        events = P.events_channel(t.prefix, "fuzzjunk")
+        fields = {"h": t.header(f6=events), "p": _valid_payload(), "r": value}
+    else:
+        fields = {"r": value}
+    _xadd(t, fields, priority)
+
+
 ENTRY_ATTACKS = {
     "h": (Attack("h", entry_h), Attack("h_field", entry_h_field)),
     "p": (Attack("p", entry_p),),
     "a": (Attack("a", entry_a),),
     "k": (Attack("k", entry_k), Attack("extra_field", entry_extra)),
+    "r": (Attack("r", entry_r),),
 }
+ENTRY_READERS = {"r": "worker: intake (runs the request as a replay); dead-letter records"}
 ENTRY_WRITERS: tuple[Callable[[Target, bytes, int], None], ...] = (
     entry_h,
     entry_h_field,
@@ -244,7 +288,67 @@ ENTRY_WRITERS: tuple[Callable[[Target, bytes, int], None], ...] = (
     entry_a,
     entry_k,
     entry_extra,
+    entry_r,
 )
+
+
+# --- the header's optional fields (every name of wire/request.py's FIELDS) --------------------
+def _traceparent_like(t: Target, value: bytes) -> Any:
+    """A W3C traceparent with one part hostile: ids of zeros or of the wrong length, upper
+    case, the value in a part's place, or the right length (55) of anything."""
+    trace_id, span_id = f"{t.rng.getrandbits(128):032x}", f"{t.rng.getrandbits(64):016x}"
+    text = value.decode("latin-1")
+    return t.rng.choice(
+        (
+            f"00-{trace_id}-{span_id}-01",
+            f"00-{'0' * 32}-{span_id}-01",
+            f"00-{trace_id}-{'0' * 16}-01",
+            f"00-{trace_id.upper()}-{span_id}-01",
+            f"ff-{trace_id}-{span_id}-ff",
+            f"00-{text}-{span_id}-01",
+            f"00-{trace_id}-{text}-01",
+            (text * 55)[:55] if text else "-" * 55,
+        )
+    )
+
+
+def _keep_like(t: Target, value: bytes) -> Any:
+    """A job's keep (ms) that is no int from 1 to a week: the value read as a number."""
+    try:
+        number: Any = float(value)
+        if number.is_integer() and -(2**63) <= number < 2**64:  # what msgpack can carry
+            number = int(number)
+    except (ValueError, OverflowError):
+        number = t.rng.choice((0, -1, 10**13, 2**64 - 1, 1.5, True))
+    return number
+
+
+def header_field(name: str, near: Callable[[Target, bytes], Any] | None = None) -> Writer:
+    """A request whose optional header field ``name`` is hostile: the value as bytes or text,
+    an object of another type, or (``near``) one that looks like what the field holds."""
+
+    def write(t: Target, value: bytes) -> None:
+        shapes = [value, value.decode("latin-1"), hostile_object(t.rng)]
+        if near is not None:
+            shapes += [near(t, value), near(t, value)]
+        fields = {name: t.rng.choice(shapes)}
+        if t.rng.random() < 0.3:  # beside the other known fields, valid
+            fields = {"trace": _traceparent_like(t, b"0"), "tenant": "t", **fields}
+        rid = t.rng.randrange(128)
+        if name == "job_keep":  # a keep taken writes the job's record: the cleanup takes it
+            t.created.add(group_key(t.prefix, "fuzzjunk", rid))
+        _xadd(t, {"h": t.header(f1=rid, f6="", f7=0, f8=fields), "p": _valid_payload()}, 0)
+
+    return write
+
+
+# An entry per name of FIELDS (tests/unit/test_fuzz_registry.py checks it): how a value that
+# looks like the field's is made, if any.
+HEADER_ATTACKS: dict[str, Callable[[Target, bytes], Any] | None] = {
+    "trace": _traceparent_like,  # worker: remote_context, when a TracerProvider is set (app.py)
+    "job_keep": _keep_like,  # worker: job_keep, then job.lua
+    "tenant": None,  # read by no worker yet: one that starts to must take any value
+}
 
 
 def any_entry(t: Target, value: bytes) -> None:
@@ -383,31 +487,48 @@ def queued_value(t: Target, value: bytes) -> None:
     t.created.add(t.victim.queued)
 
 
-META_FIELDS = (
-    "max_payload_bytes",
-    "batch_size",
-    "shards",
-    "pack_items",
-    "streaming",
-    "durable",
-    "max_queue",
-    "hooks",
-    "header_fields",
-)
+def declared_fields() -> tuple[str, ...]:
+    """Every field a worker writes to a meta hash: what the fuzz worker's servings declare
+    (``Serving.options()``, and a step serving's own on top), asked when called, so a field
+    added to ServingOptions or to ``options()`` is attacked without an edit here."""
+    fields: dict[str, None] = {}
+    for serving in (app.plain, app.steps, app.generate):
+        fields.update(dict.fromkeys(serving.options()))
+    return tuple(fields)
+
+
+# The meta fields that take more than the rule of meta_field (a value its reader takes goes
+# in spoilt, any other as it is), and why. tests/unit/test_fuzz_registry.py checks that each
+# field a client or enqueue.lua reads is one the options model parses, or is here.
+META_SPECIAL = {
+    "codec": "attacked on the victim only (meta_codec): a client naming a serving refuses any "
+    "codec but msgpack by design (docs/guarantees.md, 'codec choice belongs to the caller'), "
+    "so any other value on a valid serving would fail its callers by design, not by a fault, "
+    "and msgpack is what its workers declare",
+    "shards": "half its numbers go in as 64 (issue 23's own example), a count clients take "
+    "only when the last shard's hash confirms it; any other value they take goes in spoilt",
+    "pack_items": "read by enqueue.lua alone, as decimal digits up to 10**12 (declared_count), "
+    "not through the model: such a value goes in spoilt, as a value the model takes does",
+    "header_fields": "any text is taken (the optional fields workers read); one without a "
+    "field only keeps clients from sending it (trace context, a job's keep) until workers "
+    "write theirs back: attacked as it is",
+}
 
 
 def meta_field(t: Target, value: bytes) -> None:
-    """A hostile value for a field clients or enqueue.lua read, or a field nobody knows. One
-    the options model takes reads as the workers' declaration (max_payload_bytes=1 refuses
-    every call until they write theirs back), not an attack: it goes in spoilt, as in the
-    config hash."""
-    name = t.rng.choice((*META_FIELDS, "fuzz-unknown"))
+    """A hostile value for a field a worker declares (declared_fields), or one nobody knows.
+    One that its reader takes reads as the workers' declaration, not an attack: clients act
+    on those they parse (max_payload_bytes=1 refused every call, durable=True waits for a
+    replica there is none of) until the workers write theirs back, so it goes in spoilt, as
+    in the config hash. A field that the model does not know and that nothing acts on (hooks,
+    cost, step and a step serving's options, shown by stats and the dashboard) takes any
+    value. META_SPECIAL says what differs."""
+    name = t.rng.choice((*(f for f in declared_fields() if f != "codec"), "fuzz-unknown"))
     keys = t.keys(t.rng.choice(VALID))
     if name == "shards" and value in NUMBERS and t.rng.random() < 0.5:
         value = b"64"  # more shards than any worker reads: issue 23's own example
-    elif name in CONFIG_FIELDS and _valid_setting(name, value):
-        print(f"fuzz: meta {name}={value!r} is a valid setting; written as {b'x' + value!r}")
-        value = b"x" + value
+    elif _taken(name, value):
+        value = _spoilt(name, value, "meta")
     t.r.hset(keys.meta, name, value)
     t.note(keys.meta, name)
 
@@ -419,39 +540,52 @@ def meta_codec(t: Target, value: bytes) -> None:
     t.note(t.victim.meta, "codec")
 
 
-CONFIG_FIELDS = (
-    "batch_size",
-    "batch_timeout",
-    "max_queue",
-    "max_deliveries",
-    "max_payload_bytes",
-    "max_reply_bytes",
-    "key_idle_ttl",
-    "priority_age",
-    "batch_key_weights",
-    "max_latency",
-)
+def config_fields() -> tuple[str, ...]:
+    """Every field a worker reads from a config hash: the run-time options (RUNTIME), then
+    the model's other options (refused there by name: no run-time ones), asked when called."""
+    runtime = model.RUNTIME
+    return (*runtime, *(f for f in model.ServingOptions.model_fields if f not in runtime))
 
 
 def config_field(t: Target, value: bytes) -> None:
-    """A hostile value for a run-time option. One that the options model takes (noise can
+    """A hostile value for a run-time option, or another option (refused there by name), or
+    a field nobody knows. A run-time option's value that the options model takes (noise can
     spell " 3 ") is an operator's setting, not an attack: max_queue=3 throttles callers by
     design (values.py leaves small integers out for that reason), so it goes in spoilt."""
-    name = t.rng.choice((*CONFIG_FIELDS, "fuzz-unknown"))
+    name = t.rng.choice((*config_fields(), "fuzz-unknown"))
     keys = t.keys(t.rng.choice(VALID))
-    if name in CONFIG_FIELDS and _valid_setting(name, value):
-        print(f"fuzz: {name}={value!r} is a valid setting; written as {b'x' + value!r}")
-        value = b"x" + value
+    if name in model.RUNTIME and _valid_setting(name, value):
+        value = _spoilt(name, value, "config")
     t.r.hset(keys.config, name, value)
     t.created.add(keys.config)
 
 
 def _valid_setting(name: str, value: bytes) -> bool:
+    """Whether the options model takes ``value`` for ``name`` (never for a name it does not
+    know)."""
     try:
         parse_option(name, value.decode())
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, KeyError):
         return False
     return True
+
+
+def _taken(name: str, value: bytes) -> bool:
+    """Whether a reader of the meta hash takes ``value`` for field ``name``: enqueue.lua's
+    counts as it reads them, any other field as the options model does."""
+    if name == "pack_items":
+        return re.fullmatch(rb"[0-9]{1,13}", value) is not None and int(value) <= model.MAX_QUEUE
+    return _valid_setting(name, value)
+
+
+def _spoilt(name: str, value: bytes, where: str) -> bytes:
+    """``value`` made one that no reader takes for ``name``: prefixed with x (or x alone
+    where that is still taken: x=3 is a batch key weight)."""
+    spoilt = b"x" + value
+    if _taken(name, spoilt):
+        spoilt = b"x"
+    print(f"fuzz: {where} {name}={value!r} is a valid setting; written as {spoilt!r}")
+    return spoilt
 
 
 def workers_member(t: Target, value: bytes) -> None:
@@ -484,7 +618,7 @@ def dead_record(t: Target, value: bytes) -> str:
         "field:h": header,
         "field:p": _valid_payload(),
     }
-    fields[t.rng.choice([*fields, "field:k", value[:64] or "?"])] = value
+    fields[t.rng.choice([*fields, "field:k", "field:r", value[:64] or "?"])] = value
     return str(t.r.xadd(t.keys().dead, fields).decode())
 
 
@@ -554,15 +688,62 @@ def events_message(t: Target, value: bytes) -> None:
     t.r.publish(t.rng.choice(t.channels), message)
 
 
+class _Reads(dict[str, str]):
+    """A worker's record, empty, that remembers which fields were read of it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.read: dict[str, None] = {}
+
+    def get(self, key: str, default: Any = None) -> Any:  # type: ignore[override]
+        self.read[key] = None
+        return super().get(key, default)
+
+    def __missing__(self, key: str) -> str:
+        self.read[key] = None
+        return ""
+
+
+def dashboard_reads() -> tuple[str, ...]:
+    """The fields of a worker's record the dashboard reads (a row of its workers table and
+    the counters its charts are drawn from), found by reading a record through its own code."""
+    record = _Reads()
+    board._worker("fuzz", 0, record, 0)
+    return tuple(record.read)
+
+
+def worker_fields(t: Target | None = None) -> tuple[bytes, ...]:
+    """The fields of a worker's record to attack: what the dashboard reads, and what a live
+    worker's heartbeat writes (``t.record_fields``, read from Redis when the run starts)."""
+    found = {f.encode() for f in (*dashboard_reads(), "heartbeat_ms", "pid")}
+    return tuple(sorted(found | (t.record_fields if t is not None else set())))
+
+
 def worker_record(t: Target, value: bytes) -> None:
-    """A field of a live worker's registry record, or a forged record."""
+    """A field of a live worker's registry record; the record of a ghost worker that the
+    dashboard lists (alive in a valid serving's workers set), each field hostile; or a
+    forged record no serving names."""
+    fields = worker_fields(t)
     consumers = t.consumers()
-    if consumers and t.rng.random() < 0.5:
+    choice = t.rng.random()
+    if consumers and choice < 0.4:
         name = P.worker_key(t.prefix, t.rng.choice(consumers))
-        field = t.rng.choice((b"heartbeat_ms", b"pid", value[:64] or b"?"))
+        field = t.rng.choice((*fields, value[:64] or b"?"))
         t.r.hset(name, field, value)
-        if field not in (b"heartbeat_ms", b"pid"):  # the next heartbeat rewrites those two
+        if field not in t.record_fields:  # the next heartbeat rewrites its own
             t.note(name, field)
+        return
+    if choice < 0.7:
+        ghost = f"fuzz-ghost-record{t.rng.randrange(4)}"
+        keys = t.keys(t.rng.choice(VALID))
+        t.r.zadd(keys.workers, {ghost: int(t.r.time()[0]) * 1000})
+        t.note(keys.workers, ghost)
+        name = P.worker_key(t.prefix, ghost)
+        shapes = (value[:64], b"-" + value[:20], b"99999999999999999999", b"")
+        record = {f: t.rng.choice(shapes) for f in fields}
+        record[t.rng.choice(fields)] = value  # one value whole: a 10 MB one is one
+        t.r.hset(name, mapping=record)
+        t.created.add(name)
         return
     name = P.worker_key(t.prefix, "fuzz-" + value[:32].decode("latin-1"))
     t.r.hset(name, mapping={"heartbeat_ms": value, "pid": value, "servings": value})
@@ -602,10 +783,189 @@ def job_record(t: Target, value: bytes) -> None:
         job.progress()
 
 
+# --- the worker's metrics port (worker/metrics.py: /metrics, /healthz, /readyz) ---------------
+HTTP_WAIT_S = 2.0  # what a hostile request waits for its answer; the server must not wait
+SCRAPE_WITHIN_S = 5.0  # a scrape is answered within this, whatever else holds the port
+SLOW_HELD = MAX_CONNECTIONS + 4  # slow clients held at once: more than the server serves
+PATHS = (b"/metrics", b"/healthz", b"/readyz")
+
+
+def scrape(port: int, path: str = "/metrics") -> tuple[int, bytes]:
+    """(status, body) of a GET as Prometheus makes it, within SCRAPE_WITHIN_S; AssertionError
+    saying what happened instead."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=SCRAPE_WITHIN_S)
+    try:
+        conn.request("GET", path, headers={"Accept": "text/plain"})
+        response = conn.getresponse()
+        return response.status, response.read()
+    except (OSError, http.client.HTTPException) as e:
+        raise AssertionError(f"a scrape of {path} on port {port} got {e!r}") from None
+    finally:
+        conn.close()
+
+
+def _connect(t: Target) -> socket.socket | None:
+    if t.metrics_port is None:
+        return None
+    try:
+        return socket.create_connection(("127.0.0.1", t.metrics_port), timeout=HTTP_WAIT_S)
+    except OSError as e:  # a listening port takes every connection, if only to close it
+        raise AssertionError(
+            f"the metrics port {t.metrics_port} took no connection: {e!r}"
+        ) from None
+
+
+def _http(t: Target, request: bytes) -> None:
+    """Send ``request``, say nothing more (half-close), and read what comes back until the
+    server closes, at most HTTP_WAIT_S: an answer or a close, whatever was sent."""
+    conn = _connect(t)
+    if conn is None:
+        return
+    with conn, contextlib.suppress(OSError):  # a reset, a refused 10 MB header: its answer
+        conn.sendall(request)
+        conn.shutdown(socket.SHUT_WR)
+        while conn.recv(65536):
+            pass
+
+
+def _line(value: bytes) -> bytes:
+    return value.replace(b"\r", b" ").replace(b"\n", b" ")
+
+
+def http_path(t: Target, value: bytes) -> None:
+    """A GET of a hostile path: the value itself, under /, after a served path or as its
+    query, or a path far longer than a request line may be."""
+    path = t.rng.choice(
+        (
+            value,
+            b"/" + value,
+            t.rng.choice(PATHS) + value,
+            t.rng.choice(PATHS) + b"?" + value,
+            b"/metrics/../" + value,
+            b"//" * 40_000,
+        )
+    )
+    _http(t, b"GET " + path + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+
+
+def http_method(t: Target, value: bytes) -> None:
+    """A served path asked with another method (a body with it, or one it claims and lacks)
+    or with the value as the method."""
+    method = t.rng.choice(
+        (value, _line(value) or b"?", b"POST", b"PUT", b"DELETE", b"HEAD", b"OPTIONS", b"get")
+    )
+    body = t.rng.choice((b"", value[:1000], b"Content-Length: 99999\r\n\r\nx"))
+    head = method + b" " + t.rng.choice(PATHS) + b" HTTP/1.1\r\nHost: x\r\n"
+    if body and not body.startswith(b"Content-Length"):
+        head += b"Content-Length: %d\r\n" % len(body)
+        body = b"\r\n" + body
+    _http(t, head + (body or b"\r\n"))
+
+
+def http_header(t: Target, value: bytes) -> None:
+    """A GET of a served path with hostile headers: a name or a value, a line with no colon,
+    a folded line, a count or length past what a server reads, framing it cannot trust."""
+    line = _line(value)
+    headers = t.rng.choice(
+        (
+            b"X-Fuzz: " + line,
+            line + b": x",
+            line,
+            b"X-Fuzz: a\r\n " + line,
+            b"X-Fuzz: " + b"y" * 70_000,
+            b"\r\n".join(b"X-Fuzz-%d: %s" % (i, line[:40]) for i in range(200)),
+            b"Content-Length: " + line,
+            b"Transfer-Encoding: chunked\r\n\r\n" + value[:1000],
+            b"Expect: 100-continue\r\nContent-Length: " + line,
+            b"Connection: keep-alive, " + line,
+        )
+    )
+    _http(t, b"GET " + t.rng.choice(PATHS) + b" HTTP/1.1\r\n" + headers + b"\r\n\r\n")
+
+
+def http_request(t: Target, value: bytes) -> None:
+    """A request that is no HTTP/1 request: the value itself, a hostile version, HTTP/0.9,
+    HTTP/2's preface, a TLS hello."""
+    request = t.rng.choice(
+        (
+            value + b"\r\n\r\n",
+            b"GET /metrics " + _line(value) + b"\r\n\r\n",
+            b"GET /metrics HTTP/9.9\r\n\r\n",
+            b"GET /metrics\r\n",
+            b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + value[:100],
+            b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + value[:200],
+        )
+    )
+    _http(t, request)
+
+
+def http_slow(t: Target, value: bytes) -> None:
+    """A slow client held open: silent, sending its head a byte at a time (each held one
+    gets another byte now, so none is silent long), or asking and never reading the answer.
+    At most SLOW_HELD at once: more than the server serves at once (MAX_CONNECTIONS)."""
+    conn = _connect(t)
+    if conn is None:
+        return
+    start = t.rng.choice(
+        (
+            b"",
+            b"GET /metrics HTTP/1.1\r\nX-Fuzz: " + _line(value)[:200],
+            _line(value)[:200],
+            b"GET /metrics HTTP/1.1\r\n\r\n",
+        )
+    )
+    with contextlib.suppress(OSError):
+        conn.sendall(start)
+    t.slow.append(conn)
+    while len(t.slow) > SLOW_HELD:
+        t.slow.pop(0).close()
+    trickle(t)
+
+
+def trickle(t: Target) -> None:
+    """One more byte from each slow client held; one the server closed is let go."""
+    for conn in list(t.slow):
+        try:
+            conn.send(b"a")
+        except OSError:
+            t.slow.remove(conn)
+            conn.close()
+
+
+def http_reset(t: Target, value: bytes) -> None:
+    """A request whose client resets the connection at once, before its answer is written."""
+    conn = _connect(t)
+    if conn is None:
+        return
+    path = t.rng.choice((*PATHS, b"/" + _line(value)[:100]))
+    with contextlib.suppress(OSError):
+        conn.sendall(b"GET " + path + b" HTTP/1.1\r\n\r\n")
+    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    conn.close()
+
+
+HTTP_ATTACKS = (
+    Attack("path", http_path),
+    Attack("method", http_method),
+    Attack("header", http_header),
+    Attack("request", http_request),
+    Attack("slow", http_slow),
+    Attack("reset", http_reset),
+)
+
+
 SURFACES: tuple[Surface, ...] = (
     *(
-        Surface(f"entry.{f}", "worker: decode_entry, split.lua", ENTRY_ATTACKS[f])
-        for f in P.ENTRY_FIELDS
+        Surface(f"entry.{f}", ENTRY_READERS.get(f, "worker: decode_entry, split.lua"), attacks)
+        for f, attacks in ENTRY_ATTACKS.items()
+    ),
+    *(
+        Surface(
+            f"header.{name}",
+            "worker: parse_header, then the field's reader",
+            (Attack("field", header_field(name, near)),),
+        )
+        for name, near in HEADER_ATTACKS.items()
     ),
     Surface(
         "in",
@@ -744,6 +1104,7 @@ SURFACES: tuple[Surface, ...] = (
             _wrong_type("jobs", lambda t: group_key(t.prefix, "fuzzjunk", t.rng.randrange(128))),
         ),
     ),
+    Surface("http.metrics", "worker: MetricsServer (/metrics, /healthz, /readyz)", HTTP_ATTACKS),
 )
 
 

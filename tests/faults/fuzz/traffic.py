@@ -1,17 +1,21 @@
-"""Valid traffic that runs while the fuzzer writes: sync and async clients, single calls,
-bursts of submits (which travel as packs), priorities and batch keys, a generator serving's
-stream and a step serving; a client made anew now and then (it reads the serving's meta hash).
-Every answer is checked against what the serving must return."""
+"""Valid traffic that runs while the fuzzer writes: sync and async clients, single calls
+(half of them from a caller's span: with trace context), bursts of submits (which travel as
+packs), priorities and batch keys, a generator serving's stream and a step serving; a client
+made anew now and then (it reads the serving's meta hash). Every answer is checked against
+what the serving must return."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import random
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from opentelemetry.sdk.trace import TracerProvider
 
 import queueserve as qs
 from queueserve.wire import protocol as P
@@ -61,6 +65,7 @@ class Traffic:
         self.tally = Tally()
         self.stopping = threading.Event()
         self._ids = itertools.count()
+        self._tracer = TracerProvider().get_tracer("tests.fuzz")  # not the process's provider
         self.threads = [
             threading.Thread(target=self._guard, args=(name, run), name=f"fuzz-{name}", daemon=True)
             for name, run in (
@@ -116,10 +121,14 @@ class Traffic:
     def _dispatch(self, client: qs.Client, rng: random.Random) -> None:
         item = self._item("s")
         self.tally.send()
+        # Every other call from a span of the caller's: its context goes in the header
+        # (a valid "trace" field beside the fuzzer's hostile ones)
+        span = self._tracer.start_as_current_span("fuzz caller") if rng.random() < 0.5 else None
         try:
-            got = client.dispatch(
-                "fz", item, timeout=WAIT_S, priority=rng.choice((0, 0, 5, P.MAX_PRIORITY))
-            )
+            with span or contextlib.nullcontext():
+                got = client.dispatch(
+                    "fz", item, timeout=WAIT_S, priority=rng.choice((0, 0, 5, P.MAX_PRIORITY))
+                )
         except qs.QueueServeError as e:
             self.tally.failed(f"dispatch {item}", e)
             return
