@@ -12,19 +12,24 @@ for the queue gauges; the first keys a partition ran for the batch-size histogra
 rest are summed under ``key="other"``; queue gauges read only the streams that hold entries
 (the ready and active sets), never every key ever seen. The port listens on 127.0.0.1 unless
 told otherwise (a batch key may hold what its producer considers private), serves at most
-``MAX_CONNECTIONS`` connections at once and drops one silent for ``IDLE_TIMEOUT_S``.
+``MAX_CONNECTIONS`` connections at once and drops one silent for ``IDLE_TIMEOUT_S``; when all
+are taken, a new one takes the place of the one slowest to send its request, so slow clients
+cannot keep scrapes out.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from queueserve.errors import QueueServeError
 from queueserve.serving import Partition, Serving
 from queueserve.steps import StepServing
 from queueserve.worker.middleware import Middleware
@@ -41,8 +46,9 @@ _LATENCY_BUCKETS = (*_TIME_BUCKETS, 30, 60, 120, 300, 600)
 DEFAULT_HOST = "127.0.0.1"  # --metrics-host: 0.0.0.0 to be scraped from other hosts
 KEY_LABELS = 20  # --metrics-keys: batch keys with a label of their own, besides declared ones
 OTHER_KEY = "other"  # the label of every other batch key, summed
-MAX_CONNECTIONS = 8  # connections served at once; more are closed at once
+MAX_CONNECTIONS = 8  # connections served at once (then the slowest is closed for a new one)
 IDLE_TIMEOUT_S = 5.0  # a connection silent this long (no request, no reading) is dropped
+EVICT_WAIT_S = 1.0  # how long a new connection waits for the place of the one it closed
 
 
 class KeyLabels:
@@ -295,8 +301,12 @@ class PrometheusMiddleware(Middleware):
 
 
 class _BoundedHTTPServer(ThreadingHTTPServer):
-    """A thread per connection, at most MAX_CONNECTIONS at once: one more is closed at once
-    (a scraper retries at its next interval), so connections cannot pile up threads."""
+    """A thread per connection, at most MAX_CONNECTIONS at once, so connections cannot pile
+    up threads. When all are taken, a new connection takes the place of the one that has
+    been sending its request the longest (a scraper sends its own at once): slow clients,
+    which a silence timeout alone would let hold every place by sending a byte now and then,
+    cannot keep scrapes out. A new connection is closed at once only when every place holds a
+    request being answered."""
 
     daemon_threads = True
 
@@ -305,9 +315,13 @@ class _BoundedHTTPServer(ThreadingHTTPServer):
             self.address_family = socket.AF_INET6
         super().__init__(address, handler)
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self._lock = threading.Lock()
+        self._reading: dict[Any, float] = {}  # connection -> when it came, until its request is in
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
+        if not self._slots.acquire(blocking=False) and not (
+            self._evict_slowest() and self._slots.acquire(timeout=EVICT_WAIT_S)
+        ):
             log.warning(
                 "metrics http: %d connections open already; closed one from %s",
                 MAX_CONNECTIONS,
@@ -315,9 +329,12 @@ class _BoundedHTTPServer(ThreadingHTTPServer):
             )
             self.shutdown_request(request)
             return
+        with self._lock:
+            self._reading[request] = time.monotonic()
         try:
             super().process_request(request, client_address)
         except BaseException:
+            self.request_read(request)
             self._slots.release()
             raise
 
@@ -325,7 +342,44 @@ class _BoundedHTTPServer(ThreadingHTTPServer):
         try:
             super().process_request_thread(request, client_address)
         finally:
+            self.request_read(request)
             self._slots.release()
+
+    def request_read(self, request: Any) -> None:
+        """``request``'s connection sent its whole request (or is done): no longer slow."""
+        with self._lock:
+            self._reading.pop(request, None)
+
+    def _evict_slowest(self) -> bool:
+        """Close the connection that has been sending its request the longest; its thread
+        ends and frees its place. False when every connection has sent its request."""
+        with self._lock:
+            if not self._reading:
+                return False
+            slowest = min(self._reading, key=self._reading.__getitem__)
+            del self._reading[slowest]
+        with contextlib.suppress(OSError):  # closed meanwhile
+            slowest.shutdown(socket.SHUT_RDWR)
+        return True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that went away before its answer was written (a reset, a closed socket,
+        # a timeout) is its own business: one debug line, not a traceback on stderr
+        error = sys.exc_info()[1]
+        if isinstance(error, (ConnectionError, TimeoutError)):
+            log.debug("metrics http: %s went away: %s", client_address, error)
+            return
+        super().handle_error(request, client_address)
+
+
+def _probe(path: str, check: Callable[[], bool]) -> bool:
+    """A probe's answer: no (503) when it cannot be told, Redis refusing a read it needs (a
+    key of another type under a serving's name: anyone may write one), said in the log."""
+    try:
+        return check()
+    except QueueServeError as e:
+        log.warning("metrics http: %s answers 503: %s", path, e)
+        return False
 
 
 class _Rendered:
@@ -384,12 +438,18 @@ class MetricsServer:
 
         class Handler(BaseHTTPRequestHandler):
             timeout = IDLE_TIMEOUT_S  # a silent connection must not keep its thread
+            server: _BoundedHTTPServer
+
+            def parse_request(self) -> bool:
+                parsed = super().parse_request()
+                self.server.request_read(self.request)  # its head is in: not a slow client
+                return parsed
 
             def do_GET(self) -> None:
                 if self.path == "/metrics":
                     self._send(200, metrics(), pc.CONTENT_TYPE_LATEST)
                 elif self.path in ("/healthz", "/readyz"):
-                    ok = (healthy if self.path == "/healthz" else ready)()
+                    ok = _probe(self.path, healthy if self.path == "/healthz" else ready)
                     self._send(200 if ok else 503, b"ok\n" if ok else b"not ok\n", "text/plain")
                 else:
                     self._send(404, b"not found\n", "text/plain")

@@ -16,11 +16,14 @@ from importlib import metadata
 from typing import Any
 
 from queueserve.broker.admin import Admin, StreamDepth
-from queueserve.errors import RedisUnavailable
+from queueserve.errors import RedisCommandError, RedisUnavailable
 from queueserve.wire import protocol as P
 from queueserve.worker.metrics import KEY_LABELS, OTHER_KEY, _prometheus
 
 log = logging.getLogger(__name__)
+
+# What a scrape reads: the queues, the per-priority counts, the dead letters (Admin's rows)
+_Read = tuple[list[StreamDepth], list[tuple[P.Keys, int, dict[int, int]]], list[tuple[P.Keys, int]]]
 
 
 def _labelled_keys(
@@ -55,16 +58,17 @@ class QueueCollector:
         self.keys = [P.Keys(prefix, s) for s in servings]
         self.declared = tuple(declared)
         self.key_labels = key_labels
+        self._said: set[tuple[str, str]] = set()  # (serving, error) logged: few, by serving
 
     def collect(self) -> Iterator[Any]:
         _prometheus()
         from prometheus_client.core import GaugeMetricFamily as Gauge
 
         try:
-            shards = [s for keys in self.keys for s in self.broker.shards(keys)]
-            streams = self.broker.queue_depths(shards)
-            by_priority = self.broker.priority_items(shards)
-            dead_letters = self.broker.dead_letter_depths(shards)
+            try:
+                streams, by_priority, dead_letters = self._read(self.keys)
+            except RedisCommandError:  # one serving's key of another type: not the others'
+                streams, by_priority, dead_letters = self._read_each()
         except RedisUnavailable as e:
             log.warning("metrics: %s", e)
             return
@@ -104,6 +108,34 @@ class QueueCollector:
         for name, n in _summed((keys.name, n) for keys, n in dead_letters).items():
             dead.add_metric([name], n)
         yield from (queued, dead)
+
+    def _read(self, keys_list: Sequence[P.Keys]) -> _Read:
+        """The queues, per-priority counts and dead letters of these servings' shards."""
+        shards = [s for keys in keys_list for s in self.broker.shards(keys)]
+        return (
+            self.broker.queue_depths(shards),
+            self.broker.priority_items(shards),
+            self.broker.dead_letter_depths(shards),
+        )
+
+    def _read_each(self) -> _Read:
+        """``_read`` serving by serving, without those whose keys Redis refuses to read (one
+        of another type: anyone may write one), each said in the log once."""
+        streams: list[StreamDepth] = []
+        by_priority: list[tuple[P.Keys, int, dict[int, int]]] = []
+        dead_letters: list[tuple[P.Keys, int]] = []
+        for keys in self.keys:
+            try:
+                found = self._read([keys])
+            except RedisCommandError as e:
+                if (keys.name, str(e)) not in self._said:
+                    self._said.add((keys.name, str(e)))
+                    log.warning("metrics: serving %s has no queue gauges: %s", keys.name, e)
+                continue
+            streams += found[0]
+            by_priority += found[1]
+            dead_letters += found[2]
+        return streams, by_priority, dead_letters
 
     def _by_key(self, streams: Sequence[StreamDepth]) -> dict[str, dict[str, list[int]]]:
         waiting: dict[str, dict[str, list[int]]] = {k.name: {} for k in self.keys}
