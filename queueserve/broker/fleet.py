@@ -9,7 +9,7 @@ from typing import cast
 
 from queueserve.broker.admin import Admin
 from queueserve.broker.common import names, texts
-from queueserve.broker.errors import redis_errors
+from queueserve.broker.errors import raise_but_wrong_type, redis_errors
 from queueserve.wire.protocol import Keys, worker_key
 
 MAX_WORKERS = 200  # shown per serving: the most recent heartbeats
@@ -27,9 +27,11 @@ class Fleet(Admin):
         return out
 
     def worker_records(self, prefix: str, consumers: Sequence[str]) -> list[dict[str, str]]:
-        """Each consumer's registry record (empty once it expired), in order."""
+        """Each consumer's registry record, in order: empty once it expired, or when its key
+        holds another type (anyone may write one: it must not fail every serving's row)."""
         with redis_errors(self.url):
             pipe = self.redis.pipeline(transaction=False)
             for consumer in consumers:
                 pipe.hgetall(worker_key(prefix, consumer))
-            return [texts(raw, "replace") for raw in pipe.execute()]
+            replies = raise_but_wrong_type(pipe.execute(raise_on_error=False))
+        return [texts(raw, "replace") if isinstance(raw, dict) else {} for raw in replies]

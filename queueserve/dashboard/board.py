@@ -19,6 +19,7 @@ from typing import Any
 from queueserve.broker.admin import StreamDepth, by_priority, hash_count
 from queueserve.broker.fleet import Fleet
 from queueserve.broker.urls import redact_url
+from queueserve.errors import RedisCommandError
 from queueserve.ops.deadletter import DeadLetters
 from queueserve.wire.protocol import Keys
 from queueserve.wire.timing import ALIVE_WITHIN_S
@@ -82,8 +83,22 @@ class Board:
             "offset": offset,
             "limit": MAX_SERVINGS,
             "filter": name_filter,
-            "servings": [self._serving(name, now) for name in page],
+            "servings": [self._readable(name, now) for name in page],
         }
+
+    def _readable(self, name: str, now: float) -> dict[str, Any]:
+        """A serving's row. One whose keys Redis refuses to read (a key of another type under
+        its name: anyone may write one) says why, empty, and the page shows the others."""
+        try:
+            return self._serving(name, now)
+        except RedisCommandError as e:
+            return {
+                "name": name,
+                "error": str(e),
+                **{part: {} for part in ("options", "overrides")},
+                **{part: [] for part in ("workers", "queues", "priorities", "history")},
+                "dead_letters": 0,
+            }
 
     def _serving(self, name: str, now: float) -> dict[str, Any]:
         keys = Keys(self.prefix, name)

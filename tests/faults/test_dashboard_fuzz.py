@@ -23,7 +23,9 @@ import pytest
 import redis
 
 from queueserve.dashboard import create_app
-from queueserve.wire.protocol import Keys
+from queueserve.wire.protocol import Keys, worker_key
+from tests.faults.fuzz.surfaces import dashboard_reads
+from tests.faults.fuzz.values import FAMILIES
 from tests.faults.test_gateway_fuzz import (
     HOSTILE_BODIES,
     HOSTILE_HEADERS,
@@ -166,4 +168,53 @@ def test_hostile_requests_to_every_endpoint_get_clear_answers(
     assert [i for i, _ in redis_client.xrange(keys.dead)] == [kept]
     assert redis_client.hget(keys.meta, "batch_size") == b"8"
     assert dashboard.proc.poll() is None
+    assert "Traceback" not in dashboard.output(), dashboard.output()[-5000:]
+
+
+def test_hostile_worker_records_and_a_servings_key_of_another_type_leave_the_overview_whole(
+    dashboard: DashboardProc, redis_client: redis.Redis, prefix: str
+) -> None:
+    """The overview reads every worker's record (anyone may write one) and every serving's
+    keys: a hostile field, a record of another type or a serving whose keys are of another
+    type is shown as such (a record of another type failed every serving it named with a
+    500; a serving's, the whole page)."""
+    keys = Keys(prefix, "square")
+    rng = random.Random(SEED)
+    [live] = [c.decode() for c in redis_client.zrange(keys.workers, 0, -1)]
+    now_ms = int(redis_client.time()[0]) * 1000
+    fields = dashboard_reads()
+    with httpx.Client(base_url=dashboard.url, timeout=60) as http:
+
+        def overview(what: str) -> dict[str, Any]:
+            response = http.get("/api/overview")
+            assert response.status_code == 200, (what, response.text[:500])
+            return {s["name"]: s for s in response.json()["servings"]}
+
+        # When each field the dashboard reads of a worker's record holds a value of each
+        # family, in the live worker's record and in an alive ghost's
+        redis_client.zadd(keys.workers, {"fuzz-ghost": now_ms + 600_000})
+        for name, family in FAMILIES.items():
+            value = family(rng)[:100_000]  # (12 fields of 10 MB would cost, not break)
+            for record in (worker_key(prefix, live), worker_key(prefix, "fuzz-ghost")):
+                redis_client.hset(record, mapping=dict.fromkeys(fields, value))
+            # Then every row is there, its counts counts and its texts bounded
+            rows = overview(name)["square"]["workers"]
+            assert {w["id"] for w in rows} == {live, "fuzz-ghost"}, rows
+            for w in rows:
+                assert all(type(w[k]) is int and w[k] >= 0 for k in ("items", "batches")), w
+                assert all(len(w[k]) <= 100 for k in ("host", "pid", "partition", "device")), w
+
+        # When the ghost's record is of another type, and another serving's workers set too
+        redis_client.delete(worker_key(prefix, "fuzz-ghost"))
+        redis_client.set(worker_key(prefix, "fuzz-ghost"), "wrong type")
+        broken = Keys(prefix, "fuzzbroken")
+        redis_client.hset(broken.meta, mapping={"codec": "msgpack", "batch_size": "8"})
+        redis_client.set(broken.workers, "wrong type")
+
+        # Then the page has both servings: the ghost's row empty, the broken serving's error
+        servings = overview("records and keys of another type")
+        assert "error" not in servings["square"], servings["square"]
+        ghost = next(w for w in servings["square"]["workers"] if w["id"] == "fuzz-ghost")
+        assert ghost["host"] == "" and ghost["items"] == 0, ghost
+        assert "WRONGTYPE" in servings["fuzzbroken"]["error"], servings["fuzzbroken"]
     assert "Traceback" not in dashboard.output(), dashboard.output()[-5000:]

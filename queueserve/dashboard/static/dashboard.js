@@ -108,6 +108,7 @@ function servingSection(s) {
   ]);
   return el("section", { class: "serving", "data-serving": s.name },
     el("h2", {}, s.name),
+    s.error ? el("p", { class: "error" }, s.error) : "",
     el("div", { class: "figures" },
       figure("throughput", last ? last.items_per_s.toFixed(1) : "–", "items/s"),
       figure("batch-size", last && last.batch_size !== null ? last.batch_size.toFixed(1) : "–", "mean batch size"),
