@@ -1,15 +1,19 @@
-"""The fuzzer: hostile values in every Redis key and channel queueserve reads, while valid
-traffic runs (docs/guarantees.md, "Redis inputs").
+"""The fuzzer: hostile values in every Redis key and channel queueserve reads, and hostile
+requests to the worker's metrics port, while valid traffic runs (docs/guarantees.md, "Redis
+inputs").
 
-A real worker process (two partitions, four servings: tests/faults/fuzz/app.py) serves sync and
-async clients, bursts that travel as packs, a generator serving's stream and a step serving,
-while the fuzzer writes values of every family (values.py) through every attack of every
-surface (surfaces.py: one per kind of ``wire/protocol.py``'s LAYOUT and field of a request
-entry). Then it checks: every valid request answered once, with its own result, and run once;
-no thread died and no partition exited (nothing CRITICAL, no traceback in the worker's log,
-the same partition processes); the admission counters and depth hashes back to zero; Redis's
-memory back within a bound once the fuzzer's own keys are gone; every serving, the victim
-included, answers again.
+A real worker process (two partitions, four servings: tests/faults/fuzz/app.py; trace context
+read, a metrics port) serves sync and async clients, bursts that travel as packs, calls from a
+caller's span, a generator serving's stream and a step serving, while the fuzzer writes values
+of every family (values.py) through every attack of every surface (surfaces.py: one per kind of
+``wire/protocol.py``'s LAYOUT, field of a request entry, optional header field and HTTP server
+of the worker). Every 2 s the operator's commands run, the dashboard's overview is read and the
+metrics port is scraped, among the slow clients the fuzzer holds. Then it checks: every valid
+request answered once, with its own result, and run once; no thread died and no partition
+exited (nothing CRITICAL, no traceback in the worker's log, the same partition processes); the
+admission counters and depth hashes back to zero; Redis's memory back within a bound once the
+fuzzer's own keys are gone; every serving, the victim included, answers again, and so does
+/metrics.
 
 QS_FUZZ_SECONDS sets how long the fuzzer writes (default 20), QS_FUZZ_SEED its seed (default
 23; a failure names the seed to rerun with).
@@ -21,6 +25,7 @@ import contextlib
 import io
 import os
 import random
+import socket
 import time
 from collections import Counter, deque
 from collections.abc import Iterator
@@ -31,10 +36,21 @@ import pytest
 import redis
 
 import queueserve as qs
+from queueserve.broker.fleet import Fleet
+from queueserve.dashboard.board import Board
 from queueserve.ops import cli
 from queueserve.wire import protocol as P
 from tests.faults.fuzz import app
-from tests.faults.fuzz.surfaces import SURFACES, VALID, VICTIM, Attack, Surface, Target
+from tests.faults.fuzz.surfaces import (
+    SURFACES,
+    VALID,
+    VICTIM,
+    Attack,
+    Surface,
+    Target,
+    scrape,
+    trickle,
+)
 from tests.faults.fuzz.traffic import Tally, Traffic
 from tests.faults.fuzz.values import FAMILIES, WRONG_TYPE
 from tests.support.fault_app import WorkerProc
@@ -98,6 +114,7 @@ class Run:
     written: Counter[str] = field(default_factory=Counter)  # per surface kind
     refused: Counter[str] = field(default_factory=Counter)  # writes Redis itself refused
     ops_runs: int = 0
+    scrapes: int = 0  # of the worker's /metrics, among slow clients
     huge: int = 0  # 10 MB values among the writes
     sent: int = 0  # valid requests
     answered: int = 0  # valid requests answered with their own result
@@ -109,6 +126,7 @@ class Run:
             f"fuzz seed {seed}: {sum(self.written.values())} hostile writes ({per}; "
             f"{self.huge} of them 10 MB); "
             f"refused by Redis {sum(self.refused.values())}; operator reads {self.ops_runs};"
+            f" scrapes {self.scrapes};"
             f" valid requests sent {self.sent}, answered correctly {self.answered}; "
             f"used_memory after cleanup {self.memory_kib:+} KiB"
         )
@@ -149,9 +167,14 @@ class Fuzzer:
     def operator_reads(self) -> None:
         """What `queueserve stats`, `dead-letter list`, `dead-letter replay --all` (of every
         dead letter the junk earned, forged ones included) and `config get` do: exit 0, or 1
-        saying what was wrong; never raise, whatever they read."""
+        saying what was wrong; never raise, whatever they read. What the dashboard reads (its
+        overview: meta and config hashes, workers and their records, depths), which must not
+        raise either. And a scrape of the worker's /metrics and /healthz while the slow
+        clients held go on: answered 200 within SCRAPE_WITHIN_S, and /readyz answered."""
         if time.monotonic() < self._ops_at:
             return
+        self.dashboard_reads()
+        self.scrapes()
         out = io.StringIO()
         common = ["--redis-url", self.target.url, "--prefix", self.target.prefix]
         commands = (
@@ -167,6 +190,33 @@ class Fuzzer:
         self.run.ops_runs += 1
         self._ops_at = time.monotonic() + OPS_EVERY_S
 
+    def dashboard_reads(self) -> None:
+        """The dashboard's page: every serving's row (the victim's, whose keys may be of
+        another type, says so: the others are shown), and the valid servings' dead letters."""
+        board = Board(Fleet(self.target.url), self.target.prefix)
+        try:
+            overview = board.overview()
+            for serving in VALID:
+                board.dead_letters(serving)
+        finally:
+            board.fleet.close()
+        errors = {s["name"]: s["error"] for s in overview["servings"] if "error" in s}
+        assert errors.keys() <= {VICTIM}, f"servings the dashboard could not read: {errors}"
+        workers = [w for s in overview["servings"] for w in s["workers"]]
+        assert all(type(w["items"]) is int and w["items"] >= 0 for w in workers), workers
+
+    def scrapes(self) -> None:
+        port = self.target.metrics_port
+        if port is None:
+            return
+        trickle(self.target)  # the slow clients held are not silent now
+        for path in ("/metrics", "/healthz"):
+            status, body = scrape(port, path)
+            assert status == 200, f"a scrape of {path} got {status}: {body[:500]!r}"
+        status, _ = scrape(port, "/readyz")
+        assert status in (200, 503), f"/readyz answered {status}"
+        self.run.scrapes += 1
+
 
 @pytest.fixture
 def redis_url(redis_tmp_server: RedisServer) -> str:
@@ -177,10 +227,29 @@ def redis_url(redis_tmp_server: RedisServer) -> str:
 
 
 @pytest.fixture
-def worker(redis_url: str, prefix: str, tmp_path: Path) -> Iterator[WorkerProc]:
+def metrics_port() -> int:
+    """A port free now, for the worker's /metrics."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def worker(
+    redis_url: str,
+    prefix: str,
+    tmp_path: Path,
+    metrics_port: int,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[WorkerProc]:
     specs = [f"tests.faults.fuzz.app:{name}" for name in ("plain", "victim", "steps", "generate")]
+    monkeypatch.setenv("QS_FUZZ_TRACING", "1")  # its partitions read trace context (app.py)
     proc = WorkerProc(
-        [*specs, "--redis-url", redis_url, "--prefix", prefix, "--partitions", "2"],
+        [
+            *specs,
+            *("--redis-url", redis_url, "--prefix", prefix, "--partitions", "2"),
+            *("--metrics-port", str(metrics_port)),
+        ],
         redis_url,
         prefix,
         tmp_path / "worker.log",
@@ -199,6 +268,7 @@ def fuzz(
     steps: Plan,
     seconds: float,
     seed: int,
+    metrics_port: int | None = None,
 ) -> Run:
     """Run valid traffic and the fuzzer for ``seconds``, then check everything; an
     AssertionError names the seed, the last values written and what the worker logged."""
@@ -219,7 +289,10 @@ def fuzz(
     )
     partitions = sorted(worker.partition_pids())
     baseline = int(r.info("memory")["used_memory"])
-    target = Target(r, prefix, random.Random(seed + 1), url)
+    target = Target(r, prefix, random.Random(seed + 1), url, metrics_port=metrics_port)
+    # What a live worker's heartbeat writes to its record: each field is attacked
+    consumer = target.consumers()[0]
+    target.record_fields = set(r.hkeys(P.worker_key(prefix, consumer)))
     fuzzer = Fuzzer(target, steps, seed)
     try:
         tally = attack_under_traffic(worker, fuzzer, seconds)
@@ -298,6 +371,10 @@ def problems_after(
         problems.append(f"partitions {partitions} are now {worker.partition_pids()}")
     if problems:  # what follows would only wait on a worker known to be broken
         return problems
+    if target.metrics_port is not None:
+        status, _ = scrape(target.metrics_port)
+        if status != 200:
+            return [f"the worker's /metrics answered {status} after the fuzzing"]
     with qs.Client(target.url, prefix=target.prefix) as client:
         for serving in (app.plain, app.victim):
             assert client.dispatch(serving, "after", timeout=60) == app.answer("after")
@@ -378,9 +455,10 @@ def test_every_surface_fuzzed_under_valid_traffic_loses_nothing_and_kills_nothin
     redis_client: redis.Redis,
     redis_url: str,
     prefix: str,
+    metrics_port: int,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    run = fuzz(worker, redis_client, redis_url, prefix, plan(), SECONDS, SEED)
+    run = fuzz(worker, redis_client, redis_url, prefix, plan(), SECONDS, SEED, metrics_port)
     with capsys.disabled():
         print("\n" + run.report(SEED))
     untouched = {s.kind for s, _, _ in plan()} - set(run.written)
@@ -402,5 +480,6 @@ def test_known_break(
     redis_client: redis.Redis,
     redis_url: str,
     prefix: str,
+    metrics_port: int,
 ) -> None:
-    fuzz(worker, redis_client, redis_url, prefix, plan(only), min(SECONDS, 8.0), SEED)
+    fuzz(worker, redis_client, redis_url, prefix, plan(only), min(SECONDS, 8.0), SEED, metrics_port)
