@@ -95,9 +95,16 @@ def batches_of_at_most_3(ctx: Context) -> None:
     assert [len(b) for b in ctx.serving.item_batches] == [3, 3, 1]  # 32 by default: [7]
 
 
+def redis_ms(r: redis.Redis) -> int:
+    seconds, micros = r.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
 def a_lone_item_waits_for_the_batch_to_fill(ctx: Context) -> None:
     first = ctx.client.submit(NAME, ["a"])
     wait_until(lambda: items_waiting(ctx.worker) == 1 or ctx.serving.batches, "'a' read")
+    read = redis_ms(ctx.redis)  # 10 times the default timeout, nothing to an hour
+    wait_until(lambda: redis_ms(ctx.redis) >= read + 100, "100 ms on Redis's clock")
     rest = ctx.client.submit(NAME, ["b", "c", "d"])
     assert first.result(WAIT_S) == ["a"] and rest.result(WAIT_S) == ["b", "c", "d"]
     assert ctx.serving.item_batches == [["a", "b", "c", "d"]]  # 10 ms by default: ["a"] alone
@@ -211,9 +218,8 @@ def a_low_priority_that_waited_300ms_goes_first(ctx: Context) -> None:
     wait_until(lambda: len(ctx.serving.batches) == 1, "a batch held in the executor")
     low = ctx.client.submit(NAME, ["low"])
     wait_until(lambda: items_waiting(ctx.worker) == 1, "low read")
-    ms = lambda: int(ctx.redis.time()[0] * 1000 + ctx.redis.time()[1] // 1000)  # noqa: E731
-    sent = ms()
-    wait_until(lambda: ms() >= sent + 300, "300 ms on Redis's clock")
+    sent = redis_ms(ctx.redis)
+    wait_until(lambda: redis_ms(ctx.redis) >= sent + 300, "300 ms on Redis's clock")
     high = ctx.client.submit(NAME, ["high"], priority=1)
     ctx.serving.release()
     for ticket in (held, low, high):
