@@ -70,7 +70,8 @@ class Worker:
 
     The options are WorkerOptions (queueserve/worker/options.py), which checks them. One
     left out (None) is taken from its ``QUEUESERVE_<NAME>`` environment variable, else its
-    default; ``partitions`` is 1 unless given (``queueserve worker``: auto).
+    default; ``partitions``'s default is 1 here (``queueserve worker``: auto), and
+    ``QUEUESERVE_PARTITIONS`` still wins over it.
     """
 
     def __init__(
@@ -79,7 +80,7 @@ class Worker:
         *,
         redis_url: str | None = None,
         prefix: str | None = None,
-        partitions: int | str | None = 1,
+        partitions: int | str | None = None,
         batch_size: int | None = None,
         batch_timeout: float | str | None = None,
         batch_keys: Sequence[str] | None = None,
@@ -99,9 +100,12 @@ class Worker:
     ) -> None:
         sources = [servings] if isinstance(servings, Serving | str) else list(servings)
         keywords = locals()  # those named as WorkerOptions fields (test_options holds it)
-        options = self.options = WorkerOptions.of(
+        options = WorkerOptions.of(
             {k: v for k, v in keywords.items() if k in WorkerOptions.model_fields and v is not None}
         )
+        if "partitions" not in options.model_fields_set:  # neither keyword nor variable
+            options = options.model_copy(update={"partitions": 1})
+        self.options = options
         require_extras(options)
         settings = Settings()
         if redis_url:
