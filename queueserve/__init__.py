@@ -12,6 +12,7 @@ from queueserve.client.ticket import Ticket
 from queueserve.errors import (
     BadRequest,
     Cancelled,
+    ConnectionPoolExhausted,
     DeadLettered,
     NotReplicated,
     QueueFull,
@@ -57,6 +58,7 @@ __all__ = [  # noqa: RUF022 - grouped by use, as the docs present them
     # errors
     "BadRequest",
     "Cancelled",
+    "ConnectionPoolExhausted",
     "DeadLettered",
     "NotReplicated",
     "QueueFull",

@@ -8,8 +8,11 @@
     ├── BadRequest           the request itself is invalid (too large, wrong codec, bad input)
     ├── DeadLettered         the request killed max_deliveries workers; see the dead-letter stream
     ├── RedisUnavailable     Redis cannot serve right now: unreachable, loading, out of memory,
-    │                        read-only or failing over; retried with backoff, raised when the
-    │                        caller's time is up
+    │   │                    read-only or failing over; retried with backoff, raised when the
+    │   │                    caller's time is up
+    │   └── ConnectionPoolExhausted
+    │                        not Redis: this process holds as many connections as its pool
+    │                        allows; retried as an outage is, and said to be a pool limit
     ├── RedisCommandError    Redis refused a command in a way retrying will not fix (NOPERM,
     │                        WRONGTYPE, a failing script, a wrong password)
     ├── NotReplicated        a durable serving's request reached the primary, but no replica
@@ -83,6 +86,12 @@ class DeadLettered(QueueServeError):
 class RedisUnavailable(QueueServeError):
     """Redis cannot serve now (connection lost, LOADING, OOM, READONLY, UNBLOCKED, NOGROUP,
     MASTERDOWN); the message names the URL, without its password, and Redis's own words."""
+
+
+class ConnectionPoolExhausted(RedisUnavailable):
+    """This process's connection pool to Redis is at its limit: every connection it may hold is
+    in use, and Redis itself may be fine. Ridden out as an outage is (a connection given back
+    ends it), but reported as what it is; the message names the pool's size."""
 
 
 class RedisCommandError(QueueServeError):

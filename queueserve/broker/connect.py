@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 import redis
@@ -31,7 +31,9 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterNode as AsyncClusterNode
 from redis.asyncio.sentinel import Sentinel as AsyncSentinel
 from redis.cluster import ClusterNode
-from redis.sentinel import Sentinel
+from redis.connection import ConnectionPool
+from redis.exceptions import MaxConnectionsError
+from redis.sentinel import Sentinel, SentinelConnectionPool
 
 from queueserve.broker.common import HiredisPacker
 from queueserve.broker.urls import redact_url
@@ -43,6 +45,34 @@ HEALTH_CHECK_S = 30
 SENTINEL_PORT = 26379
 CLUSTER_PORT = 6379
 _SENTINEL_AUTH = {"sentinel_password", "sentinel_username"}
+DEFAULT_POOL_SIZE = 100  # redis-py's connections per pool (per node on a cluster)
+
+
+class _PoolExhausted(MaxConnectionsError):
+    """redis-py's pool limit error, carrying the limit, which broker/errors.py names in the
+    ``ConnectionPoolExhausted`` it makes of it (redis-py's own error names none)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__("Too many connections")
+        self.limit = limit
+
+
+class _Pool(ConnectionPool):
+    """redis-py's pool, whose limit error carries the limit (and ``_SentinelPool``)."""
+
+    def make_connection(self) -> Any:
+        try:
+            return super().make_connection()
+        except MaxConnectionsError:
+            raise _PoolExhausted(self.max_connections) from None
+
+
+class _SentinelPool(SentinelConnectionPool):
+    def make_connection(self) -> Any:
+        try:
+            return super().make_connection()
+        except MaxConnectionsError:
+            raise _PoolExhausted(self.max_connections) from None
 
 
 @dataclass(frozen=True)
@@ -170,22 +200,41 @@ def connect(url: str) -> redis.Redis | redis.RedisCluster:
     if t.kind == "single":
         if not url.startswith("unix:") and _is_cluster_node(url):
             log.info("%s is a Redis Cluster node: using the cluster client", redact_url(url))
-            return redis.RedisCluster.from_url(url, health_check_interval=HEALTH_CHECK_S)
-        return redis.Redis.from_url(
+            return redis.RedisCluster.from_url(
+                url, health_check_interval=HEALTH_CHECK_S, connection_pool_class=_Pool
+            )
+        pool = _Pool.from_url(
             url, health_check_interval=HEALTH_CHECK_S, command_packer=HiredisPacker()
         )
+        return redis.Redis.from_pool(pool)  # (the client closes the pool, as from_url's does)
     # redis-py 8.1 leaves these constructors untyped and 8.2 types them: the ignores name
     # unused-ignore too, so either release type-checks (a lock bump stays one line).
     if t.kind == "cluster":
         nodes = [ClusterNode(h, p) for h, p in t.hosts]  # type: ignore[no-untyped-call, unused-ignore]
-        return redis.RedisCluster(startup_nodes=nodes, **_common(t))
+        return redis.RedisCluster(startup_nodes=nodes, connection_pool_class=_Pool, **_common(t))
     sentinel = Sentinel(  # type: ignore[no-untyped-call, unused-ignore]
         list(t.hosts), sentinel_kwargs=dict(t.sentinel_auth), **_server_auth(t)
     )
     master: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call, unused-ignore]
-        t.service, db=t.db, health_check_interval=HEALTH_CHECK_S
+        t.service,
+        db=t.db,
+        health_check_interval=HEALTH_CHECK_S,
+        connection_pool_class=_SentinelPool,
     )
     return master
+
+
+def allow_connections(client: redis.Redis | redis.RedisCluster, limit: int) -> None:
+    """Let ``client`` hold up to ``limit`` connections at once (to each node, on a cluster):
+    the size of its pool, whose limit error then names it."""
+    if is_cluster(client):
+        cluster: Any = client
+        cluster.nodes_manager.connection_kwargs["max_connections"] = limit  # nodes found later
+        for node in cluster.get_nodes():
+            if node.redis_connection is not None:
+                node.redis_connection.connection_pool.max_connections = limit
+    else:
+        cast(redis.Redis, client).connection_pool.max_connections = limit
 
 
 def connect_async(url: str) -> aioredis.Redis | aioredis.RedisCluster:

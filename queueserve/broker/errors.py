@@ -7,6 +7,10 @@ MASTERDOWN, cluster TRYAGAIN/CLUSTERDOWN (and redis-py's cluster exceptions: no 
 reachable, a slot not served), and NOGROUP (a Redis that came back without its data;
 the broker makes the group again where it can). Everything else Redis refuses will be refused
 again, and becomes ``RedisCommandError``.
+
+Two limits are transient too, and said to be limits, never that Redis is down: a connection
+pool with every connection in use (redis-py's ``MaxConnectionsError``, "Too many connections":
+``ConnectionPoolExhausted``, naming the pool's size), and a server at its ``maxclients``.
 """
 
 from __future__ import annotations
@@ -19,7 +23,12 @@ import redis
 from redis import exceptions as rx
 
 from queueserve.broker.urls import redact_url
-from queueserve.errors import QueueServeError, RedisCommandError, RedisUnavailable
+from queueserve.errors import (
+    ConnectionPoolExhausted,
+    QueueServeError,
+    RedisCommandError,
+    RedisUnavailable,
+)
 
 # Error codes redis-py leaves as a plain ResponseError whose cause passes.
 TRANSIENT_CODES = frozenset(
@@ -103,10 +112,32 @@ def _words(error: redis.RedisError) -> str:
     return f"{command} in a pipeline: {reply}"
 
 
+def pool_exhausted(error: BaseException) -> bool:
+    """Whether ``error`` is a connection pool's limit (redis-py 8's ``MaxConnectionsError``; a
+    plain ``ConnectionError("Too many connections")`` before it), not a failed connection."""
+    return isinstance(error, redis.ConnectionError) and str(error).startswith(
+        "Too many connections"
+    )
+
+
 def translate(error: redis.RedisError, url: str) -> QueueServeError:
     """The queueserve error for ``error``, naming the (redacted) URL and what to do."""
     where = f"Redis at {redact_url(url)}"
     detail = f"{type(error).__name__}: {_words(error)}"
+    if pool_exhausted(error):
+        limit = getattr(error, "limit", None)  # a pool made by broker/connect.py names it
+        size = "" if limit is None else f"of {limit} "
+        return ConnectionPoolExhausted(
+            f"connection pool {size}exhausted: every connection this process may hold to "
+            f"{where} is in use (redis-py: {error}); Redis itself is not the limit. A worker "
+            "sizes its pool from what its partition runs: report this with the servings it "
+            "runs; a client holds one connection per thread blocked on it at once"
+        )
+    if isinstance(error, redis.ConnectionError) and "max number of clients" in str(error):
+        return RedisUnavailable(
+            f"{where} refused a new connection: it serves as many clients as its maxclients "
+            f"allows ({detail}); raise maxclients (CONFIG SET maxclients) or run fewer clients"
+        )
     if is_transient(error):
         return RedisUnavailable(
             f"{where} is unavailable ({detail}): check that it is up, has memory left and is "

@@ -21,7 +21,12 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from queueserve.errors import QueueServeError, RedisCommandError, RedisUnavailable
+from queueserve.errors import (
+    ConnectionPoolExhausted,
+    QueueServeError,
+    RedisCommandError,
+    RedisUnavailable,
+)
 from queueserve.wire.timing import backoff
 
 log = logging.getLogger(__name__)
@@ -38,6 +43,7 @@ class Outage:
         self._lock = threading.Lock()
         self._failing: set[str] = set()
         self._since = 0.0
+        self._pool_limit = False  # the outage is a connection pool at its limit
 
     @property
     def ongoing(self) -> bool:
@@ -50,6 +56,13 @@ class Outage:
                 return
             self._failing.add(loop)
             self._since = time.monotonic()
+            # A pool at its limit is this process's, not Redis's: said as what it is.
+            pool_limit = self._pool_limit = isinstance(error, ConnectionPoolExhausted)
+        if pool_limit:
+            log.warning(
+                "%s: %s (first seen by the %s); retrying with backoff", self.owner, error, loop
+            )
+            return
         log.warning(
             "%s: Redis unavailable (%s, first seen by the %s); retrying with backoff",
             self.owner,
@@ -58,7 +71,10 @@ class Outage:
         )
 
     def recovered(self, loop: str) -> None:
-        self._leave(loop, "Redis is reachable again after %.1fs unavailable")
+        if self._pool_limit:
+            self._leave(loop, "a connection of the pool came free after %.1fs exhausted")
+        else:
+            self._leave(loop, "Redis is reachable again after %.1fs unavailable")
 
     def abandoned(self, loop: str) -> None:
         """``loop`` stopped retrying with Redis still failing (its caller's time ran out)."""

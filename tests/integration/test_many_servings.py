@@ -1,0 +1,78 @@
+"""A worker of many servings (issue 36): one with 130 declared about 50 after 70 s and answered
+none, its log saying Redis was unavailable, while the limit was redis-py's default pool of 100
+connections: each serving blocked on a connection of its own and listened for cancels on
+another. Now a partition's idle servings block on one connection (broker/wakes.py) and listen
+on one (broker/channels.py), its pool is sized from what it runs, and a pool at its limit is
+said to be one.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+import queueserve as qs
+from queueserve.broker.connect import allow_connections
+from queueserve.broker.consumer import Consumer
+from queueserve.broker.errors import translate
+from queueserve.broker.retry import Retry
+from queueserve.wire.protocol import Keys
+
+
+# -- a pool at its limit --------------------------------------------------------------------------
+@pytest.fixture
+def small_pool(redis_url: str) -> Iterator[Consumer]:
+    """A worker's broker whose pool holds 2 connections, both taken."""
+    broker = Consumer(redis_url, owner="partition 0 (test)")
+    allow_connections(broker.redis, 2)
+    pool = broker.redis.connection_pool
+    held = [pool.get_connection() for _ in range(2)]
+    try:
+        yield broker
+    finally:
+        for connection in held:
+            pool.release(connection)
+        broker.close()
+
+
+def test_a_pool_at_its_limit_is_reported_as_one_never_as_redis_down(
+    small_pool: Consumer, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    keys = Keys(prefix, "s")
+    # A command through redis-py, and one on the raw fast path, alike
+    for command in (
+        lambda: small_pool.config(keys),
+        lambda: small_pool.read_ready(keys, "c", 1, 1, []),
+    ):
+        with pytest.raises(qs.ConnectionPoolExhausted) as caught:
+            command()
+        message = str(caught.value)
+        assert message.startswith("connection pool of 2 exhausted:"), message
+        assert "unavailable" not in message and "is up" not in message
+        assert isinstance(caught.value, qs.RedisUnavailable)  # ridden out as an outage is
+    # The loop that meets it logs it as what it is, once, and so its end
+    with caplog.at_level(logging.INFO, logger="queueserve.broker.retry"):
+        retry = Retry(small_pool.outage, "serving s reader")
+        retry.failed(caught.value)
+        retry.failed(caught.value)
+        retry.succeeded()
+    lines = [record.getMessage() for record in caplog.records]
+    assert len(lines) == 2, lines
+    assert "connection pool of 2 exhausted" in lines[0] and "serving s reader" in lines[0]
+    assert "came free" in lines[1]
+    assert not any("Redis unavailable" in line or "reachable" in line for line in lines)
+
+
+def test_a_pool_error_of_redis_py_is_a_pool_limit_and_maxclients_a_server_limit() -> None:
+    url = "redis://app:s3cret@127.0.0.1:1/0"
+    pool = translate(redis.exceptions.MaxConnectionsError("Too many connections"), url)
+    assert type(pool) is qs.ConnectionPoolExhausted
+    assert str(pool).startswith("connection pool exhausted:") and "s3cret" not in str(pool)
+    older = translate(redis.ConnectionError("Too many connections"), url)  # before redis-py 8
+    assert type(older) is qs.ConnectionPoolExhausted
+    server = translate(redis.ConnectionError("max number of clients reached"), url)
+    assert type(server) is qs.RedisUnavailable and "maxclients" in str(server)
+    assert "is up" not in str(server)
