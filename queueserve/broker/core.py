@@ -17,7 +17,13 @@ from redis.exceptions import NoScriptError
 
 from queueserve.broker import raw
 from queueserve.broker.common import load_script, names, pubsub_data, since_ms, texts
-from queueserve.broker.connect import close, connect, is_cluster
+from queueserve.broker.connect import (
+    DEFAULT_POOL_SIZE,
+    allow_connections,
+    close,
+    connect,
+    is_cluster,
+)
 from queueserve.broker.errors import error_code, redis_errors
 from queueserve.broker.retry import Outage
 from queueserve.broker.urls import redact_url
@@ -89,6 +95,9 @@ class Subscription:
 class BrokerCore:
     """One Redis deployment: its client, the scripts, routing and the raw fast path."""
 
+    # Connections of this broker's own beyond those of its users' threads (none here).
+    OWN_CONNECTIONS = 0
+
     def __init__(
         self, url: str, *, client: redis.Redis | None = None, owner: str | None = None
     ) -> None:
@@ -112,6 +121,15 @@ class BrokerCore:
         self._raw = (
             raw.Connections(cast(redis.Redis, self.redis).connection_pool) if plain else None
         )
+
+    def size_pool(self, threads: int) -> None:
+        """Size the pool for ``threads`` threads that use this broker at once (a worker
+        partition's: broker/connect.py's pool limit is redis-py's 100 otherwise, which a
+        worker of 50 servings reached). A thread holds one connection at a time, but may
+        leave one idle on each side: in the raw fast path's list and in redis-py's pool,
+        neither of which takes the other's. Never fewer than redis-py's default."""
+        limit = max(DEFAULT_POOL_SIZE, 2 * threads + self.OWN_CONNECTIONS)
+        allow_connections(self.redis, limit)
 
     def close(self) -> None:
         if self._raw is not None:

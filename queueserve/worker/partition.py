@@ -124,6 +124,9 @@ class PartitionHost:
             )
             for s in self.servings
         ]
+        # A pool of what the partition runs (redis-py's 100 ran out at about 50 servings):
+        # its servings' threads, the heartbeat's, and this one's start and stop.
+        self.broker.size_pool(sum(r.redis_threads for r in self.runners) + 2)
         self._stopped = threading.Event()
         self._heart: threading.Thread | None = None
         self.summary: dict[str, int] = {}  # after stop(): totals, and what was drained at stop

@@ -9,7 +9,7 @@ said to be one.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import redis
@@ -20,6 +20,7 @@ from queueserve.broker.consumer import Consumer
 from queueserve.broker.errors import translate
 from queueserve.broker.retry import Retry
 from queueserve.wire.protocol import Keys
+from tests.support.many_app import many_servings
 
 
 # -- a pool at its limit --------------------------------------------------------------------------
@@ -76,3 +77,30 @@ def test_a_pool_error_of_redis_py_is_a_pool_limit_and_maxclients_a_server_limit(
     server = translate(redis.ConnectionError("max number of clients reached"), url)
     assert type(server) is qs.RedisUnavailable and "maxclients" in str(server)
     assert "is up" not in str(server)
+
+
+def test_a_partition_sizes_its_pool_from_what_it_runs(
+    start_worker: Callable[..., qs.Worker],
+) -> None:
+    # Given a partition of 60 servings, run in this process
+    worker = start_worker(*many_servings(60))
+    host = worker._host
+    assert host is not None
+    # Then its pool holds two connections for each thread that may hold one at once (a thread
+    # leaves one idle on each side: in the fast path's list and in redis-py's pool)
+    threads = [t for r in host.runners for t in r.threads if not t.name.endswith("cancels")]
+    assert len(threads) == 60 * 3  # a reader, a replier and an executor each
+    pool = host.broker.redis.connection_pool
+    assert pool.max_connections >= 2 * len(threads) > 100
+
+
+def test_a_broker_sizes_its_pool_for_threads_never_under_the_default(redis_url: str) -> None:
+    broker = Consumer(redis_url)
+    try:
+        broker.size_pool(130 * 3 + 2)  # 130 servings: reader, replier, executor each
+        pool = broker.redis.connection_pool
+        assert pool.max_connections >= 2 * (130 * 3 + 2)
+        broker.size_pool(3)  # a small worker keeps redis-py's default
+        assert pool.max_connections == 100
+    finally:
+        broker.close()

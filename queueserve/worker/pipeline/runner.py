@@ -141,6 +141,14 @@ class ServingRunner:
         if isinstance(self.assembler, Assembler):
             self.stages.batch_times = self.assembler.batch_times
 
+    @property
+    def redis_threads(self) -> int:
+        """This serving's threads that may each hold a Redis connection at once (the
+        partition sizes its pool from them): a reader per shard, the replier, and the
+        executors and preparers, or the stepper."""
+        runners = 1 if self.stepper is not None else self.executors + self.stages.preparers
+        return len(self.shards) + 1 + runners
+
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
         self.reader.apply_config()
