@@ -12,9 +12,10 @@ from typing import Any, NamedTuple
 
 import redis
 
+from queueserve.broker.channels import SharedSubscriptions
 from queueserve.broker.common import ack_arguments, consumer_name, text, texts
 from queueserve.broker.connect import is_cluster
-from queueserve.broker.core import no_group
+from queueserve.broker.core import Subscription, no_group
 from queueserve.broker.errors import error_code, raise_but_wrong_type, redis_errors
 from queueserve.broker.replies import Replies
 from queueserve.wire.protocol import GROUP, MAX_PACK_REQUESTS, PRIORITY_AGE_MS, Keys, worker_key
@@ -37,6 +38,20 @@ class DeadLetter(NamedTuple):
 
 class Consumer(Replies):
     """The stream operations of a worker."""
+
+    # The shared pub/sub connection (size_pool).
+    OWN_CONNECTIONS = 1
+
+    def __init__(
+        self, url: str, *, client: redis.Redis | None = None, owner: str | None = None
+    ) -> None:
+        super().__init__(url, client=client, owner=owner)
+        self._channels = SharedSubscriptions(self.redis, url)
+
+    def subscribe(self, *channels: str) -> Subscription:
+        """A subscription on the one pub/sub connection every subscription of this broker
+        shares (broker/channels.py): a partition's cancel listeners, one per serving."""
+        return self._channels.listener(*channels)
 
     def claim(
         self,

@@ -35,6 +35,20 @@ def no_group(error: redis.ResponseError) -> bool:
     return error_code(error) == "NOGROUP"
 
 
+@contextlib.contextmanager
+def pubsub_errors(url: str) -> Iterator[None]:
+    """``redis_errors`` for a pub/sub connection: redis-py reading one it has just dropped (its
+    socket gone) raises TypeError, AttributeError or OSError, a broken connection like any
+    other."""
+    try:
+        with redis_errors(url):
+            yield
+    except (TypeError, AttributeError, OSError) as e:
+        raise RedisUnavailable(
+            f"the pub/sub connection to Redis at {redact_url(url)} broke ({e!r})"
+        ) from None
+
+
 class Subscription:
     """Pub/sub channels, read with ``get``; resubscribes by itself after a reconnect.
 
@@ -72,18 +86,11 @@ class Subscription:
     @contextlib.contextmanager
     def _renewed_on_failure(self) -> Iterator[None]:
         try:
-            with redis_errors(self.url):
+            with pubsub_errors(self.url):
                 yield
         except RedisUnavailable:
-            self.close()
+            self.close()  # made anew by the next get
             raise
-        except (TypeError, AttributeError, OSError) as e:
-            # redis-py reading a pub/sub connection it has just dropped (its socket gone):
-            # a broken connection like any other, made anew by the next get.
-            self.close()
-            raise RedisUnavailable(
-                f"the pub/sub connection to Redis at {redact_url(self.url)} broke ({e!r})"
-            ) from None
 
     def close(self) -> None:
         pubsub, self._pubsub = self._pubsub, None
@@ -95,7 +102,8 @@ class Subscription:
 class BrokerCore:
     """One Redis deployment: its client, the scripts, routing and the raw fast path."""
 
-    # Connections of this broker's own beyond those of its users' threads (none here).
+    # Connections of this broker's own beyond those of its users' threads (a worker's shared
+    # pub/sub: broker/channels.py).
     OWN_CONNECTIONS = 0
 
     def __init__(

@@ -8,19 +8,29 @@ said to be one.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 from collections.abc import Callable, Iterator
 
 import pytest
 import redis
 
 import queueserve as qs
+from queueserve.broker.channels import SharedSubscriptions
 from queueserve.broker.connect import allow_connections
 from queueserve.broker.consumer import Consumer
 from queueserve.broker.errors import translate
 from queueserve.broker.retry import Retry
 from queueserve.wire.protocol import Keys
+from tests.support.helpers import WAIT_S, wait_until
 from tests.support.many_app import many_servings
+from tests.support.redis_server import RedisServer
+
+
+def subscribers(r: redis.Redis) -> int:
+    """Connections subscribed to a pub/sub channel."""
+    return sum(1 for c in r.client_list() if int(c.get("sub", 0)) > 0)
 
 
 # -- a pool at its limit --------------------------------------------------------------------------
@@ -104,3 +114,75 @@ def test_a_broker_sizes_its_pool_for_threads_never_under_the_default(redis_url: 
         assert pool.max_connections == 100
     finally:
         broker.close()
+
+
+# -- cancel listeners share one connection --------------------------------------------------------
+def shared_on(url: str) -> SharedSubscriptions:
+    return SharedSubscriptions(redis.Redis.from_url(url), url)
+
+
+def test_listeners_of_one_broker_share_one_pubsub_connection(
+    redis_tmp_server: RedisServer, prefix: str
+) -> None:
+    r = redis.Redis.from_url(redis_tmp_server.url)
+    shared = shared_on(redis_tmp_server.url)
+    channels = [f"{prefix}:c{i}" for i in range(6)]
+    listeners = [shared.listener(channel) for channel in channels]
+    for listener in listeners:
+        listener.open()
+    got: dict[int, list[bytes]] = {i: [] for i in range(len(listeners))}
+
+    def listen(i: int) -> None:
+        while len(got[i]) < 2:
+            message = listeners[i].get(timeout=0.2)
+            if message is not None:
+                got[i].append(message)
+
+    threads = [threading.Thread(target=listen, args=(i,), daemon=True) for i in got]
+    for thread in threads:
+        thread.start()
+    try:
+        assert subscribers(r) == 1  # six listeners, one connection
+        for i, channel in enumerate(channels):
+            r.publish(channel, f"first {i}")
+            r.publish(channel, f"second {i}")
+        for thread in threads:
+            thread.join(WAIT_S)
+        # Each listener got its own channel's messages, in order, and no other's
+        assert got == {i: [f"first {i}".encode(), f"second {i}".encode()] for i in got}
+    finally:
+        for listener in listeners:
+            listener.close()
+    wait_until(lambda: subscribers(r) == 0, "the connection closed with the last listener")
+    r.close()
+
+
+def test_shared_listeners_ride_out_a_dropped_connection(
+    redis_tmp_server: RedisServer, prefix: str
+) -> None:
+    r = redis.Redis.from_url(redis_tmp_server.url)
+    shared = shared_on(redis_tmp_server.url)
+    first, second = shared.listener(f"{prefix}:a"), shared.listener(f"{prefix}:b")
+    first.open()
+    second.open()
+    # The connection is dropped (a Redis restart, CLIENT KILL): a listener that meets it is
+    # told, as any loop is, and the next read connects again, subscribed to both channels
+    r.client_kill_filter(_type="pubsub")
+
+    def read_on() -> bool:
+        for listener in (first, second):
+            with contextlib.suppress(qs.RedisUnavailable):
+                listener.get(timeout=0.01)
+        return subscribers(r) == 1 and r.pubsub_numsub(f"{prefix}:a", f"{prefix}:b") == [
+            (f"{prefix}:a".encode(), 1),
+            (f"{prefix}:b".encode(), 1),
+        ]
+
+    wait_until(read_on, "subscribed again, to both channels")
+    r.publish(f"{prefix}:a", "to a")
+    r.publish(f"{prefix}:b", "to b")
+    assert wait_until(lambda: second.get(timeout=0.1), "b's message") == b"to b"
+    assert wait_until(lambda: first.get(timeout=0.1), "a's message") == b"to a"
+    first.close()
+    second.close()
+    r.close()

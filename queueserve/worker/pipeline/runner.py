@@ -145,7 +145,8 @@ class ServingRunner:
     def redis_threads(self) -> int:
         """This serving's threads that may each hold a Redis connection at once (the
         partition sizes its pool from them): a reader per shard, the replier, and the
-        executors and preparers, or the stepper."""
+        executors and preparers, or the stepper. Its cancel listener reads the partition's
+        one shared pub/sub connection."""
         runners = 1 if self.stepper is not None else self.executors + self.stages.preparers
         return len(self.shards) + 1 + runners
 
