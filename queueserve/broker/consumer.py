@@ -39,8 +39,8 @@ class DeadLetter(NamedTuple):
 class Consumer(Replies):
     """The stream operations of a worker."""
 
-    # The shared pub/sub connection (size_pool).
-    OWN_CONNECTIONS = 1
+    # The shared pub/sub connection and the wake watch's (size_pool).
+    OWN_CONNECTIONS = 2
 
     def __init__(
         self, url: str, *, client: redis.Redis | None = None, owner: str | None = None

@@ -103,7 +103,7 @@ class BrokerCore:
     """One Redis deployment: its client, the scripts, routing and the raw fast path."""
 
     # Connections of this broker's own beyond those of its users' threads (a worker's shared
-    # pub/sub: broker/channels.py).
+    # pub/sub and wake watch: broker/channels.py, broker/wakes.py).
     OWN_CONNECTIONS = 0
 
     def __init__(

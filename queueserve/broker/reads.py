@@ -17,6 +17,7 @@ from queueserve.broker import raw
 from queueserve.broker.common import StreamEntries, names, text
 from queueserve.broker.core import BrokerCore
 from queueserve.broker.errors import redis_errors
+from queueserve.broker.wakes import IDLE_ROUNDS, WakeWatch
 from queueserve.wire.protocol import GROUP, PRIORITY_AGE_MS, Keys
 
 log = logging.getLogger(__name__)
@@ -119,6 +120,20 @@ def _read_outcome(out: list[Any]) -> tuple[ReadOutcome, Unnamed]:
 class Reads(BrokerCore):
     """Reading the ready streams, and keeping the group and the ready set in order."""
 
+    def __init__(
+        self, url: str, *, client: redis.Redis | None = None, owner: str | None = None
+    ) -> None:
+        super().__init__(url, client=client, owner=owner)
+        # Idle servings block together (broker/wakes.py): per wake stream, the blocking
+        # reads in a row that came back empty. No watch on a cluster (one XREAD, one slot).
+        self._idle_rounds: dict[str, int] = {}
+        self._watch = None if self._raw is None else WakeWatch(self._raw, self.outage, url)
+
+    def close(self) -> None:
+        if self._watch is not None:
+            self._watch.close()
+        super().close()
+
     def ensure_group(self, stream: str) -> None:
         """Create the consumer group at the start of the stream, so nothing queued is missed."""
         with redis_errors(self.url):
@@ -164,7 +179,23 @@ class Reads(BrokerCore):
         ``read.block_ms`` passed), then ``read_ready``: one round trip. Redis runs a
         connection's next command only once its blocking command returned, so the read starts
         the moment work arrives, and an idle worker's answer costs one wake-up instead of a
-        wake-up and another round trip."""
+        wake-up and another round trip.
+
+        A serving with no work since it started, or none in its last IDLE_ROUNDS reads, blocks
+        instead with every other idle serving of this broker, on one connection
+        (broker/wakes.py), and reads once woken; a wait that times out found nothing ready,
+        and reads nothing."""
+        watch = self._watch
+        if watch is not None and self._idle_rounds.get(keys.wake, IDLE_ROUNDS) >= IDLE_ROUNDS:
+            woke = watch.wait(keys.wake, keys.ready, read.after, read.block_ms / 1000)
+            if woke is False:
+                return ReadOutcome(read.after, 0, False, 0, [])
+            if woke:  # (None: no watch covers the stream yet: block here)
+                outcome = self.read_ready(
+                    keys, read.consumer, read.budget, read.per_key, read.marks, read.age_ms
+                )
+                self._count_round(keys, outcome)
+                return outcome
         commands = self._wake_read_commands(keys, read)
         with redis_errors(self.url):
             if self._raw is not None:
@@ -199,7 +230,20 @@ class Reads(BrokerCore):
         elif isinstance(out, Exception):
             self._moved(keys.wake, out)
             raise out
-        return self._outcome(keys, out)
+        outcome = self._outcome(keys, out)
+        self._count_round(keys, outcome)
+        return outcome
+
+    def _count_round(self, keys: Keys, outcome: ReadOutcome) -> None:
+        """Count a blocking read that found nothing; one that found work ends the count, and
+        the serving blocks on its own again (one dict update a blocking read)."""
+        rounds = self._idle_rounds.get(keys.wake, IDLE_ROUNDS)  # none yet: idle since start
+        if outcome.entries or not outcome.drained:
+            self._idle_rounds[keys.wake] = 0
+            if rounds >= IDLE_ROUNDS and self._watch is not None:
+                self._watch.forget(keys.wake)
+        else:
+            self._idle_rounds[keys.wake] = rounds + 1
 
     def _outcome(self, keys: Keys, out: list[Any]) -> ReadOutcome:
         """read.lua's reply. Entries of a stream whose name is not UTF-8 go to the dead-letter

@@ -13,6 +13,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterator
 
+import msgpack
 import pytest
 import redis
 
@@ -21,11 +22,34 @@ from queueserve.broker.channels import SharedSubscriptions
 from queueserve.broker.connect import allow_connections
 from queueserve.broker.consumer import Consumer
 from queueserve.broker.errors import translate
+from queueserve.broker.reads import ReadOutcome, WakeRead
 from queueserve.broker.retry import Retry
 from queueserve.wire.protocol import Keys
+from tests.support.broker import RedisBroker
+from tests.support.fault_app import RawInbox, header
 from tests.support.helpers import WAIT_S, wait_until
 from tests.support.many_app import many_servings
 from tests.support.redis_server import RedisServer
+
+BLOCK_MS = 100  # what a worker's reader blocks for (worker/pipeline/lease.py)
+
+
+def one_read_for_all(url: str, streams: list[str], reads: int = 3) -> bool:
+    """Whether the next ``reads`` XREADs Redis runs (MONITOR) each block on every stream of
+    ``streams`` at once: idle servings blocking together, never one by one."""
+    seen = 0
+    client = redis.Redis.from_url(url, socket_timeout=10)
+    try:
+        with client.monitor() as monitor:
+            while seen < reads:
+                command = monitor.next_command()["command"].split()
+                if command[0] == "XREAD":
+                    seen += 1
+                    if not set(streams) <= set(command):
+                        return False
+    finally:
+        client.close()
+    return True
 
 
 def subscribers(r: redis.Redis) -> int:
@@ -112,6 +136,79 @@ def test_a_broker_sizes_its_pool_for_threads_never_under_the_default(redis_url: 
         assert pool.max_connections >= 2 * (130 * 3 + 2)
         broker.size_pool(3)  # a small worker keeps redis-py's default
         assert pool.max_connections == 100
+    finally:
+        broker.close()
+
+
+# -- idle servings block together -----------------------------------------------------------------
+def enqueue_one(broker: RedisBroker, keys: Keys, inbox: RawInbox, item: str) -> None:
+    """What a client's dispatch writes: one request of one item (enqueue.lua)."""
+    broker.enqueue(keys, [("default", 1, header(1, 1, inbox.key), msgpack.packb([item]), 0)], 0)
+
+
+def test_idle_servings_block_on_one_connection_and_each_wakes_for_its_own_work(
+    redis_tmp_server: RedisServer, prefix: str
+) -> None:
+    r = redis.Redis.from_url(redis_tmp_server.url)
+    broker = RedisBroker(redis_tmp_server.url)
+    servings = [Keys(prefix, f"s{i}") for i in range(8)]
+    for keys in servings:
+        broker.ensure_group(keys.stream("default"))
+    got: dict[str, ReadOutcome] = {}
+    stop = threading.Event()
+
+    def reader(keys: Keys) -> None:
+        """A serving's reader: block for work (BLOCK_MS at a time) until some comes."""
+        after = broker.read_ready(keys, "c", 10, 10, []).wake_id
+        while not stop.is_set():
+            read = broker.wait_then_read(keys, WakeRead(after, BLOCK_MS, "c", 10, 10, []))
+            if read.entries:
+                got[keys.name] = read
+                return
+            after = read.wake_id
+
+    threads = [threading.Thread(target=reader, args=(keys,), daemon=True) for keys in servings]
+    for thread in threads:
+        thread.start()
+    try:
+        # Given 8 idle servings, each waiting for work: they block in one read
+        wakes = [keys.wake for keys in servings]
+        wait_until(lambda: one_read_for_all(redis_tmp_server.url, wakes), "one read for all")
+        # When a request comes for one of them
+        enqueue_one(broker, servings[5], RawInbox(r, prefix), "x")
+        # Then that one reads it, and the others go on waiting
+        wait_until(lambda: servings[5].name in got, "the serving with work to read it")
+        assert list(got) == [servings[5].name]
+        (stream, entries), *_ = got[servings[5].name].entries
+        assert stream == servings[5].stream("default") and len(entries) == 1
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(5)
+        broker.close()
+        r.close()
+
+
+def test_a_watched_serving_finds_work_that_came_without_waking_it(
+    redis_client: redis.Redis, redis_url: str, prefix: str
+) -> None:
+    """Work left ready with no entry on the wake stream (a key another worker left unread, a
+    member anyone may write) is found, as each serving's read after its block found it."""
+    broker = RedisBroker(redis_url)
+    keys = Keys(prefix, "s")
+    broker.ensure_group(keys.stream("default"))
+    try:
+        after = broker.read_ready(keys, "c", 10, 10, []).wake_id
+        wait = WakeRead(after, BLOCK_MS, "c", 10, 10, [])
+        for _ in range(3):  # (the first blocks alone: no XREAD of the watch covers it yet)
+            assert not broker.wait_then_read(keys, wait).entries
+        # An entry, and its key marked ready, as enqueue.lua would, but no wake entry
+        redis_client.xadd(keys.stream("default"), {"h": header(1, 1, "i"), "p": b"\x91\xa1x"})
+        redis_client.zadd(keys.ready, {"0default": 1})
+        read = wait_until(
+            lambda: broker.wait_then_read(keys, wait).entries, "the ready work to be read"
+        )
+        assert read[0][0] == keys.stream("default")
     finally:
         broker.close()
 
