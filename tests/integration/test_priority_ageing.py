@@ -40,6 +40,21 @@ def slow_echo(items: list[Any]) -> list[Any]:
     return items
 
 
+def flooded(
+    start_worker: StartWorker, redis_url: str, prefix: str
+) -> tuple[Recording, qs.Client, list[qs.Ticket]]:
+    """A worker of serving "aged" running a flood of FLOOD priority-9 requests, and the
+    client that sent them."""
+    serving = Recording(
+        slow_echo, name="aged", batch_size=4, batch_timeout=0, priority_age=AGE_MS / 1000
+    )
+    start_worker(serving)
+    client = qs.Client(redis_url, prefix=prefix)
+    flood = [client.submit("aged", [f"h{i}"], priority=9) for i in range(FLOOD)]
+    wait_until(lambda: len(serving.item_batches) >= 5, "the flood running")
+    return serving, client, flood
+
+
 @pytest.mark.timeout(120)
 def test_a_priority_zero_request_waits_no_more_batches_than_its_ageing_allows(
     quick_ageing: None,
@@ -49,13 +64,7 @@ def test_a_priority_zero_request_waits_no_more_batches_than_its_ageing_allows(
     prefix: str,
 ) -> None:
     # Given a worker, and a flood of priority-9 requests on the batch key
-    serving = Recording(
-        slow_echo, name="aged", batch_size=4, batch_timeout=0, priority_age=AGE_MS / 1000
-    )
-    start_worker(serving)
-    client = qs.Client(redis_url, prefix=prefix)
-    flood = [client.submit("aged", [f"h{i}"], priority=9) for i in range(FLOOD)]
-    wait_until(lambda: len(serving.item_batches) >= 5, "the flood running")
+    serving, client, flood = flooded(start_worker, redis_url, prefix)
 
     # When a priority-0 request is sent on the same key
     before = len(serving.item_batches)
@@ -85,13 +94,7 @@ def test_every_priority_zero_request_sent_during_the_flood_waits_within_the_boun
     prefix: str,
 ) -> None:
     # Given a worker, and a flood of priority-9 requests on the batch key
-    serving = Recording(
-        slow_echo, name="aged", batch_size=4, batch_timeout=0, priority_age=AGE_MS / 1000
-    )
-    start_worker(serving)
-    client = qs.Client(redis_url, prefix=prefix)
-    flood = [client.submit("aged", [f"h{i}"], priority=9) for i in range(FLOOD)]
-    wait_until(lambda: len(serving.item_batches) >= 5, "the flood running")
+    serving, client, flood = flooded(start_worker, redis_url, prefix)
 
     # When priority-0 requests keep coming on the same key, one every 4 batches (faster than
     # the 9 levels of ageing: several wait at once)
