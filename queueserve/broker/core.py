@@ -8,6 +8,7 @@ producer (client), consumer (worker) and admin (ops) sides subclass ``BrokerCore
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 from typing import Any, cast
 
@@ -29,6 +30,8 @@ from queueserve.broker.retry import Outage
 from queueserve.broker.urls import redact_url
 from queueserve.errors import RedisUnavailable
 from queueserve.wire.protocol import Keys
+
+IDLE_CLOSE_S = 10.0  # a connection not needed this long is closed (close_idle)
 
 
 def no_group(error: redis.ResponseError) -> bool:
@@ -129,6 +132,21 @@ class BrokerCore:
         self._raw = (
             raw.Connections(cast(redis.Redis, self.redis).connection_pool) if plain else None
         )
+        self._trimmed_at = time.monotonic()  # (close_idle)
+
+    def close_idle(self) -> None:
+        """Close the connections not needed for IDLE_CLOSE_S (call it now and then: a
+        partition does at each heartbeat). What a burst opened, or a partition's start, when
+        each serving blocked on a connection of its own, is given back to Redis; the fast
+        path's connections kept are those it took at once in that time."""
+        now = time.monotonic()
+        if now - self._trimmed_at < IDLE_CLOSE_S:
+            return
+        self._trimmed_at = now
+        if self._raw is not None:
+            self._raw.trim()
+            # (redis-py's pool makes a closed connection anew when it hands it out again)
+            cast(redis.Redis, self.redis).connection_pool.disconnect(inuse_connections=False)
 
     def size_pool(self, threads: int) -> None:
         """Size the pool for ``threads`` threads that use this broker at once (a worker

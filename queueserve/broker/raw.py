@@ -23,8 +23,8 @@ the redis-py pool, whose checkout costs 12 µs here (locks, a fork check, deprec
 observability wrappers; four checkouts per dispatch). Each is checked out of the pool once,
 when the list has none idle, so the pool makes it as it makes any (address, options, health
 checks; for Sentinel, the master it asks the sentinels for), and keeps it counted in use until
-the client closes; before each use it is checked for a server that closed it, as the pool
-checks, and a forked child drops the list.
+the client closes or ``trim`` gives it back, closed, for staying idle; before each use it is
+checked for a server that closed it, as the pool checks, and a forked child drops the list.
 """
 
 from __future__ import annotations
@@ -44,7 +44,8 @@ class Connections:
 
     def __init__(self, pool: ConnectionPool) -> None:
         self._pool = pool
-        self._idle: deque[Any] = deque()
+        self._idle: deque[Any] = deque()  # the last given back on the right
+        self._low = 0  # the fewest idle since the last trim: none of those was needed
         self._pid = os.getpid()
         self._closed = False
 
@@ -54,7 +55,10 @@ class Connections:
         try:
             connection = self._idle.pop()
         except IndexError:
-            return self._pool.get_connection()  # never released: ours until close
+            self._low = 0
+            return self._pool.get_connection()  # ours until trimmed or closed
+        if len(self._idle) < self._low:
+            self._low = len(self._idle)
         try:
             # connect() itself, not the send's own reconnect: a Sentinel-managed connection
             # asks the sentinels for the master only there (the send would reconnect to the
@@ -73,6 +77,23 @@ class Connections:
             connection.disconnect()
         else:
             self._idle.append(connection)
+
+    def trim(self) -> int:
+        """Close the connections that stayed idle since the last trim (the least recently
+        used: those left of the fewest idle meanwhile), and give them back to the pool, whose
+        limit counts them until then; returns how many. A burst's connections last until the
+        next trim, not for ever."""
+        closed = 0
+        for _ in range(self._low):
+            try:
+                connection = self._idle.popleft()
+            except IndexError:  # (taken meanwhile)
+                break
+            connection.disconnect()
+            self._pool.release(connection)
+            closed += 1
+        self._low = len(self._idle)
+        return closed
 
     def close(self) -> None:
         self._closed = True

@@ -287,3 +287,4 @@ class PartitionHost:
                 retry.failed(e)
                 continue
             retry.succeeded()
+            self.broker.close_idle()  # what a burst or the start opened goes back to Redis

@@ -18,6 +18,7 @@ import pytest
 import redis
 
 import queueserve as qs
+from queueserve.broker import raw
 from queueserve.broker.channels import SharedSubscriptions
 from queueserve.broker.connect import allow_connections
 from queueserve.broker.consumer import Consumer
@@ -138,6 +139,38 @@ def test_a_broker_sizes_its_pool_for_threads_never_under_the_default(redis_url: 
         assert pool.max_connections == 100
     finally:
         broker.close()
+
+
+# -- what a burst opened goes back ----------------------------------------------------------------
+def test_connections_idle_since_the_last_trim_are_closed(redis_tmp_server: RedisServer) -> None:
+    r = redis.Redis.from_url(redis_tmp_server.url)
+    client = redis.Redis.from_url(redis_tmp_server.url, max_connections=5)
+    connections = raw.Connections(client.connection_pool)
+    try:
+        # Given a burst: five commands at once, on five connections
+        burst = [raw.send(connections, [("PING",)]) for _ in range(5)]
+        for sent in burst:
+            sent.read(1)
+        assert len(r.client_list()) == 1 + 5
+        connections.trim()  # (the first trim starts the count)
+        # When two are needed at once since, and the rest stay idle
+        for _ in range(3):
+            both = [raw.send(connections, [("PING",)]) for _ in range(2)]
+            for sent in both:
+                sent.read(1)
+        # Then a trim closes the three not needed, and the two go on serving
+        assert connections.trim() == 3
+        assert len(r.client_list()) == 1 + 2
+        assert raw.run(connections, [("PING",)]) == [b"PONG"]
+        # And trims after that close them too, the one the PING left idle first
+        assert connections.trim() == 1 and connections.trim() == 1
+        assert len(r.client_list()) == 1
+        # Given back to the pool, they no longer count against its limit of 5
+        assert raw.run(connections, [("PING",)]) == [b"PONG"]
+    finally:
+        connections.close()
+        client.close()
+        r.close()
 
 
 # -- idle servings block together -----------------------------------------------------------------
