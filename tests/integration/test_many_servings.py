@@ -12,6 +12,7 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import msgpack
 import pytest
@@ -27,9 +28,9 @@ from queueserve.broker.reads import ReadOutcome, WakeRead
 from queueserve.broker.retry import Retry
 from queueserve.wire.protocol import Keys
 from tests.support.broker import RedisBroker
-from tests.support.fault_app import RawInbox, header
+from tests.support.fault_app import RawInbox, WorkerProc, header
 from tests.support.helpers import WAIT_S, wait_until
-from tests.support.many_app import many_servings
+from tests.support.many_app import SERVINGS, many_servings, name_of
 from tests.support.redis_server import RedisServer
 
 BLOCK_MS = 100  # what a worker's reader blocks for (worker/pipeline/lease.py)
@@ -56,6 +57,39 @@ def one_read_for_all(url: str, streams: list[str], reads: int = 3) -> bool:
 def subscribers(r: redis.Redis) -> int:
     """Connections subscribed to a pub/sub channel."""
     return sum(1 for c in r.client_list() if int(c.get("sub", 0)) > 0)
+
+
+# -- the worker -----------------------------------------------------------------------------------
+def test_a_worker_of_130_servings_answers_each_and_idles_on_one_connection(
+    redis_tmp_server: RedisServer, prefix: str, tmp_path: Path
+) -> None:
+    url = redis_tmp_server.url  # a server of its own: every connection on it is the test's
+    r = redis.Redis.from_url(url)
+    worker = WorkerProc.one_partition(
+        ["tests.support.many_app:servings"], url, prefix, tmp_path / "worker.log"
+    )
+    client = qs.Client(url, prefix=prefix)
+    try:
+        # Given a worker of 130 servings in one partition, idle since it started
+        # When a request goes to each of them in turn
+        for i in range(SERVINGS):
+            answer = client.dispatch(name_of(i), i, timeout=WAIT_S)
+            # Then each answers (the 130th too), as itself
+            assert answer == f"{name_of(i)}:{i}"
+        client.close()
+        # And once idle again, its servings block in one read and listen on one connection
+        wakes = [Keys(prefix, name_of(i)).wake for i in range(SERVINGS)]
+        wait_until(
+            lambda: subscribers(r) == 1 and one_read_for_all(url, wakes),
+            "the idle servings to block in one read and listen on one connection",
+            process=worker,
+        )
+        log = worker.output()
+        assert "unavailable" not in log and "exhausted" not in log, log
+    finally:
+        client.close()
+        worker.kill_group()
+        r.close()
 
 
 # -- a pool at its limit --------------------------------------------------------------------------
