@@ -75,6 +75,11 @@ class WorkerOptions(BaseModel):
     max_batches_per_partition: Annotated[int, count(1)] | None = Field(
         None, description="recycle a partition (drain, restart) after this many batches"
     )
+    torch_threads: Annotated[int, count(1)] | None = Field(
+        None,
+        description="torch threads per partition on the CPU (default: the cores divided "
+        "among the partitions)",
+    )
     max_partition_memory: ByteSize | None = Field(
         None, description="recycle a partition whose resident memory passes this, e.g. 4GiB"
     )

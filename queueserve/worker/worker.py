@@ -91,6 +91,7 @@ class Worker:
         max_batch_seconds: float | str | None = None,
         max_batches_per_partition: int | None = None,
         max_partition_memory: int | str | None = None,
+        torch_threads: int | None = None,
         metrics_port: int | None = None,
         metrics_host: str | None = None,
         metrics_keys: int | None = None,
@@ -158,10 +159,10 @@ class Worker:
         wait_for_redis(self.redis_url, self.servings[0].name, self.prefix)
         count, kind = resolve_partitions(self.options.partitions)
         partitions = [partition_for(i, count, kind) for i in range(count)]
-        # partitions x torch threads must not exceed the cores (docs/design.md §6)
-        config = dataclasses.replace(
-            self.config, threads_per_partition=max(1, (os.cpu_count() or 1) // count)
-        )
+        # partitions x torch threads must not exceed the cores (docs/design.md §6), unless
+        # the operator says otherwise (--torch-threads)
+        threads = self.options.torch_threads or max(1, (os.cpu_count() or 1) // count)
+        config = dataclasses.replace(self.config, threads_per_partition=threads)
         log.info(
             "partitions: %d (%s), %s each",
             count,

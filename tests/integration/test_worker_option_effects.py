@@ -115,6 +115,9 @@ ROWS: dict[str, Row] = {
         "flag",
         "400MiB",
     ),
+    "torch_threads": Row(
+        3, "3", f"{THIS}::test_torch_threads_sets_each_partitions_threads", "flag"
+    ),
     "metrics_port": Row(9137, "9137", ONE_WORKER, "flag"),
     "metrics_host": Row("127.0.0.2", "127.0.0.2", ONE_WORKER, "variable"),
     "metrics_keys": Row(0, "0", ONE_WORKER, "variable"),
@@ -413,3 +416,27 @@ def test_two_batches_run_at_once_and_deaths_wider_apart_than_the_window_are_forg
             assert client.dispatch("whoami", 0, timeout=WAIT_S) == pid
         assert worker.proc.poll() is None
         assert worker.output().count("killed by SIGKILL; restarting in 0.5s") == 3
+
+
+@pytest.mark.timeout(120)
+def test_torch_threads_sets_each_partitions_threads(
+    spawn: Spawn,  # noqa: F811
+    redis_url: str,
+    prefix: str,
+) -> None:
+    # Given a worker of one partition told to run 3 torch threads (by default the cores
+    # divided among the partitions: 2 on the development machine, one per core)
+    default = max(1, (os.cpu_count() or 1) // 1)
+    assert default != 3, "pick another value on a machine of 3 cores"
+    worker = spawn(
+        "tests.support.torch_threads_app:threads",
+        "--redis-url", redis_url,
+        "--prefix", prefix,
+        "--partitions", "1",
+        "--torch-threads", "3",
+        env=child_env(),
+    )  # fmt: skip
+    # Then its batches run with 3
+    with qs.Client(redis_url, prefix=prefix) as client:
+        assert client.dispatch("threads", "x", timeout=WAIT_S) == 3
+    worker.proc.send_signal(signal.SIGTERM)
