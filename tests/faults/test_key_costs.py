@@ -21,7 +21,7 @@ import queueserve as qs
 from queueserve.broker.reads import SWEEP_KEYS
 from queueserve.ops.cli import main as cli_main
 from queueserve.wire import protocol as P
-from queueserve.worker.metrics import MAX_CONNECTIONS
+from queueserve.worker.metrics_server import MAX_CONNECTIONS
 from tests.support.fault_app import RawInbox, header
 from tests.support.helpers import wait_until
 from tests.support.redis_server import RedisServer

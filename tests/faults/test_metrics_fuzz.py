@@ -1,5 +1,5 @@
 """The worker's metrics port under hostile clients (docs/guarantees.md, "Idle keys and metrics
-cost nothing"; the port's writers are the ``http.metrics`` surface of tests/faults/fuzz/, which
+cost nothing"; the port's writers are the ``http.metrics_server`` surface of tests/faults/fuzz/, which
 tests/faults/test_fuzz.py also runs under traffic): bad paths, methods, headers, requests,
 clients that reset before their answer, and more slow clients than the server serves at once.
 Every scrape is answered, within SCRAPE_WITHIN_S, and the worker's log holds no traceback. A key
@@ -18,7 +18,7 @@ import pytest
 import redis
 
 from queueserve.wire import protocol as P
-from queueserve.worker.metrics import MAX_CONNECTIONS
+from queueserve.worker.metrics_server import MAX_CONNECTIONS
 from tests.faults.fuzz.surfaces import (
     HTTP_ATTACKS,
     SLOW_HELD,

@@ -96,7 +96,7 @@ def test_the_entry_fields_read_from_the_docstring_and_the_scripts_are_found() ->
     # (the parsers above: a change of format must not leave them finding nothing)
     assert {"h", "p", "a", "k", "r"} <= documented_entry_fields()
     assert {"h", "p", "a", "k", "r"} <= lua_entry_fields()
-    assert http_servers() == {"http.metrics"}
+    assert http_servers() == {"http.metrics_server"}
 
 
 def test_every_layout_kind_entry_field_header_field_and_http_server_has_a_fuzz_surface() -> None:

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from queueserve.worker.metrics import _Rendered
+from queueserve.worker.metrics_server import _Rendered
 from tests.support.helpers import wait_until
 
 

@@ -41,7 +41,7 @@ from queueserve.options import serving as model
 from queueserve.wire import protocol as P
 from queueserve.wire.jobs import group_key
 from queueserve.wire.options import parse_option
-from queueserve.worker.metrics import MAX_CONNECTIONS
+from queueserve.worker.metrics_server import MAX_CONNECTIONS
 from tests.faults.fuzz import app
 from tests.faults.fuzz.values import FAMILIES, NUMBERS, WRONG_TYPE, hostile_object
 from tests.support.broker import RedisBroker
@@ -1104,7 +1104,9 @@ SURFACES: tuple[Surface, ...] = (
             _wrong_type("jobs", lambda t: group_key(t.prefix, "fuzzjunk", t.rng.randrange(128))),
         ),
     ),
-    Surface("http.metrics", "worker: MetricsServer (/metrics, /healthz, /readyz)", HTTP_ATTACKS),
+    Surface(
+        "http.metrics_server", "worker: MetricsServer (/metrics, /healthz, /readyz)", HTTP_ATTACKS
+    ),
 )
 
 
