@@ -1,7 +1,8 @@
 """The worker's metrics port under hostile clients (docs/guarantees.md, "Idle keys and metrics
-cost nothing"; the port's writers are the ``http.metrics_server`` surface of tests/faults/fuzz/, which
-tests/faults/test_fuzz.py also runs under traffic): bad paths, methods, headers, requests,
-clients that reset before their answer, and more slow clients than the server serves at once.
+cost nothing"; the port's writers are the ``http.metrics_server`` surface of
+tests/faults/fuzz/, which tests/faults/test_fuzz.py also runs under traffic): bad paths,
+methods, headers, requests, clients that reset before their answer, and more slow clients than
+the server serves at once.
 Every scrape is answered, within SCRAPE_WITHIN_S, and the worker's log holds no traceback. A key
 of another type under one serving's name leaves the other servings' gauges and the probes'
 answers.
