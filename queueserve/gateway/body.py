@@ -1,8 +1,10 @@
 """Request bodies in (size-limited, parsed and validated by pydantic) and results out as JSON.
 
-Results are whatever a serving returns, decoded by the client: numpy arrays, torch tensors and
-their scalars become lists and numbers, bytes become base64 text, NaN and infinities become
-``null`` (JSON has neither).
+A body is JSON as RFC 8259 writes it: ``NaN`` and ``Infinity``, which Python's parsers take, are
+refused (an item sent as NaN would come back as ``null``), and so is ``true`` where a number of
+seconds goes (``NoBool``). Results are whatever a serving returns, decoded by the client: numpy
+arrays, torch tensors and their scalars become lists and numbers, bytes become base64 text,
+NaN and infinities become ``null`` (JSON has neither).
 """
 
 from __future__ import annotations
@@ -20,6 +22,15 @@ from queueserve.gateway.errors import ApiError, ClientGone, bad_request
 M = TypeVar("M", bound=pydantic.BaseModel)
 
 DEFAULT_MAX_BODY_BYTES = 1 << 20  # 1 MiB: a few thousand texts to embed
+
+
+def _no_bool(value: Any) -> Any:
+    if isinstance(value, bool):  # JSON true is no number, though Python's bool is an int
+        raise ValueError(f"{str(value).lower()} is not a number")
+    return value
+
+
+NoBool = pydantic.BeforeValidator(_no_bool)  # for number fields: true and false are refused
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -62,6 +73,16 @@ async def parse(request: Request, model: type[M], limit: int) -> M:
 
 
 def validated(body: bytes, model: type[M]) -> M:
+    # pydantic's JSON reader takes NaN and Infinity where a field's type is Any (an item);
+    # looked at again only when those letters are in the body at all
+    if b"NaN" in body or b"Infinity" in body:
+        try:
+            pydantic_core.from_json(body, allow_inf_nan=False)
+        except ValueError as e:
+            raise bad_request(
+                f"invalid {model.__name__} body: not JSON ({e}); NaN and Infinity are not "
+                "JSON numbers: send null, or a string"
+            ) from None
     try:
         return model.model_validate_json(body)
     except pydantic.ValidationError as e:

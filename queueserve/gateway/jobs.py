@@ -17,7 +17,7 @@ from starlette.routing import Route
 from queueserve.client.aio import AsyncTicket
 from queueserve.client.jobs import AsyncJob
 from queueserve.errors import Cancelled, QueueServeError, Timeout
-from queueserve.gateway.body import JSON, parse
+from queueserve.gateway.body import JSON, NoBool, parse
 from queueserve.gateway.core import Gateway
 from queueserve.gateway.errors import ApiError, bad_request, from_queueserve, item_error
 from queueserve.gateway.servings import Options, encoded
@@ -30,7 +30,9 @@ MAX_WAIT_S = 300.0  # what one ``GET .../result`` may wait: proxies cut longer i
 
 class SubmitJob(Options):
     items: Annotated[list[Any], Field(min_length=1)]
-    keep: Annotated[float, Field(gt=0, le=MAX_KEEP_MS / 1000, allow_inf_nan=False)] = DEFAULT_KEEP_S
+    keep: Annotated[float, Field(gt=0, le=MAX_KEEP_MS / 1000, allow_inf_nan=False), NoBool] = (
+        DEFAULT_KEEP_S
+    )
 
 
 def routes(gw: Gateway) -> list[Route]:

@@ -28,7 +28,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from queueserve.gateway.body import JSON, parse
+from queueserve.gateway.body import JSON, NoBool, parse
 from queueserve.gateway.core import Gateway
 from queueserve.gateway.errors import ApiError, bad_request, error_body
 from queueserve.gateway.servings import Options, encoded
@@ -61,17 +61,32 @@ class Embeddings(OpenAIBody):
     dimensions: int | None = None
 
 
+# OpenAI's own bounds: max_tokens and seed are 32- and 64-bit integers. The same check holds
+# with and without ``stream`` (a larger one could not be sent to a worker: it failed the
+# stream after its 200, as a 500 with a traceback).
+MAX_TOKENS = 2**31 - 1
+SEED_BOUND = 2**63
+# Below this a temperature samples as greedy decoding does, and dividing logits by it
+# overflows (1e-300 made the sampler raise): it is taken as 0, greedy (docs/gateway.md).
+GREEDY_BELOW = 1e-3
+
+
 class Completions(OpenAIBody):
     prompt: StrictStr | Annotated[list[StrictStr], Field(min_length=1)]
-    max_tokens: Annotated[int, Field(ge=0)] | None = None
-    temperature: Annotated[float, Field(ge=0, le=2, allow_inf_nan=False)] | None = None
-    seed: int | None = None
+    max_tokens: Annotated[int, Field(ge=0, le=MAX_TOKENS), NoBool] | None = None
+    temperature: Annotated[float, Field(ge=0, le=2, allow_inf_nan=False), NoBool] | None = None
+    seed: Annotated[int, Field(ge=-SEED_BOUND, lt=SEED_BOUND), NoBool] | None = None
     stop: StrictStr | Annotated[list[StrictStr], Field(max_length=1)] | None = None
     stream: bool = False
     n: Literal[1] = 1
     echo: Literal[False] = False
     logprobs: None = None
     suffix: None = None
+
+    def sampling_temperature(self) -> float:
+        if self.temperature is None:
+            return 1.0
+        return 0.0 if self.temperature < GREEDY_BELOW else self.temperature
 
     def items(self) -> list[dict[str, Any]]:
         prompts = [self.prompt] if isinstance(self.prompt, str) else self.prompt
@@ -80,7 +95,7 @@ class Completions(OpenAIBody):
             {
                 "prompt": p,
                 "max_new": 16 if self.max_tokens is None else self.max_tokens,
-                "temperature": 1.0 if self.temperature is None else self.temperature,
+                "temperature": self.sampling_temperature(),
                 "seed": self.seed or 0,
                 "stop": stop or None,
             }

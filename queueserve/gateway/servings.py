@@ -13,7 +13,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from queueserve.errors import QueueServeError
-from queueserve.gateway.body import JSON, parse
+from queueserve.gateway.body import JSON, NoBool, parse
 from queueserve.gateway.core import Gateway
 from queueserve.gateway.errors import ApiError, bad_request, item_error
 from queueserve.gateway.sse import EventStream, frame
@@ -26,7 +26,7 @@ class Options(BaseModel):
 
     batch_key: StrictStr | None = None
     priority: Annotated[StrictInt, Field(ge=0, le=MAX_PRIORITY)] = 0
-    timeout: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
+    timeout: Annotated[float, Field(gt=0, allow_inf_nan=False), NoBool] | None = None
 
 
 class Dispatch(Options):
