@@ -236,8 +236,10 @@ class AsyncProducer:
             with contextlib.suppress(redis.RedisError):
                 await self.redis.nodes_manager.initialize()
 
-    async def cancel(self, keys: Keys, stream: str, entry_id: bytes, n: int) -> bool:
-        script_keys, args = cancel_arguments(keys, stream, entry_id, n)
+    async def cancel(
+        self, keys: Keys, stream: str, entry_id: bytes, n: int, rid: int, inbox: str
+    ) -> bool:
+        script_keys, args = cancel_arguments(keys, stream, entry_id, n, rid, inbox)
         with redis_errors(self.url):
             return bool(await self._cancel(keys=script_keys, args=args))
 

@@ -175,13 +175,14 @@ def enqueued(reply: list[Any]) -> Enqueued:
 
 
 def cancel_arguments(
-    keys: Keys, stream: str, entry_id: bytes, n: int
+    keys: Keys, stream: str, entry_id: bytes, n: int, rid: int, inbox: str
 ) -> tuple[list[str], list[Any]]:
-    """KEYS and ARGV of cancel.lua."""
+    """KEYS and ARGV of cancel.lua: request ``rid`` of ``n`` items, sent by the client of
+    ``inbox``, as entry ``entry_id`` of ``stream`` (withdrawn only if its header says so)."""
     batch_key, priority = keys.parse_stream(stream)
     return (
         [stream, keys.queued, keys.cancel, keys.depth, keys.pdepth],
-        [GROUP, entry_id, n, batch_key, priority],
+        [GROUP, entry_id, n, batch_key, priority, rid, inbox],
     )
 
 

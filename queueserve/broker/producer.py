@@ -112,8 +112,12 @@ class Producer(BrokerCore):
             client.script_load(self._enqueue.script)
         raise AssertionError("unreachable: the second try returns or raises")
 
-    def cancel(self, keys: Keys, stream: str, entry_id: bytes, n: int) -> bool:
-        script_keys, args = cancel_arguments(keys, stream, entry_id, n)
+    def cancel(
+        self, keys: Keys, stream: str, entry_id: bytes, n: int, rid: int, inbox: str
+    ) -> bool:
+        """cancel.lua: True when request ``rid`` (``n`` items, sent by the client of
+        ``inbox``) left ``stream`` before any worker read it."""
+        script_keys, args = cancel_arguments(keys, stream, entry_id, n, rid, inbox)
         with redis_errors(self.url):
             return bool(self._cancel(keys=script_keys, args=args))
 

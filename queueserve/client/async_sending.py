@@ -76,8 +76,9 @@ class AsyncSending(BaseClient):
                     return True
         if call.keep_ms:  # a job: its record ends cancelled first, and keeps no answer
             await self._broker.jobs.cancel(*job_place_of(self.prefix, self.client_id, call))
+        stream = call.keys.stream(call.batch_key, call.priority)
         return call.entry_id is not None and await self._broker.cancel(
-            call.keys, call.keys.stream(call.batch_key, call.priority), call.entry_id, call.n
+            call.keys, stream, call.entry_id, call.n, call.rid, self._inbox
         )
 
     async def _flush(self) -> None:

@@ -44,6 +44,8 @@ class _Reading:
         self._fields = J.record_fields(rid)
         self._prefix = prefix
         self._rid = int(rid)
+        # the inbox its client sent it with: its entry names it (cancel.lua checks)
+        self._inbox = P.inbox_key(prefix, job_id.rsplit("-", 1)[0])
         self._accepted = {get_codec("msgpack").tag}
         if trusted_codec is not None:
             self._accepted.add(get_codec(trusted_codec).tag)
@@ -210,7 +212,7 @@ class Job(_Reading):
             return False
         where = self._keys(record)
         if where is not None:
-            self._withdraw(where[0], where[1], record.entry_id, record.n)
+            self._withdraw(*where, record.entry_id, record.n, self._rid, self._inbox)
         return True
 
     def forget(self) -> bool:
@@ -269,7 +271,7 @@ class AsyncJob(_Reading):
             return False
         where = self._keys(record)
         if where is not None:
-            await self._withdraw(where[0], where[1], record.entry_id, record.n)
+            await self._withdraw(*where, record.entry_id, record.n, self._rid, self._inbox)
         return True
 
     async def forget(self) -> bool:

@@ -68,8 +68,9 @@ class Sending(BaseClient):
                         return True
         if call.keep_ms:  # a job: its record ends cancelled first, and keeps no answer
             self._broker.jobs.cancel(*job_place_of(self.prefix, self.client_id, call))
+        stream = call.keys.stream(call.batch_key, call.priority)
         return call.entry_id is not None and self._broker.cancel(
-            call.keys, call.keys.stream(call.batch_key, call.priority), call.entry_id, call.n
+            call.keys, stream, call.entry_id, call.n, call.rid, self._inbox
         )
 
     def _sender_loop(self) -> None:

@@ -126,7 +126,7 @@ def test_a_cancel_never_drops_a_pack_whose_other_requests_must_run(
     stream = stream_key(prefix, "cancels")
 
     # When one of its callers cancels
-    cancelled = broker.cancel(keys, stream, ids[1], 1)
+    cancelled = broker.cancel(keys, stream, ids[1], 1, 2, inbox.key)
 
     # Then the cancel says it may still run (the client drops its answer), and the pack stays
     assert cancelled is False

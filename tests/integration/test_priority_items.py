@@ -122,9 +122,9 @@ def test_a_cancelled_request_releases_its_priority_items(
         assert redis_client.hgetall(keys.pdepth) == {b"3": b"5"}
 
         # When one is cancelled before any worker read it, then its items leave the count
-        assert broker.cancel(keys, keys.stream("default", 3), ids[0], 3)
+        assert broker.cancel(keys, keys.stream("default", 3), ids[0], 3, 1, inbox.key)
         assert redis_client.hgetall(keys.pdepth) == {b"3": b"2"}
-        assert broker.cancel(keys, keys.stream("default", 3), ids[1], 2)
+        assert broker.cancel(keys, keys.stream("default", 3), ids[1], 2, 2, inbox.key)
         assert not redis_client.exists(keys.pdepth)
     finally:
         broker.close()
