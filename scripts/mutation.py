@@ -484,7 +484,8 @@ def report(args: argparse.Namespace, verdicts: Verdicts, commit: str) -> None:
         for line in verdicts.changes[name]:
             print(f"  {line}")
         print("  '''")
-    command = " ".join(["scripts/mutation", args.module, *args.tests])
+    fresh = ["--fresh"] if args.fresh else []
+    command = " ".join(["scripts/mutation", *fresh, args.module, *args.tests])
     print("\nthe row for docs/testing.md:")
     print(table_row(args.module, verdicts, command))
 
