@@ -16,6 +16,8 @@
    its PYTHONPATH, and the mutant's name travels in MUTANT_UNDER_TEST) count too. With
    ``--fresh`` mutmut only makes the mutants and every one runs so: for a module the tests
    reach only in processes they start, where mutmut's own run finds no test for most.
+   ``--also TEST`` names a test for this recheck only: a slow one, which mutmut would run for
+   every mutant it meets (in an order of its own, not the order named), not for survivors only.
 4. The report: mutants, killed (a timeout is a kill), equivalent, survived and the score
    killed / (mutants - equivalent); each survivor's change; a row for docs/testing.md.
    Equivalent mutants are read from scripts/mutation_equivalents.toml, matched by module,
@@ -247,11 +249,12 @@ def with_mutmut_section(pyproject: str, section: str) -> str:
     return kept.rstrip("\n") + "\n\n" + section
 
 
-def table_row(module: str, verdicts: Verdicts, command: str) -> str:
-    survived = len(verdicts.survivors)
+def table_row(module: str, verdicts: Verdicts, command: str, commit: str | None = None) -> str:
+    """docs/testing.md's row; with ``commit``, the commit column after the module's."""
+    at = f" {commit} |" if commit is not None else ""
     return (
-        f"| `{module}` | {verdicts.mutants} | {verdicts.killed} | {len(verdicts.equivalent)} "
-        f"| {survived} | {verdicts.score:.1f}% | `{command}` |"
+        f"| `{module}` |{at} {verdicts.mutants} | {verdicts.killed} | {len(verdicts.equivalent)} "
+        f"| {len(verdicts.survivors)} | {verdicts.score:.1f}% | `{command}` |"
     )
 
 
@@ -439,12 +442,12 @@ def mutate(args: argparse.Namespace, copy: Path) -> Verdicts:
     if again:
         say(f"recheck: {len(again)} mutants against every named test, in a fresh interpreter")
         rerun_log = copy / "recheck.log"
-        rc = pytest_run(copy, args.tests, "", rerun_log)
+        rc = pytest_run(copy, [*args.tests, *args.also], "", rerun_log)
         if rc != 0:
             raise RuntimeError(f"the named tests fail unmutated (exit {rc}):\n{tail(rerun_log)}")
         killed = []
         for i, name in enumerate(again, 1):
-            rc = pytest_run(copy, args.tests, name, rerun_log)
+            rc = pytest_run(copy, [*args.tests, *args.also], name, rerun_log)
             status = "timeout" if rc == TIMED_OUT else "killed" if rc in FAILED_RUN else "survived"
             say(f"  [{i}/{len(again)}] {name}: {status} (pytest exit {rc})")
             if status == "killed":
@@ -485,9 +488,10 @@ def report(args: argparse.Namespace, verdicts: Verdicts, commit: str) -> None:
             print(f"  {line}")
         print("  '''")
     fresh = ["--fresh"] if args.fresh else []
-    command = " ".join(["scripts/mutation", *fresh, args.module, *args.tests])
+    also = [f"--also {t}" for t in args.also]
+    command = " ".join(["scripts/mutation", *fresh, *also, args.module, *args.tests])
     print("\nthe row for docs/testing.md:")
-    print(table_row(args.module, verdicts, command))
+    print(table_row(args.module, verdicts, command, commit))
 
 
 def flip_all(flips: Sequence[Flip], copy: Path) -> list[bool]:
@@ -586,6 +590,14 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "--max-children", type=int, default=1, help="mutants mutmut runs at once (default: 1)"
     )
     parser.add_argument(
+        "--also",
+        action="append",
+        default=[],
+        metavar="TEST",
+        help="a test for the recheck only (step 3): slow ones, so that mutmut's own run, which "
+        "runs a mutant's tests in an order of its own, stays fast",
+    )
+    parser.add_argument(
         "--fresh",
         action="store_true",
         help="skip mutmut's run: every mutant in a fresh interpreter against every named test "
@@ -596,7 +608,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if not args.module.endswith(".py") or args.module.split("/")[0] not in SOURCE_PATHS:
         parser.error(f"{args.module!r} is not a .py file under {' or '.join(SOURCE_PATHS)}/")
-    for path in [args.module, *args.overlay, *(t.split("::")[0] for t in args.tests)]:
+    for path in [args.module, *args.overlay, *(t.split("::")[0] for t in args.tests + args.also)]:
         if not (ROOT / path).exists():
             parser.error(f"{path!r} does not exist in {ROOT}")
     return args
@@ -607,7 +619,7 @@ def main(argv: Sequence[str] = sys.argv[1:]) -> int:
         return lua_main(argv[1:])
     args = parse_args(argv)
     commit = git("rev-parse", "--short", args.rev)
-    named = [args.module, *(t.split("::")[0] for t in args.tests)]
+    named = [args.module, *(t.split("::")[0] for t in args.tests + args.also)]
     for path in named:
         held = subprocess.run(
             ["git", "cat-file", "-e", f"{args.rev}:{path}"], cwd=ROOT, stderr=subprocess.DEVNULL
