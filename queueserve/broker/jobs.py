@@ -7,6 +7,8 @@ The worker's write is job.lua, in its reply-and-ack round trip (broker/replies.p
 
 from __future__ import annotations
 
+import logging
+import secrets
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,6 +20,9 @@ from queueserve.broker.errors import redis_errors
 from queueserve.wire.jobs import LIVE_TTL_MS, MAX_KEEP_MS
 from queueserve.wire.protocol import GROUP, Keys
 
+log = logging.getLogger(__name__)
+
+ID_KEY_BYTES = 32  # AsyncJobs.secret: an HMAC-SHA256 key's worth
 _NEW = load_script("job_new.lua")
 _PLACED = load_script("job_placed.lua")
 _END = load_script("job_end.lua")
@@ -232,3 +237,23 @@ class AsyncJobs(_JobScripts):
     async def forget(self, key: str, rid: str) -> bool:
         with redis_errors(self.url):
             return bool(await self._end(keys=[key], args=["forget", rid, 0, MAX_KEEP_MS]))
+
+    async def secret(self, key: str) -> bytes:
+        """The ``ID_KEY_BYTES`` random bytes at ``key``, made by whichever process asks first
+        (SET NX GET: one command, no race). A value that is not such bytes (anyone may write
+        the key) is replaced with fresh ones: the ids made with it stop being recognized."""
+        fresh = secrets.token_bytes(ID_KEY_BYTES)
+        with redis_errors(self.url):
+            try:
+                held = await self.redis.set(key, fresh, nx=True, get=True)
+            except ResponseError:  # a key of another type
+                held = b""
+            if held is None:
+                return fresh
+            if len(held) == ID_KEY_BYTES:
+                return bytes(held)
+            log.warning(
+                "%s holds no job-id key (%d bytes): replaced with a new one", key, len(held)
+            )
+            await self.redis.set(key, fresh)
+            return fresh

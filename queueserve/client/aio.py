@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import functools
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any
 
 from queueserve.broker.retry import Retry
@@ -104,6 +104,13 @@ class AsyncTicket:
                 raise Timeout(text) from None
         return collect(self._target, self._parts, self._calls, return_exceptions)
 
+    def when_done(self, callback: Callable[[], object]) -> None:
+        """Call ``callback()`` once every request of the ticket has ended (answered, failed,
+        cancelled or expired), in the event loop."""
+        futures = self._futures
+        waiting = futures[0] if len(futures) == 1 else asyncio.gather(*futures)
+        waiting.add_done_callback(lambda _: callback())
+
     async def cancel(self) -> bool:
         """Withdraw the request; True when it will never run (False: it may run, as
         ``Ticket.cancel`` says, and its result is dropped)."""
@@ -141,9 +148,10 @@ class AsyncClient(AsyncSending):
         batch_key: str | None = None,
         timeout: float | None = None,
         priority: int = 0,
+        tenant: str | None = None,
     ) -> Any:
         ticket = await self.submit(
-            serving, [item], batch_key=batch_key, timeout=timeout, priority=priority
+            serving, [item], batch_key=batch_key, timeout=timeout, priority=priority, tenant=tenant
         )
         return (await ticket.result())[0]
 
@@ -156,9 +164,10 @@ class AsyncClient(AsyncSending):
         timeout: float | None = None,
         priority: int = 0,
         return_exceptions: bool = False,
+        tenant: str | None = None,
     ) -> list[Any]:
         ticket = await self.submit(
-            serving, items, batch_key=batch_key, timeout=timeout, priority=priority
+            serving, items, batch_key=batch_key, timeout=timeout, priority=priority, tenant=tenant
         )
         return await ticket.result(return_exceptions=return_exceptions)
 
@@ -171,6 +180,7 @@ class AsyncClient(AsyncSending):
         timeout: float | None = None,
         priority: int = 0,
         keep: float | None = None,
+        tenant: str | None = None,
     ) -> AsyncTicket:
         """``Client.submit``: ``keep`` (seconds) makes it a job, followed by ``await ticket.id``."""
         if self._closed:
@@ -186,7 +196,7 @@ class AsyncClient(AsyncSending):
         self._ensure_reader()
         loop = asyncio.get_running_loop()
         calls, futures = [], []
-        for outgoing in self._requests(target, parts, deadline, priority, keep_ms=keep_ms):
+        for outgoing in self._requests(target, parts, deadline, priority, None, keep_ms, tenant):
             future: asyncio.Future[None] = loop.create_future()
             outgoing.call.on_done = lambda _c, f=future: f.done() or f.set_result(None)
             calls.append(outgoing.call)
@@ -214,20 +224,18 @@ class AsyncClient(AsyncSending):
         return_exceptions: bool = False,
         progress: bool = False,
         on_progress: ProgressCallback | None = None,
+        tenant: str | None = None,
     ) -> AsyncIterator[Any]:
         """Results in input order, ``chunk_size`` items per request, bounded in flight;
         ``progress``/``on_progress`` as in ``Client.map``."""
         window: MapWindow[AsyncTicket] = MapWindow(
             items, chunk_size, max_in_flight, progress, on_progress
         )
+        send = functools.partial(self.submit, serving, batch_key=batch_key, tenant=tenant)
         try:
             while True:
                 for chunk in window.chunks():
-                    window.in_flight.append(
-                        await self.submit(
-                            serving, chunk, batch_key=batch_key, timeout=timeout, priority=priority
-                        )
-                    )
+                    window.in_flight.append(await send(chunk, timeout=timeout, priority=priority))
                 if not window.in_flight:
                     return
                 ticket = window.in_flight.popleft()
@@ -245,6 +253,7 @@ class AsyncClient(AsyncSending):
         timeout: float | None = None,
         priority: int = 0,
         max_in_flight: int = 4,
+        tenant: str | None = None,
     ) -> AsyncIterator[Event]:
         """``Client.stream`` for asyncio: ``async for event in client.stream(...)``."""
         timeout = self._timeout_for(timeout)
@@ -260,7 +269,7 @@ class AsyncClient(AsyncSending):
                     offset, part = todo.popleft()
                     events: asyncio.Queue[Any] = asyncio.Queue()
                     rs, outgoing = self._streamed_request(
-                        target, offset, part, deadline, events.put_nowait, priority
+                        target, offset, part, deadline, events.put_nowait, priority, tenant
                     )
                     self._outbox.append(outgoing)
                     if not self._flushing:
@@ -367,13 +376,8 @@ class AsyncClient(AsyncSending):
         last = self._last_shard(keys, meta)  # confirms a count of shards over 1
         return self._remember(serving, meta, await self._broker.meta(last) if last else None)
 
-    # -- what AsyncTicket calls: _wait_watched, _expire, _timeout_text, _withdraw ----------
-    def _expire(self, calls: list[Call], text: str) -> None:
-        """Fail ``calls`` with Timeout: their request's own deadline passed."""
-        for call in calls:
-            self._table.forget(call)
-            call.fail(Timeout(text))
-
+    # -- what AsyncTicket calls: _wait_watched, _timeout_text (and AsyncSending's _expire,
+    # _withdraw) --------------------------------------------------------------------------
     async def _timeout_text(self, target: Target, timeout: float | None) -> str:
         return timeout_message(target, timeout, await self._alive(target))
 
@@ -409,3 +413,9 @@ class AsyncClient(AsyncSending):
         read = functools.partial(self._broker.read_inbox, self._inbox, INBOX_BLOCK_S)
         while not self._closed:
             await retry.aonce(read, self._deliver)
+
+
+async def job_id_secret(client: AsyncClient) -> bytes:
+    """The prefix's key for the job ids gateways hand out (queueserve/gateway/job_ids.py):
+    random bytes in Redis, made by the first process that asks."""
+    return await client._broker.jobs.secret(P.job_id_key(client.prefix))

@@ -17,7 +17,7 @@ from queueserve.client.calls import Call, check_placed, unsent
 from queueserve.client.job_records import job_place_of, jobs_at
 from queueserve.client.outgoing import Outgoing, admitted, enqueue_groups, send_window
 from queueserve.client.ticket import ticket_id
-from queueserve.errors import NotReplicated, QueueServeError
+from queueserve.errors import NotReplicated, QueueServeError, Timeout
 from queueserve.wire.timing import RECONNECT_WITHIN_S
 
 
@@ -64,6 +64,12 @@ class AsyncSending(BaseClient):
             self._send_waiters.append(sent)
             await asyncio.wait((sent,), timeout=left)
         check_placed(calls, RECONNECT_WITHIN_S)
+
+    def _expire(self, calls: list[Call], text: str) -> None:
+        """Fail ``calls`` with Timeout: their request's own deadline passed."""
+        for call in calls:
+            self._table.forget(call)
+            call.fail(Timeout(text))
 
     async def _withdraw(self, call: Call) -> bool:
         """Cancel ``call``: True when it will never run (see ``Client.withdraw``)."""

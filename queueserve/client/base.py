@@ -129,16 +129,21 @@ class BaseClient:
         streamed: bool = False,
         reply_to: str | None = None,
         keep_ms: int = 0,
+        tenant: str | None = None,
     ) -> Outgoing:
         """A new call for ``part``, encoded and checked; what the sender sends. Its answer
         goes to the client's inbox, or to ``reply_to`` (a caller's own inbox); with
-        ``keep_ms`` it is a job, whose answer its record keeps too (wire/jobs.py)."""
+        ``keep_ms`` it is a job, whose answer its record keeps too (wire/jobs.py); ``tenant``
+        (a tenant's name, checked here) travels in its header to the worker."""
         call = self._table.new(len(part.items), target.keys, part.batch_key, priority)
         call.deadline = deadline
         fields: dict[str, Any] | None = trace_fields() if target.traced else None
         if keep_ms:
             call.keep_ms = keep_ms
             fields = {**fields, "job_keep": keep_ms} if fields else {"job_keep": keep_ms}
+        if tenant is not None:
+            P.check_tenant(tenant)
+            fields = {**fields, "tenant": tenant} if fields else {"tenant": tenant}
         try:  # an item that does not encode, or a payload over the limit: the call goes
             header, payload = encode_request(
                 target.codec,
@@ -166,6 +171,7 @@ class BaseClient:
         priority: int,
         reply_to: str | None = None,
         keep_ms: int = 0,
+        tenant: str | None = None,
     ) -> list[Outgoing]:
         """``_request`` of each part of one call: several are admitted together or not at all
         (``Call.group``), so a call refused for max_queue never runs in part; one part
@@ -174,7 +180,7 @@ class BaseClient:
         try:
             for p in parts:
                 outgoing.append(
-                    self._request(target, p, deadline, priority, False, reply_to, keep_ms)
+                    self._request(target, p, deadline, priority, False, reply_to, keep_ms, tenant)
                 )
         except Exception:
             for o in outgoing:
@@ -193,9 +199,10 @@ class BaseClient:
         deadline: float | None,
         put: Callable[[Any], object],
         priority: int = 0,
+        tenant: str | None = None,
     ) -> tuple[RequestStream, Outgoing]:
         """A request of ``stream``: its events and its end (None) go to ``put``."""
-        outgoing = self._request(target, part, deadline, priority, streamed=True)
+        outgoing = self._request(target, part, deadline, priority, streamed=True, tenant=tenant)
         call = outgoing.call
 
         def on_event(seq: int, body: list[Any]) -> None:

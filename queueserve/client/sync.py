@@ -9,6 +9,7 @@ and completes calls.
 from __future__ import annotations
 
 import contextlib
+import functools
 import queue
 import threading
 from collections import deque
@@ -62,6 +63,7 @@ class Client(Waiting):
         batch_key: str | None = None,
         timeout: float | None = None,
         priority: int = 0,
+        tenant: str | None = None,
     ) -> Any:
         """Run one item; returns its result or raises its error."""
         # The only call in flight: its caller reads the answer itself, from an inbox of its
@@ -76,6 +78,7 @@ class Client(Waiting):
             inline=True,
             priority=priority,
             reply_to=self._own_inbox(threading.get_ident()) if alone else None,
+            tenant=tenant,
         )
         return ticket.result()[0]
 
@@ -88,9 +91,12 @@ class Client(Waiting):
         timeout: float | None = None,
         priority: int = 0,
         return_exceptions: bool = False,
+        tenant: str | None = None,
     ) -> list[Any]:
         """Run items (as requests of at most a batch each); results in item order."""
-        ticket = self._submit(serving, items, batch_key, timeout, inline=True, priority=priority)
+        ticket = self._submit(
+            serving, items, batch_key, timeout, inline=True, priority=priority, tenant=tenant
+        )
         return ticket.result(return_exceptions=return_exceptions)
 
     def submit(
@@ -102,6 +108,7 @@ class Client(Waiting):
         timeout: float | None = None,
         priority: int = 0,
         keep: float | None = None,
+        tenant: str | None = None,
     ) -> Ticket:
         """Send items without waiting, as one request per batch key and batch; returns a Ticket.
 
@@ -111,7 +118,10 @@ class Client(Waiting):
         ``keep`` (seconds) makes it a job: any process with the same Redis and prefix follows
         it by ``ticket.id`` (``client.job(id)``), and its answer stays in Redis for ``keep``
         after it ends. A job is sent as any submit is; ``ticket.id`` returns once it is in
-        Redis, so the id is good in any process from then on, even if this one dies."""
+        Redis, so the id is good in any process from then on, even if this one dies.
+
+        ``tenant`` (a name: letters, digits, ``_-.``) travels in the request's header to the
+        worker, its logs, metrics and traces (docs/gateway.md, "Tenants")."""
         return self._submit(
             serving,
             items,
@@ -120,6 +130,7 @@ class Client(Waiting):
             inline=False,
             priority=priority,
             keep=keep,
+            tenant=tenant,
         )
 
     def job(self, job_id: str) -> Job:
@@ -138,6 +149,7 @@ class Client(Waiting):
         priority: int = 0,
         reply_to: str | None = None,
         keep: float | None = None,
+        tenant: str | None = None,
     ) -> Ticket:
         if self._closed:
             raise self._closed_error("Client")
@@ -152,7 +164,7 @@ class Client(Waiting):
         self._ensure_reader()
         if len(parts) != 1:
             reply_to = None
-        outgoing = self._requests(target, parts, deadline, priority, reply_to, keep_ms)
+        outgoing = self._requests(target, parts, deadline, priority, reply_to, keep_ms, tenant)
         self._send(outgoing, inline)
         return Ticket(self, target, parts, [o.call for o in outgoing], timeout, reply_to)
 
@@ -169,6 +181,7 @@ class Client(Waiting):
         return_exceptions: bool = False,
         progress: bool = False,
         on_progress: ProgressCallback | None = None,
+        tenant: str | None = None,
     ) -> Iterator[Any]:
         """Results of ``items`` in input order, sending ``chunk_size`` items per submit (as
         requests of at most a batch) and keeping at most ``max_in_flight`` chunks outstanding
@@ -180,22 +193,15 @@ class Client(Waiting):
         window: MapWindow[Ticket] = MapWindow(
             items, chunk_size, max_in_flight, progress, on_progress
         )
+        send = functools.partial(self.submit, serving, batch_key=batch_key, tenant=tenant)
         try:
             for chunk in window.chunks():
-                window.in_flight.append(
-                    self.submit(
-                        serving, chunk, batch_key=batch_key, timeout=timeout, priority=priority
-                    )
-                )
+                window.in_flight.append(send(chunk, timeout=timeout, priority=priority))
             while window.in_flight:
                 ticket = window.in_flight.popleft()
                 yield from window.done(ticket.result(return_exceptions=return_exceptions))
                 for chunk in window.chunks():
-                    window.in_flight.append(
-                        self.submit(
-                            serving, chunk, batch_key=batch_key, timeout=timeout, priority=priority
-                        )
-                    )
+                    window.in_flight.append(send(chunk, timeout=timeout, priority=priority))
         finally:
             window.meter.close()
 
@@ -208,6 +214,7 @@ class Client(Waiting):
         timeout: float | None = None,
         priority: int = 0,
         max_in_flight: int = 4,
+        tenant: str | None = None,
     ) -> Iterator[Event]:
         """Events of ``items`` as they are produced: ``qs.Hook`` (from ``qs.emit`` in the batch
         function) and ``qs.Output`` (results, or each step of a generator batch function), in
@@ -226,7 +233,7 @@ class Client(Waiting):
                     offset, part = todo.popleft()
                     events: queue.SimpleQueue[Any] = queue.SimpleQueue()
                     rs, outgoing = self._streamed_request(
-                        target, offset, part, deadline, events.put, priority
+                        target, offset, part, deadline, events.put, priority, tenant
                     )
                     self._send([outgoing], inline=True)
                     window.append((rs, events))

@@ -3,8 +3,12 @@ or any ASGI server, or to mount in an application of your own."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import signal
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -15,15 +19,24 @@ from starlette.routing import Route
 
 from queueserve.client.aio import AsyncClient
 from queueserve.gateway import jobs, openai_api, servings
-from queueserve.gateway.auth import BearerAuth, Token
 from queueserve.gateway.body import DEFAULT_MAX_BODY_BYTES, JSON
 from queueserve.gateway.core import Gateway
 from queueserve.gateway.errors import ApiError, error_response, internal
 from queueserve.gateway.fast import FastDispatch, GatewayApp
 from queueserve.gateway.metrics import HttpMetrics
+from queueserve.gateway.tenants import TenantAuth, Tenants
+
+log = logging.getLogger(__name__)
 
 KNOWN_PATHS = frozenset(
-    {"/healthz", "/readyz", "/metrics", "/v1/models", "/v1/embeddings", "/v1/completions"}
+    {
+        "/healthz",
+        "/readyz",
+        "/metrics",
+        "/v1/models",
+        "/v1/embeddings",
+        "/v1/completions",
+    }
 )
 
 
@@ -34,15 +47,18 @@ def create_app(
     token: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     models: Mapping[str, str] | None = None,
+    tenants: Tenants | str | Path | None = None,
 ) -> GatewayApp:
     """The gateway's ASGI app (a Starlette app).
 
     ``client_or_url``: an ``AsyncClient`` of yours (kept open: you close it), or a Redis URL
     (default ``QUEUESERVE_REDIS_URL``) for a client the app makes on first use and closes at
     shutdown. ``token``: every route but ``/healthz`` and ``/readyz`` requires
-    ``Authorization: Bearer <token>``. ``models``: OpenAI model name -> serving name, added to
-    DEFAULT_MODELS; at startup (when the server runs the app's lifespan) each one whose serving
-    no worker has declared is logged as a warning.
+    ``Authorization: Bearer <token>`` (the one tenant ``default``). ``tenants``: a tenants file
+    (its path; tenants.py, docs/gateway.md "Tenants") or ``Tenants`` instead: each tenant's
+    token names it; with a path, SIGHUP reloads the file while the app runs. ``models``:
+    OpenAI model name -> serving name, added to DEFAULT_MODELS; at startup (when the server runs
+    the app's lifespan) each one whose serving no worker has declared is logged as a warning.
 
     ``GET /healthz`` answers 200 while the process serves (liveness); ``GET /readyz`` 200 while
     Redis answers, 503 while it does not (readiness: what a load balancer routes by).
@@ -56,16 +72,23 @@ def create_app(
         or max_body_bytes < 1
     ):
         raise ValueError(f"max_body_bytes must be an int >= 1, got {max_body_bytes!r}")
+    tenants = Tenants.of_options(token, tenants)
     gw = Gateway(
-        client_or_url, prefix, max_body_bytes, {**openai_api.DEFAULT_MODELS, **(models or {})}
+        client_or_url,
+        prefix,
+        max_body_bytes,
+        {**openai_api.DEFAULT_MODELS, **(models or {})},
     )
     metrics = HttpMetrics(KNOWN_PATHS)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        reloading = tenants.path is not None and _reload_on_sighup(tenants)
         if models:
             await gw.check_models(models)
         yield
+        if reloading:
+            asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
         await gw.aclose()
 
     async def healthz(request: Request) -> Response:
@@ -81,11 +104,10 @@ def create_app(
             "send no traffic here until this answers 200",
         )
 
-    bearer = Token(token) if token is not None else None
     # Outermost: refused and failed requests are counted too.
     middleware = [Middleware(metrics.middleware)]
-    if bearer is not None:
-        middleware.append(Middleware(BearerAuth, token=bearer))
+    if tenants.required:
+        middleware.append(Middleware(TenantAuth, tenants=tenants))
     app = GatewayApp(
         routes=[
             Route("/healthz", healthz, methods=["GET"]),
@@ -104,10 +126,22 @@ def create_app(
         },
     )
     # POST .../dispatch skips the stack: FastDispatch checks the token and counts it itself.
-    app.fast = FastDispatch(gw, metrics, bearer)
+    app.fast = FastDispatch(gw, metrics, tenants)
     app.own_middleware = len(middleware)
     app.state.gateway = gw
+    app.state.tenants = tenants
     return app
+
+
+def _reload_on_sighup(tenants: Tenants) -> bool:
+    """Reload ``tenants`` from its file on SIGHUP; False where no handler can be installed
+    (an app run off the main thread, or on Windows): said once."""
+    try:
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, tenants.reload)
+    except (NotImplementedError, RuntimeError, ValueError) as e:
+        log.warning("gateway: SIGHUP will not reload the tenants file here: %s", e)
+        return False
+    return True
 
 
 async def api_error(request: Request, exc: Exception) -> Response:

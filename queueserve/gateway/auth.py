@@ -1,20 +1,20 @@
-"""Bearer-token auth: a pure ASGI middleware in front of every route but ``/healthz`` and
-``/readyz`` (the busiest route checks the same ``Token`` itself: fast.py). The dashboard's
-changes check the same ``Token`` (queueserve/dashboard/app.py).
+"""Bearer tokens: how a request's token is read (``presented_token``) and checked
+(``Token``: the dashboard's changes). The gateway maps tokens to tenants (tenants.py), whose
+``TenantAuth`` middleware stands in front of every route but ``/healthz`` and ``/readyz`` (the
+busiest route checks the same itself: fast.py).
 
 A load balancer's health check carries no token, and a liveness or readiness answer tells
 nothing (readiness: whether Redis answers; its 503 names no address); the metrics, the models
-list and every serving need the token when one is set.
+list and every serving need a token when tokens are set.
 """
 
 from __future__ import annotations
 
 import hmac
 
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import Scope
 
-from queueserve.gateway.errors import ApiError, error_response
-from queueserve.gateway.paths import route_path
+from queueserve.gateway.errors import ApiError
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 
@@ -34,21 +34,16 @@ class Token:
         token that is not ASCII), compared in constant time. Whitespace around the whole
         value is not part of it (RFC 9110 section 5.5): h11 strips it, httptools keeps a
         trailing one, and both servers must answer alike."""
-        given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
-        scheme, _, token = given.strip(b" \t").partition(b" ")
-        return scheme.lower() == b"bearer" and hmac.compare_digest(token, self._expected)
+        token = presented_token(scope)
+        return token is not None and hmac.compare_digest(token, self._expected)
 
 
-class BearerAuth:
-    def __init__(self, app: ASGIApp, token: Token) -> None:
-        self.app = app
-        self.token = token
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or route_path(scope) in OPEN_PATHS or self.token.allows(scope):
-            await self.app(scope, receive, send)
-            return
-        await error_response(refused())(scope, receive, send)
+def presented_token(scope: Scope) -> bytes | None:
+    """The bearer token of the request's first Authorization header, as ``Token.allows``
+    reads it; None without one."""
+    given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+    scheme, _, token = given.strip(b" \t").partition(b" ")
+    return token if token and scheme.lower() == b"bearer" else None
 
 
 def refused(

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator, Iterable, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from typing import Any, cast
 
 from starlette.types import Receive
@@ -16,6 +16,9 @@ from queueserve.broker.urls import redact_url
 from queueserve.client.aio import AsyncClient, AsyncTicket
 from queueserve.errors import QueueServeError
 from queueserve.gateway.errors import ApiError, bad_request, from_queueserve
+from queueserve.gateway.job_ids import JobIds
+from queueserve.gateway.quotas import Quotas
+from queueserve.gateway.tenants import ANONYMOUS, Tenant
 from queueserve.gateway.watch import Watches
 from queueserve.hooks import Event
 from queueserve.wire.protocol import Keys
@@ -48,6 +51,8 @@ class Gateway:
         self.models = models
         self._known: set[str] = set()
         self._watches = Watches()
+        self.quotas = Quotas()
+        self._job_ids: JobIds | None = None
         self._ready: bool | None = None  # what the last /readyz found (None: not asked yet)
 
     @property
@@ -55,6 +60,12 @@ class Gateway:
         if self._client is None:
             self._client = AsyncClient(self._url, prefix=self._prefix)
         return self._client
+
+    @property
+    def job_ids(self) -> JobIds:
+        if self._job_ids is None:
+            self._job_ids = JobIds(self.client)
+        return self._job_ids
 
     @property
     def prefix(self) -> str:
@@ -177,38 +188,84 @@ class Gateway:
                 names.add(text[text.index("{") + 1 : text.rindex("}")])
         return sorted(n for n in names if "#" not in n)  # S#i: a shard's own meta hash
 
-    def stream(self, serving: str, items: list[Any], **options: Any) -> AsyncGenerator[Event, None]:
-        """``AsyncClient.stream``, typed as what it is: closing it withdraws its requests."""
-        return cast(AsyncGenerator[Event, None], self.client.stream(serving, items, **options))
+    def stream(
+        self,
+        tenant: Tenant,
+        serving: str,
+        items: list[Any],
+        priority: int = 0,
+        **options: Any,
+    ) -> AsyncGenerator[Event, None]:
+        """``AsyncClient.stream`` as ``tenant``, its limits checked now (before an answer
+        starts) and again as the stream starts; closing it withdraws its requests."""
+        self.quotas.admit(tenant, len(items), priority)
+        return self._stream(tenant, serving, items, priority, **options)
+
+    async def _stream(
+        self,
+        tenant: Tenant,
+        serving: str,
+        items: list[Any],
+        priority: int,
+        **options: Any,
+    ) -> AsyncGenerator[Event, None]:
+        self.quotas.admit(tenant, len(items), priority)
+        hold = self.quotas.hold(tenant, len(items)) if tenant.max_queued is not None else None
+        events = self.client.stream(
+            serving, items, priority=priority, tenant=_header_name(tenant), **options
+        )
+        try:
+            async for event in events:
+                yield event
+        finally:
+            await cast(AsyncGenerator[Event, None], events).aclose()
+            if hold is not None:
+                hold.release()
 
     async def submit(
-        self, serving: str, items: Iterable[Any], options: Any, keep: float | None = None
+        self,
+        tenant: Tenant,
+        serving: str,
+        items: list[Any],
+        options: Any,
+        keep: float | None = None,
     ) -> AsyncTicket:
-        """``AsyncClient.submit`` with the request's options, its errors as HTTP ones."""
+        """``AsyncClient.submit`` as ``tenant`` with the request's options, its errors as HTTP
+        ones; 403 past the tenant's max_priority, 429 past its max_queued."""
+        self.quotas.admit(tenant, len(items), options.priority)
         try:
-            return await self.client.submit(
+            ticket = await self.client.submit(
                 serving,
                 items,
                 batch_key=options.batch_key,
                 timeout=options.timeout,
                 priority=options.priority,
                 keep=keep,
+                tenant=_header_name(tenant),
             )
         except QueueServeError as e:
             raise from_queueserve(e) from None
-        except (TypeError, ValueError, OverflowError) as e:  # an item the codec cannot carry
+        except (
+            TypeError,
+            ValueError,
+            OverflowError,
+        ) as e:  # an item the codec cannot carry
             raise bad_request(str(e)) from None
+        if tenant.max_queued is not None:
+            ticket.when_done(self.quotas.hold(tenant, len(items), ticket).release)
+        return ticket
 
     async def call(
         self,
         receive: Receive,
+        tenant: Tenant,
         serving: str,
-        items: Iterable[Any],
+        items: list[Any],
         options: Any,
         return_exceptions: bool = False,
     ) -> list[Any]:
         """``items``' results, the request withdrawn if the HTTP client disconnects first."""
-        ticket = await self.submit(serving, items, options)
+        ticket = await self.submit(tenant, serving, items, options)
         watch = self._watches.watch(receive, ticket)
         try:
             return await ticket.result(return_exceptions=return_exceptions)
@@ -216,3 +273,9 @@ class Gateway:
             raise from_queueserve(e) from None
         finally:
             watch.end()
+
+
+def _header_name(tenant: Tenant) -> str | None:
+    """What travels in a request's header: the tenant's name, none for an open gateway's
+    callers (one tenant: nothing to tell apart, and no bytes added per request)."""
+    return None if tenant is ANONYMOUS else tenant.name

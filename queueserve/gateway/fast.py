@@ -18,13 +18,14 @@ import time
 from starlette.applications import Starlette
 from starlette.types import Message, Receive, Scope, Send
 
-from queueserve.gateway.auth import Token, refused
+from queueserve.gateway.auth import refused
 from queueserve.gateway.body import dumps, receive_body, validated
 from queueserve.gateway.core import Gateway
 from queueserve.gateway.errors import ApiError, ClientGone, error_response, internal
 from queueserve.gateway.metrics import HttpMetrics
 from queueserve.gateway.paths import route_path
 from queueserve.gateway.servings import Dispatch
+from queueserve.gateway.tenants import Tenant, Tenants
 
 HEAD, TAIL = "/v1/servings/", "/dispatch"
 ROUTE = HEAD + "{name}" + TAIL  # its metrics' label
@@ -44,10 +45,10 @@ def serving_of(scope: Scope) -> str | None:
 
 
 class FastDispatch:
-    def __init__(self, gateway: Gateway, metrics: HttpMetrics, token: Token | None) -> None:
+    def __init__(self, gateway: Gateway, metrics: HttpMetrics, tenants: Tenants) -> None:
         self.gw = gateway
         self.metrics = metrics
-        self.token = token
+        self.tenants = tenants
 
     async def __call__(self, name: str, scope: Scope, receive: Receive, send: Send) -> None:
         start = time.perf_counter()
@@ -63,9 +64,10 @@ class FastDispatch:
     async def respond(self, name: str, scope: Scope, receive: Receive, send: Send) -> int:
         """Answers the request; the status it answered with."""
         try:
-            if self.token is not None and not self.token.allows(scope):
+            tenant = self.tenants.of(scope)
+            if tenant is None:
                 raise refused()
-            body = await self.answer(name, scope, receive)
+            body = await self.answer(name, scope, receive, tenant)
         except ApiError as e:
             await error_response(e)(scope, receive, send)
             return e.status
@@ -75,16 +77,20 @@ class FastDispatch:
             await error_response(internal(e))(scope, receive, send)
             raise
         headers = [JSON_TYPE, (b"content-length", str(len(body)).encode())]
-        head: Message = {"type": "http.response.start", "status": 200, "headers": headers}
+        head: Message = {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": headers,
+        }
         await send(head)
         await send({"type": "http.response.body", "body": body})
         return 200
 
-    async def answer(self, name: str, scope: Scope, receive: Receive) -> bytes:
+    async def answer(self, name: str, scope: Scope, receive: Receive, tenant: Tenant) -> bytes:
         gw = self.gw
         request = validated(await receive_body(scope, receive, gw.max_body_bytes), Dispatch)
         await gw.require(name)
-        (result,) = await gw.call(receive, name, [request.item], request)
+        (result,) = await gw.call(receive, tenant, name, [request.item], request)
         try:
             return dumps({"result": result})
         except TypeError as e:

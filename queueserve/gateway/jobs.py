@@ -1,12 +1,14 @@
 """Jobs over HTTP (docs/http.md, "Jobs"): ``POST /v1/servings/{name}/jobs`` submits one, and
-``/v1/jobs/{id}`` follows it from any gateway or Python client with the same Redis and prefix:
-``GET`` its status and progress, ``GET .../result`` (waiting up to ``?timeout=``), ``POST
-.../cancel``, ``DELETE`` to forget it. The client's jobs API does the work (AsyncClient.job)."""
+``/v1/jobs/{id}`` follows it from any gateway with the same Redis and prefix: ``GET`` its
+status and progress, ``GET .../result`` (waiting up to ``?timeout=``), ``POST .../cancel``,
+``DELETE`` to forget it. The client's jobs API does the work (AsyncClient.job); the id handed
+out is the tenant's own (job_ids.py): another tenant's requests for it answer 404."""
 
 from __future__ import annotations
 
 import asyncio
 import math
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 from pydantic import Field
@@ -22,6 +24,7 @@ from queueserve.gateway.core import Gateway
 from queueserve.gateway.errors import ApiError, bad_request, from_queueserve, item_error
 from queueserve.gateway.servings import Options, encoded
 from queueserve.gateway.sse import disconnected
+from queueserve.gateway.tenants import caller
 from queueserve.wire.jobs import MAX_KEEP_MS
 
 DEFAULT_KEEP_S = 3600.0  # an answer no one fetched within the hour is rarely wanted
@@ -40,41 +43,43 @@ def routes(gw: Gateway) -> list[Route]:
         name = request.path_params["name"]
         body = await parse(request, SubmitJob, gw.max_body_bytes)
         await gw.require(name)
-        ticket = await gw.submit(name, body.items, body, keep=body.keep)
+        tenant = caller(request.scope)
+        ticket = await gw.submit(tenant, name, body.items, body, keep=body.keep)
         job = await placed(gw, ticket)
+        gw.quotas.job_placed(ticket, job.id)
+        shown = await gw.job_ids.http_id(tenant, job.id)
         return JSON(
-            {"id": job.id, "status": "queued", "total": len(body.items)},
+            {"id": shown, "status": "queued", "total": len(body.items)},
             status_code=202,
-            headers={"Location": f"{request.scope.get('root_path', '')}/v1/jobs/{job.id}"},
+            headers={"Location": f"{request.scope.get('root_path', '')}/v1/jobs/{shown}"},
         )
 
     async def show(request: Request) -> Response:
-        return JSON(await state(job_of(gw, request)))
+        return JSON(await state(await job_of(gw, request)))
 
     async def result(request: Request) -> Response:
-        job = job_of(gw, request)
         wait, return_exceptions = result_query(request)
+        job = await job_of(gw, request)
         try:
-            results = await until_disconnected(request, job.result(wait, return_exceptions=True))
+            results = await until_disconnected(
+                request, job.job.result(wait, return_exceptions=True)
+            )
         except Timeout:  # not ended within the wait: where it stands, and to come back
             return JSON(await state(job), status_code=202, headers={"Retry-After": "1"})
         except QueueServeError as e:
             raise await job_error(job, e) from None
-        return answer(job.id, results, return_exceptions)
+        return answer(job.shown, results, return_exceptions)
 
     async def cancel(request: Request) -> Response:
-        job = job_of(gw, request)
-        try:
-            cancelled = await job.cancel()
-        except QueueServeError as e:
-            raise await job_error(job, e) from None
-        return JSON({"id": job.id, "cancelled": cancelled, **await state(job)})
+        job = await job_of(gw, request)
+        cancelled = await cancel_job(gw, job)
+        return JSON({"id": job.shown, "cancelled": cancelled, **await state(job)})
 
     async def forget(request: Request) -> Response:
-        job = job_of(gw, request)
-        if not await job.forget():
-            raise unknown(job)
-        return JSON({"id": job.id, "forgotten": True})
+        job = await job_of(gw, request)
+        if not await job.job.forget():
+            raise unknown(job.shown)
+        return JSON({"id": job.shown, "forgotten": True})
 
     return [
         Route("/v1/servings/{name}/jobs", submit, methods=["POST"]),
@@ -83,6 +88,18 @@ def routes(gw: Gateway) -> list[Route]:
         Route("/v1/jobs/{id}/result", result, methods=["GET"]),
         Route("/v1/jobs/{id}/cancel", cancel, methods=["POST"]),
     ]
+
+
+async def cancel_job(gw: Gateway, job: HttpJob) -> bool:
+    """Cancel ``job``; True when this call ended it (its items no longer count against its
+    tenant's max_queued)."""
+    try:
+        cancelled = await job.job.cancel()
+    except QueueServeError as e:
+        raise await job_error(job, e) from None
+    if cancelled:
+        gw.quotas.job_cancelled(job.job.id)
+    return cancelled
 
 
 def answer(job_id: str, results: list[Any], return_exceptions: bool) -> Response:
@@ -100,12 +117,25 @@ def answer(job_id: str, results: list[Any], return_exceptions: bool) -> Response
     )
 
 
-def job_of(gw: Gateway, request: Request) -> AsyncJob:
-    """The job the path names; 400 for what is no job id (it would name another key)."""
+@dataclass(frozen=True, slots=True)
+class HttpJob:
+    """A job as its tenant sees it over HTTP: the client's job, and the id it was handed."""
+
+    job: AsyncJob
+    shown: str
+
+
+async def job_of(gw: Gateway, request: Request) -> HttpJob:
+    """The job the path names for the caller's tenant; 404 for any id that is not one of its
+    own (another tenant's, a guess, a malformed one), the same answer as for a forgotten job."""
+    shown = request.path_params["id"]
+    job_id = await gw.job_ids.job_id(caller(request.scope), shown)
+    if job_id is None:
+        raise unknown(shown)
     try:
-        return gw.client.job(request.path_params["id"])
-    except ValueError as e:
-        raise bad_request(str(e)) from None
+        return HttpJob(gw.client.job(job_id), shown)
+    except ValueError:  # a tag that checks out names a job id the gateway made: never here
+        raise unknown(shown) from None
 
 
 async def placed(gw: Gateway, ticket: AsyncTicket) -> AsyncJob:
@@ -122,19 +152,19 @@ async def placed(gw: Gateway, ticket: AsyncTicket) -> AsyncJob:
     return job
 
 
-async def state(job: AsyncJob) -> dict[str, Any]:
+async def state(job: HttpJob) -> dict[str, Any]:
     """A job's ``{id, status, done, total}``; 404 when it has no record."""
     try:
-        status = await job.status()
+        status = await job.job.status()
         if status == "expired":
-            raise unknown(job)
-        progress = await job.progress()
+            raise unknown(job.shown)
+        progress = await job.job.progress()
     except QueueServeError as e:
         raise await job_error(job, e) from None
-    return {"id": job.id, "status": status, "done": progress.done, "total": progress.total}
+    return {"id": job.shown, "status": status, "done": progress.done, "total": progress.total}
 
 
-async def job_error(job: AsyncJob, error: QueueServeError) -> ApiError:
+async def job_error(job: HttpJob, error: QueueServeError) -> ApiError:
     """The HTTP form of what a job's read raised: its own error mapped as any call's; a
     cancelled job 409 (it ended so, asking again will not change it); no record 404;
     a record that is not queueserve's 502."""
@@ -142,17 +172,17 @@ async def job_error(job: AsyncJob, error: QueueServeError) -> ApiError:
         return ApiError(409, "cancelled", str(error))
     if type(error) is not QueueServeError:
         return from_queueserve(error)
-    if await job.status() == "expired":
-        return unknown(job)
+    if await job.job.status() == "expired":
+        return unknown(job.shown)
     return ApiError(502, "job_failed", str(error))
 
 
-def unknown(job: AsyncJob) -> ApiError:
+def unknown(shown: str) -> ApiError:
     return ApiError(
         404,
         "unknown_job",
-        f"job {job.id} has no record under this prefix: its keep passed, it was forgotten, "
-        "or it never existed",
+        f"job {shown[:200]!r} has no record under this prefix for this caller: its keep "
+        "passed, it was forgotten, it never existed, or another tenant made it",
     )
 
 

@@ -33,7 +33,8 @@ from queueserve.gateway.core import Gateway
 from queueserve.gateway.errors import ApiError, bad_request, error_body
 from queueserve.gateway.servings import Options, encoded
 from queueserve.gateway.sse import EventStream, frame
-from queueserve.hooks import Output, Restart
+from queueserve.gateway.tenants import caller
+from queueserve.hooks import Event, Output, Restart
 
 # OpenAI model names of the servings in tasks/: a client written for OpenAI's embedding
 # models keeps its model name and reaches the MiniLM serving.
@@ -126,7 +127,7 @@ def routes(gw: Gateway) -> list[Route]:
             )
         serving = await serving_of(gw, body.model)
         texts = [body.input] if isinstance(body.input, str) else body.input
-        vectors = await gw.call(request.receive, serving, texts, Options())
+        vectors = await gw.call(request.receive, caller(request.scope), serving, texts, Options())
         return encoded(
             {
                 "object": "list",
@@ -154,8 +155,9 @@ def routes(gw: Gateway) -> list[Route]:
             "model": body.model,
         }
         if body.stream:
-            return EventStream(completion_frames(gw, serving, items, head), openai_error)
-        answers = await gw.call(request.receive, serving, items, Options())
+            events = gw.stream(caller(request.scope), serving, items, max_in_flight=len(items))
+            return EventStream(completion_frames(events, items, head), openai_error)
+        answers = await gw.call(request.receive, caller(request.scope), serving, items, Options())
         texts = ["".join(map(str, a)) for a in answers]
         return encoded(
             {
@@ -214,12 +216,11 @@ def openai_error(error: ApiError) -> bytes:
 
 
 async def completion_frames(
-    gw: Gateway, serving: str, items: list[dict[str, Any]], head: dict[str, Any]
+    events: AsyncGenerator[Event, None], items: list[dict[str, Any]], head: dict[str, Any]
 ) -> AsyncGenerator[bytes, None]:
     """A chunk per step of the prompts (one choice per prompt that produced text), then a
     chunk per prompt with its finish reason, then ``[DONE]``."""
     texts = [""] * len(items)
-    events = gw.stream(serving, items, max_in_flight=len(items))
     async with contextlib.aclosing(events):
         async for event in events:
             if isinstance(event, Restart):

@@ -13,6 +13,7 @@ import uvicorn
 
 from queueserve.broker.urls import redact_url
 from queueserve.gateway.app import create_app
+from queueserve.gateway.tenants import Tenants
 from queueserve.settings import Settings
 
 log = logging.getLogger("queueserve.gateway")
@@ -23,6 +24,7 @@ KEEP_ALIVE_S = 75
 TESTED_UVICORN = ("0.54",)
 YOUNG_GC_THRESHOLD = 50_000
 TOKEN_ENV = "QUEUESERVE_GATEWAY_TOKEN"  # a token in argv shows in `ps`; the environment does not
+TENANTS_ENV = "QUEUESERVE_GATEWAY_TENANTS"
 
 
 def models_of(pairs: list[str]) -> dict[str, str]:
@@ -53,7 +55,12 @@ def http_protocol() -> Any:
     return "auto"
 
 
-def log_start(args: argparse.Namespace, settings: Settings, token: str | None) -> None:
+def log_start(
+    args: argparse.Namespace,
+    settings: Settings,
+    token: str | None,
+    tenants: Tenants | None,
+) -> None:
     """One line of where the gateway's servings are and whether it asks for a token: a wrong
     Redis, prefix or missing token is seen at start, not from the first 404 or 401."""
     if args.redis_url:
@@ -62,7 +69,9 @@ def log_start(args: argparse.Namespace, settings: Settings, token: str | None) -
         source = "from QUEUESERVE_REDIS_URL"
     else:
         source = "the default: pass --redis-url or set QUEUESERVE_REDIS_URL"
-    if args.token:
+    if tenants is not None:
+        auth = f"on: tenants {', '.join(tenants.names())} from {tenants.path} (SIGHUP reloads)"
+    elif args.token:
         auth = "on (bearer token from --token)"
     elif token:
         auth = f"on (bearer token from {TOKEN_ENV})"
@@ -80,12 +89,20 @@ def log_start(args: argparse.Namespace, settings: Settings, token: str | None) -
 def gateway_command(args: argparse.Namespace) -> int:
     settings = Settings()
     token = args.token or os.environ.get(TOKEN_ENV) or None
+    tenants_file = args.tenants or os.environ.get(TENANTS_ENV) or None
+    if tenants_file is not None and token is not None:
+        raise ValueError(
+            f"--tenants ({TENANTS_ENV}) and --token ({TOKEN_ENV}) were both given: a tenants "
+            "file names every token; give one of them"
+        )
+    tenants = Tenants.from_file(tenants_file) if tenants_file is not None else None
     models = models_of(args.models)
-    log_start(args, settings, token)
+    log_start(args, settings, token, tenants)
     app = create_app(
         args.redis_url or settings.redis_url,
         prefix=args.prefix or settings.prefix,
         token=token,
+        tenants=tenants,
         max_body_bytes=args.max_body_bytes,
         models=models,
     )

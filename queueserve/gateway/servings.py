@@ -17,7 +17,8 @@ from queueserve.gateway.body import JSON, NoBool, parse
 from queueserve.gateway.core import Gateway
 from queueserve.gateway.errors import ApiError, bad_request, item_error
 from queueserve.gateway.sse import EventStream, frame
-from queueserve.hooks import Hook, Output, Restart
+from queueserve.gateway.tenants import caller
+from queueserve.hooks import Event, Hook, Output, Restart
 from queueserve.wire.protocol import MAX_PRIORITY
 
 
@@ -55,14 +56,16 @@ def routes(gw: Gateway) -> list[Route]:
         name = request.path_params["name"]
         body = await parse(request, Dispatch, gw.max_body_bytes)
         await gw.require(name)
-        (result,) = await gw.call(request.receive, name, [body.item], body)
+        (result,) = await gw.call(request.receive, caller(request.scope), name, [body.item], body)
         return encoded({"result": result})
 
     async def dispatch_many(request: Request) -> Response:
         name = request.path_params["name"]
         body = await parse(request, DispatchMany, gw.max_body_bytes)
         await gw.require(name)
-        results = await gw.call(request.receive, name, body.items, body, body.return_exceptions)
+        results = await gw.call(
+            request.receive, caller(request.scope), name, body.items, body, body.return_exceptions
+        )
         return encoded(
             {"results": [item_error(r) if isinstance(r, QueueServeError) else r for r in results]}
         )
@@ -71,7 +74,16 @@ def routes(gw: Gateway) -> list[Route]:
         name = request.path_params["name"]
         body = await parse(request, Stream, gw.max_body_bytes)
         await gw.require(name)
-        return EventStream(serving_frames(gw, name, body))
+        events = gw.stream(
+            caller(request.scope),
+            name,
+            body.items,
+            body.priority,
+            batch_key=body.batch_key,
+            timeout=body.timeout,
+            max_in_flight=body.max_in_flight,
+        )
+        return EventStream(serving_frames(events, body))
 
     path = "/v1/servings/{name}/"
     return [
@@ -81,18 +93,12 @@ def routes(gw: Gateway) -> list[Route]:
     ]
 
 
-async def serving_frames(gw: Gateway, name: str, body: Stream) -> AsyncGenerator[bytes, None]:
+async def serving_frames(
+    events: AsyncGenerator[Event, None], body: Stream
+) -> AsyncGenerator[bytes, None]:
     """``hook``, ``output`` and ``restart`` events in the order the client yields them, then
     ``result``: each item's outputs, in order (what a restart voided left out)."""
     outputs: list[list[Any]] = [[] for _ in body.items]
-    events = gw.stream(
-        name,
-        body.items,
-        batch_key=body.batch_key,
-        timeout=body.timeout,
-        priority=body.priority,
-        max_in_flight=body.max_in_flight,
-    )
     async with contextlib.aclosing(events):
         try:
             async for event in events:

@@ -15,7 +15,11 @@ from pydantic import ValidationError
 
 from queueserve.broker.admin import Admin
 from queueserve.errors import QueueServeError
-from queueserve.ops.admin_commands import config_command, dead_letter_command, unknown_servings
+from queueserve.ops.admin_commands import (
+    config_command,
+    dead_letter_command,
+    unknown_servings,
+)
 from queueserve.ops.jobs import add_job_parser, job_command
 from queueserve.ops.stats import stats_command
 from queueserve.options.units import parse_duration, problem
@@ -26,8 +30,19 @@ from queueserve.wire.protocol import Keys
 from queueserve.wire.timing import ALIVE_WITHIN_S
 from queueserve.worker import logs
 from queueserve.worker.loading import ServingNotFound, load_servings
-from queueserve.worker.options import ENV_PREFIX, WorkerOptions, option_from_text, unknown_variables
-from queueserve.worker.worker import EXIT_ERROR, EXIT_OK, EXIT_USAGE, Worker, require_extras
+from queueserve.worker.options import (
+    ENV_PREFIX,
+    WorkerOptions,
+    option_from_text,
+    unknown_variables,
+)
+from queueserve.worker.worker import (
+    EXIT_ERROR,
+    EXIT_OK,
+    EXIT_USAGE,
+    Worker,
+    require_extras,
+)
 
 log = logging.getLogger("queueserve.cli")
 
@@ -152,20 +167,30 @@ def build_parser() -> argparse.ArgumentParser:
         help="the serving (list: default every serving; replay/drop: required)",
     )
     d.add_argument(
-        "ids", nargs="*", metavar="ID", help="dead-letter ids to replay or drop; or --all"
+        "ids",
+        nargs="*",
+        metavar="ID",
+        help="dead-letter ids to replay or drop; or --all",
     )
     d.add_argument("--all", action="store_true", help="replay or drop every dead letter")
     d.add_argument("--limit", type=_positive_int, default=100, help="how many to list")
     c = sub.add_parser("config", help="show or change a serving's options at run time")
     c.add_argument("action", choices=["get", "set"])
     c.add_argument(
-        "serving", nargs="?", help="the serving (get: default every serving; set: required)"
+        "serving",
+        nargs="?",
+        help="the serving (get: default every serving; set: required)",
     )
     c.add_argument(
-        "assignments", nargs="*", metavar="option=value", help=f"with set: {', '.join(OPTIONS)}"
+        "assignments",
+        nargs="*",
+        metavar="option=value",
+        help=f"with set: {', '.join(OPTIONS)}",
     )
     c.add_argument(
-        "--force", action="store_true", help="set options of a serving no worker has declared yet"
+        "--force",
+        action="store_true",
+        help="set options of a serving no worker has declared yet",
     )
     s = sub.add_parser("stats", help="queues, consumers, lag, throughput and dead letters")
     s.add_argument("servings", nargs="*", help="servings to show (default: all found)")
@@ -191,6 +216,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="require 'Authorization: Bearer TOKEN' (default: "
         "$QUEUESERVE_GATEWAY_TOKEN, else no auth)",
+    )
+    g.add_argument(
+        "--tenants",
+        default=None,
+        metavar="FILE",
+        help="a TOML file of tenants, each with its token, weight, max_queued and "
+        "max_priority (default: $QUEUESERVE_GATEWAY_TENANTS; SIGHUP reloads it; "
+        "docs/gateway.md)",
     )
     g.add_argument(
         "--max-body-bytes",

@@ -35,6 +35,9 @@ each with the keys below; ``meta``, ``config`` and ``workers`` are read from sha
     P:inbox:C         list     replies for client C, one element per (client, batch) (TTL)
     P:events:C        channel  streamed events (hooks, generator steps) for client C
     P:worker:W        hash     registry record of worker process W (TTL)
+    P:jobkey          string   32 random bytes: the key of the HMAC that makes the job ids a
+                               gateway hands out unguessable and binds each to its tenant
+                               (gateway/job_ids.py; made once by the first gateway, SET NX)
     P:jobs:C:G        hash     the records of client C's jobs with request ids G*64 to G*64+63:
                                where each waits, its kept answers, how it ended (wire/jobs.py;
                                TTL: a week while one is live, then the last keep of them)
@@ -115,6 +118,7 @@ LAYOUT: Final = (
     ("inbox", "list"),
     ("events", "channel"),
     ("worker", "hash"),
+    ("jobkey", "string"),
     ("jobs", "hash"),
 )
 # The fields of a request stream entry: one request (h, p, a) or a pack of them (a, k).
@@ -158,6 +162,21 @@ def check_priority(priority: object) -> int:
             f"got {priority!r}"
         )
     return priority
+
+
+# A tenant's name (header field "tenant"; the gateway's tenants file): short, and safe in a
+# log line or a metric label.
+TENANT_NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+def check_tenant(tenant: object) -> str:
+    """``tenant`` if it is a tenant's name, else ValueError saying what one is."""
+    if type(tenant) is str and TENANT_NAME.fullmatch(tenant):
+        return tenant
+    raise ValueError(
+        "tenant must be 1 to 64 letters, digits, '_', '-' or '.', starting with a letter or "
+        f"digit, got {tenant!r:.80}"
+    )
 
 
 # Requests one pack entry may hold: enqueue.lua closes a pack at this many (its
@@ -366,3 +385,8 @@ def events_channel(prefix: str, client_id: str) -> str:
 
 def worker_key(prefix: str, worker_id: str) -> str:
     return f"{prefix}:worker:{worker_id}"
+
+
+def job_id_key(prefix: str) -> str:
+    """The HMAC key of the job ids gateways of ``prefix`` hand out (gateway/job_ids.py)."""
+    return f"{prefix}:jobkey"

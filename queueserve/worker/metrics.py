@@ -24,6 +24,7 @@ from typing import Any
 
 from queueserve.serving import Partition, Serving
 from queueserve.steps import StepServing
+from queueserve.wire.protocol import TENANT_NAME
 from queueserve.worker.middleware import Middleware
 from queueserve.worker.pipeline.stepping import StepRecord
 
@@ -38,6 +39,7 @@ _LATENCY_BUCKETS = (*_TIME_BUCKETS, 30, 60, 120, 300, 600)
 DEFAULT_HOST = "127.0.0.1"  # --metrics-host: 0.0.0.0 to be scraped from other hosts
 KEY_LABELS = 20  # --metrics-keys: batch keys with a label of their own, besides declared ones
 OTHER_KEY = "other"  # the label of every other batch key, summed
+TENANT_LABELS = 100  # tenants with a label of their own; later ones share OTHER_KEY
 
 
 class KeyLabels:
@@ -129,6 +131,13 @@ class PrometheusMiddleware(Middleware):
             **kw,
         )
         self.items = pc.Counter("queueserve_items", "Items answered", ["serving"], **kw)
+        self.tenant_items = pc.Counter(
+            "queueserve_tenant_items",
+            "Items taken into batches, by the tenant their request names (a gateway's)",
+            ["serving", "tenant"],
+            **kw,
+        )
+        self.tenant_label = KeyLabels((), TENANT_LABELS)
         self.requests = pc.Counter(
             "queueserve_requests", "Requests answered completely", ["serving"], **kw
         )
@@ -229,6 +238,7 @@ class PrometheusMiddleware(Middleware):
     def batch_opened(
         self, serving: Serving, key: str, partition: Partition, slices: Sequence[Any]
     ) -> None:
+        self._count_tenants(serving, slices)
         if isinstance(serving, StepServing):  # decode steps, not arrivals: see step()
             return
         now = time.time()
@@ -236,6 +246,18 @@ class PrometheusMiddleware(Middleware):
         for piece in slices:
             if piece.offset == 0:  # a request's first batch (a split one has several)
                 queue_time.observe(since_enqueue(piece.request.entry_id, now))
+
+    def _count_tenants(self, serving: Serving, slices: Sequence[Any]) -> None:
+        """Items per tenant, for requests whose header names one (a stranger's field: only a
+        tenant's name counts, and at most TENANT_LABELS names have a label of their own)."""
+        for piece in slices:
+            fields = piece.request.fields
+            if fields is None:
+                continue
+            tenant = fields.get("tenant")
+            if type(tenant) is str and TENANT_NAME.fullmatch(tenant):
+                label = self.tenant_label(tenant)
+                self.tenant_items.labels(serving.name, label).inc(len(piece.items))
 
     def requests_answered(self, serving: Serving, entry_ids: Sequence[bytes]) -> None:
         now = time.time()

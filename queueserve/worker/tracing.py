@@ -20,6 +20,7 @@ from opentelemetry import context, trace
 from queueserve import tracing
 from queueserve.serving import Partition, Serving
 from queueserve.steps import StepServing
+from queueserve.wire.protocol import TENANT_NAME
 from queueserve.worker.middleware import Middleware
 
 if TYPE_CHECKING:
@@ -52,6 +53,7 @@ class TracingMiddleware(Middleware):
         links: list[trace.Link] = []
         requests: set[int] = set()
         contexts: set[str] = set()
+        tenants: set[str] = set()
         for piece in slices:
             request = piece.request
             if id(request) in requests:  # a request's several slices (or sequences) link once
@@ -60,6 +62,9 @@ class TracingMiddleware(Middleware):
             # Requests sent from one span share its context: one link for them all, checked
             # once; past MAX_LINKS the SDK would drop them anyway (its default link limit).
             fields = request.fields
+            tenant = fields.get("tenant") if fields else None
+            if type(tenant) is str and len(tenants) < MAX_LINKS and TENANT_NAME.fullmatch(tenant):
+                tenants.add(tenant)
             text = fields.get(tracing.TRACE_FIELD) if fields else None
             if type(text) is not str or text in contexts or len(links) >= MAX_LINKS:
                 continue
@@ -69,6 +74,7 @@ class TracingMiddleware(Middleware):
                 links.append(trace.Link(remote))
         self._local.links = links
         self._local.requests = len(requests)
+        self._local.tenants = sorted(tenants)
 
     def batch_started(
         self, serving: Serving, key: str, partition: Partition, size: int, waited: float
@@ -84,6 +90,9 @@ class TracingMiddleware(Middleware):
             "queueserve.batch.key": key,
             "queueserve.partition": partition.index,
         }
+        tenants, local.tenants = getattr(local, "tenants", []), []
+        if tenants:  # the tenants whose requests the batch runs (their headers name them)
+            attributes["queueserve.batch.tenants"] = tenants
         kind = "step" if isinstance(serving, StepServing) else "batch"
         span = self.tracer.start_span(
             f"{serving.name} {kind}",

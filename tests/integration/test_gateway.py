@@ -9,6 +9,7 @@ and one gateway serve the whole module: loading the models once keeps it short.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import math
@@ -31,6 +32,8 @@ from starlette.routing import Mount
 
 import queueserve as qs
 from queueserve.gateway import create_app
+from queueserve.gateway.job_ids import JobIds
+from queueserve.gateway.tenants import Tenant
 from tests.support.fault_app import WorkerProc
 from tests.support.gateway_app import GatewayProc, gateway_stack
 from tests.support.helpers import pending_requests, stream_key, wait_until
@@ -408,7 +411,9 @@ def test_a_job_submitted_over_http_is_followed_by_id_from_a_python_client(stack:
         assert submitted.status_code == 202, submitted.text
         job_id = submitted.json()["id"]
         assert submitted.headers["location"] == f"/v1/jobs/{job_id}"
-        job = client.job(job_id)  # this process is not the gateway's
+        # The part before the tag is the job's id for Python clients (this process is not
+        # the gateway's)
+        job = client.job(job_id.rpartition(".")[0])
         wait_until(lambda: job.status() == "running", "the job to run")
         shown = http.get(f"/v1/jobs/{job_id}").json()
         assert shown == {"id": job_id, "status": "running", "done": 0, "total": 2}
@@ -431,7 +436,10 @@ def test_a_job_submitted_over_http_is_followed_by_id_from_a_python_client(stack:
 def test_a_job_submitted_from_python_is_answered_over_http_with_its_errors(stack: Stack) -> None:
     with stack.http() as http, qs.Client(stack.redis_url, prefix=stack.prefix) as client:
         job_id = client.submit("gated", ["bad", "c"], keep=60).id
-        path = f"/v1/jobs/{job_id}/result"
+        # Its Python id is no HTTP id: no tenant sees it
+        assert http.get(f"/v1/jobs/{job_id}/result").status_code == 404
+        # Its HTTP id, minted for the tenant that --token names, is followed over HTTP
+        path = f"/v1/jobs/{http_id(stack, 'default', job_id)}/result"
         failed = http.get(path, params={"timeout": 60})
         assert failed.status_code == 502 and error_of(failed)["type"] == "remote_error"
         each = http.get(path, params={"return_exceptions": "true"}).json()
@@ -463,12 +471,14 @@ def test_cancel_over_http_of_a_queued_job(stack: Stack) -> None:
         assert result.status_code == 409 and error_of(result)["type"] == "cancelled"
 
 
-def test_job_ids_and_queries_that_are_wrong_are_400_and_unknown_ones_404(stack: Stack) -> None:
+def test_job_ids_that_are_wrong_are_404_as_unknown_ones_and_wrong_queries_400(
+    stack: Stack,
+) -> None:
     with stack.http() as http:
         for forged in ("a:b-1", "x-1,x-2", "{x}-1", "a%20b-1", "x" * 100 + "-1", "nodash"):
             refused = http.get(f"/v1/jobs/{forged}")
-            assert refused.status_code == 400, forged
-            assert "not a job id" in error_of(refused)["message"]
+            assert refused.status_code == 404, forged
+            assert error_of(refused)["type"] == "unknown_job"
         assert http.get("/v1/jobs/nobody-1").status_code == 404
         for query in ({"timeout": "-1"}, {"timeout": "nan"}, {"return_exceptions": "1"}, {"x": 1}):
             assert http.get("/v1/jobs/nobody-1/result", params=query).status_code == 400
@@ -543,3 +553,13 @@ def test_many_threads_of_openai_clients_at_once(stack: Stack) -> None:
         with ThreadPoolExecutor(8) as pool:
             list(pool.map(embed, range(16)))
         assert results == [384] * 16
+
+
+def http_id(stack: Stack, tenant: str, job_id: str) -> str:
+    """The id over HTTP of a job made from Python, for ``tenant`` (gateway/job_ids.py)."""
+
+    async def mint() -> str:
+        async with qs.AsyncClient(stack.redis_url, prefix=stack.prefix) as client:
+            return await JobIds(client).http_id(Tenant(tenant), job_id)
+
+    return asyncio.run(mint())

@@ -48,7 +48,9 @@ class Connection:
         async def require(name: str, what: str = "serving") -> None:
             pass
 
-        async def call(receive: Any, serving: str, items: list[Any], *args: Any) -> list[Any]:
+        async def call(
+            receive: Any, tenant: Any, serving: str, items: list[Any], *args: Any
+        ) -> list[Any]:
             if items == ["boom"]:
                 raise RuntimeError("a bug")
             if items == ["hold"]:

@@ -24,7 +24,9 @@ def stubbed_app() -> Any:
     async def require(name: str, what: str = "serving") -> None:
         pass
 
-    async def call(receive: Any, serving: str, items: list[Any], *args: Any) -> list[Any]:
+    async def call(
+        receive: Any, tenant: Any, serving: str, items: list[Any], *args: Any
+    ) -> list[Any]:
         return list(items)
 
     app.state.gateway.require, app.state.gateway.call = require, call

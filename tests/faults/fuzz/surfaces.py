@@ -487,6 +487,12 @@ def queued_value(t: Target, value: bytes) -> None:
     t.created.add(t.victim.queued)
 
 
+def job_id_key_value(t: Target, value: bytes) -> None:
+    key = P.job_id_key(t.prefix)
+    t.r.set(key, value)
+    t.created.add(key)
+
+
 def declared_fields() -> tuple[str, ...]:
     """Every field a worker writes to a meta hash: what the fuzz worker's servings declare
     (``Serving.options()``, and a step serving's own on top), asked when called, so a field
@@ -1102,6 +1108,14 @@ SURFACES: tuple[Surface, ...] = (
         (
             Attack("field", job_record),
             _wrong_type("jobs", lambda t: group_key(t.prefix, "fuzzjunk", t.rng.randrange(128))),
+        ),
+    ),
+    Surface(
+        "jobkey",
+        "gateways: job ids (gateway/job_ids.py; tests/integration/test_gateway_tenants.py)",
+        (
+            Attack("value", job_id_key_value),
+            _wrong_type("jobkey", lambda t: P.job_id_key(t.prefix)),
         ),
     ),
     Surface(
