@@ -178,10 +178,11 @@ def cancel_arguments(
     keys: Keys, stream: str, entry_id: bytes, n: int, rid: int, inbox: str
 ) -> tuple[list[str], list[Any]]:
     """KEYS and ARGV of cancel.lua: request ``rid`` of ``n`` items, sent by the client of
-    ``inbox``, as entry ``entry_id`` of ``stream`` (withdrawn only if its header says so)."""
+    ``inbox``, as entry ``entry_id`` of ``stream`` (withdrawn only if its header says so, or
+    a request of the pack there says so)."""
     batch_key, priority = keys.parse_stream(stream)
     return (
-        [stream, keys.queued, keys.cancel, keys.depth, keys.pdepth],
+        [stream, keys.queued, keys.cancel, keys.depth, keys.pdepth, keys.withdrawn],
         [GROUP, entry_id, n, batch_key, priority, rid, inbox],
     )
 

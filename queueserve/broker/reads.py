@@ -282,7 +282,7 @@ class Reads(BrokerCore):
         keys: Keys, consumer: str, budget: int, per_key: int, marks: Sequence[str], age_ms: int
     ) -> tuple[list[str], list[Any]]:
         stream_prefix, priority_prefix = keys.stream_prefixes
-        return [keys.ready, keys.active, keys.wake], [
+        return [keys.ready, keys.active, keys.wake, keys.withdrawn], [
             GROUP,
             consumer,
             age_ms,

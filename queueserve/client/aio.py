@@ -112,8 +112,8 @@ class AsyncTicket:
         waiting.add_done_callback(lambda _: callback())
 
     async def cancel(self) -> bool:
-        """Withdraw the request; True when it will never run (False: it may run, as
-        ``Ticket.cancel`` says, and its result is dropped)."""
+        """Withdraw the request; True when it will never run, in a pack too (False: a worker
+        holds it, as ``Ticket.cancel`` says, and its result is dropped)."""
         return all([await self._client._withdraw(call) for call in self._calls])
 
 

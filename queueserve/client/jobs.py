@@ -204,9 +204,9 @@ class Job(_Reading):
         return self._results(record, self._answers(record), return_exceptions)
 
     def cancel(self) -> bool:
-        """End it ``cancelled`` unless it ended: queued, it never runs; in a pack or running,
-        it leaves at its next batch or step (its answer, if one comes, is not kept). True
-        when this call cancelled it."""
+        """End it ``cancelled`` unless it ended: queued (alone or in a pack), it never runs;
+        held by a worker, it leaves at its next batch or step (its answer, if one comes, is
+        not kept). True when this call cancelled it."""
         record = self._record()
         if record is None or self._jobs.cancel(self._key, self._fields[0], DEFAULT_KEEP_MS) != 1:
             return False

@@ -57,7 +57,7 @@ class Sending(BaseClient):
 
     def _withdraw(self, call: Call) -> bool:
         """Cancel ``call``: True when it will never run (taken out of the outbox before it was
-        sent, or out of its stream before a worker read it)."""
+        sent, or out of its stream, or its pack, before a worker read it)."""
         if not self._cancel_call(call):
             return False
         with self._out_lock:

@@ -83,7 +83,14 @@ class Ticket:
         raise Timeout(self._client._timeout_text(self._target, timeout))
 
     def cancel(self) -> bool:
-        """Withdraw the request. True when it will never run; False when a worker already
-        holds it or it shares an entry with other requests (a pack: it runs with them; either
-        way its result is dropped), or it had finished."""
+        """Withdraw the request. True when it will never run, also when it shares an entry
+        with other requests (a pack: they run on); False when a worker already holds it (it is
+        dropped from the batch that would run it, or stops at its next step when it is a step
+        or generator request; a batch already running finishes, and its result is dropped),
+        or it had finished.
+
+        >>> ticket = client.submit("square", [1, 2, 3])
+        >>> ticket.cancel()
+        True
+        """
         return all([self._client._withdraw(call) for call in self._each])

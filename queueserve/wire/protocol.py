@@ -31,7 +31,12 @@ each with the keys below; ``meta``, ``config`` and ``workers`` are read from sha
     P:{S}:config      hash     options changed at run time (`queueserve config set`)
     P:{S}:workers     zset     consumer name -> last heartbeat, unix ms (TTL)
     P:{S}:dead        stream   dead letters: requests that could not be served, with the reason
-    P:{S}:cancel      channel  "stream\nentry id" of requests cancelled after a worker read them
+    P:{S}:cancel      channel  "stream\nentry id" of requests cancelled after a worker read them;
+                               "stream\nentry id/request id" for one request of a pack
+    P:{S}:withdrawn   hash     "stream\nentry id" -> "rid,rid,...": the requests of a pack no
+                               worker read yet that their callers cancelled (cancel.lua writes,
+                               read.lua takes it with the pack, in the same script; at most
+                               MAX_WITHDRAWN fields)
     P:inbox:C         list     replies for client C, one element per (client, batch) (TTL)
     P:events:C        channel  streamed events (hooks, generator steps) for client C
     P:worker:W        hash     registry record of worker process W (TTL)
@@ -63,6 +68,10 @@ Pack entry (several requests in one entry; enqueue.lua writes them once workers 
     k  msgpack ``[[h, p, a], ...]``: each request's header, payload and admitted items (byte
        strings) as an entry of its own would carry them. A worker that reclaims a pack splits
        it into such entries (split.lua) instead of running it.
+    w  never stored by queueserve: read.lua adds it to a pack it reads, from the pack's field
+       of P:{S}:withdrawn: the ids of its requests cancelled before the read, "rid,rid,..."
+       (wire/cancel.py). The worker answers none of them and acks the pack as ever. (One
+       stored by anyone concerns that entry's own requests alone.)
 
 Reply (one list element for one client and one batch): a codec tag byte followed by the codec's
 encoding of ``[[request_id, offset, count, kind, body(, events_total(, run))], ...]``
@@ -115,6 +124,7 @@ LAYOUT: Final = (
     ("workers", "zset"),
     ("dead", "stream"),
     ("cancel", "channel"),
+    ("withdrawn", "hash"),
     ("inbox", "list"),
     ("events", "channel"),
     ("worker", "hash"),
@@ -183,6 +193,11 @@ def check_tenant(tenant: object) -> str:
 # MAX_PACK_REQUESTS), and a worker dead-letters whole a pack that holds more, unread, so that
 # no entry costs a worker more than this many requests' work (dead letters included).
 MAX_PACK_REQUESTS: Final = 1024
+# Fields P:{S}:withdrawn may hold (one per queued pack with a cancelled request): cancel.lua
+# prunes fields that name no queued pack once it is full, and past that records no more (its
+# MAX_WITHDRAWN; a cancel then withdraws nothing, as before packs could be withdrawn from).
+MAX_WITHDRAWN: Final = 10_000
+
 
 MAX_SHARDS: Final = 1024
 CLUSTER_SLOTS: Final = 16384
@@ -259,6 +274,7 @@ class Keys:
         "seen",
         "shard",
         "wake",
+        "withdrawn",
         "workers",
     )
 
@@ -288,6 +304,7 @@ class Keys:
         self.wake = f"{tag}:wake"
         self.depth = f"{tag}:depth"
         self.pdepth = f"{tag}:pdepth"
+        self.withdrawn = f"{tag}:withdrawn"
         self._stream_prefix = f"{tag}:in:"
         self._priority_prefix = f"{tag}:p"
 

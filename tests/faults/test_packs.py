@@ -17,6 +17,7 @@ from queueserve.wire.protocol import ERROR, Keys
 from tests.support.broker import RedisBroker
 from tests.support.fault_app import RawInbox, Workers, header, serving_consumer
 from tests.support.helpers import stream_key, wait_until
+from tests.support.servings import Recording
 
 StartWorker = Callable[..., qs.Worker]
 BACKLOG = 40  # admitted items waiting elsewhere: ack.lua clamps the counter at 0, hiding
@@ -115,30 +116,40 @@ def test_admission_takes_the_part_of_a_pack_that_fits(
     broker.close()
 
 
-def test_a_cancel_never_drops_a_pack_whose_other_requests_must_run(
+def test_a_cancel_withdraws_its_request_from_a_queued_pack_and_its_pack_mates_run(
     start_worker: StartWorker,
     redis_client: redis.Redis,
     redis_url: str,
     prefix: str,
 ) -> None:
-    # Given a pack of three requests no worker has read yet
+    # Given a pack of three requests no worker has read yet, and items admitted elsewhere
     keys, broker, inbox, ids = unread_pack(redis_client, redis_url, prefix, "cancels")
+    redis_client.incrby(keys.queued, BACKLOG)
     stream = stream_key(prefix, "cancels")
 
-    # When one of its callers cancels
-    cancelled = broker.cancel(keys, stream, ids[1], 1, 2, inbox.key)
+    # When one of its callers cancels (issue 38, finding 3: before, it ran and its answer was
+    # dropped by its client, and the cancel said so)
+    assert broker.cancel(keys, stream, ids[1], 1, 2, inbox.key) is True
+    assert broker.cancel(keys, stream, ids[1], 1, 2, inbox.key) is True  # (again: the same)
 
-    # Then the cancel says it may still run (the client drops its answer), and the pack stays
-    assert cancelled is False
+    # Then the pack stays, its items counted until its ack, the cancel recorded beside it
     assert redis_client.xlen(stream) == 1
+    assert int(redis_client.get(keys.queued) or 0) == BACKLOG + 3
+    assert redis_client.hgetall(keys.withdrawn) == {f"{stream}\n{ids[1].decode()}".encode(): b"2"}
     # and once a worker comes (a forged cancel on the channel, naming the pack, changes
-    # nothing), every request of the pack runs and is answered
-    serving = qs.Serving(
-        lambda xs: [f"r:{x}" for x in xs], name="cancels", batch_size=8, batch_timeout=0
-    )
+    # nothing), its other requests run and are answered, and the cancelled one never runs
+    serving = Recording(name="cancels", batch_size=8, batch_timeout=0)
     start_worker(serving)
     redis_client.publish(keys.cancel, f"{stream}\n{ids[0].decode()}")
-    assert results(inbox, range(1, 4)) == [["r:a"], ["r:b"], ["r:c"]]
+    assert results(inbox, range(1, 4, 2)) == [["a"], ["c"]]
+    wait_until(lambda: redis_client.xlen(stream) == 0, "the pack acked")
+    inbox.drain()
+    assert 2 not in inbox.slices
+    assert sorted(serving.items_run) == ["a", "c"]
+    # and its items are released with the pack's, each once; the record went with the read
+    assert int(redis_client.get(keys.queued) or 0) == BACKLOG
+    assert redis_client.hget(keys.depth, "default") is None
+    assert not redis_client.exists(keys.withdrawn)
     broker.close()
 
 

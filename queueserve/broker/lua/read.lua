@@ -2,6 +2,10 @@
 -- KEYS[1]  P:{S}:ready    zset "<priority><batch key>" -> rank (lower is read first)
 -- KEYS[2]  P:{S}:active   zset stream -> last read (unix ms): streams reclaim must watch
 -- KEYS[3]  P:{S}:wake     stream a worker blocks on when nothing is ready for it
+-- KEYS[4]  (optional) P:{S}:withdrawn  hash "stream\nentry id" -> request ids of a pack that
+--          their callers cancelled before any worker read it (cancel.lua): a pack read here
+--          takes its field along, as its field 'w' ("rid,rid,...": the worker answers none of
+--          them), and the field goes, in this same script, so no cancel falls between the two
 -- ARGV[1]  consumer group
 -- ARGV[2]  consumer
 -- ARGV[3]  ms of waiting one priority level is worth
@@ -56,12 +60,30 @@ for i = 8, #ARGV do
     if name and weight and weight > 0 then weights[name] = weight end
   else full[key] = tonumber(mark) end
 end
-local function items_of(entry)
-  local fields = entry[2]
+local function items_of(entry)  -- and whether it is a pack
+  local fields, items, pack = entry[2], 1, false
   for j = 1, #fields, 2 do
-    if fields[j] == 'a' then return math.max(1, tonumber(fields[j + 1]) or 1) end
+    local name = fields[j]
+    if name == 'a' then items = math.max(1, tonumber(fields[j + 1]) or 1)
+    elseif name == 'k' then pack = true end
   end
-  return 1
+  return items, pack
+end
+-- Whether KEYS[4] holds withdrawals: looked up at the first pack read (a key of another type,
+-- which anyone may write, holds none), so a read of no pack costs nothing more
+local withdrawals
+if not KEYS[4] then withdrawals = false end
+local function take_withdrawn(stream, entry)
+  if withdrawals == nil then withdrawals = redis.call('TYPE', KEYS[4]).ok == 'hash' end
+  if not withdrawals then return end
+  local field = stream .. '\n' .. entry[1]
+  local rids = redis.call('HGET', KEYS[4], field)
+  if rids then
+    redis.call('HDEL', KEYS[4], field)
+    local fields = entry[2]
+    fields[#fields + 1] = 'w'
+    fields[#fields + 1] = rids
+  end
 end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
@@ -91,7 +113,9 @@ local function take(member, priority, key, new, score)
     local batch = got and got[1] and got[1][2] or {}
     for _, entry in ipairs(batch) do
       entries[#entries + 1] = entry
-      items = items + items_of(entry)
+      local n, pack = items_of(entry)
+      items = items + n
+      if pack and withdrawals ~= false then take_withdrawn(stream, entry) end
     end
     if #batch < count then drained_now = true break end
     -- as many more entries as the ones read so far say fill the rest

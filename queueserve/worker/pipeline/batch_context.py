@@ -25,10 +25,12 @@ from typing import Any
 from queueserve.hooks import END, NO_OUTPUT
 from queueserve.results import BatchResults
 from queueserve.wire import protocol as P
+from queueserve.wire.cancel import CancelKey
 from queueserve.wire.error import error_body
 from queueserve.wire.event import hook_event, output_event, restart_event
 from queueserve.worker.pipeline.batching import Request, Slice
 from queueserve.worker.pipeline.execute import Row, Segment
+from queueserve.worker.pipeline.ledger import cancel_key
 
 
 class BatchContext:
@@ -39,7 +41,7 @@ class BatchContext:
         hooks: frozenset[str] | None,
         slices: list[Slice],
         sink: Callable[[list[Row]], None],
-        cancelled: set[tuple[str, bytes]],
+        cancelled: set[CancelKey],
         serving: str,
     ) -> None:
         self.hooks = hooks
@@ -96,7 +98,7 @@ class BatchContext:
             request = s.request
             if id(request) in self.finished:
                 continue
-            if request.ref in self.cancelled:  # its caller left: no more steps for it
+            if self.cancelled and cancel_key(request) in self.cancelled:  # its caller left
                 self.finished.add(id(request))
                 rows.append((request, s.offset, len(s.items), P.DROP, None))
                 continue

@@ -1,6 +1,8 @@
 """The cancel listener of one serving's partition: cancels published after a request was read
 (cancel.lua publishes each on the serving's cancel channel, one per shard) reach the ledger,
-which drops the request from the batch that would run it (ledger.py)."""
+which drops the request from the batch that would run it, or stops a step or generator
+request at its next step (ledger.py). A request of a pack is named by its entry and its
+request id (wire/cancel.py): the pack's other requests run on."""
 
 from __future__ import annotations
 
@@ -54,8 +56,8 @@ class CancelListener:
     def _on_cancel(self, message: bytes | None) -> None:
         if message is None:  # none came within the read's timeout
             return
-        ref = parse_cancel(message)
-        if ref is None or not self._is_own_stream(ref[0]):
+        key = parse_cancel(message)
+        if key is None or not self._is_own_stream(key[0]):
             if not self._junk_seen:  # anyone may publish here: say so once
                 self._junk_seen = True
                 log.warning(
@@ -66,7 +68,7 @@ class CancelListener:
                     message[:200],
                 )
             return
-        self.ledger.cancel(ref)
+        self.ledger.cancel(key)
 
     def _is_own_stream(self, stream: str) -> bool:
         try:

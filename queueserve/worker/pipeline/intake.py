@@ -23,9 +23,10 @@ from dataclasses import dataclass, field
 from queueserve.broker.consumer import Consumer, DeadLetter
 from queueserve.serving import Serving
 from queueserve.wire import protocol as P
+from queueserve.wire.cancel import parse_withdrawn
 from queueserve.wire.codec import Codec
 from queueserve.wire.error import bad_request, dead_lettered, error_body
-from queueserve.wire.request import pack_members
+from queueserve.wire.request import pack_members, parse_header
 from queueserve.worker.middleware import Middleware
 from queueserve.worker.pipeline.batching import Pack, Request, Slice
 from queueserve.worker.pipeline.decode import (
@@ -158,7 +159,12 @@ class Intake:
         key = self.keys.batch_key_of(entry.stream)
         pack = Pack(0, 0)
         orphans: list[tuple[dict[bytes, bytes], str]] = []  # requests nobody can be told of
+        # its requests cancelled before this read (read.lua): answered by none, acked with it
+        raw = entry.fields.get(b"w")
+        withdrawn = parse_withdrawn(raw) if raw is not None else None
         for fields in members:
+            if withdrawn and self._withdrawn(entry, fields, withdrawn, pack, out):
+                continue
             fast = (
                 decode_plain(
                     codec,
@@ -198,6 +204,39 @@ class Intake:
                 rows += _item_errors(decoded)
         if orphans:
             out.dead.append(self._orphans(entry, orphans, pack))
+
+    def _withdrawn(
+        self,
+        entry: Entry,
+        fields: dict[bytes, bytes],
+        withdrawn: frozenset[int],
+        pack: Pack,
+        out: Decisions,
+    ) -> bool:
+        """Whether a request of a pack was withdrawn by its caller before the read: then it
+        is answered by nothing (a DROP row counts it done), and its items are released with
+        the pack's ack, as its pack-mates' are."""
+        try:
+            if parse_header(fields[b"h"])[P.H_ID] not in withdrawn:
+                return False
+        except Exception:  # (decoding it says what is wrong)
+            return False
+        decoded = decode_entry(
+            self.serving,
+            self.codec,
+            self.keys.prefix,
+            entry.stream,
+            entry.entry_id,
+            fields,
+            0.0,  # (its deadline does not matter: it will not run)
+            self.inboxes,
+        )
+        request = decoded.request
+        if request is None:
+            return False
+        _join(request, pack)
+        out.rows.append((request, 0, request.n, P.DROP, None))
+        return True
 
     def _orphans(
         self, entry: Entry, orphans: list[tuple[dict[bytes, bytes], str]], pack: Pack

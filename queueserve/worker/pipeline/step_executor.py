@@ -38,7 +38,7 @@ from queueserve.wire.error import EXPIRED_GENERATING, error_body
 from queueserve.worker.middleware import Middleware
 from queueserve.worker.pipeline.batching import Request
 from queueserve.worker.pipeline.execute import Row
-from queueserve.worker.pipeline.ledger import Ledger
+from queueserve.worker.pipeline.ledger import Ledger, cancel_key
 from queueserve.worker.pipeline.prefix_cache import PrefixCache
 from queueserve.worker.pipeline.replies import ReplyQueue
 from queueserve.worker.pipeline.step_callers import GoneCallers
@@ -172,7 +172,7 @@ class StepExecutor:
 
         def leaving(request: Request) -> tuple[int, Any] | None:
             """(kind, body) of the row that withdraws ``request``, or None: it stays."""
-            if request.ref in cancelled or request.events in gone_callers:
+            if (cancelled and cancel_key(request) in cancelled) or request.events in gone_callers:
                 return P.DROP, None
             if request.deadline:
                 if request.deadline <= now:

@@ -273,14 +273,43 @@ def entry_r(t: Target, value: bytes, priority: int = 0) -> None:
     _xadd(t, fields, priority)
 
 
+def _forged_pack(t: Target, rid: int) -> dict[Any, Any]:
+    """The fields of a pack of two requests answered to the junk inbox, the first with id
+    ``rid``."""
+    first = [t.header(f1=rid), _valid_payload(), b"1"]
+    return {"a": b"2", "k": bytes(msgpack.packb([first, [t.header(), _valid_payload(), b"1"]]))}
+
+
+def entry_w(t: Target, value: bytes, priority: int = 0) -> None:
+    """The withdrawals read.lua adds to a pack it reads, stored with the entry instead: on a
+    pack (naming one of its requests, or hostile), on a request alone, or alone. They concern
+    that entry's own requests, nobody else's."""
+    rid = t.rng.randrange(1 << 40)
+    choice = t.rng.randrange(4)
+    fields: dict[Any, Any]
+    if choice == 0:
+        fields = {**_forged_pack(t, rid), "w": t.rng.choice((value, str(rid).encode()))}
+    elif choice == 1:
+        fields = {**_forged_pack(t, rid), "w": f"{rid},{value.decode('latin-1')}"}
+    elif choice == 2:
+        fields = {"h": t.header(), "p": _valid_payload(), "w": value}
+    else:
+        fields = {"w": value}
+    _xadd(t, fields, priority)
+
+
 ENTRY_ATTACKS = {
     "h": (Attack("h", entry_h), Attack("h_field", entry_h_field)),
     "p": (Attack("p", entry_p),),
     "a": (Attack("a", entry_a),),
     "k": (Attack("k", entry_k), Attack("extra_field", entry_extra)),
     "r": (Attack("r", entry_r),),
+    "w": (Attack("w", entry_w),),
 }
-ENTRY_READERS = {"r": "worker: intake (runs the request as a replay); dead-letter records"}
+ENTRY_READERS = {
+    "r": "worker: intake (runs the request as a replay); dead-letter records",
+    "w": "worker: intake (answers none of the pack's requests it names)",
+}
 ENTRY_WRITERS: tuple[Callable[[Target, bytes, int], None], ...] = (
     entry_h,
     entry_h_field,
@@ -289,6 +318,7 @@ ENTRY_WRITERS: tuple[Callable[[Target, bytes, int], None], ...] = (
     entry_k,
     entry_extra,
     entry_r,
+    entry_w,
 )
 
 
@@ -646,6 +676,40 @@ def cancel_message(t: Target, value: bytes) -> None:
             value + b"\n1-0",
             b"\n".join((stream, value, value)),
             stream + value + b"\n1-0",
+        )
+    )
+    t.r.publish(keys.cancel, message)
+
+
+def withdrawn_field(t: Target, value: bytes) -> None:
+    """A withdrawal forged into P:{S}:withdrawn: for a pack of the junk inbox's, written
+    with it (read.lua hands it over with the pack: the worker parses it), naming a request of
+    that pack or hostile; or a field naming no entry, or a hostile field name."""
+    keys = t.keys(t.rng.choice(VALID))
+    stream = keys.stream("default")
+    choice = t.rng.randrange(3)
+    if choice == 0:
+        rid = t.rng.randrange(1 << 40)
+        entry = t.r.xadd(stream, _forged_pack(t, rid))
+        name = stream.encode() + b"\n" + entry
+        value = t.rng.choice((value, str(rid).encode(), f"{rid},{rid}".encode()))
+    elif choice == 1:
+        name = stream.encode() + b"\n" + t.rng.choice((value[:64], b"1-0", b"99999999999999-0"))
+    else:
+        name = value[:200] or b"?"
+    t.r.hset(keys.withdrawn, name, value)
+    t.note(keys.withdrawn, name)
+
+
+def cancel_packed(t: Target, value: bytes) -> None:
+    """A cancel of one request of a pack, forged: naming no entry, or the value in its place."""
+    keys = t.keys(t.rng.choice((*VALID, VICTIM)))
+    stream = keys.stream("default").encode()
+    message = t.rng.choice(
+        (
+            stream + b"\n1-0/" + value,
+            stream + b"\n" + value + b"/1",
+            stream + b"\n99999999999999-0/" + str(t.rng.randrange(1 << 40)).encode(),
         )
     )
     t.r.publish(keys.cancel, message)
@@ -1084,7 +1148,19 @@ SURFACES: tuple[Surface, ...] = (
             _wrong_type("dead", lambda t: t.victim.dead),
         ),
     ),
-    Surface("cancel", "worker: cancel listener", (Attack("message", cancel_message),)),
+    Surface(
+        "cancel",
+        "worker: cancel listener",
+        (Attack("message", cancel_message), Attack("packed", cancel_packed)),
+    ),
+    Surface(
+        "withdrawn",
+        "cancel.lua, read.lua; worker: intake",
+        (
+            Attack("field", withdrawn_field),
+            _wrong_type("withdrawn", lambda t: t.victim.withdrawn),
+        ),
+    ),
     Surface(
         "inbox",
         "clients: reply reader; worker: replies",
