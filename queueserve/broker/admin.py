@@ -12,14 +12,32 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from queueserve.broker.common import StreamEntries, text, texts
+from queueserve.broker.common import (
+    StreamEntries,
+    add_listing,
+    declared_names,
+    declared_pattern,
+    listing,
+    register_servings,
+    text,
+    texts,
+)
 from queueserve.broker.core import BrokerCore
 from queueserve.broker.errors import raise_but_wrong_type, redis_errors
 from queueserve.options.serving import followers
-from queueserve.wire.protocol import GROUP, MAX_PRIORITY, PRIORITY_AGE_MS, Keys, check_shards
+from queueserve.wire.protocol import (
+    GROUP,
+    MAX_LISTED_SERVINGS,
+    MAX_PRIORITY,
+    PRIORITY_AGE_MS,
+    Keys,
+    check_shards,
+    is_serving_name,
+)
 
 log = logging.getLogger(__name__)
 
+_PRIORITY_FIELDS = [str(p) for p in range(MAX_PRIORITY + 1)]
 # Idle batch keys `queueserve stats` shows, the last enqueued to; keys with work are all shown.
 STATS_RECENT_KEYS = 20
 
@@ -172,30 +190,62 @@ class Admin(BrokerCore):
             pipe = self.redis.pipeline(transaction=False)
             for keys in keys_list:
                 pipe.get(keys.queued)
-                pipe.hgetall(keys.pdepth)
+                # the ten fields a count can be in, not HGETALL: anyone may add a million
+                pipe.hmget(keys.pdepth, _PRIORITY_FIELDS)
             raw = raise_but_wrong_type(pipe.execute(raise_on_error=False))
         out = []
         for i, keys in enumerate(keys_list):
             queued, fields = raw[2 * i : 2 * i + 2]
             total = hash_count(text(queued, "replace")) if isinstance(queued, bytes) else 0
             found: dict[int, int] = {}
-            if isinstance(fields, dict):  # else WRONGTYPE: a key of another type holds none
-                for field, value in texts(fields, "replace").items():
-                    n = min(hash_count(value), total)
-                    if n and hash_count(field) <= MAX_PRIORITY and field == str(hash_count(field)):
-                        found[int(field)] = n
+            if isinstance(fields, list):  # else WRONGTYPE: a key of another type holds none
+                for priority, value in enumerate(fields):
+                    n = min(hash_count(text(value, "replace")), total) if value else 0
+                    if n:
+                        found[priority] = n
             out.append((keys, total, found))
         return out
 
     def servings(self, prefix: str) -> list[str]:
-        """Names of the servings any worker ever declared under ``prefix``."""
-        names = set()
+        """Names of the servings workers list under ``prefix`` (``listing``), by name."""
+        return sorted(self.listing(prefix)[0])
+
+    def listing(self, prefix: str, limit: int = MAX_LISTED_SERVINGS) -> tuple[dict[str, int], int]:
+        """(serving -> when a worker last declared it or beat for it, unix ms; how many the
+        registry lists) of the servings registry P:servings: at most ``limit``, the most
+        recently refreshed, in two commands whatever Redis holds (never a SCAN)."""
         with redis_errors(self.url):
-            for key in self.redis.scan_iter(match=f"{prefix}:{{*}}:meta", count=500):
-                name = text(key, "replace")
-                names.add(name[name.index("{") + 1 : name.rindex("}")])
-        # S#i: the meta hash of a shard (names never hold '#'), where workers confirm `shards`
-        return sorted(name for name in names if "#" not in name)
+            pipe = self.redis.pipeline(transaction=False)
+            add_listing(pipe, prefix, int(time.time() * 1000), limit)
+            return listing(raise_but_wrong_type(pipe.execute(raise_on_error=False)))
+
+    def declared(self, keys_list: Sequence[Keys]) -> list[bool]:
+        """Whether a worker declared each serving (its meta hash exists: what the listings
+        found by a SCAN before the registry), in one round trip: a serving is named without
+        listing them all."""
+        with redis_errors(self.url):
+            pipe = self.redis.pipeline(transaction=False)
+            for keys in keys_list:
+                pipe.exists(keys.meta)
+            found = pipe.execute()
+        return [reply == 1 for reply in found]
+
+    def rebuild_listing(self, prefix: str) -> list[str]:
+        """List in the registry every serving whose meta hash a worker wrote under ``prefix``,
+        found by a SCAN of the keyspace (once, for an operator: servings of workers that
+        predate the registry), and return their names. Each is listed as refreshed now, and
+        leaves the listings SERVINGS_FORGET_S later unless a worker refreshes it."""
+        with redis_errors(self.url):
+            scanned = self.redis.scan_iter(match=declared_pattern(prefix), count=1000)
+            names = [n for n in declared_names(scanned) if is_serving_name(n)]
+        declared = self.declared([Keys(prefix, n) for n in names])
+        found = [n for n, ok in zip(names, declared, strict=True) if ok]
+        if found:
+            with redis_errors(self.url):
+                pipe = self.redis.pipeline(transaction=False)
+                register_servings(pipe, [Keys(prefix, n) for n in found], int(time.time() * 1000))
+                pipe.execute()
+        return found
 
     def undeclared_waiting(self, prefix: str, declared: Collection[str]) -> list[tuple[str, int]]:
         """(serving, items admitted) for each serving with requests waiting that no worker

@@ -7,6 +7,7 @@ every redis-py error is mapped by the same ``redis_errors`` as there.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -19,15 +20,15 @@ from queueserve.broker.common import (
     Enqueued,
     Request,
     Together,
+    add_listing,
     cancel_arguments,
-    declared_names,
-    declared_pattern,
     durable_replies,
     enqueue_and_wait_commands,
     enqueue_arguments,
     enqueued,
     inbox_command,
     inbox_messages,
+    listing,
     load_script,
     not_replicated_message,
     pack_fast,
@@ -36,7 +37,7 @@ from queueserve.broker.common import (
     texts,
 )
 from queueserve.broker.connect import aclose, connect_async, is_cluster
-from queueserve.broker.errors import error_code, redis_errors
+from queueserve.broker.errors import error_code, raise_but_wrong_type, redis_errors
 from queueserve.broker.jobs import AsyncJobs, JobAt
 from queueserve.broker.retry import Outage
 from queueserve.broker.urls import redact_url
@@ -270,12 +271,12 @@ class AsyncProducer:
             return int(await self.redis.zcount(keys.workers, since_ms(within), "+inf"))
 
     async def servings(self, prefix: str) -> list[str]:
-        """``Producer.servings``."""
+        """``Producer.servings``: the registry P:servings, never a SCAN."""
         with redis_errors(self.url):
-            keys = [
-                k async for k in self.redis.scan_iter(match=declared_pattern(prefix), count=500)
-            ]
-            return declared_names(keys)
+            pipe = self.redis.pipeline(transaction=False)
+            add_listing(pipe, prefix, int(time.time() * 1000))
+            found = raise_but_wrong_type(await pipe.execute(raise_on_error=False))
+        return sorted(listing(found)[0])
 
     async def meta(self, keys: Keys) -> dict[str, str]:
         """As BrokerCore.meta: a key that is not a hash reads as no declaration."""

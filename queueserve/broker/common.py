@@ -6,6 +6,7 @@ No I/O here; each broker sends the commands these build and hands the replies ba
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from importlib import resources
@@ -17,8 +18,15 @@ from redis.exceptions import NoScriptError
 
 from queueserve.broker.urls import redact_url
 from queueserve.wire.jobs import placings
-from queueserve.wire.protocol import GROUP, PRIORITY_AGE_MS, Keys
-from queueserve.wire.timing import DURABLE_WAIT_MS
+from queueserve.wire.protocol import (
+    GROUP,
+    MAX_LISTED_SERVINGS,
+    PRIORITY_AGE_MS,
+    Keys,
+    is_serving_name,
+    servings_key,
+)
+from queueserve.wire.timing import DURABLE_WAIT_MS, SERVINGS_FORGET_S
 
 StreamEntries = list[tuple[bytes, dict[bytes, bytes]]]
 Request = tuple[str, int, bytes, bytes, int]  # batch key, items, header, payload, priority
@@ -228,3 +236,64 @@ def declared_names(keys: Iterable[bytes | str]) -> list[str]:
         name = text(key, "replace")
         names.add(name[name.index("{") + 1 : name.rindex("}")])
     return sorted(name for name in names if "#" not in name)
+
+
+# --- the servings registry (P:servings): what every listing of servings reads ----------------
+FORGET_MS = int(SERVINGS_FORGET_S * 1000)
+
+
+def register_servings(pipe: Any, keys_list: Sequence[Keys], now_ms: int) -> int:
+    """Add to ``pipe`` the registry's refresh for these servings (shard 0's name each) and the
+    drop of entries nobody refreshed for SERVINGS_FORGET_S. Returns how many commands were
+    added (0: no serving of shard 0 among them)."""
+    names = {keys.name: now_ms for keys in keys_list if keys.shard == 0}
+    if not names:
+        return 0
+    key = servings_key(keys_list[0].prefix)
+    pipe.zadd(key, names)
+    pipe.zremrangebyscore(key, "-inf", now_ms - FORGET_MS)
+    return 2
+
+
+def add_listing(pipe: Any, prefix: str, now_ms: int, limit: int = MAX_LISTED_SERVINGS) -> None:
+    """Add to ``pipe`` (sync or asyncio) the registry's read: the entries refreshed within
+    SERVINGS_FORGET_S (scores as far in the future are forged: skipped), newest first, at
+    most ``limit`` with their scores (``listed`` reads them), then how many there are in
+    that window without the limit (ZCOUNT)."""
+    low, high = now_ms - FORGET_MS, now_ms + FORGET_MS
+    key = servings_key(prefix)
+    pipe.zrange(
+        key, high, low, desc=True, byscore=True, offset=0, num=max(1, limit), withscores=True
+    )
+    pipe.zcount(key, low, high)
+
+
+def listed(reply: Any) -> dict[str, int]:
+    """Serving name -> last refresh (unix ms) of ``add_listing``'s first reply (pairs, or a
+    flat list). Anyone may write the registry: a member that is not
+    a name a serving can have is skipped, and a reply of another type (WRONGTYPE) is empty."""
+    if not isinstance(reply, list):
+        return {}
+    pairs = (
+        reply
+        if not reply or isinstance(reply[0], (list, tuple))
+        else list(zip(reply[::2], reply[1::2], strict=False))
+    )
+    found: dict[str, int] = {}
+    for member, score in pairs:
+        try:
+            name = member.decode() if isinstance(member, bytes) else str(member)
+            at = float(score)
+        except (UnicodeDecodeError, ValueError, TypeError):
+            continue
+        if is_serving_name(name) and math.isfinite(at):
+            found.setdefault(name, int(at))
+    return found
+
+
+def listing(replies: Sequence[Any]) -> tuple[dict[str, int], int]:
+    """(serving -> last refresh, how many entries the window holds) of ``add_listing``'s two
+    replies, read with ``raise_on_error=False``: a registry of another type lists none."""
+    entries, total = replies
+    found = listed(entries)
+    return found, max(len(found), total if isinstance(total, int) else 0)

@@ -13,7 +13,13 @@ from typing import Any, NamedTuple
 import redis
 
 from queueserve.broker.channels import SharedSubscriptions
-from queueserve.broker.common import ack_arguments, consumer_name, text, texts
+from queueserve.broker.common import (
+    ack_arguments,
+    consumer_name,
+    register_servings,
+    text,
+    texts,
+)
 from queueserve.broker.connect import is_cluster
 from queueserve.broker.core import Subscription, no_group
 from queueserve.broker.errors import error_code, raise_but_wrong_type, redis_errors
@@ -204,6 +210,7 @@ class Consumer(Replies):
             keys.keys: "set",
             keys.wake: "stream",
             keys.queued: "string",
+            keys.servings: "zset",
         }
         with redis_errors(self.url):
             pipe = self.redis.pipeline(transaction=False)
@@ -220,9 +227,12 @@ class Consumer(Replies):
         return junk
 
     def declare(self, keys: Keys, options: Mapping[str, Any]) -> None:
-        """Publish a serving's options (clients read codec and max_queue from them)."""
+        """Publish a serving's options (clients read codec and max_queue from them), and list
+        the serving in the prefix's registry (P:servings), in the same round trip."""
         with redis_errors(self.url):
-            self.redis.hset(keys.meta, mapping={k: str(v) for k, v in options.items()})
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.hset(keys.meta, mapping={k: str(v) for k, v in options.items()})
+            self._registered(pipe, [keys], 1)
 
     def redeclare(self, keys: Keys, options: Mapping[str, Any]) -> None:
         """Replace a meta key of another type by the declaration (``declare`` would fail)."""
@@ -230,6 +240,27 @@ class Consumer(Replies):
             pipe = self.redis.pipeline(transaction=True)
             pipe.delete(keys.meta)
             pipe.hset(keys.meta, mapping={k: str(v) for k, v in options.items()})
+            pipe.execute()
+            # apart: on a cluster the registry is in another slot than the transaction's
+            self._registered(self.redis.pipeline(transaction=False), [keys], 0)
+
+    def _registered(self, pipe: Any, keys_list: Sequence[Keys], before: int) -> None:
+        """Run ``pipe`` (``before`` commands queued) with the registry's refresh for
+        ``keys_list`` added, raising the first error of those ``before``. A registry of
+        another type (anyone may write one: it holds nothing a worker cannot rebuild) is
+        replaced, never a failed heartbeat or declaration."""
+        now_ms = int(time.time() * 1000)
+        register_servings(pipe, keys_list, now_ms)
+        replies = pipe.execute(raise_on_error=False)
+        errors = [r for r in replies if isinstance(r, Exception)]
+        if any(
+            not isinstance(e, redis.RedisError) or error_code(e) != "WRONGTYPE" for e in errors
+        ) or any(isinstance(r, Exception) for r in replies[:before]):
+            raise errors[0]
+        if errors:  # the registry's
+            pipe = self.redis.pipeline(transaction=True)
+            pipe.delete(keys_list[0].servings)
+            register_servings(pipe, keys_list, now_ms)
             pipe.execute()
 
     def declarations(
@@ -265,7 +296,8 @@ class Consumer(Replies):
                 pipe.zadd(keys.workers, {consumer: now_ms})
                 pipe.zremrangebyscore(keys.workers, "-inf", now_ms - ttl_ms)
                 pipe.pexpire(keys.workers, ttl_ms)
-            pipe.execute()
+            # The servings registry rides along: the listings read it, never a SCAN
+            self._registered(pipe, keys_list, 2 + 3 * len(keys_list))
 
     def leave(self, keys_list: Sequence[Keys], consumer: str) -> None:
         with redis_errors(self.url):

@@ -1,18 +1,48 @@
-"""What the dashboard reads besides Admin's: a serving's workers with their heartbeats, and
-their registry records (host, pid, partition, device, and the batches and items they ran)."""
+"""What the dashboard reads besides Admin's: a serving's workers with their heartbeats, their
+registry records (host, pid, partition, device, and the batches and items they ran), and a
+page of its queues (``top_queues``) that costs the same whatever the number of batch keys."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import cast
+from dataclasses import dataclass, field
+from typing import Any, cast
 
-from queueserve.broker.admin import Admin
-from queueserve.broker.common import names, texts
+from queueserve.broker.admin import Admin, StreamDepth, _entry_ms, _streams_with_work, hash_count
+from queueserve.broker.common import names, text, texts
 from queueserve.broker.errors import raise_but_wrong_type, redis_errors
-from queueserve.wire.protocol import Keys, worker_key
+from queueserve.wire.protocol import GROUP, Keys, worker_key
 
 MAX_WORKERS = 200  # shown per serving: the most recent heartbeats
+# Fields of a shard's depth hash (batch key -> items) read to rank its keys by items: one
+# HSCAN call of this COUNT, so with more keys with work than this the ranking is among those
+# read (Queues.ranked says how many), and what a page costs stays the same.
+DEPTH_RANKED = 1000
+
+
+@dataclass(slots=True)
+class Queues:
+    """A page of a serving's queues: the streams read (``streams``), the items admitted of
+    their batch keys (``items``), and counts of everything, shown or not."""
+
+    streams: list[StreamDepth] = field(default_factory=list)
+    items: dict[str, int] = field(default_factory=dict)  # batch key -> items (every priority)
+    keys_with_work: int = 0  # batch keys holding items admitted and not answered
+    streams_waiting: int = 0  # streams holding entries no worker read yet
+    streams_pending: int = 0  # streams that may hold entries read and not acked
+    known_keys: int = 0  # batch keys ever enqueued to and not yet forgotten
+    ranked: int = 0  # batch keys the ranking by items saw
+
+    def counts(self) -> dict[str, int]:
+        return {
+            "keys_with_work": self.keys_with_work,
+            "streams_waiting": self.streams_waiting,
+            "streams_pending": self.streams_pending,
+            "known_keys": self.known_keys,
+            "ranked_by_items": self.ranked,
+            "streams_shown": sum(1 for s in self.streams if s.length or s.pending),
+        }
 
 
 class Fleet(Admin):
@@ -35,3 +65,104 @@ class Fleet(Admin):
                 pipe.hgetall(worker_key(prefix, consumer))
             replies = raise_but_wrong_type(pipe.execute(raise_on_error=False))
         return [texts(raw, "replace") if isinstance(raw, dict) else {} for raw in replies]
+
+    def top_queues(self, shards: Sequence[Keys], top: int) -> Queues:
+        """The streams of each shard worth showing, and counts of all: the ``top`` streams
+        next in the workers' order (the ready set's first: waiting longest) and the ``top``
+        read longest ago (the active set's first), and the streams of the ``top`` batch keys
+        holding the most items (among DEPTH_RANKED keys of the depth hash). Three round trips
+        per shard of at most a constant times ``top`` commands, whatever Redis holds."""
+        out = Queues()
+        for keys in shards:
+            self._top_of_shard(keys, top, out)
+        return out
+
+    def _top_of_shard(self, keys: Keys, top: int, out: Queues) -> None:
+        with redis_errors(self.url):
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.zrange(keys.ready, 0, top - 1)
+            pipe.zrange(keys.active, 0, top - 1)
+            pipe.hlen(keys.depth)
+            pipe.zcard(keys.ready)
+            pipe.zcard(keys.active)
+            pipe.zcard(keys.seen)
+            pipe.hscan(keys.depth, 0, count=DEPTH_RANKED)
+            ready, active, with_work, waiting, pending, known, scanned = raise_but_wrong_type(
+                pipe.execute(raise_on_error=False)
+            )
+        out.keys_with_work += _int(with_work)
+        out.streams_waiting += _int(waiting)
+        out.streams_pending += _int(pending)
+        out.known_keys = max(out.known_keys, _int(known))
+        sample = _depths(scanned)
+        out.ranked += len(sample)
+        heavy = sorted(sample, key=lambda k: (-sample[k], k))[:top]
+        marks = [m if isinstance(m, list) else [] for m in (ready, active)]
+        streams = [s for _, s in _streams_with_work(keys, *marks)]
+        streams += [s for k in heavy for s in keys.streams(k) if s not in streams]
+        rows = self._stream_depths(keys, streams)
+        out.streams += rows
+        shown = sorted({d.key for d in rows})
+        unknown = [k for k in shown if k not in sample]
+        if unknown:  # keys shown for their age, not among those the ranking read
+            with redis_errors(self.url):
+                pipe = self.redis.pipeline(transaction=False)
+                pipe.hmget(keys.depth, unknown)
+                [values] = raise_but_wrong_type(pipe.execute(raise_on_error=False))
+            for k, v in zip(unknown, values if isinstance(values, list) else [], strict=False):
+                sample[k] = hash_count(text(v, "replace")) if v else 0
+        for key in shown:
+            out.items[key] = out.items.get(key, 0) + sample.get(key, 0)
+
+    def _stream_depths(self, keys: Keys, streams: list[str]) -> list[StreamDepth]:
+        """XLEN of each stream, then the pending count and first entry of those that hold
+        entries (two round trips; a stream of another type holds none)."""
+        if not streams:
+            return []
+        with redis_errors(self.url):
+            pipe = self.redis.pipeline(transaction=False)
+            for stream in streams:
+                pipe.xlen(stream)
+            lengths = pipe.execute(raise_on_error=False)
+            held = [
+                (s, n) for s, n in zip(streams, lengths, strict=True) if isinstance(n, int) and n
+            ]
+            pipe = self.redis.pipeline(transaction=False)
+            for stream, _ in held:
+                pipe.xpending(stream, GROUP)
+                pipe.xrange(stream, count=1)
+            out = pipe.execute(raise_on_error=False)
+        rows = []
+        for i, (stream, length) in enumerate(held):
+            summary, first = out[2 * i : 2 * i + 2]
+            key, priority = keys.parse_stream(stream)
+            rows.append(
+                StreamDepth(
+                    keys,
+                    key,
+                    priority,
+                    length,
+                    int(summary["pending"]) if isinstance(summary, dict) else 0,
+                    _entry_ms(first[0][0]) if isinstance(first, list) and first else 0,
+                )
+            )
+        return rows
+
+
+def _int(reply: Any) -> int:
+    return reply if isinstance(reply, int) and reply > 0 else 0
+
+
+def _depths(scanned: Any) -> dict[str, int]:
+    """Batch key -> items of an HSCAN reply of a depth hash (anyone may write one: a field
+    that is not UTF-8 or a value that is not a count is skipped)."""
+    if not isinstance(scanned, (list, tuple)) or len(scanned) != 2:
+        return {}
+    fields = scanned[1]
+    found: dict[str, int] = {}
+    for field_name, value in fields.items() if isinstance(fields, dict) else ():
+        for name in names([field_name]):
+            n = hash_count(text(value, "replace"))
+            if n and len(name) <= 1000:
+                found[name] = n
+    return found

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,19 +18,19 @@ from queueserve.broker.common import (
     Enqueued,
     Request,
     Together,
+    add_listing,
     cancel_arguments,
-    declared_names,
-    declared_pattern,
     durable_replies,
     enqueue_and_wait_commands,
     enqueue_arguments,
     enqueued,
     inbox_command,
     inbox_messages,
+    listing,
     not_replicated_message,
 )
 from queueserve.broker.core import BrokerCore
-from queueserve.broker.errors import redis_errors
+from queueserve.broker.errors import raise_but_wrong_type, redis_errors
 from queueserve.broker.jobs import JobAt, Jobs
 from queueserve.errors import NotReplicated, QueueServeError
 from queueserve.wire.protocol import Keys
@@ -122,11 +123,12 @@ class Producer(BrokerCore):
             return bool(self._cancel(keys=script_keys, args=args))
 
     def servings(self, prefix: str) -> list[str]:
-        """Names of the servings a worker ever declared under ``prefix`` (a scan: for the
-        error of a call to an undeclared one, never on a call's path)."""
+        """Names of the servings workers list under ``prefix`` (the registry P:servings, a
+        bounded read: for the error of a call to an undeclared one), by name."""
         with redis_errors(self.url):
-            keys = self.redis.scan_iter(match=declared_pattern(prefix), count=500)
-            return declared_names(keys)
+            pipe = self.redis.pipeline(transaction=False)
+            add_listing(pipe, prefix, int(time.time() * 1000))
+            return sorted(listing(raise_but_wrong_type(pipe.execute(raise_on_error=False)))[0])
 
     def read_inbox(self, inbox: str, timeout: float) -> list[bytes]:
         """Replies waiting in ``inbox`` (BLMPOP), sent straight to the inbox's master."""

@@ -1,6 +1,8 @@
 """``create_app``: the dashboard as an ASGI app (Starlette, like the gateway: errors, bodies
 and their limits are the gateway's own). Reads are open to whoever reaches the address (it
-binds 127.0.0.1 by default); every change (replay, drop, config set) needs the token.
+binds 127.0.0.1 by default) unless a read token is set (``--read-token``: the API's reads then
+need it, or the token); every change (replay, drop, config set) needs the token. The page and
+its script hold no data and are served to anyone: the page asks for the token.
 
 Routes: ``/`` the page, ``/dashboard.js`` its script (plain files in static/, no build step),
 ``/api/overview`` (``?offset=N&filter=TEXT``: a page of the servings, board.py),
@@ -23,7 +25,7 @@ from starlette.responses import FileResponse, Response
 from starlette.routing import Route
 
 from queueserve.broker.fleet import Fleet
-from queueserve.dashboard.board import MAX_SERVINGS, Board
+from queueserve.dashboard.board import MAX_SERVINGS, Board, Snapshots
 from queueserve.gateway.app import api_error, http_error
 from queueserve.gateway.auth import Token, refused
 from queueserve.gateway.body import JSON, parse
@@ -52,14 +54,20 @@ class ConfigSet(pydantic.BaseModel, extra="forbid"):
 
 
 def create_app(
-    redis_url: str | None = None, *, prefix: str | None = None, token: str | None = None
+    redis_url: str | None = None,
+    *,
+    prefix: str | None = None,
+    token: str | None = None,
+    read_token: str | None = None,
 ) -> Starlette:
     """The dashboard of the servings under ``prefix`` on ``redis_url`` (defaults:
-    QUEUESERVE_REDIS_URL, QUEUESERVE_PREFIX). Without ``token`` the page is read-only."""
+    QUEUESERVE_REDIS_URL, QUEUESERVE_PREFIX). Without ``token`` the page is read-only; with
+    ``read_token`` reading it needs that token (or ``token``)."""
     bearer = Token(token) if token is not None else None
     settings = Settings()
     fleet = Fleet(redis_url or settings.redis_url)
     views = Views(Board(fleet, prefix or settings.prefix), bearer)
+    views.reader = Token(read_token) if read_token is not None else None
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -91,6 +99,8 @@ class Views:
     def __init__(self, board: Board, token: Token | None) -> None:
         self.board = board
         self.token = token
+        self.reader: Token | None = None  # --read-token: reads need it (or the token)
+        self.snapshots = Snapshots(board.overview)
 
     async def page(self, request: Request) -> Response:
         return FileResponse(STATIC / "index.html", media_type="text/html")
@@ -99,10 +109,12 @@ class Views:
         return FileResponse(STATIC / "dashboard.js", media_type="text/javascript")
 
     async def overview(self, request: Request) -> Response:
+        self._may_read(request)
         offset, name_filter = overview_query(request)
-        return JSON(await run_in_threadpool(self.board.overview, offset, name_filter))
+        return JSON(await self.snapshots.get(offset, name_filter))
 
     async def dead_letters(self, request: Request) -> Response:
+        self._may_read(request)
         name = await _declared(self.board, request.path_params["name"])
         return JSON({"dead_letters": await run_in_threadpool(self.board.dead_letters, name)})
 
@@ -132,6 +144,14 @@ class Views:
         fleet = self.board.fleet
         await run_in_threadpool(fleet.set_config, keys, options)
         return JSON({"serving": name, "options": await run_in_threadpool(fleet.meta, keys)})
+
+    def _may_read(self, request: Request) -> None:
+        """401 when a read token is set and the request carries neither it nor the token."""
+        if self.reader is None or self.reader.allows(request.scope):
+            return
+        if self.token is not None and self.token.allows(request.scope):
+            return
+        raise refused("this dashboard needs its --read-token to be read: enter it in the page")
 
 
 def overview_query(request: Request) -> tuple[int, str]:

@@ -5,14 +5,24 @@ carry (items and batches run by each partition process since it started).
 A snapshot holds one page of servings (MAX_SERVINGS, by name, those whose name holds the
 filter), and says how many there are in all and how many match, so a wrong prefix (none) or
 a big deployment (more than a page) is told, never shown as an empty or a whole one.
+
+What a snapshot costs is bounded by what it shows, never by what Redis holds: the servings
+come from the registry workers keep (P:servings: one read of at most MAX_LISTED_SERVINGS, no
+SCAN), and each serving's queues are a page too, the TOP_KEYS batch keys with the most items
+(ranked among DEPTH_RANKED keys with work read of its depth hash) and the TOP_KEYS streams
+next in the workers' order (waiting longest) and read longest ago, with the counts of all of
+them (broker/fleet.py, ``top_queues``). ``Snapshots`` shares one computation among the
+callers of a second (docs/operations.md, "Dashboard").
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +38,9 @@ SAMPLE_EVERY_S = 2.0
 HISTORY_S = 600.0  # the throughput chart's span: the last ten minutes
 MAX_SERVINGS = 100
 MAX_DEAD_LETTERS = 50
+TOP_KEYS = 10  # per serving: batch keys shown by items, and streams shown by age
+SNAPSHOT_TTL_S = 1.0  # an overview computed this recently answers every caller of that page
+MAX_SNAPSHOTS = 32  # pages (offset, filter) kept at once
 
 
 @dataclass(slots=True)
@@ -71,34 +84,39 @@ class Board:
         those whose name holds ``name_filter``; ``total``: how many servings there are,
         ``matched``: how many hold the filter."""
         now = time.time()
-        every = self.fleet.servings(self.prefix)
+        listed, total = self.fleet.listing(self.prefix)
+        every = sorted(listed)
         matched = [name for name in every if name_filter in name]
         page = matched[offset : offset + MAX_SERVINGS]
         return {
             "now_ms": int(now * 1000),
             "prefix": self.prefix,
             "redis": self.redis,
-            "total": len(every),
+            "total": max(total, len(every)),
             "matched": len(matched),
             "offset": offset,
             "limit": MAX_SERVINGS,
             "filter": name_filter,
-            "servings": [self._readable(name, now) for name in page],
+            "servings": [self._readable(name, listed[name], now) for name in page],
         }
 
-    def _readable(self, name: str, now: float) -> dict[str, Any]:
+    def _readable(self, name: str, listed_ms: int, now: float) -> dict[str, Any]:
         """A serving's row. One whose keys Redis refuses to read (a key of another type under
         its name: anyone may write one) says why, empty, and the page shows the others."""
         try:
-            return self._serving(name, now)
+            row = self._serving(name, now)
         except RedisCommandError as e:
-            return {
+            row = {
                 "name": name,
                 "error": str(e),
-                **{part: {} for part in ("options", "overrides")},
+                **{part: {} for part in ("options", "overrides", "queue_counts")},
                 **{part: [] for part in ("workers", "queues", "priorities", "history")},
                 "dead_letters": 0,
             }
+        # When a worker last declared it or beat for it (the registry's): a serving whose
+        # workers are gone says so until it leaves the listing
+        row["listed_age_ms"] = max(0, int(now * 1000) - listed_ms)
+        return row
 
     def _serving(self, name: str, now: float) -> dict[str, Any]:
         keys = Keys(self.prefix, name)
@@ -112,8 +130,8 @@ class Board:
             for (w, beat), r in zip(workers, records, strict=True)
             if now_ms - beat <= alive_ms
         }
-        items_by_key = {row.key: row.queued_items for row in self.fleet.summed_key_stats(shards)}
-        depths = self.fleet.queue_depths(shards)
+        queues = self.fleet.top_queues(shards, TOP_KEYS)
+        depths = queues.streams
         return {
             "name": name,
             "options": self.fleet.meta(keys),
@@ -121,7 +139,12 @@ class Board:
             "workers": [
                 _worker(w, beat, r, now_ms) for (w, beat), r in zip(workers, records, strict=True)
             ],
-            "queues": [_queue(d, now_ms, items_by_key) for d in depths if d.length or d.pending],
+            "queues": [
+                _queue(d, now_ms, queues.items)
+                for d in sorted(depths, key=lambda d: (d.first_ms or now_ms, d.key, d.priority))
+                if d.length or d.pending
+            ],
+            "queue_counts": queues.counts(),
             "priorities": self._priorities(shards, depths, now_ms),
             "dead_letters": sum(n for _, n in self.fleet.dead_letter_depths(shards)),
             "history": self._sampled(name, Sample(now, counters)),
@@ -131,7 +154,7 @@ class Board:
         self, shards: list[Keys], depths: list[StreamDepth], now_ms: int
     ) -> list[dict[str, int]]:
         """Per priority holding work: items admitted and not answered (every batch key) and
-        the age of the oldest request not answered."""
+        the age of the oldest request not answered of the streams read (``depths``)."""
         summary = by_priority(self.fleet.priority_items(shards), depths, now_ms)
         return [
             {"priority": p, "items": items, "age_ms": age or 0}
@@ -185,3 +208,52 @@ def _queue(depth: StreamDepth, now_ms: int, items_by_key: dict[str, int]) -> dic
         "key_items": items_by_key.get(depth.key, 0),
         "age_ms": max(0, now_ms - depth.first_ms) if depth.first_ms else 0,
     }
+
+
+Overview = dict[str, Any]
+
+
+class Snapshots:
+    """Overviews shared by concurrent callers (single-flight): one computation at a time in a
+    thread, whose snapshot answers every caller of the same page (offset, filter) for
+    ``ttl`` seconds; a caller that arrives while it runs waits for it instead of starting
+    another. So N pollers cost Redis one overview a second per page, not N, and the
+    dashboard holds one page's reading at a time."""
+
+    def __init__(
+        self,
+        compute: Callable[[int, str], Overview],
+        ttl: float = SNAPSHOT_TTL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._compute = compute
+        self._ttl = ttl
+        self._clock = clock
+        self._lock: asyncio.Lock | None = None
+        self._kept: OrderedDict[tuple[int, str], tuple[float, Overview]] = OrderedDict()
+        self.computed = 0  # how many overviews were computed (the tests count them)
+
+    def _fresh(self, page: tuple[int, str]) -> Overview | None:
+        kept = self._kept.get(page)
+        if kept is None or self._clock() - kept[0] > self._ttl:
+            return None
+        return kept[1]
+
+    async def get(self, offset: int, name_filter: str) -> Overview:
+        page = (offset, name_filter)
+        found = self._fresh(page)
+        if found is not None:
+            return found
+        if self._lock is None:  # made in the app's loop, on first use
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            found = self._fresh(page)  # computed while this caller waited
+            if found is not None:
+                return found
+            snapshot = await asyncio.to_thread(self._compute, offset, name_filter)
+            self.computed += 1
+            self._kept[page] = (self._clock(), snapshot)
+            self._kept.move_to_end(page)
+            while len(self._kept) > MAX_SNAPSHOTS:
+                self._kept.popitem(last=False)
+            return snapshot

@@ -11,7 +11,6 @@ from typing import Any, cast
 
 from starlette.types import Receive
 
-from queueserve.broker.errors import redis_errors
 from queueserve.broker.urls import redact_url
 from queueserve.client.aio import AsyncClient, AsyncTicket
 from queueserve.errors import QueueServeError
@@ -178,15 +177,10 @@ class Gateway:
             )
 
     async def servings(self) -> list[str]:
-        """Names of the servings workers declared under this prefix (a SCAN of meta keys)."""
-        pattern = f"{self.prefix}:{{*}}:meta"
-        names = set()
-        broker = self.client._broker
-        with redis_errors(broker.url):
-            async for key in broker.redis.scan_iter(match=pattern, count=500):
-                text = key.decode(errors="replace")
-                names.add(text[text.index("{") + 1 : text.rindex("}")])
-        return sorted(n for n in names if "#" not in n)  # S#i: a shard's own meta hash
+        """Names of the servings workers list under this prefix, by name: the registry they
+        keep (P:servings), read in one bounded round trip whatever Redis holds, never a SCAN
+        of the keyspace (docs/operations.md, "The servings registry")."""
+        return await self.client._broker.servings(self.prefix)
 
     def stream(
         self,

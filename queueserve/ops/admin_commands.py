@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Sequence
 
 from queueserve.broker.admin import Admin
@@ -12,17 +13,21 @@ from queueserve.broker.urls import redact_url
 from queueserve.ops.deadletter import DeadLetters
 from queueserve.settings import Settings
 from queueserve.wire.options import parse_assignments
-from queueserve.wire.protocol import Keys
+from queueserve.wire.protocol import Keys, is_serving_name
 from queueserve.worker.worker import EXIT_ERROR, EXIT_OK, EXIT_USAGE
 
 
 def unknown_servings(broker: Admin, prefix: str, names: Sequence[str]) -> str | None:
     """An error message when a name in ``names`` was never declared by a worker under
-    ``prefix`` (a typo, or another --prefix or Redis); None when all are known."""
-    known = broker.servings(prefix)
-    missing = [n for n in names if n not in known]
+    ``prefix`` (a typo, or another --prefix or Redis); None when all are known. Each name is
+    checked by its own declaration (its meta hash), so a serving that the registry does not
+    list (its workers predate it) is known too; the message lists the registry's."""
+    valid = [n for n in names if is_serving_name(n)]
+    declared = dict(zip(valid, broker.declared([Keys(prefix, n) for n in valid]), strict=True))
+    missing = [n for n in names if not declared.get(n)]
     if not missing:
         return None
+    known = broker.servings(prefix)
     listed = ", ".join(known) if known else "none yet (start a worker first)"
     return (
         f"no worker has declared serving {', '.join(map(repr, missing))} under prefix "
@@ -151,3 +156,31 @@ def _list_dead_letters(broker: Admin, prefix: str, serving: str | None, limit: i
         )
         print(f"no dead letters for {where}", file=sys.stderr)
     return EXIT_OK
+
+
+def servings_command(args: argparse.Namespace) -> int:
+    """``queueserve servings [--rebuild]``: the servings registry (P:servings) with when a
+    worker last declared each or beat for it; ``--rebuild`` first lists there every serving
+    whose declaration a SCAN of the keyspace finds (workers that predate the registry)."""
+    settings = Settings()
+    prefix = args.prefix or settings.prefix
+    broker = Admin(args.redis_url or settings.redis_url)
+    try:
+        if args.rebuild:
+            found = broker.rebuild_listing(prefix)
+            print(f"listed {len(found)} declared servings found by a scan", file=sys.stderr)
+        listed, total = broker.listing(prefix)
+        now_ms = int(time.time() * 1000)
+        for name in sorted(listed):
+            print(f"{name}  refreshed {max(0, now_ms - listed[name]) / 1000:.1f}s ago")
+        if total > len(listed):
+            print(f"... and {total - len(listed)} more (not read)", file=sys.stderr)
+        if not listed:
+            print(
+                f"no servings listed under prefix {prefix!r} on Redis {redact_url(broker.url)} "
+                "(workers before the registry: `queueserve servings --rebuild`)",
+                file=sys.stderr,
+            )
+        return EXIT_OK
+    finally:
+        broker.close()

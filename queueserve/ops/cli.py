@@ -18,6 +18,7 @@ from queueserve.errors import QueueServeError
 from queueserve.ops.admin_commands import (
     config_command,
     dead_letter_command,
+    servings_command,
     unknown_servings,
 )
 from queueserve.ops.jobs import add_job_parser, job_command
@@ -192,6 +193,14 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="set options of a serving no worker has declared yet",
     )
+    v = sub.add_parser(
+        "servings", help="the servings workers list (the registry: P:servings), by name"
+    )
+    v.add_argument(
+        "--rebuild",
+        action="store_true",
+        help="first list there every serving a SCAN finds declared (workers before the registry)",
+    )
     s = sub.add_parser("stats", help="queues, consumers, lag, throughput and dead letters")
     s.add_argument("servings", nargs="*", help="servings to show (default: all found)")
     s.add_argument(
@@ -259,7 +268,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="needed for replay, drop and config set (default: "
         "$QUEUESERVE_DASHBOARD_TOKEN, else the page is read-only)",
     )
-    for p in (d, c, s, g, b):
+    b.add_argument(
+        "--read-token",
+        default=None,
+        help="needed to read the page's data (default: $QUEUESERVE_DASHBOARD_READ_TOKEN, "
+        "else reading is open; --token reads too)",
+    )
+    for p in (d, c, s, g, b, v):
         p.add_argument("--redis-url", help=URL_HELP)
         p.add_argument("--prefix", help=PREFIX_HELP)
         p.add_argument("--log-level", default="WARNING")
@@ -365,6 +380,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "dead-letter": dead_letter_command,
     "config": config_command,
     "stats": stats_or_unknown,
+    "servings": servings_command,
     "job": job_command,
     "gateway": gateway_command,
     "dashboard": dashboard_command,

@@ -40,6 +40,10 @@ each with the keys below; ``meta``, ``config`` and ``workers`` are read from sha
     P:inbox:C         list     replies for client C, one element per (client, batch) (TTL)
     P:events:C        channel  streamed events (hooks, generator steps) for client C
     P:worker:W        hash     registry record of worker process W (TTL)
+    P:servings        zset     serving name -> last declaration or heartbeat of a worker serving
+                               it, unix ms: the servings list (GET /v1/models, the dashboard,
+                               admin listings), read a bounded page at a time, never by SCAN;
+                               entries not refreshed for SERVINGS_FORGET_S are dropped
     P:jobkey          string   32 random bytes: the key of the HMAC that makes the job ids a
                                gateway hands out unguessable and binds each to its tenant
                                (gateway/job_ids.py; made once by the first gateway, SET NX)
@@ -128,6 +132,7 @@ LAYOUT: Final = (
     ("inbox", "list"),
     ("events", "channel"),
     ("worker", "hash"),
+    ("servings", "zset"),
     ("jobkey", "string"),
     ("jobs", "hash"),
 )
@@ -272,6 +277,7 @@ class Keys:
         "queued",
         "ready",
         "seen",
+        "servings",
         "shard",
         "wake",
         "withdrawn",
@@ -304,6 +310,7 @@ class Keys:
         self.wake = f"{tag}:wake"
         self.depth = f"{tag}:depth"
         self.pdepth = f"{tag}:pdepth"
+        self.servings = servings_key(prefix)  # the prefix's, not the shard's: no hash tag
         self.withdrawn = f"{tag}:withdrawn"
         self._stream_prefix = f"{tag}:in:"
         self._priority_prefix = f"{tag}:p"
@@ -407,3 +414,25 @@ def worker_key(prefix: str, worker_id: str) -> str:
 def job_id_key(prefix: str) -> str:
     """The HMAC key of the job ids gateways of ``prefix`` hand out (gateway/job_ids.py)."""
     return f"{prefix}:jobkey"
+
+
+def servings_key(prefix: str) -> str:
+    """The servings registry of ``prefix`` (a zset: serving name -> last refresh, unix ms)."""
+    return f"{prefix}:servings"
+
+
+# What a reader of the servings registry takes from it (anyone may write it): at most this
+# many entries per read (the most recently refreshed), and names a serving can have, of at
+# most MAX_SERVING_NAME characters; other members are skipped.
+MAX_LISTED_SERVINGS: Final = 10_000
+MAX_SERVING_NAME: Final = 200
+
+
+def is_serving_name(name: str) -> bool:
+    """Whether ``name`` can be a serving's name as the registry lists it: not empty, at most
+    MAX_SERVING_NAME characters, none of the separators Keys refuses."""
+    return (
+        0 < len(name) <= MAX_SERVING_NAME
+        and name.isprintable()
+        and not any(c in name for c in "{}:#")
+    )

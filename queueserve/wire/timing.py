@@ -28,6 +28,10 @@ FORGET_EVERY_S = 30.0  # how often dead consumers holding nothing leave the cons
 # "Alive" as operators and callers are told it (stats, readiness, a Timeout's message): more
 # forgiving than DEAD_AFTER_S, so a slow beat is not reported as a missing worker.
 ALIVE_WITHIN_S = 10.0
+# The servings registry (P:servings) lists a serving while a worker declared it or beat for it
+# within this long; workers drop older entries at each beat and readers skip them, so a
+# serving whose workers are gone leaves the listings after a week (its keys stay).
+SERVINGS_FORGET_S = 7 * 24 * 3600.0
 # A streaming caller (``client.stream``) is gone when its client's event channel has had no
 # subscriber for CALLER_GONE_AFTER_S: Redis drops a subscription as soon as its client closes or
 # its process dies, while a live client that lost its connection subscribes again within

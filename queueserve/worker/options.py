@@ -29,6 +29,7 @@ OTHER_VARIABLES = (
     *(f"{ENV_PREFIX}{n.upper()}" for n in Settings.model_fields),
     "QUEUESERVE_GATEWAY_TOKEN",
     "QUEUESERVE_DASHBOARD_TOKEN",
+    "QUEUESERVE_DASHBOARD_READ_TOKEN",
     "QUEUESERVE_TEST_REDIS_URL",
 )
 

@@ -11,6 +11,7 @@ option or loses a dead letter; valid requests are answered as before, after it a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 from collections.abc import Iterator
@@ -35,6 +36,9 @@ from tests.faults.test_gateway_fuzz import (
     check,
 )
 from tests.support.dashboard_proc import DashboardProc, dashboard_over_a_worker
+from tests.support.helpers import wait_until
+from tests.support.listing_cost import commands, declare, fill_batch_keys, ran, unrelated_keys
+from tests.support.redis_server import RedisServer
 
 TOKEN = "fuzz-token"  # the gateway fuzzer's: its hostile headers are built on it
 SEED = 27
@@ -209,12 +213,60 @@ def test_hostile_worker_records_and_a_servings_key_of_another_type_leave_the_ove
         redis_client.set(worker_key(prefix, "fuzz-ghost"), "wrong type")
         broken = Keys(prefix, "fuzzbroken")
         redis_client.hset(broken.meta, mapping={"codec": "msgpack", "batch_size": "8"})
+        redis_client.zadd(broken.servings, {"fuzzbroken": now_ms})  # as its worker lists it
         redis_client.set(broken.workers, "wrong type")
 
-        # Then the page has both servings: the ghost's row empty, the broken serving's error
-        servings = overview("records and keys of another type")
+        # Then the page has both servings (once its snapshot of a second ago is past): the
+        # ghost's row empty, the broken serving's error
+        def ghost_of(servings: dict[str, Any]) -> dict[str, Any]:
+            return next(w for w in servings["square"]["workers"] if w["id"] == "fuzz-ghost")
+
+        servings = wait_until(
+            lambda: next((s for s in [overview("of another type")] if "fuzzbroken" in s), None),
+            "the overview after the writes",
+        )
         assert "error" not in servings["square"], servings["square"]
-        ghost = next(w for w in servings["square"]["workers"] if w["id"] == "fuzz-ghost")
+        ghost = ghost_of(servings)
         assert ghost["host"] == "" and ghost["items"] == 0, ghost
         assert "WRONGTYPE" in servings["fuzzbroken"]["error"], servings["fuzzbroken"]
     assert "Traceback" not in dashboard.output(), dashboard.output()[-5000:]
+
+
+# --- large Redis state (issue 38, finding 5) -------------------------------------------------
+LARGE_STATE = 100_000  # batch keys of one serving, each holding a queued request
+
+
+def test_hostile_overview_reads_over_100000_batch_keys_cost_a_page_each(
+    redis_tmp_server: RedisServer, tmp_path: Path
+) -> None:
+    """The overview's hostile queries while one serving holds 100,000 batch keys with work
+    and Redis 100,000 keys of another application: every answer clear, and no read costs
+    more Redis commands than one page of the overview, however many keys there are (it ran
+    about 33 per key with work: 3.3 million for this state)."""
+    url, prefix = redis_tmp_server.url, "qsdfl"
+    with contextlib.closing(redis.Redis.from_url(url)) as r:
+        declare(r, prefix, "square")
+        fill_batch_keys(url, prefix, "square", 0, LARGE_STATE)
+        unrelated_keys(r, LARGE_STATE)
+        proc = DashboardProc(url, prefix, tmp_path / "dashboard.log")
+        try:
+            with httpx.Client(base_url=proc.url, timeout=60) as http:
+                before = commands(r)
+                response = http.get("/api/overview")
+                assert response.status_code == 200, response.text[:500]
+                page = sum(ran(before, commands(r)).values())
+                [serving] = response.json()["servings"]
+                assert serving["queue_counts"]["keys_with_work"] == LARGE_STATE
+                reads = 0
+                for name in ("offset", "filter"):
+                    for value in [*HOSTILE_QUERY, *HOSTILE_NAMES, "squ", "sq"]:
+                        before = commands(r)
+                        response = http.get(f"/api/overview?{name}={value}")
+                        check(f"overview {name}={value[:20]!r}", response)
+                        cost = sum(ran(before, commands(r)).values())
+                        assert cost <= page + 10, (name, value[:20], cost, page)
+                        reads += 1
+            assert reads > 20
+        finally:
+            proc.stop()
+    assert "Traceback" not in proc.output(), proc.output()[-5000:]

@@ -13,6 +13,7 @@ endpoint are answered as before, after it all.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 from collections.abc import Iterator
@@ -23,10 +24,12 @@ from uuid import uuid4
 
 import httpx
 import pytest
+import redis
 
 from queueserve.gateway import create_app
 from tests.support.gateway_app import GatewayProc, gateway_stack
-from tests.support.redis_server import prefixed_client
+from tests.support.listing_cost import commands, declare, ran, unrelated_keys
+from tests.support.redis_server import RedisServer, prefixed_client
 
 TOKEN = "fuzz-token"
 MAX_BODY = 256 * 1024
@@ -342,3 +345,40 @@ def test_hostile_requests_to_every_endpoint_get_clear_answers(gateway: GatewayPr
     assert sent > 500
     assert gateway.proc.poll() is None
     assert "Traceback" not in gateway.output(), gateway.output()[-5000:]
+
+
+# --- large Redis state (issue 38, finding 5) -------------------------------------------------
+LARGE_STATE = 100_000  # keys of another application beside the prefix's
+
+
+def test_the_models_list_costs_no_scan_with_100000_unrelated_keys(
+    redis_tmp_server: RedisServer, tmp_path: Path
+) -> None:
+    """GET /v1/models with hostile headers and queries, while Redis holds 100,000 keys that
+    are not queueserve's and forged registry entries: every answer clear, the list the
+    serving's alone, and Redis runs no SCAN for it (tests/integration/test_listing_cost.py
+    counts the commands of a plain call)."""
+    url = redis_tmp_server.url
+    with contextlib.closing(redis.Redis.from_url(url)) as r:
+        declare(r, "qsgwl", "gated")
+        unrelated_keys(r, LARGE_STATE)
+        r.zadd("qsgwl:servings", {"a:b": 1e15, "x" * 300: 1e12, b"\xff": 1e12})
+        proc = GatewayProc(url, "qsgwl", tmp_path / "gateway.log", "--token", TOKEN)
+        try:
+            before = commands(r)
+            with httpx.Client(base_url=proc.url, timeout=60) as http:
+                asks = [*HOSTILE_HEADERS, *({"x": "1"} for _ in range(5))]
+                for headers in asks:
+                    response = http.get(
+                        "/v1/models", headers={"authorization": f"Bearer {TOKEN}", **headers}
+                    )
+                    check(f"/v1/models {headers}", response)
+                    if response.status_code == 200:
+                        assert [m["id"] for m in response.json()["data"]] == ["gated"]
+                for value in HOSTILE_QUERY:
+                    check(f"/v1/models?x={value[:20]}", http.get(f"/v1/models?x={value}"))
+            during = ran(before, commands(r))
+        finally:
+            proc.stop()
+    assert "scan" not in during and "keys" not in during, during
+    assert "Traceback" not in proc.output(), proc.output()[-5000:]

@@ -175,6 +175,7 @@ def test_stats_over_20000_idle_keys_read_the_keys_with_work_and_the_latest_idle_
     # serving declared as a worker would)
     keys = P.Keys(prefix, "st")
     private_redis.hset(keys.meta, "codec", "msgpack")
+    private_redis.zadd(keys.servings, {"st": now_ms()})
     seed_idle_keys(private_redis, keys, 20_000, now_ms() - 60_000)
     with qs.Client(redis_tmp_server.url, prefix=prefix) as client:
         client.submit("st", [1, 2], batch_key="busy")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -126,10 +127,12 @@ def test_the_failed_job_exit_code_is_in_the_help_and_the_docs() -> None:
 
 # --- queueserve dashboard ------------------------------------------------------------------
 def declare(r: redis.Redis, prefix: str, names: list[str]) -> None:
-    """Declarations as workers write them (a meta hash holding the codec), without workers."""
+    """Declarations as workers write them (a meta hash holding the codec, and the serving in
+    the registry the listings read), without workers."""
     pipe = r.pipeline(transaction=False)
     for name in names:
         pipe.hset(f"{prefix}:{{{name}}}:meta", mapping={"codec": "msgpack", "batch_size": "8"})
+        pipe.zadd(f"{prefix}:servings", {name: int(time.time() * 1000)})
     pipe.execute()
 
 

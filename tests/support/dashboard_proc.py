@@ -42,10 +42,11 @@ def chromium() -> webdriver.Chrome:
 
 @contextlib.contextmanager
 def dashboard_over_a_worker(
-    redis_url: str, prefix: str, directory: Path, token: str
+    redis_url: str, prefix: str, directory: Path, token: str, *args: str
 ) -> Iterator[DashboardProc]:
     """A worker serving ``tests.support.cli_app:square`` and, once it declared the serving, a
-    dashboard process over it that takes ``token``; both stopped on the way out."""
+    dashboard process over it that takes ``token`` (and ``args``); both stopped on the way
+    out."""
     worker = WorkerProc(
         [
             "tests.support.cli_app:square",
@@ -59,7 +60,9 @@ def dashboard_over_a_worker(
     try:
         with contextlib.closing(redis.Redis.from_url(redis_url)) as r:
             wait_until(lambda: r.exists(f"{prefix}:{{square}}:meta"), "the worker", process=worker)
-        proc = DashboardProc(redis_url, prefix, directory / "dashboard.log", "--token", token)
+        proc = DashboardProc(
+            redis_url, prefix, directory / "dashboard.log", "--token", token, *args
+        )
         yield proc
     finally:
         if proc is not None:

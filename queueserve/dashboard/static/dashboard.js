@@ -5,7 +5,16 @@
 const POLL_MS = 1000;
 const tokenInput = document.getElementById("token");
 tokenInput.value = sessionStorage.getItem("qs-token") || "";
-tokenInput.addEventListener("change", () => sessionStorage.setItem("qs-token", tokenInput.value));
+tokenInput.addEventListener("change", () => {
+  sessionStorage.setItem("qs-token", tokenInput.value);
+  refresh();
+});
+
+// Reads carry the token entered too: a dashboard started with --read-token answers 401
+// without it (or --token), and the page then asks for it.
+function reading() {
+  return tokenInput.value ? { headers: { authorization: `Bearer ${tokenInput.value}` } } : {};
+}
 
 // The page of servings shown: the API answers at most `limit` from `offset`, of those whose
 // name holds the filter, and says how many there are.
@@ -84,7 +93,7 @@ function setStatus(text, error) {
 const deadLetters = {};  // serving -> last list read
 
 async function readDeadLetters(name) {
-  const response = await fetch(`api/dead-letters/${encodeURIComponent(name)}`);
+  const response = await fetch(`api/dead-letters/${encodeURIComponent(name)}`, reading());
   if (response.ok) deadLetters[name] = (await response.json()).dead_letters;
 }
 
@@ -106,9 +115,18 @@ function servingSection(s) {
       " ",
       el("button", { class: "drop", "data-id": d.id, onclick: () => change("api/dead-letters/drop", { serving: s.name, id: d.id }) }, "drop")),
   ]);
+  const counts = s.queue_counts || {};
+  const queuesTitle = counts.keys_with_work === undefined ? "queues by key and priority" :
+    `queues by key and priority: ${counts.streams_shown} streams shown, of the ` +
+    `${counts.keys_with_work} keys with work the 10 with the most items (ranked among ` +
+    `${counts.ranked_by_items}) and the streams waiting longest; ${counts.streams_waiting} ` +
+    `streams waiting, ${counts.streams_pending} read, ${counts.known_keys} keys known`;
+  const listed = s.listed_age_ms > 10000 && !s.workers.length ?
+    el("p", { class: "stale" }, `no worker has declared or served it for ${ago(s.listed_age_ms)}`) : "";
   return el("section", { class: "serving", "data-serving": s.name },
     el("h2", {}, s.name),
     s.error ? el("p", { class: "error" }, s.error) : "",
+    listed,
     el("div", { class: "figures" },
       figure("throughput", last ? last.items_per_s.toFixed(1) : "–", "items/s"),
       figure("batch-size", last && last.batch_size !== null ? last.batch_size.toFixed(1) : "–", "mean batch size"),
@@ -129,7 +147,7 @@ function servingSection(s) {
         ["priority", "items", "oldest"],
         s.priorities.map((p) => [p.priority, p.items, ago(p.age_ms)]),
         [1, 1, 1])),
-      el("div", {}, el("h3", {}, "queues by key and priority"), table(
+      el("div", {}, el("h3", { class: "queues-title" }, queuesTitle), table(
         ["key", "priority", "entries", "read, not done", "items of key", "oldest"],
         s.queues.map((q) => [q.key, q.priority, q.entries, q.pending, q.key_items, ago(q.age_ms)]),
         [0, 1, 1, 1, 1, 1]))),
@@ -195,7 +213,8 @@ function showNotice(o) {
 async function draw() {
   try {
     const query = `offset=${page.offset}&filter=${encodeURIComponent(page.filter)}`;
-    const response = await fetch(`api/overview?${query}`);
+    const response = await fetch(`api/overview?${query}`, reading());
+    if (response.status === 401 && !tokenInput.value) tokenInput.focus();
     if (!response.ok) throw new Error((await response.json()).error.message);
     const overview = await response.json();
     page.limit = overview.limit;

@@ -631,6 +631,33 @@ def workers_member(t: Target, value: bytes) -> None:
     _zadd(t, keys.workers, b"fuzz-ghost-" + value[:128], value)
 
 
+def servings_member(t: Target, value: bytes) -> None:
+    """An entry of the prefix's servings registry at a hostile score: a name no serving can
+    have (the value, one over MAX_SERVING_NAME characters, separators, not UTF-8), or a valid
+    serving's (+inf, -inf, long ago: its workers' next beat writes it back). Readers (the
+    gateway's /v1/models, the dashboard, the operator's listings) skip what is not a name."""
+    member = t.rng.choice(
+        (
+            value[:100_000] or b"?",
+            b"x" * (P.MAX_SERVING_NAME + 1),
+            b"a:b{c}#d",
+            b"\xff\xfe",
+            t.rng.choice(VALID).encode(),
+        )
+    )
+    _zadd(t, P.servings_key(t.prefix), member, value)
+
+
+def servings_flood(t: Target, value: bytes) -> None:
+    """2,000 entries at once, refreshed now: a read lists a bounded number of them."""
+    now_ms = int(t.r.time()[0]) * 1000
+    key = P.servings_key(t.prefix)
+    members = {b"fuzz-flood-%d-" % i + value[:32]: now_ms for i in range(2000)}
+    t.r.zadd(key, members)  # type: ignore[arg-type]
+    for member in members:
+        t.note(key, member)
+
+
 def dead_record(t: Target, value: bytes) -> str:
     """A forged dead letter: fields of a record, one of them hostile; its header may claim
     10**12 items, name another key of the tag, or hold a hostile field of its own."""
@@ -1176,6 +1203,15 @@ SURFACES: tuple[Surface, ...] = (
         (
             Attack("field", worker_record),
             _wrong_type("worker", live_worker_record),
+        ),
+    ),
+    Surface(
+        "servings",
+        "gateway: GET /v1/models; dashboard; queueserve stats, config get, dead-letter list",
+        (
+            Attack("member", servings_member),
+            Attack("flood", servings_flood),
+            _wrong_type("servings", lambda t: P.servings_key(t.prefix)),
         ),
     ),
     Surface(
