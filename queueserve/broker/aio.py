@@ -40,6 +40,7 @@ from queueserve.broker.connect import aclose, connect_async, is_cluster
 from queueserve.broker.errors import error_code, raise_but_wrong_type, redis_errors
 from queueserve.broker.jobs import AsyncJobs, JobAt
 from queueserve.broker.retry import Outage
+from queueserve.broker.tenants import AsyncTenants
 from queueserve.broker.urls import redact_url
 from queueserve.errors import NotReplicated, QueueServeError, RedisUnavailable
 from queueserve.wire.protocol import Keys
@@ -135,6 +136,7 @@ class AsyncProducer:
         self._cancel: AsyncScript = self.redis.register_script(load_script("cancel.lua"))
         self._loaded = False  # enqueue.lua loaded (on every primary of a cluster), for durable
         self.jobs = AsyncJobs(self.redis, url)
+        self.tenants = AsyncTenants(self.redis, url)
 
     async def aclose(self) -> None:
         await aclose(self.redis)

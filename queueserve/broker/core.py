@@ -14,7 +14,7 @@ from typing import Any, cast
 
 import redis
 from redis.commands.core import Script
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, ResponseError
 
 from queueserve.broker import raw
 from queueserve.broker.common import load_script, names, pubsub_data, since_ms, texts
@@ -29,7 +29,8 @@ from queueserve.broker.errors import error_code, redis_errors
 from queueserve.broker.retry import Outage
 from queueserve.broker.urls import redact_url
 from queueserve.errors import RedisUnavailable
-from queueserve.wire.protocol import Keys
+from queueserve.wire.protocol import Keys, tenants_key
+from queueserve.wire.tenants import MAX_TENANT_WEIGHTS, parse_weights
 
 IDLE_CLOSE_S = 10.0  # a connection not needed this long is closed (close_idle)
 
@@ -246,6 +247,19 @@ class BrokerCore:
     def config(self, keys: Keys) -> dict[str, str]:
         with redis_errors(self.url):
             return texts(self.redis.hgetall(keys.config), "replace")
+
+    def tenant_weights(self, prefix: str) -> dict[str, float]:
+        """The tenants' weights other than 1 (``P:tenants``, checked: wire/tenants.py); none
+        when the hash holds more fields than a worker reads (anyone may write it)."""
+        key = tenants_key(prefix)
+        with redis_errors(self.url):
+            try:
+                if self.redis.hlen(key) > MAX_TENANT_WEIGHTS:
+                    return {}
+                raw = self.redis.hgetall(key)
+            except ResponseError:  # a key of another type: no weights
+                return {}
+        return parse_weights(raw)
 
     def alive_workers(self, keys: Keys, within: float) -> int:
         with redis_errors(self.url):

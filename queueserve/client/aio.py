@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import functools
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 from queueserve.broker.retry import Retry
@@ -419,3 +419,8 @@ async def job_id_secret(client: AsyncClient) -> bytes:
     """The prefix's key for the job ids gateways hand out (queueserve/gateway/job_ids.py):
     random bytes in Redis, made by the first process that asks."""
     return await client._broker.jobs.secret(P.job_id_key(client.prefix))
+
+
+async def declare_tenants(client: AsyncClient, weights: Mapping[str, float]) -> None:
+    """Write the tenants' weights where the prefix's workers read them (broker/tenants.py)."""
+    await client._broker.tenants.declare(client.prefix, weights)

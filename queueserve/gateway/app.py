@@ -83,7 +83,8 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        reloading = tenants.path is not None and _reload_on_sighup(tenants)
+        reloading = tenants.path is not None and _reload_on_sighup(tenants, gw)
+        await gw.declare_tenants(tenants)
         if models:
             await gw.check_models(models)
         yield
@@ -133,11 +134,18 @@ def create_app(
     return app
 
 
-def _reload_on_sighup(tenants: Tenants) -> bool:
-    """Reload ``tenants`` from its file on SIGHUP; False where no handler can be installed
-    (an app run off the main thread, or on Windows): said once."""
+def _reload_on_sighup(tenants: Tenants, gw: Gateway) -> bool:
+    """Reload ``tenants`` from its file on SIGHUP, and tell the workers their weights; False
+    where no handler can be installed (an app run off the main thread, or on Windows): said
+    once."""
+    loop = asyncio.get_running_loop()
+
+    def reload() -> None:
+        if tenants.reload():
+            gw.keep(loop.create_task(gw.declare_tenants(tenants)))
+
     try:
-        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, tenants.reload)
+        loop.add_signal_handler(signal.SIGHUP, reload)
     except (NotImplementedError, RuntimeError, ValueError) as e:
         log.warning("gateway: SIGHUP will not reload the tenants file here: %s", e)
         return False

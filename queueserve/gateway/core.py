@@ -12,12 +12,12 @@ from typing import Any, cast
 from starlette.types import Receive
 
 from queueserve.broker.urls import redact_url
-from queueserve.client.aio import AsyncClient, AsyncTicket
+from queueserve.client.aio import AsyncClient, AsyncTicket, declare_tenants
 from queueserve.errors import QueueServeError
 from queueserve.gateway.errors import ApiError, bad_request, from_queueserve
 from queueserve.gateway.job_ids import JobIds
 from queueserve.gateway.quotas import Quotas
-from queueserve.gateway.tenants import ANONYMOUS, Tenant
+from queueserve.gateway.tenants import ANONYMOUS, DEFAULT, Tenant, Tenants
 from queueserve.gateway.watch import Watches
 from queueserve.hooks import Event
 from queueserve.wire.protocol import Keys
@@ -29,6 +29,7 @@ MAX_NAME = 200  # longer serving names are not looked up in Redis
 # unreachable Redis (no answer at all) is a 503, not a probe that times out.
 READY_TIMEOUT_S = 2.0
 CHECK_MODELS_TIMEOUT_S = 5.0  # the startup check of --model mappings, Redis down included
+DECLARE_TIMEOUT_S = 5.0  # writing the tenants' weights, at start and on SIGHUP
 
 
 class Gateway:
@@ -51,6 +52,7 @@ class Gateway:
         self._known: set[str] = set()
         self._watches = Watches()
         self.quotas = Quotas()
+        self._tasks: set[asyncio.Task[None]] = set()
         self._job_ids: JobIds | None = None
         self._ready: bool | None = None  # what the last /readyz found (None: not asked yet)
 
@@ -115,6 +117,26 @@ class Gateway:
             return "codec" in await self.client._broker.meta(keys)
         except QueueServeError as e:
             raise from_queueserve(e) from None
+
+    async def declare_tenants(self, tenants: Tenants) -> None:
+        """Write the tenants' weights where the workers read them (wire/tenants.py); Redis
+        away or slow: logged, and the workers share service by the weights they had."""
+        if tenants.path is None:  # one tenant or none: nothing to share
+            return
+        weights = tenants.weights()
+        try:
+            await asyncio.wait_for(declare_tenants(self.client, weights), DECLARE_TIMEOUT_S)
+        except (QueueServeError, TimeoutError) as e:
+            log.warning(
+                "gateway: the tenants' weights were not written to Redis (workers share "
+                "service by the ones they had): %s",
+                self._no_answer(e, DECLARE_TIMEOUT_S),
+            )
+
+    def keep(self, task: asyncio.Task[None]) -> None:
+        """Hold a task of the app's own until it ends (the loop keeps only weak references)."""
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def ready(self) -> bool:
         """Whether Redis answers a PING within READY_TIMEOUT_S; a change from the last
@@ -183,12 +205,7 @@ class Gateway:
         return await self.client._broker.servings(self.prefix)
 
     def stream(
-        self,
-        tenant: Tenant,
-        serving: str,
-        items: list[Any],
-        priority: int = 0,
-        **options: Any,
+        self, tenant: Tenant, serving: str, items: list[Any], priority: int = 0, **options: Any
     ) -> AsyncGenerator[Event, None]:
         """``AsyncClient.stream`` as ``tenant``, its limits checked now (before an answer
         starts) and again as the stream starts; closing it withdraws its requests."""
@@ -196,12 +213,7 @@ class Gateway:
         return self._stream(tenant, serving, items, priority, **options)
 
     async def _stream(
-        self,
-        tenant: Tenant,
-        serving: str,
-        items: list[Any],
-        priority: int,
-        **options: Any,
+        self, tenant: Tenant, serving: str, items: list[Any], priority: int, **options: Any
     ) -> AsyncGenerator[Event, None]:
         self.quotas.admit(tenant, len(items), priority)
         hold = self.quotas.hold(tenant, len(items)) if tenant.max_queued is not None else None
@@ -239,11 +251,7 @@ class Gateway:
             )
         except QueueServeError as e:
             raise from_queueserve(e) from None
-        except (
-            TypeError,
-            ValueError,
-            OverflowError,
-        ) as e:  # an item the codec cannot carry
+        except (TypeError, ValueError, OverflowError) as e:  # an item the codec cannot carry
             raise bad_request(str(e)) from None
         if tenant.max_queued is not None:
             ticket.when_done(self.quotas.hold(tenant, len(items), ticket).release)
@@ -270,6 +278,7 @@ class Gateway:
 
 
 def _header_name(tenant: Tenant) -> str | None:
-    """What travels in a request's header: the tenant's name, none for an open gateway's
-    callers (one tenant: nothing to tell apart, and no bytes added per request)."""
-    return None if tenant is ANONYMOUS else tenant.name
+    """The tenant a request names (its header, its lane: wire/tenants.py): a tenants file's;
+    none for the one caller of a --token or open gateway (nothing to tell apart: its requests
+    travel as a Python client's, with no bytes added)."""
+    return None if tenant is ANONYMOUS or tenant is DEFAULT else tenant.name

@@ -168,6 +168,10 @@ class Tenants:
     def names(self) -> list[str]:
         return sorted(t.name for t in (self._by_digest or {}).values())
 
+    def weights(self) -> dict[str, float]:
+        """Each tenant's weight (what workers share service by: wire/tenants.py)."""
+        return {t.name: t.weight for t in (self._by_digest or {}).values()}
+
     def of(self, scope: Scope) -> Tenant | None:
         """The tenant whose token the request carries (``Authorization: Bearer``, read as
         ``Token.allows`` reads it); None when it carries none of theirs."""

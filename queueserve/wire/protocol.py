@@ -44,6 +44,10 @@ each with the keys below; ``meta``, ``config`` and ``workers`` are read from sha
                                it, unix ms: the servings list (GET /v1/models, the dashboard,
                                admin listings), read a bounded page at a time, never by SCAN;
                                entries not refreshed for SERVINGS_FORGET_S are dropped
+    P:tenants         hash     tenant name -> its weight (a decimal number, 0 < w <= 1000): the
+                               gateways' tenants (gateway/tenants.py), read by workers with the
+                               run-time config to share service between tenants' lanes
+                               (wire/tenants.py; at most MAX_TENANT_WEIGHTS fields are read)
     P:jobkey          string   32 random bytes: the key of the HMAC that makes the job ids a
                                gateway hands out unguessable and binds each to its tenant
                                (gateway/job_ids.py; made once by the first gateway, SET NX)
@@ -133,6 +137,7 @@ LAYOUT: Final = (
     ("events", "channel"),
     ("worker", "hash"),
     ("servings", "zset"),
+    ("tenants", "hash"),
     ("jobkey", "string"),
     ("jobs", "hash"),
 )
@@ -202,7 +207,6 @@ MAX_PACK_REQUESTS: Final = 1024
 # prunes fields that name no queued pack once it is full, and past that records no more (its
 # MAX_WITHDRAWN; a cancel then withdraws nothing, as before packs could be withdrawn from).
 MAX_WITHDRAWN: Final = 10_000
-
 
 MAX_SHARDS: Final = 1024
 CLUSTER_SLOTS: Final = 16384
@@ -409,6 +413,11 @@ def events_channel(prefix: str, client_id: str) -> str:
 
 def worker_key(prefix: str, worker_id: str) -> str:
     return f"{prefix}:worker:{worker_id}"
+
+
+def tenants_key(prefix: str) -> str:
+    """The tenants' weights of ``prefix`` (wire/tenants.py)."""
+    return f"{prefix}:tenants"
 
 
 def job_id_key(prefix: str) -> str:

@@ -28,6 +28,7 @@ import redis
 
 import queueserve as qs
 from queueserve.client.aio import job_id_secret
+from queueserve.wire.tenants import lane_key
 from tests.support.fault_app import WorkerProc
 from tests.support.gateway_app import GatewayProc, gateway_stack
 from tests.support.helpers import REPO, child_env, stream_key, wait_until
@@ -102,17 +103,25 @@ def test_each_token_names_its_tenant_and_a_request_carries_it_to_the_worker(stac
             submitted = http.post(f"/v1/servings/{name}/jobs", json={"items": [tenant]})
             assert submitted.status_code == 202, submitted.text
             jobs[token] = submitted.json()["id"]
-    entries = stack.redis.xrange(stream_key(stack.prefix, name))
-    headers = [msgpack.unpackb(fields[b"h"]) for _, fields in entries]
-    assert sorted(h[8]["tenant"] for h in headers) == ["acme", "globex"]
+    # Each in its tenant's lane of the batch key, its header naming the tenant
+    for tenant in ("acme", "globex"):
+        lane = stream_key(stack.prefix, name, lane_key("default", tenant))
+        ((_, fields),) = stack.redis.xrange(lane)
+        assert msgpack.unpackb(fields[b"h"])[8]["tenant"] == tenant
+    assert stack.redis.xlen(stream_key(stack.prefix, name)) == 0
     for token in (None, "tok-nobody", ACME + "x"):
         with stack.http(token) as http:
             refused = http.post(f"/v1/servings/{name}/dispatch", json={"item": 1})
             assert refused.status_code == 401 and refused.headers["www-authenticate"] == "Bearer"
-    assert stack.redis.xlen(stream_key(stack.prefix, name)) == 2  # nothing more was sent
+    assert stack.redis.get(f"{stack.prefix}:{{{name}}}:queued") == b"2"  # nothing more sent
     for token, job_id in jobs.items():  # (acme's waiting item stops counting against it)
         with stack.http(token) as http:
             assert http.post(f"/v1/jobs/{job_id}/cancel", json={}).json()["cancelled"] is True
+
+
+def test_the_gateway_writes_its_tenants_weights_where_workers_read_them(stack: Stack) -> None:
+    weights = stack.redis.hgetall(f"{stack.prefix}:tenants")
+    assert weights == {b"acme": b"2", b"globex": b"1"}
 
 
 def test_a_tenants_job_is_unknown_to_another_tenant_and_ids_cannot_be_walked(

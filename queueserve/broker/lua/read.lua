@@ -20,7 +20,9 @@
 --           '-<batch key>': the worker holds some of that key's work (less than a batch);
 --           '+': read leading keys only, among the first 64 (the worker's look-ahead is full:
 --           their batch goes in first, read while the others wait);
---           '=<batch key>=<weight>': the key's weight (batch_key_weights; 1 when not named)
+--           '=<batch key>=<weight>': the key's weight (batch_key_weights; 1 when not named);
+--           '~<tenant>=<weight>': a tenant's weight (P:tenants): a tenant's lane of a key
+--           ('<batch key>\31<tenant>', wire/tenants.py) has its key's weight times its tenant's
 -- Keys the worker holds work of are read after the others, whatever their rank: what it holds
 -- of them runs in their turn anyway, and reading more of them first would spend the room on
 -- work that only waits, while a key that became ready later (a quiet one) waits a read more.
@@ -50,7 +52,7 @@ local group, consumer = ARGV[1], ARGV[2]
 local step = tonumber(ARGV[3])
 local budget = tonumber(ARGV[4])
 local per_key = tonumber(ARGV[5])
-local full, held, new_only, weights = {}, {}, false, {}
+local full, held, new_only, weights, tenant_weights = {}, {}, false, {}, {}
 for i = 8, #ARGV do
   local mark, key = string.sub(ARGV[i], 1, 1), string.sub(ARGV[i], 2)
   if mark == '-' then held[key] = true elseif mark == '+' then new_only = true
@@ -58,7 +60,21 @@ for i = 8, #ARGV do
     local name, weight = string.match(key, '^(.*)=([^=]+)$')
     weight = tonumber(weight)
     if name and weight and weight > 0 then weights[name] = weight end
+  elseif mark == '~' then
+    local name, weight = string.match(key, '^(.*)=([^=]+)$')
+    weight = tonumber(weight)
+    if name and weight and weight > 0 then tenant_weights[name] = weight end
   else full[key] = tonumber(mark) end
+end
+local weighted = next(weights) ~= nil or next(tenant_weights) ~= nil
+local function weight_of(key)  -- nil for weight 1
+  local w = weights[key]
+  if w then return w end
+  local base, tenant = string.match(key, '^(.*)\31([A-Za-z0-9][A-Za-z0-9_.%-]*)$')
+  if not tenant or #tenant > 64 then return nil end
+  w = (weights[base] or 1) * (tenant_weights[tenant] or 1)
+  if w == 1 then return nil end
+  return w
 end
 local function items_of(entry)  -- and whether it is a pack
   local fields, items, pack = entry[2], 1, false
@@ -130,7 +146,7 @@ local function take(member, priority, key, new, score)
     drained[#drained + 1] = member
   else
     local rank = now - priority * step
-    local weight = weights[key]
+    local weight = weighted and weight_of(key)
     if weight and not new and score < rank then
       rank = math.floor(score + (rank - score) / weight)
     end

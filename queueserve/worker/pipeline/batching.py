@@ -32,6 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from queueserve.wire.tenants import split_lane
 from queueserve.worker.pipeline.latency import BatchTimes, LatencyPlan
 
 # A quiet key's lead (enqueue.lua's LEAD_MS): its batch ranks as if it had waited this longer
@@ -175,6 +176,9 @@ class Assembler:
         self.age_per_priority = age_per_priority
         # Batch key -> weight (batch_key_weights): a key comes round that many times as often.
         self._weights: Mapping[str, float] = {}
+        # Tenant -> weight (P:tenants): a tenant's lane (wire/tenants.py) of a key comes round
+        # the key's weight times the tenant's as often.
+        self._tenant_weights: Mapping[str, float] = {}
         self._weight_marks: list[str] = []
         self.batch_times = BatchTimes()  # what batches take here (the executors measure)
         self.latency: LatencyPlan | None = None  # when max_latency is set
@@ -196,8 +200,32 @@ class Assembler:
     @weights.setter
     def weights(self, weights: Mapping[str, float]) -> None:
         self._weights = {key: w for key, w in weights.items() if w != 1.0}
-        # read.lua ranks a weighted key's streams with its weight too: '=<key>=<weight>'
-        self._weight_marks = [f"={key}={w!r}" for key, w in self._weights.items()]
+        self._mark_weights()
+
+    @property
+    def tenant_weights(self) -> Mapping[str, float]:
+        return self._tenant_weights
+
+    @tenant_weights.setter
+    def tenant_weights(self, weights: Mapping[str, float]) -> None:
+        self._tenant_weights = {tenant: w for tenant, w in weights.items() if w != 1.0}
+        self._mark_weights()
+
+    def _mark_weights(self) -> None:
+        # read.lua ranks a weighted key's streams with its weight too: '=<key>=<weight>', and
+        # a tenant's lanes with the tenant's: '~<tenant>=<weight>'
+        self._weight_marks = [f"={key}={w!r}" for key, w in self._weights.items()] + [
+            f"~{tenant}={w!r}" for tenant, w in self._tenant_weights.items()
+        ]
+
+    def weight_of(self, key: str) -> float:
+        """How many times as often as a key of weight 1 ``key`` comes round: its batch key's
+        weight, times its tenant's for a tenant's lane."""
+        if not (self._weights or self._tenant_weights):
+            return 1.0
+        batch_key, tenant = split_lane(key)
+        weight = self._weights.get(batch_key, 1.0)
+        return weight * self._tenant_weights.get(tenant, 1.0) if tenant else weight
 
     def full_keys(self) -> list[str]:
         """Keys holding a whole batch waiting: reading more of them would only buffer."""
@@ -208,7 +236,8 @@ class Assembler:
         (read.lua reads none of the key's streams at or below it: they would only buffer; a
         more urgent stream is read, its request goes in the key's next batch), and ``-<key>``
         for each key holding less (read.lua reads those after every other ready key), and
-        ``=<key>=<weight>`` for each weighted key (read.lua ranks it again so)."""
+        ``=<key>=<weight>`` for each weighted key and ``~<tenant>=<weight>`` for each weighted
+        tenant (read.lua ranks their streams again so)."""
         marks = self._weight_marks.copy()
         for key, queue in self.queues.items():
             if queue.weight < self.capacity:
@@ -363,7 +392,7 @@ class Assembler:
         work (stride scheduling). A quiet key's lead is for one batch: it is not saved up.
         (A key that pauses for a second or more comes back quiet, so what it saves up is what
         it may take of under a second.)"""
-        weight = self.weights.get(queue.key, 1.0) if self.weights else 1.0
+        weight = self.weight_of(queue.key)
         if weight == 1.0:
             return end
         turn = queue.turn if queue.turn > now - LEAD_S else now
@@ -373,12 +402,12 @@ class Assembler:
         """Remember when the next turn of ``key``, whose queue emptied, starts: when the batch
         just taken should end, or a weighted key's saved turn. What is past and unweighted
         needs no record (the key starts anew); the rest goes a thousand keys at a time."""
-        weights = self.weights
-        if turn <= now and key not in weights:
+        weight_of = self.weight_of
+        if turn <= now and weight_of(key) == 1.0:
             return
         ends = self._ends
         if len(ends) >= ENDS_KEPT:
-            self._ends = ends = {k: t for k, t in ends.items() if t > now or k in weights}
+            self._ends = ends = {k: t for k, t in ends.items() if t > now or weight_of(k) != 1.0}
         ends[key] = turn
 
     def _next_level(self, queue: KeyQueue, unix_now: float) -> int:

@@ -13,6 +13,7 @@ from queueserve.results import BatchResultError, BatchResults
 from queueserve.serving import Batch, Partition, Serving
 from queueserve.wire import protocol as P
 from queueserve.wire.error import error_body
+from queueserve.wire.tenants import split_lane
 from queueserve.worker.pipeline.batching import Request, Slice
 
 log = logging.getLogger(__name__)
@@ -83,7 +84,8 @@ def prepare_isolated(
     bisect, so only the failing items get the error and the healthy ones are prepared in
     parts (each part then runs on the device as a batch of its own)."""
     try:
-        return [Part(start, len(items), serving.prepare_batch(Batch(items, key, partition)))]
+        batch = Batch(items, split_lane(key)[0], partition)
+        return [Part(start, len(items), serving.prepare_batch(batch))]
     except Exception as e:
         if len(items) == 1 or serving.on_error == "fail":
             return [Part(start, len(items), error=error_body(e))]
@@ -116,7 +118,7 @@ def run_isolated(
     still gets its result. A generator batch function is run by ``drive`` (its steps were
     already sent, so it is never re-run). With a ``finish_batch``, outputs come back
     unfinished: the replier finishes them."""
-    batch = Batch(items, key, partition)
+    batch = Batch(items, split_lane(key)[0], partition)  # a tenant's lane: its batch key
     try:
         if serving.has_prepare:
             batch.prepared = serving.prepare_batch(batch) if prepared is NOT_PREPARED else prepared

@@ -86,6 +86,7 @@ class Reader:
         self.caught_up = False  # the last read left nothing unread (runner._hand_over)
         self._config_seen: dict[str, str] = {}
         self._item_weight = 1.0  # cost per item read, averaged (1 without a cost function)
+        self._tenant_weights: dict[str, float] = {}  # P:tenants, as last read
         self._reserved = 0  # items that reads in flight may bring (one reader per shard)
         self.quiet_keys = QuietKeyWatch(broker, consumer, batch_s, assembler, executors)
         self.lease = ReadLease(
@@ -189,7 +190,14 @@ class Reader:
         return max(1, int(self.assembler.capacity / self._item_weight))
 
     def apply_config(self) -> None:
-        """Pick up options changed with `queueserve config set`."""
+        """Pick up options changed with `queueserve config set`, and the tenants' weights."""
+        tenants = self.broker.tenant_weights(self.keys.prefix)
+        if tenants != self._tenant_weights:
+            self._tenant_weights = tenants
+            if isinstance(self.assembler, Assembler):
+                with self.cond:
+                    self.assembler.tenant_weights = tenants
+            log.info("serving %s: tenants' weights now %s", self.serving.name, tenants or "all 1")
         raw = self.broker.config(self.keys)
         if raw == self._config_seen:
             return

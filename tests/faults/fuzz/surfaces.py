@@ -517,6 +517,16 @@ def queued_value(t: Target, value: bytes) -> None:
     t.created.add(t.victim.queued)
 
 
+def tenants_field(t: Target, value: bytes) -> None:
+    """A hostile weight for a tenant, or a field no tenant can be named: the workers read
+    P:tenants with the run-time config, and a weight they take (a decimal up to 1000) only
+    changes how lanes share service, so every valid request is still answered."""
+    key = P.tenants_key(t.prefix)
+    name = t.rng.choice(("fuzz-tenant", "bad name", "x" * 65, "\x1f", ""))
+    t.r.hset(key, name, value)
+    t.note(key, name)
+
+
 def job_id_key_value(t: Target, value: bytes) -> None:
     key = P.job_id_key(t.prefix)
     t.r.set(key, value)
@@ -1220,6 +1230,14 @@ SURFACES: tuple[Surface, ...] = (
         (
             Attack("field", job_record),
             _wrong_type("jobs", lambda t: group_key(t.prefix, "fuzzjunk", t.rng.randrange(128))),
+        ),
+    ),
+    Surface(
+        "tenants",
+        "workers: the reader's run-time config (tenants' weights; wire/tenants.py)",
+        (
+            Attack("field", tenants_field),
+            _wrong_type("tenants", lambda t: P.tenants_key(t.prefix)),
         ),
     ),
     Surface(

@@ -1,0 +1,121 @@
+"""Tenants' lanes (wire/tenants.py; docs/gateway.md, "Tenants"; issue 38): a request sent
+with ``tenant=`` waits in its tenant's own stream of its batch key, so another tenant's
+backlog of the same key is not ahead of it, and a real worker shares service between the
+lanes by the tenants' weights in ``P:tenants``. The batch function sees the batch key alone,
+and items of two tenants never share a batch."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+from uuid import uuid4
+
+import pytest
+import redis
+
+import queueserve as qs
+from tests.support.fault_app import WorkerProc
+from tests.support.helpers import wait_until
+from tests.support.redis_server import prefixed_client
+from tests.support.servings import Recording
+
+KEY = "k"
+StartWorker = Callable[..., qs.Worker]
+
+
+@pytest.fixture
+def own_prefix(redis_server: str) -> Iterator[str]:
+    name = f"qslane{uuid4().hex[:10]}"
+    with prefixed_client(redis_server, name):
+        yield name
+
+
+def start_worker_process(url: str, prefix: str, log: Path) -> WorkerProc:
+    worker = WorkerProc.one_partition(["tests.support.tenant_app:laned"], url, prefix, log)
+    r = redis.Redis.from_url(url)
+    try:
+        wait_until(lambda: r.exists(f"{prefix}:{{laned}}:meta"), "the worker", process=worker)
+    finally:
+        r.close()
+    return worker
+
+
+def batches(r: redis.Redis, prefix: str) -> list[tuple[str, list[str]]]:
+    return [tuple(json.loads(b)) for b in r.lrange(f"{prefix}:fault:batches", 0, -1)]
+
+
+def tenant_of(items: list[str]) -> str:
+    (tenant,) = {item.split(":")[0] for item in items}  # one tenant per batch, always
+    return tenant
+
+
+def test_a_quiet_tenant_is_not_queued_behind_another_tenants_backlog_of_its_key(
+    redis_server: str, own_prefix: str, tmp_path: Path
+) -> None:
+    prefix = own_prefix
+    worker = start_worker_process(redis_server, prefix, tmp_path / "worker.log")
+    try:
+        with (
+            qs.Client(redis_server, prefix=prefix) as client,
+            redis.Redis.from_url(redis_server) as r,
+        ):
+            # Given a backlog of 1,200 items (150 batches) of one tenant's, on key k
+            flood = client.submit(
+                "laned", [f"flood:{i}" for i in range(1200)], batch_key=KEY, tenant="flood"
+            )
+            wait_until(lambda: len(batches(r, prefix)) >= 3, "the flood's first batches")
+            # When another tenant sends one item of the same key
+            quiet = client.submit("laned", ["quiet:0"], batch_key=KEY, tenant="quiet")
+            assert quiet.result(timeout=60) == ["quiet:0"]
+            # Then it ran within a few batches, with most of the backlog still waiting
+            ran = batches(r, prefix)
+            position = next(i for i, (_, items) in enumerate(ran) if items == ["quiet:0"])
+            flood_after = 1200 - sum(len(items) for _, items in ran[:position])
+            assert flood_after > 600, (position, flood_after)
+            assert flood.result(timeout=120) == [f"flood:{i}" for i in range(1200)]
+            # And the batch function saw the batch key alone, each batch one tenant's
+            for key, items in batches(r, prefix):
+                assert key == KEY
+                tenant_of(items)
+    finally:
+        worker.kill_group()
+
+
+def slow_echo(items: list[Any]) -> list[Any]:
+    time.sleep(0.01)  # longer than a read: each lane holds a batch whenever one is picked
+    return items
+
+
+def test_tenants_share_a_busy_key_by_their_weights(
+    start_worker: StartWorker, redis_client: redis.Redis, redis_url: str, prefix: str
+) -> None:
+    # Given weights as a gateway writes them (heavy 3, light 1) and a worker of a serving
+    # that holds its first batch
+    redis_client.hset(f"{prefix}:tenants", mapping={"heavy": "3", "light": "1"})
+    serving = Recording(slow_echo, name="shared", batch_size=10, batch_timeout=0)
+    serving.hold()
+    start_worker(serving)
+    with qs.Client(redis_url, prefix=prefix) as client:
+        first = client.submit(serving, ["first"], batch_key="other")
+        wait_until(lambda: len(serving.batches) == 1, "the first batch running, held")
+        # When both tenants queue a backlog of the same key, and the worker goes on
+        tickets = [
+            client.submit(serving, [f"{t}:{i}" for i in range(600)], batch_key=KEY, tenant=t)
+            for t in ("light", "heavy")
+        ]
+        serving.release()
+        assert first.result(60) == ["first"]
+        for ticket in tickets:
+            ticket.result(60)
+    # Then while both had work, heavy ran about 3 batches to light's 1, each batch one
+    # tenant's, its key the batch key alone
+    ran = [(key, tenant_of(items)) for key, items in serving.batches[1:]]
+    assert {key for key, _ in ran} == {KEY}
+    order = [tenant for _, tenant in ran]
+    last_heavy = len(order) - 1 - order[::-1].index("heavy")
+    window = order[10 : last_heavy + 1]
+    heavy, light = window.count("heavy"), window.count("light")
+    assert light > 0 and 2.2 <= heavy / light <= 4.0, (heavy, light)
