@@ -11,7 +11,7 @@ Routes: ``/`` the page, ``/dashboard.js`` its script (plain files in static/, no
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -26,11 +26,12 @@ from starlette.routing import Route
 
 from queueserve.broker.fleet import Fleet
 from queueserve.dashboard.board import MAX_SERVINGS, Board, Snapshots
-from queueserve.gateway.app import api_error, http_error
+from queueserve.gateway.app import api_error, client_gone, http_error
 from queueserve.gateway.auth import Token, refused
 from queueserve.gateway.body import JSON, parse
 from queueserve.gateway.core import MAX_NAME
-from queueserve.gateway.errors import ApiError, error_response
+from queueserve.gateway.crosssite import WriteRule
+from queueserve.gateway.errors import ApiError, ClientGone, error_response
 from queueserve.ops.deadletter import DeadLetters
 from queueserve.settings import Settings
 from queueserve.wire.options import parse_assignments
@@ -59,6 +60,7 @@ def create_app(
     prefix: str | None = None,
     token: str | None = None,
     read_token: str | None = None,
+    allow_origins: Iterable[str] = (),
 ) -> Starlette:
     """The dashboard of the servings under ``prefix`` on ``redis_url`` (defaults:
     QUEUESERVE_REDIS_URL, QUEUESERVE_PREFIX). Without ``token`` the page is read-only; with
@@ -68,6 +70,7 @@ def create_app(
     fleet = Fleet(redis_url or settings.redis_url)
     views = Views(Board(fleet, prefix or settings.prefix), bearer)
     views.reader = Token(read_token) if read_token is not None else None
+    views.writes = WriteRule(allow_origins, "--allow-origin (QUEUESERVE_DASHBOARD_ALLOW_ORIGIN)")
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -87,6 +90,7 @@ def create_app(
         lifespan=lifespan,
         exception_handlers={
             ApiError: api_error,
+            ClientGone: client_gone,
             HTTPException: http_error,
             Exception: internal_error,
         },
@@ -108,6 +112,16 @@ class Views:
     async def script(self, request: Request) -> Response:
         return FileResponse(STATIC / "dashboard.js", media_type="text/javascript")
 
+    # Changes: the token, then a page of the dashboard's own origin (or one allowed) sending
+    # JSON (gateway/crosssite.py): another site's page cannot make a browser replay or drop.
+    writes = WriteRule(setting="--allow-origin (QUEUESERVE_DASHBOARD_ALLOW_ORIGIN)")
+
+    def _may_write(self, request: Request) -> None:
+        _authorize(request, self.token)
+        refusal = self.writes.refusal(request.scope)
+        if refusal is not None:
+            raise refusal
+
     async def overview(self, request: Request) -> Response:
         self._may_read(request)
         offset, name_filter = overview_query(request)
@@ -119,13 +133,13 @@ class Views:
         return JSON({"dead_letters": await run_in_threadpool(self.board.dead_letters, name)})
 
     async def replay(self, request: Request) -> Response:
-        _authorize(request, self.token)
+        self._may_write(request)
         body = await parse(request, DeadLetterAction, MAX_BODY_BYTES)
         letters = await _letters(self.board, body.serving)
         return JSON({"replayed": body.id, "entries": await _run(letters.replay, body.id)})
 
     async def drop(self, request: Request) -> Response:
-        _authorize(request, self.token)
+        self._may_write(request)
         body = await parse(request, DeadLetterAction, MAX_BODY_BYTES)
         letters = await _letters(self.board, body.serving)
         if not await _run(letters.drop, body.id):
@@ -133,7 +147,7 @@ class Views:
         return JSON({"dropped": body.id})
 
     async def config_set(self, request: Request) -> Response:
-        _authorize(request, self.token)
+        self._may_write(request)
         body = await parse(request, ConfigSet, MAX_BODY_BYTES)
         name = await _declared(self.board, body.serving)
         try:
@@ -144,6 +158,7 @@ class Views:
         fleet = self.board.fleet
         await run_in_threadpool(fleet.set_config, keys, options)
         return JSON({"serving": name, "options": await run_in_threadpool(fleet.meta, keys)})
+
 
     def _may_read(self, request: Request) -> None:
         """401 when a read token is set and the request carries neither it nor the token."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -21,7 +21,8 @@ from queueserve.client.aio import AsyncClient
 from queueserve.gateway import jobs, openai_api, servings
 from queueserve.gateway.body import DEFAULT_MAX_BODY_BYTES, JSON
 from queueserve.gateway.core import Gateway
-from queueserve.gateway.errors import ApiError, error_response, internal
+from queueserve.gateway.crosssite import WriteRule, WriteRuleMiddleware
+from queueserve.gateway.errors import ApiError, ClientGone, error_response, internal
 from queueserve.gateway.fast import FastDispatch, GatewayApp
 from queueserve.gateway.metrics import HttpMetrics
 from queueserve.gateway.tenants import TenantAuth, Tenants
@@ -47,6 +48,7 @@ def create_app(
     token: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     models: Mapping[str, str] | None = None,
+    allow_origins: Iterable[str] = (),
     tenants: Tenants | str | Path | None = None,
 ) -> GatewayApp:
     """The gateway's ASGI app (a Starlette app).
@@ -62,6 +64,11 @@ def create_app(
 
     ``GET /healthz`` answers 200 while the process serves (liveness); ``GET /readyz`` 200 while
     Redis answers, 503 while it does not (readiness: what a load balancer routes by).
+
+    Every write (POST, DELETE) needs ``Content-Type: application/json`` when it has a body
+    (415 otherwise), and one from a browser page (``Origin``) is refused (403) unless that
+    page is the server's own or its origin is in ``allow_origins`` (``*``: any;
+    crosssite.py).
 
     >>> app = create_app("redis://localhost:6379/0", token="s3cret")
     >>> # uvicorn.run(app, port=8000), or: outer_app.mount("/qs", app)
@@ -109,6 +116,10 @@ def create_app(
     middleware = [Middleware(metrics.middleware)]
     if tenants.required:
         middleware.append(Middleware(TenantAuth, tenants=tenants))
+    # After the token: no stranger learns more than 401. Every POST and DELETE, so a write
+    # route added later is covered too.
+    rule = WriteRule(allow_origins, "--allow-origin (QUEUESERVE_GATEWAY_ALLOW_ORIGIN)")
+    middleware.append(Middleware(WriteRuleMiddleware, rule=rule))
     app = GatewayApp(
         routes=[
             Route("/healthz", healthz, methods=["GET"]),
@@ -122,12 +133,14 @@ def create_app(
         lifespan=lifespan,
         exception_handlers={
             ApiError: api_error,
+            ClientGone: client_gone,
             HTTPException: http_error,
             Exception: internal_error,
         },
     )
     # POST .../dispatch skips the stack: FastDispatch checks the token and counts it itself.
     app.fast = FastDispatch(gw, metrics, tenants)
+    app.fast.rule = rule
     app.own_middleware = len(middleware)
     app.state.gateway = gw
     app.state.tenants = tenants
@@ -155,6 +168,15 @@ def _reload_on_sighup(tenants: Tenants, gw: Gateway) -> bool:
 async def api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ApiError)
     return error_response(exc)
+
+
+async def client_gone(request: Request, exc: Exception) -> Response:
+    """A client that left, or was closed by its body's deadline (connections.py), before its
+    body arrived whole: nothing was submitted, and nobody reads this (the metrics count it);
+    not an error of the server's, to log with a traceback."""
+    return error_response(
+        ApiError(499, "client_closed_request", "the HTTP client left before its body arrived")
+    )
 
 
 async def http_error(request: Request, exc: Exception) -> Response:

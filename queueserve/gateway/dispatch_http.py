@@ -10,10 +10,11 @@ hands that route, once its headers are parsed, to ``FastDispatch`` (fast.py: the
 body's checks, errors, disconnect-cancel, metrics) with a ``DispatchCycle`` for its ASGI
 ``receive`` and ``send``. Everything else goes through uvicorn as before, and so does this
 route whenever it asks for what uvicorn does beyond that: ``Expect: 100-continue``, a query
-string or an escaped path, a request pipelined behind one still answered, access logs, a
-concurrency limit, or an app that uvicorn wrapped (then ``GatewayApp`` hands it to
-``FastDispatch`` through the ASGI call, as under any server). Without httptools (uvicorn's
-h11 protocol), it is ``OneWriteHttp``.
+string or an escaped path, a request pipelined behind one still answered, access logs,
+uvicorn's own concurrency limit (the gateway bounds its connections with connections.py's
+guard instead), or an app that uvicorn wrapped (then ``GatewayApp`` hands it to
+``FastDispatch`` through the ASGI call, as under any server). The connection guard's
+deadlines hold on both ways (``guard_headers_complete``).
 
 ``DispatchCycle`` stands in for ``RequestResponseCycle`` where uvicorn's protocol reaches into
 it: ``on_body`` and ``on_message_complete`` add to ``body`` and clear ``more_body``,
@@ -164,6 +165,7 @@ class DispatchHttp(OneWriteHttp):
             super().on_headers_complete()
             return
         fast, name = dispatch
+        self.guard_headers_complete()  # the body's deadline (connections.py)
         keep_alive = self.parser.should_keep_alive()
         cycle = DispatchCycle(self, self.scope, keep_alive)  # type: ignore[arg-type]
         self.cycle = cycle  # type: ignore[assignment]

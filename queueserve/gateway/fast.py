@@ -4,9 +4,10 @@ One item per request is the gateway's busiest route, and a request's own work (p
 wait, answer) is small: Starlette's router, its two exception layers with their ``send``
 wrappers, its Request and Response objects, and the metrics middleware's ``send`` wrapper cost
 about as much again (bench/gateway.py, docs/benchmarks.md). ``GatewayApp`` hands that route to
-``FastDispatch``, which does what the stack would, in one layer: the bearer token, the same
-body checks, errors and disconnect-cancel, the request counted in the metrics, and an
-unexpected error answered with a 500 and raised on to the server (which logs it).
+``FastDispatch``, which does what the stack would, in one layer: the bearer token, the
+Origin and Content-Type rule (crosssite.py), the same body checks, errors and
+disconnect-cancel, the request counted in the metrics, and an unexpected error answered with
+a 500 and raised on to the server (which logs it).
 ``servings.routes`` still declares the route: the router answers it when the app is not a
 ``GatewayApp`` (and the fuzzer's registry sees it).
 """
@@ -21,6 +22,7 @@ from starlette.types import Message, Receive, Scope, Send
 from queueserve.gateway.auth import refused
 from queueserve.gateway.body import dumps, receive_body, validated
 from queueserve.gateway.core import Gateway
+from queueserve.gateway.crosssite import WriteRule
 from queueserve.gateway.errors import ApiError, ClientGone, error_response, internal
 from queueserve.gateway.metrics import HttpMetrics
 from queueserve.gateway.paths import route_path
@@ -45,6 +47,8 @@ def serving_of(scope: Scope) -> str | None:
 
 
 class FastDispatch:
+    rule = WriteRule()  # the app's Origin and Content-Type rule (create_app sets it)
+
     def __init__(self, gateway: Gateway, metrics: HttpMetrics, tenants: Tenants) -> None:
         self.gw = gateway
         self.metrics = metrics
@@ -67,6 +71,9 @@ class FastDispatch:
             tenant = self.tenants.of(scope)
             if tenant is None:
                 raise refused()
+            refusal = self.rule.refusal(scope)
+            if refusal is not None:  # another site's page, or a body not sent as JSON
+                raise refusal
             body = await self.answer(name, scope, receive, tenant)
         except ApiError as e:
             await error_response(e)(scope, receive, send)

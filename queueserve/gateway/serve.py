@@ -13,12 +13,19 @@ import uvicorn
 
 from queueserve.broker.urls import redact_url
 from queueserve.gateway.app import create_app
+from queueserve.gateway.connections import ConnectionGuard, Limits, describe, fitted, guarded
+from queueserve.gateway.connections import limits_of as connection_limits_of
+from queueserve.gateway.crosssite import origins_of
 from queueserve.gateway.tenants import Tenants
 from queueserve.settings import Settings
 
 log = logging.getLogger("queueserve.gateway")
 
+# Longer than load balancers keep idle connections (60 s is common): one that the gateway
+# closed first would be answered with a 502 by the balancer.
 KEEP_ALIVE_S = 75
+LIMITS = Limits(keep_alive_timeout=KEEP_ALIVE_S)  # the defaults of --header-timeout etc.
+ENV = "QUEUESERVE_GATEWAY"  # QUEUESERVE_GATEWAY_HEADER_TIMEOUT, ..._ALLOW_ORIGIN
 # writes.py and dispatch_http.py build on uvicorn's HTTP protocol classes, which are not its
 # public API: the releases they were tested with (constraints.txt pins the one the tests run).
 TESTED_UVICORN = ("0.54",)
@@ -37,22 +44,34 @@ def models_of(pairs: list[str]) -> dict[str, str]:
     return models
 
 
-def http_protocol() -> Any:
+def http_protocol(guard: ConnectionGuard | None = None) -> Any:
     """The gateway's HTTP protocol for ``uvicorn.run(http=...)``: one write per response and
-    the dispatch route without uvicorn's ASGI cycle (dispatch_http.py) on a uvicorn release
-    it was tested with; uvicorn's own elsewhere (the same answers, at more CPU per request)."""
+    the dispatch route without uvicorn's ASGI cycle (dispatch_http.py), its connections
+    bounded by ``guard`` (connections.py), on a uvicorn release it was tested with; uvicorn's
+    own elsewhere (the same answers, at more CPU per request, and only uvicorn's keep-alive
+    timeout: no deadline on heads and bodies, no connection caps)."""
     release = ".".join(uvicorn.__version__.split(".")[:2])
     if release in TESTED_UVICORN:
         try:
             from queueserve.gateway.dispatch_http import DispatchHttp
 
-            return DispatchHttp
+            return DispatchHttp if guard is None else guarded(DispatchHttp, guard)
         except ImportError as e:  # a build of that release without what they use
             reason = str(e)
     else:
         reason = f"uvicorn {uvicorn.__version__} is not one of {', '.join(TESTED_UVICORN)}"
-    log.warning("gateway: uvicorn's own HTTP protocol, not queueserve's faster one: %s", reason)
+    log.warning(
+        "gateway: uvicorn's own HTTP protocol, not queueserve's faster one, and no deadline "
+        "on request heads and bodies nor connection caps: %s",
+        reason,
+    )
     return "auto"
+
+
+def connection_limits(args: argparse.Namespace) -> Limits:
+    """The connection options: each flag, else its QUEUESERVE_GATEWAY_* variable, else
+    LIMITS; ``max_connections`` fitted to the descriptor limit."""
+    return fitted(connection_limits_of(vars(args), ENV, LIMITS), "gateway")
 
 
 def log_start(
@@ -97,7 +116,14 @@ def gateway_command(args: argparse.Namespace) -> int:
         )
     tenants = Tenants.from_file(tenants_file) if tenants_file is not None else None
     models = models_of(args.models)
+    limits = connection_limits(args)
+    origins = origins_of(args.allow_origin, f"{ENV}_ALLOW_ORIGIN")
     log_start(args, settings, token, tenants)
+    log.info(
+        "gateway: connections: %s; writes from browser pages: the gateway's own origin%s",
+        describe(limits),
+        "".join(f", {o}" for o in origins),
+    )
     app = create_app(
         args.redis_url or settings.redis_url,
         prefix=args.prefix or settings.prefix,
@@ -105,6 +131,7 @@ def gateway_command(args: argparse.Namespace) -> int:
         tenants=tenants,
         max_body_bytes=args.max_body_bytes,
         models=models,
+        allow_origins=origins,
     )
     # Everything loaded so far lives as long as the process: frozen, the cyclic collector's full
     # passes stop walking it (bench/gateway.py: a fifth of the CPU per HTTP request before).
@@ -124,9 +151,9 @@ def gateway_command(args: argparse.Namespace) -> int:
         access_log=False,
         lifespan="on",
         timeout_graceful_shutdown=args.shutdown_timeout,
-        # Longer than load balancers keep idle connections (60 s is common): one that
-        # the gateway closed first would be answered with a 502 by the balancer.
-        timeout_keep_alive=KEEP_ALIVE_S,
+        # The guard's deadlines and caps (connections.py); uvicorn's own keep-alive timer
+        # only where its own protocol runs.
+        timeout_keep_alive=max(1, round(limits.keep_alive_timeout)),
         # X-Forwarded-* rewrite the client's address, which the gateway never uses: a layer
         # less per request.
         proxy_headers=False,
@@ -135,6 +162,6 @@ def gateway_command(args: argparse.Namespace) -> int:
         # uvicorn's own protocol (httptools when installed, as uvicorn[standard] does; uvloop
         # is uvicorn's default loop then), writing each response in one send (writes.py),
         # and answering POST .../dispatch without uvicorn's ASGI cycle (dispatch_http.py).
-        http=http_protocol(),
+        http=http_protocol(ConnectionGuard(limits, "gateway")),
     )
     return 0

@@ -14,12 +14,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-try:  # the C parser uvicorn[standard] installs; uvicorn's pure-Python one otherwise
-    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as HttpProtocol
-except ImportError:  # pragma: no cover (httptools is in the gateway extra)
-    from uvicorn.protocols.http.h11_impl import (  # type: ignore[assignment]
-        H11Protocol as HttpProtocol,
-    )
+# uvicorn's httptools protocol (the C parser uvicorn[standard] installs) with the connection
+# guard (connections.py); without httptools this import fails and serve.py runs uvicorn's own
+from queueserve.gateway.connections import GuardedHttp
 
 
 class TurnWrites:
@@ -61,8 +58,9 @@ class TurnWrites:
         return getattr(self._transport, name)
 
 
-class OneWriteHttp(HttpProtocol):
-    """uvicorn's HTTP/1.1 protocol on a ``TurnWrites`` transport (``uvicorn.run(http=...)``)."""
+class OneWriteHttp(GuardedHttp):
+    """uvicorn's HTTP/1.1 protocol on a ``TurnWrites`` transport (``uvicorn.run(http=...)``),
+    its connections bounded by a ``ConnectionGuard`` when given one (connections.py)."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(TurnWrites(transport, self.loop))  # type: ignore[arg-type]

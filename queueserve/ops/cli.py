@@ -22,6 +22,7 @@ from queueserve.ops.admin_commands import (
     unknown_servings,
 )
 from queueserve.ops.jobs import add_job_parser, job_command
+from queueserve.ops.server_flags import add_connection_options
 from queueserve.ops.stats import stats_command
 from queueserve.options.units import parse_duration, problem
 from queueserve.serving import Serving
@@ -255,6 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=10.0,
         help="how long SIGTERM waits for open requests (default 10s)",
     )
+    add_connection_options(g, "QUEUESERVE_GATEWAY", "75s", 10_000, 1_000)
     b = sub.add_parser(
         "dashboard",
         help="a web page of servings, workers, queues and dead letters "
@@ -268,6 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="needed for replay, drop and config set (default: "
         "$QUEUESERVE_DASHBOARD_TOKEN, else the page is read-only)",
     )
+    add_connection_options(b, "QUEUESERVE_DASHBOARD", "5s", 1_000, 100)
     b.add_argument(
         "--read-token",
         default=None,

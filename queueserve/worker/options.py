@@ -29,6 +29,19 @@ OTHER_VARIABLES = (
     *(f"{ENV_PREFIX}{n.upper()}" for n in Settings.model_fields),
     "QUEUESERVE_GATEWAY_TOKEN",
     "QUEUESERVE_DASHBOARD_TOKEN",
+    # the gateway's and the dashboard's connections and origins (gateway/connections.py)
+    *(
+        f"QUEUESERVE_{server}_{name}"
+        for server in ("GATEWAY", "DASHBOARD")
+        for name in (
+            "HEADER_TIMEOUT",
+            "BODY_TIMEOUT",
+            "KEEP_ALIVE_TIMEOUT",
+            "MAX_CONNECTIONS",
+            "MAX_CONNECTIONS_PER_CLIENT",
+            "ALLOW_ORIGIN",
+        )
+    ),
     "QUEUESERVE_DASHBOARD_READ_TOKEN",
     "QUEUESERVE_TEST_REDIS_URL",
 )

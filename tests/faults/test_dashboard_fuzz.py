@@ -28,14 +28,17 @@ from queueserve.wire.protocol import Keys, worker_key
 from tests.faults.fuzz.surfaces import dashboard_reads
 from tests.faults.fuzz.values import FAMILIES
 from tests.faults.test_gateway_fuzz import (
+    FOREIGN_ORIGINS,
     HOSTILE_BODIES,
     HOSTILE_HEADERS,
     HOSTILE_NAMES,
     HOSTILE_QUERY,
+    HOSTILE_TYPES,
     HOSTILE_VALUES,
     check,
 )
 from tests.support.dashboard_proc import DashboardProc, dashboard_over_a_worker
+from tests.support.door import PAGE, Conn, all_closed, closing, connect, kept_alive, port_of
 from tests.support.helpers import wait_until
 from tests.support.listing_cost import commands, declare, fill_batch_keys, ran, unrelated_keys
 from tests.support.redis_server import RedisServer
@@ -110,6 +113,11 @@ def attacks(endpoint: Endpoint, rng: random.Random) -> Iterator[Attack]:
     valid = b"" if endpoint.valid is None else json.dumps(endpoint.valid).encode()
     for i, headers in enumerate(HOSTILE_HEADERS):
         yield f"header {i}", endpoint.path, valid, headers
+    if endpoint.method == "POST":  # the changes: another type 415, a foreign origin 403
+        for ctype in HOSTILE_TYPES:
+            yield f"type {ctype!r}", endpoint.path, valid, {"content-type": ctype}
+        for i, headers in enumerate(FOREIGN_ORIGINS):
+            yield f"origin {i}", endpoint.path, valid, headers
     if endpoint.valid is not None:
         for i, body in enumerate(HOSTILE_BODIES):
             yield f"body {i}", endpoint.path, body, {}
@@ -147,15 +155,17 @@ def test_hostile_requests_to_every_endpoint_get_clear_answers(
     kept = redis_client.xadd(keys.dead, {"reason": "kept", "stream": "x", "entry_id": "1-0"})
     rng = random.Random(SEED)
     sent = 0
-    with httpx.Client(
-        base_url=dashboard.url, timeout=60, headers={"authorization": f"Bearer {TOKEN}"}
-    ) as http:
+    headers = {"authorization": f"Bearer {TOKEN}", "content-type": "application/json"}
+    with httpx.Client(base_url=dashboard.url, timeout=60, headers=headers) as http:
         for key, endpoint in ENDPOINTS.items():
             for what, path, body, headers in attacks(endpoint, rng):
                 response = http.request(
                     endpoint.method, path, content=body or None, headers=headers
                 )
-                check(f"{key} {what}", response)
+                if what.startswith(("type ", "origin ")):  # refused before anything is read
+                    check(f"{key} {what}", response, {415} if what[0] == "t" else {403})
+                else:
+                    check(f"{key} {what}", response)
                 sent += 1
         # Then every endpoint answers a valid request as before
         for key, endpoint in ENDPOINTS.items():
@@ -269,4 +279,43 @@ def test_hostile_overview_reads_over_100000_batch_keys_cost_a_page_each(
             assert reads > 20
         finally:
             proc.stop()
+    assert "Traceback" not in proc.output(), proc.output()[-5000:]
+
+
+def test_connection_attacks_on_every_route_leave_the_dashboard_answering(
+    redis_url: str, prefix: str, tmp_path: Path
+) -> None:
+    """Each route's head and body cut short, and idle kept-alive connections, from 127.0.0.1;
+    while they are held every route answers another address (127.0.0.2), and the heads and
+    bodies are closed by their deadlines (--header-timeout and --body-timeout 1 s)."""
+    deadlines = ("--header-timeout", "1s", "--body-timeout", "1s", "--token", TOKEN)
+    proc = DashboardProc(redis_url, prefix, tmp_path / "dashboard.log", *deadlines)
+    held: list[Conn] = []
+    try:
+        with closing(held):
+            for endpoint in ENDPOINTS.values():
+                head = b"%s %s HTTP/1.1\r\nhost: board\r\n" % (
+                    endpoint.method.encode(),
+                    endpoint.path.encode(),
+                )
+                body = json.dumps(endpoint.valid).encode() if endpoint.valid else b"{}"
+                slow = head + b"content-type: application/json\r\ncontent-length: %d\r\n\r\n" % (
+                    len(body)
+                )
+                for _ in range(5):  # (within its cap of 100 per address)
+                    held.append(Conn(connect(port_of(proc.url), "127.0.0.1", head + b"x-a: ")))
+                    held.append(Conn(connect(port_of(proc.url), "127.0.0.1", slow + body[:-1])))
+            held += [kept_alive(port_of(proc.url), "127.0.0.1", PAGE) for _ in range(20)]
+            transport = httpx.HTTPTransport(local_address="127.0.0.2")
+            headers = {"authorization": f"Bearer {TOKEN}", "content-type": "application/json"}
+            with httpx.Client(
+                base_url=proc.url, timeout=60, headers=headers, transport=transport
+            ) as http:
+                for key, endpoint in ENDPOINTS.items():
+                    response = http.request(endpoint.method, endpoint.path, json=endpoint.valid)
+                    assert response.status_code in (200, 404), (key, response.text[:500])
+            # (the idle ones by the dashboard's keep-alive timeout, 5 s)
+            wait_until(lambda: all_closed(held), "every cut and idle connection closed")
+    finally:
+        proc.stop()
     assert "Traceback" not in proc.output(), proc.output()[-5000:]

@@ -27,7 +27,9 @@ import pytest
 import redis
 
 from queueserve.gateway import create_app
+from tests.support.door import Conn, all_closed, closing, connect, kept_alive, port_of
 from tests.support.gateway_app import GatewayProc, gateway_stack
+from tests.support.helpers import wait_until
 from tests.support.listing_cost import commands, declare, ran, unrelated_keys
 from tests.support.redis_server import RedisServer, prefixed_client
 
@@ -43,7 +45,7 @@ SERVINGS = [
 NAMES = ["gated", "hooked", "vectors", "spell"]
 # What a hostile request may get: a clear refusal, or an answer (an item is anything JSON
 # holds, and a serving may fail on it: 502). Never 500 or 503: those are the gateway's faults.
-EXPECTED = {200, 202, 400, 401, 404, 405, 409, 413, 502, 504}
+EXPECTED = {200, 202, 400, 401, 403, 404, 405, 409, 413, 415, 502, 504}
 
 # JSON values of every shape a field may meet: wrong types, extremes, NaN, deep nesting,
 # long and odd strings (separators of Redis keys, NUL, a lone surrogate).
@@ -116,6 +118,32 @@ HOSTILE_HEADERS: list[dict[str, str]] = [
     {"x-forwarded-for": "1.2.3.4, ::1"},
     {"content-encoding": "gzip"},
 ]
+# Writes a page on another site could make a browser send (gateway/crosssite.py): a body of
+# another type is 415, a foreign origin 403, on every route that writes (POST, DELETE).
+HOSTILE_TYPES: list[str] = [
+    "text/plain",
+    "text/plain;charset=UTF-8",
+    "application/x-www-form-urlencoded",
+    "multipart/form-data; boundary=x",
+    "",
+    "*/*",
+    "text/json",
+    "application/jsonp",
+    "application/json-patch+json",
+    "application/x-json",
+    "json",
+]
+FOREIGN_ORIGINS: list[dict[str, str]] = [
+    {"origin": "https://evil.example"},
+    {"origin": "null"},
+    {"origin": "http://127.0.0.1.evil.example"},
+    {"origin": "http://localhost:1"},
+    {"origin": "https://evil.example", "sec-fetch-site": "same-origin"},
+    {"sec-fetch-site": "cross-site"},
+    {"origin": "https://evil.example", "content-type": "text/plain"},
+    {"origin": "x" * 5000},
+]
+WRITES = {"POST", "DELETE"}
 # Serving names in the path: separators of Redis keys, traversal, encodings, length.
 HOSTILE_NAMES: list[str] = [
     "a:b",
@@ -151,6 +179,9 @@ HOSTILE_IDS: list[str] = [
 # Values of query parameters.
 HOSTILE_QUERY: list[str] = ["", "-1", "nan", "inf", "1e400", "301", "0x10", "True", "x" * 5000]
 JOB = "{job}"  # in an entry's path: a fresh job's id, submitted before each use
+# What every request of the fuzzer carries unless an attack replaces it: the token, and the
+# type a JSON body is sent as
+CLIENT_HEADERS = {"authorization": f"Bearer {TOKEN}", "content-type": "application/json"}
 
 
 @dataclass
@@ -263,6 +294,7 @@ def gateway(redis_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
             TOKEN,
             "--max-body-bytes",
             str(MAX_BODY),
+            *("--header-timeout", "1s", "--body-timeout", "1s", "--keep-alive-timeout", "3s"),
         ) as (_, proc),
     ):
         yield proc
@@ -278,6 +310,11 @@ def attacks(endpoint: Endpoint, rng: random.Random) -> Iterator[Attack]:
         yield f"auth {i}", endpoint.path, valid, headers
     for i, headers in enumerate(HOSTILE_HEADERS):
         yield f"header {i}", endpoint.path, valid, headers
+    if endpoint.method in WRITES:
+        for ctype in HOSTILE_TYPES:
+            yield f"type {ctype!r}", endpoint.path, valid or b"{}", {"content-type": ctype}
+        for i, headers in enumerate(FOREIGN_ORIGINS):
+            yield f"origin {i}", endpoint.path, valid, headers
     if endpoint.valid is not None:
         for i, body in enumerate(HOSTILE_BODIES):
             yield f"body {i}", endpoint.path, body, {}
@@ -324,9 +361,7 @@ def with_job(http: httpx.Client, path: str) -> str:
 def test_hostile_requests_to_every_endpoint_get_clear_answers(gateway: GatewayProc) -> None:
     rng = random.Random(SEED)
     sent = 0
-    with httpx.Client(
-        base_url=gateway.url, timeout=60, headers={"authorization": f"Bearer {TOKEN}"}
-    ) as http:
+    with httpx.Client(base_url=gateway.url, timeout=60, headers=CLIENT_HEADERS) as http:
         for key, endpoint in ENDPOINTS.items():
             for what, path, body, headers in attacks(endpoint, rng):
                 response = http.request(
@@ -334,6 +369,8 @@ def test_hostile_requests_to_every_endpoint_get_clear_answers(gateway: GatewayPr
                 )
                 if what.startswith("auth "):  # not the token: refused, unless no token is asked
                     check(f"{key} {what}", response, {200} if key in OPEN_ROUTES else {401})
+                elif what.startswith(("type ", "origin ")):  # never parsed, never run
+                    check(f"{key} {what}", response, {415} if what.startswith("type") else {403})
                 else:
                     check(f"{key} {what}", response)
                 sent += 1
@@ -382,3 +419,39 @@ def test_the_models_list_costs_no_scan_with_100000_unrelated_keys(
             proc.stop()
     assert "scan" not in during and "keys" not in during, during
     assert "Traceback" not in proc.output(), proc.output()[-5000:]
+
+
+def test_connection_attacks_on_every_route_leave_it_answering(gateway: GatewayProc) -> None:
+    """Connection-level attacks on each route, from 127.0.0.1: its head sent in part, its
+    valid body in part (a slow body), and connections left idle after an answer; while they
+    are held every route answers another address (127.0.0.2), and the server closes the
+    heads and bodies by their deadlines (the fuzz gateway's --header-timeout and
+    --body-timeout, 1 s; docs/gateway.md, "Connections")."""
+    port = port_of(gateway.url)
+    held: list[Conn] = []
+    with closing(held):
+        # Given each route's head cut short and its body cut short, ten times each
+        for endpoint in ENDPOINTS.values():
+            path = endpoint.path.replace(JOB, "fuzz-1").encode()
+            head = b"%s %s HTTP/1.1\r\nhost: gw\r\n" % (endpoint.method.encode(), path)
+            body = json.dumps(endpoint.valid).encode() if endpoint.valid else b"{}"
+            slow = head + b"content-type: application/json\r\ncontent-length: %d\r\n" % len(body)
+            for _ in range(10):
+                held.append(Conn(connect(port, "127.0.0.1", head + b"x-partial: ")))
+                held.append(Conn(connect(port, "127.0.0.1", slow + b"\r\n" + body[:-1])))
+        idle = [kept_alive(port, "127.0.0.1") for _ in range(50)]
+        held += idle
+        # When another address calls every route meanwhile, each answers as usual
+        transport = httpx.HTTPTransport(local_address="127.0.0.2")
+        with httpx.Client(
+            base_url=gateway.url, timeout=60, headers=CLIENT_HEADERS, transport=transport
+        ) as http:
+            for key, endpoint in ENDPOINTS.items():
+                path = with_job(http, endpoint.path)
+                response = http.request(endpoint.method, path, json=endpoint.valid)
+                assert response.status_code in (200, 202), (key, response.text[:500])
+        # Then every head and body cut short is closed by its deadline
+        cut = [c for c in held if c not in idle]
+        wait_until(lambda: all_closed(cut), "the cut heads and bodies closed", process=gateway)
+    assert gateway.proc.poll() is None
+    assert "Traceback" not in gateway.output(), gateway.output()[-5000:]

@@ -152,7 +152,11 @@ def test_dispatch_and_dispatch_many_answer_json(stack: Stack) -> None:
 def test_bad_bodies_are_400_saying_what_was_wrong(stack: Stack) -> None:
     with stack.http() as http:
         cases = {
-            "not json": http.post("/v1/servings/gated/dispatch", content=b"{nope"),
+            "not json": http.post(
+                "/v1/servings/gated/dispatch",
+                content=b"{nope",
+                headers={"content-type": "application/json"},
+            ),
             "priority": http.post("/v1/servings/gated/dispatch", json={"item": 1, "priority": 10}),
             "unknown field": http.post(
                 "/v1/servings/gated/dispatch", json={"item": 1, "colour": "red"}
@@ -254,8 +258,14 @@ def test_a_body_over_the_limit_is_413(stack: Stack) -> None:
             yield big[i : i + 4096]
 
     with stack.http() as http:
-        declared = http.post("/v1/servings/gated/dispatch", content=big)
-        streamed = http.post("/v1/servings/gated/dispatch", content=chunked())
+        declared = http.post(
+            "/v1/servings/gated/dispatch", content=big, headers={"content-type": "application/json"}
+        )
+        streamed = http.post(
+            "/v1/servings/gated/dispatch",
+            content=chunked(),
+            headers={"content-type": "application/json"},
+        )
         fits = http.post("/v1/servings/gated/dispatch", json={"item": "x" * 1000})
     for response in (declared, streamed):
         assert response.status_code == 413

@@ -46,6 +46,7 @@ SERVINGS = [
 ]
 NAMES = ["vectors", "spell", "gated", "limited", "faltering"]
 ALIAS = "text-embedding-3-small"  # --model ALIAS=vectors
+JSON_TYPE = {"content-type": "application/json"}  # a body not sent as JSON is 415
 
 
 def validate(instance: Any, name: str) -> None:
@@ -273,7 +274,7 @@ def test_each_documented_error_status_of_the_openai_routes_has_the_published_sha
             ("/v1/completions", {"model": "spell", "prompt": "a"}),
         ]:
             assert_error(anonymous.post(path, json=body), 401, "unauthorized")
-            assert_error(http.post(path, content=b"{nope"), 400, "bad_request")
+            assert_error(http.post(path, content=b"{nope", headers=JSON_TYPE), 400, "bad_request")
             assert_error(http.post(path, json={**body, "model": "nosuch"}), 404, "unknown_serving")
             assert_error(
                 http.post(path, json={**body, "pad": "x" * MAX_BODY}), 413, "body_too_large"

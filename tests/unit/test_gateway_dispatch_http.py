@@ -30,7 +30,8 @@ DATE = (b"date", b"Thu, 26 Nov 2026 21:00:00 GMT")
 
 def post(body: bytes, path: bytes = b"/v1/servings/s/dispatch", extra: bytes = b"") -> bytes:
     return (
-        b"POST %s HTTP/1.1\r\nhost: gw\r\nauthorization: Bearer t\r\n%scontent-length: %d\r\n\r\n%s"
+        b"POST %s HTTP/1.1\r\nhost: gw\r\nauthorization: Bearer t\r\n"
+        b"content-type: application/json\r\n%scontent-length: %d\r\n\r\n%s"
         % (path, extra, len(body), body)
     )
 
@@ -125,6 +126,7 @@ async def test_a_body_in_pieces_or_chunked_is_read_whole() -> None:
     assert answer.endswith(b'{"result":{"serving":"s","item":"pieces"}}')
     chunked = (
         b"POST /v1/servings/s/dispatch HTTP/1.1\r\nhost: gw\r\nauthorization: Bearer t\r\n"
+        b"content-type: application/json\r\n"
         b'transfer-encoding: chunked\r\n\r\n4\r\n{"it\r\n9\r\nem": "c"}\r\n0\r\n\r\n'
     )
     assert (await lean.send(chunked)).endswith(b'{"result":{"serving":"s","item":"c"}}')
