@@ -30,14 +30,7 @@ from queueserve.gateway.tenants import TenantAuth, Tenants
 log = logging.getLogger(__name__)
 
 KNOWN_PATHS = frozenset(
-    {
-        "/healthz",
-        "/readyz",
-        "/metrics",
-        "/v1/models",
-        "/v1/embeddings",
-        "/v1/completions",
-    }
+    {"/healthz", "/readyz", "/metrics", "/v1/models", "/v1/embeddings", "/v1/completions"}
 )
 
 
@@ -81,10 +74,7 @@ def create_app(
         raise ValueError(f"max_body_bytes must be an int >= 1, got {max_body_bytes!r}")
     tenants = Tenants.of_options(token, tenants)
     gw = Gateway(
-        client_or_url,
-        prefix,
-        max_body_bytes,
-        {**openai_api.DEFAULT_MODELS, **(models or {})},
+        client_or_url, prefix, max_body_bytes, {**openai_api.DEFAULT_MODELS, **(models or {})}
     )
     metrics = HttpMetrics(KNOWN_PATHS)
 

@@ -84,11 +84,7 @@ class FastDispatch:
             await error_response(internal(e))(scope, receive, send)
             raise
         headers = [JSON_TYPE, (b"content-length", str(len(body)).encode())]
-        head: Message = {
-            "type": "http.response.start",
-            "status": 200,
-            "headers": headers,
-        }
+        head: Message = {"type": "http.response.start", "status": 200, "headers": headers}
         await send(head)
         await send({"type": "http.response.body", "body": body})
         return 200

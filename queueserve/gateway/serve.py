@@ -75,10 +75,7 @@ def connection_limits(args: argparse.Namespace) -> Limits:
 
 
 def log_start(
-    args: argparse.Namespace,
-    settings: Settings,
-    token: str | None,
-    tenants: Tenants | None,
+    args: argparse.Namespace, settings: Settings, token: str | None, tenants: Tenants | None
 ) -> None:
     """One line of where the gateway's servings are and whether it asks for a token: a wrong
     Redis, prefix or missing token is seen at start, not from the first 404 or 401."""

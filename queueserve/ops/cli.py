@@ -32,19 +32,8 @@ from queueserve.wire.protocol import Keys
 from queueserve.wire.timing import ALIVE_WITHIN_S
 from queueserve.worker import logs
 from queueserve.worker.loading import ServingNotFound, load_servings
-from queueserve.worker.options import (
-    ENV_PREFIX,
-    WorkerOptions,
-    option_from_text,
-    unknown_variables,
-)
-from queueserve.worker.worker import (
-    EXIT_ERROR,
-    EXIT_OK,
-    EXIT_USAGE,
-    Worker,
-    require_extras,
-)
+from queueserve.worker.options import ENV_PREFIX, WorkerOptions, option_from_text, unknown_variables
+from queueserve.worker.worker import EXIT_ERROR, EXIT_OK, EXIT_USAGE, Worker, require_extras
 
 log = logging.getLogger("queueserve.cli")
 
@@ -169,30 +158,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="the serving (list: default every serving; replay/drop: required)",
     )
     d.add_argument(
-        "ids",
-        nargs="*",
-        metavar="ID",
-        help="dead-letter ids to replay or drop; or --all",
+        "ids", nargs="*", metavar="ID", help="dead-letter ids to replay or drop; or --all"
     )
     d.add_argument("--all", action="store_true", help="replay or drop every dead letter")
     d.add_argument("--limit", type=_positive_int, default=100, help="how many to list")
     c = sub.add_parser("config", help="show or change a serving's options at run time")
     c.add_argument("action", choices=["get", "set"])
     c.add_argument(
-        "serving",
-        nargs="?",
-        help="the serving (get: default every serving; set: required)",
+        "serving", nargs="?", help="the serving (get: default every serving; set: required)"
     )
     c.add_argument(
-        "assignments",
-        nargs="*",
-        metavar="option=value",
-        help=f"with set: {', '.join(OPTIONS)}",
+        "assignments", nargs="*", metavar="option=value", help=f"with set: {', '.join(OPTIONS)}"
     )
     c.add_argument(
-        "--force",
-        action="store_true",
-        help="set options of a serving no worker has declared yet",
+        "--force", action="store_true", help="set options of a serving no worker has declared yet"
     )
     v = sub.add_parser(
         "servings", help="the servings workers list (the registry: P:servings), by name"
