@@ -137,9 +137,7 @@ class BaseClient:
         ``keep_ms`` it is a job, whose answer its record keeps too (wire/jobs.py); ``tenant``
         (a tenant's name, checked here) travels in its header to the worker, and its batch key
         is the tenant's lane (wire/tenants.py)."""
-        key = part.batch_key
-        if tenant is not None:
-            key = lane_key(key, P.check_tenant(tenant))
+        key = part.batch_key if tenant is None else lane_key(part.batch_key, P.check_tenant(tenant))
         call = self._table.new(len(part.items), target.keys, key, priority)
         call.deadline = deadline
         fields: dict[str, Any] | None = trace_fields() if target.traced else None

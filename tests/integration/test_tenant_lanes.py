@@ -48,8 +48,9 @@ def batches(r: redis.Redis, prefix: str) -> list[tuple[str, list[str]]]:
 
 
 def tenant_of(items: list[str]) -> str:
-    (tenant,) = {item.split(":")[0] for item in items}  # one tenant per batch, always
-    return tenant
+    """The tenant whose turn the batch was: its lane's items come first (a batch its lane
+    does not fill is filled from other tenants' lanes of the key)."""
+    return items[0].split(":")[0]
 
 
 def test_a_quiet_tenant_is_not_queued_behind_another_tenants_backlog_of_its_key(
@@ -72,14 +73,14 @@ def test_a_quiet_tenant_is_not_queued_behind_another_tenants_backlog_of_its_key(
             assert quiet.result(timeout=60) == ["quiet:0"]
             # Then it ran within a few batches, with most of the backlog still waiting
             ran = batches(r, prefix)
-            position = next(i for i, (_, items) in enumerate(ran) if items == ["quiet:0"])
+            position = next(i for i, (_, items) in enumerate(ran) if "quiet:0" in items)
             flood_after = 1200 - sum(len(items) for _, items in ran[:position])
             assert flood_after > 600, (position, flood_after)
             assert flood.result(timeout=120) == [f"flood:{i}" for i in range(1200)]
-            # And the batch function saw the batch key alone, each batch one tenant's
-            for key, items in batches(r, prefix):
-                assert key == KEY
-                tenant_of(items)
+            # And the batch function saw the batch key alone; the quiet tenant's batch was
+            # filled up with the other tenant's items of the key (it cost them no capacity)
+            assert {key for key, _ in batches(r, prefix)} == {KEY}
+            assert len(ran[position][1]) == 8
     finally:
         worker.kill_group()
 

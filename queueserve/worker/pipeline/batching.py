@@ -32,8 +32,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from queueserve.wire.tenants import split_lane
+from queueserve.wire.tenants import LANE, split_lane
 from queueserve.worker.pipeline.latency import BatchTimes, LatencyPlan
+from queueserve.worker.pipeline.shares import Shares
+from queueserve.worker.pipeline.taking import take_run
 
 # A quiet key's lead (enqueue.lua's LEAD_MS): its batch ranks as if it had waited this longer
 LEAD_S = 60.0
@@ -174,12 +176,7 @@ class Assembler:
         self.capacity = capacity
         self.timeout = timeout
         self.age_per_priority = age_per_priority
-        # Batch key -> weight (batch_key_weights): a key comes round that many times as often.
-        self._weights: Mapping[str, float] = {}
-        # Tenant -> weight (P:tenants): a tenant's lane (wire/tenants.py) of a key comes round
-        # the key's weight times the tenant's as often.
-        self._tenant_weights: Mapping[str, float] = {}
-        self._weight_marks: list[str] = []
+        self.shares = Shares()  # batch keys' and tenants' weights
         self.batch_times = BatchTimes()  # what batches take here (the executors measure)
         self.latency: LatencyPlan | None = None  # when max_latency is set
         # The clock passed in is monotonic; entry ids (when a request was enqueued) are unix
@@ -195,37 +192,11 @@ class Assembler:
 
     @property
     def weights(self) -> Mapping[str, float]:
-        return self._weights
+        return self.shares.keys
 
     @weights.setter
     def weights(self, weights: Mapping[str, float]) -> None:
-        self._weights = {key: w for key, w in weights.items() if w != 1.0}
-        self._mark_weights()
-
-    @property
-    def tenant_weights(self) -> Mapping[str, float]:
-        return self._tenant_weights
-
-    @tenant_weights.setter
-    def tenant_weights(self, weights: Mapping[str, float]) -> None:
-        self._tenant_weights = {tenant: w for tenant, w in weights.items() if w != 1.0}
-        self._mark_weights()
-
-    def _mark_weights(self) -> None:
-        # read.lua ranks a weighted key's streams with its weight too: '=<key>=<weight>', and
-        # a tenant's lanes with the tenant's: '~<tenant>=<weight>'
-        self._weight_marks = [f"={key}={w!r}" for key, w in self._weights.items()] + [
-            f"~{tenant}={w!r}" for tenant, w in self._tenant_weights.items()
-        ]
-
-    def weight_of(self, key: str) -> float:
-        """How many times as often as a key of weight 1 ``key`` comes round: its batch key's
-        weight, times its tenant's for a tenant's lane."""
-        if not (self._weights or self._tenant_weights):
-            return 1.0
-        batch_key, tenant = split_lane(key)
-        weight = self._weights.get(batch_key, 1.0)
-        return weight * self._tenant_weights.get(tenant, 1.0) if tenant else weight
+        self.shares.keys = weights
 
     def full_keys(self) -> list[str]:
         """Keys holding a whole batch waiting: reading more of them would only buffer."""
@@ -238,7 +209,7 @@ class Assembler:
         for each key holding less (read.lua reads those after every other ready key), and
         ``=<key>=<weight>`` for each weighted key and ``~<tenant>=<weight>`` for each weighted
         tenant (read.lua ranks their streams again so)."""
-        marks = self._weight_marks.copy()
+        marks = self.shares.marks.copy()
         for key, queue in self.queues.items():
             if queue.weight < self.capacity:
                 if queue.weight > 0:
@@ -365,16 +336,18 @@ class Assembler:
             priority = self._next_level(queue, unix_now) if several else next(iter(levels))
             slices = levels[priority]
             count = len(taken)
-            room, more = _take_run(slices, room, taken, several)
+            room, more = take_run(slices, room, taken, several)
             if len(taken) > count:
                 queue.served[priority] = unix_now
             if not slices:
                 del levels[priority]
+        own = self.capacity - room  # the queue's own share (other lanes' is theirs)
+        if more and room > 0 and LANE in queue.key:
+            room = self._fill_from_lanes(queue, room, taken, now)
         opened = queue.started
-        taken_weight = self.capacity - room
-        queue.weight = max(0.0, queue.weight - taken_weight)
-        self.weight = max(0.0, self.weight - taken_weight)
-        turn = self._next_turn(queue, now + self.batch_times.predict(taken_weight), now)
+        queue.weight = max(0.0, queue.weight - own)
+        self.weight = max(0.0, self.weight - own)
+        turn = self._next_turn(queue, now + self.batch_times.predict(self.capacity - room), now)
         if levels:
             queue.started = now
             queue.turn = turn
@@ -385,6 +358,42 @@ class Assembler:
         self.buffered -= sum(len(s.items) for s in taken)
         return TakenBatch(queue.key, taken, opened, since)
 
+    def _fill_from_lanes(
+        self, queue: KeyQueue, room: float, taken: list[Slice], now: float
+    ) -> float:
+        """Fill what a tenant's lane leaves of a batch with other tenants' lanes of its batch
+        key, the one whose turn started first first (wire/tenants.py): a quiet tenant's batch
+        costs the busy ones no capacity. Their turns do not move: the lane whose turn it is
+        took its batch. The room left."""
+        batch_key = split_lane(queue.key)[0]
+        others = [
+            q
+            for q in self.queues.values()
+            if q is not queue and LANE in q.key and split_lane(q.key)[0] == batch_key
+        ]
+        unix_now = now + self.unix_offset
+        for other in sorted(others, key=lambda q: q.turn):
+            levels, before = other.levels, room
+            more = True
+            while more and levels and room > 0:
+                priority = (
+                    self._next_level(other, unix_now) if len(levels) > 1 else next(iter(levels))
+                )
+                room, more = take_run(levels[priority], room, taken, len(levels) > 1)
+                other.served[priority] = unix_now
+                if not levels[priority]:
+                    del levels[priority]
+            given = before - room
+            other.weight = max(0.0, other.weight - given)
+            self.weight = max(0.0, self.weight - given)
+            if not levels:
+                self.weight = max(0.0, self.weight - other.weight)
+                del self.queues[other.key]
+                self._ended(other.key, other.turn, now)
+            if not more or room <= 0:
+                break
+        return room
+
     def _next_turn(self, queue: KeyQueue, end: float, now: float) -> float:
         """When ``queue``'s key's next turn starts, after a batch expected to end at ``end``:
         then, for a key of weight 1. A key of weight w moves 1/w of the way there from its
@@ -392,7 +401,7 @@ class Assembler:
         work (stride scheduling). A quiet key's lead is for one batch: it is not saved up.
         (A key that pauses for a second or more comes back quiet, so what it saves up is what
         it may take of under a second.)"""
-        weight = self.weight_of(queue.key)
+        weight = self.shares.weight_of(queue.key)
         if weight == 1.0:
             return end
         turn = queue.turn if queue.turn > now - LEAD_S else now
@@ -402,7 +411,7 @@ class Assembler:
         """Remember when the next turn of ``key``, whose queue emptied, starts: when the batch
         just taken should end, or a weighted key's saved turn. What is past and unweighted
         needs no record (the key starts anew); the rest goes a thousand keys at a time."""
-        weight_of = self.weight_of
+        weight_of = self.shares.weight_of
         if turn <= now and weight_of(key) == 1.0:
             return
         ends = self._ends
@@ -429,38 +438,6 @@ class Assembler:
             if rank < best_rank or (rank == best_rank and priority > best):
                 best, best_rank = priority, rank
         return best
-
-
-def _take_run(
-    slices: deque[Slice], room: float, taken: list[Slice], one: bool
-) -> tuple[float, bool]:
-    """Move slices from the front of one level's run into ``taken`` while they fit in
-    ``room``, splitting one that does not (``one``: its head only). Returns the room left and
-    whether the batch may take more: not after a request that runs alone, a split, or a
-    request that must run whole and does not fit."""
-    while slices and room > 0:
-        head = slices[0]
-        if head.request.alone and taken:
-            return room, False  # it runs in the next batch, by itself
-        weight = head.weight
-        if weight <= room:
-            slices.popleft()
-            taken.append(head)
-            room -= weight
-            if head.request.alone:
-                return room, False
-            if one:
-                return room, True
-            continue
-        if head.request.no_split:
-            return room, False
-        first, rest = head.split(room)
-        if not first.items:
-            return room, False
-        slices[0] = rest
-        taken.append(first)
-        return room - first.weight, False
-    return room, True
 
 
 def _enqueued(request: Request, default: float) -> float:

@@ -32,6 +32,7 @@ from queueserve.worker.pipeline.ledger import Ledger
 from queueserve.worker.pipeline.quiet_keys import QuietKeyWatch
 from queueserve.worker.pipeline.reclaim import Reclaims
 from queueserve.worker.pipeline.replies import ReplyQueue
+from queueserve.worker.pipeline.shares import share_tenants
 from queueserve.worker.pipeline.stepping import StepQueue
 from queueserve.worker.runtime_config import apply_overrides
 
@@ -86,7 +87,6 @@ class Reader:
         self.caught_up = False  # the last read left nothing unread (runner._hand_over)
         self._config_seen: dict[str, str] = {}
         self._item_weight = 1.0  # cost per item read, averaged (1 without a cost function)
-        self._tenant_weights: dict[str, float] = {}  # P:tenants, as last read
         self._reserved = 0  # items that reads in flight may bring (one reader per shard)
         self.quiet_keys = QuietKeyWatch(broker, consumer, batch_s, assembler, executors)
         self.lease = ReadLease(
@@ -192,12 +192,7 @@ class Reader:
     def apply_config(self) -> None:
         """Pick up options changed with `queueserve config set`, and the tenants' weights."""
         tenants = self.broker.tenant_weights(self.keys.prefix)
-        if tenants != self._tenant_weights:
-            self._tenant_weights = tenants
-            if isinstance(self.assembler, Assembler):
-                with self.cond:
-                    self.assembler.tenant_weights = tenants
-            log.info("serving %s: tenants' weights now %s", self.serving.name, tenants or "all 1")
+        share_tenants(self.assembler, tenants, self.cond, self.serving.name)
         raw = self.broker.config(self.keys)
         if raw == self._config_seen:
             return

@@ -1,0 +1,68 @@
+"""How a partition's keys share it: batch keys' weights (``batch_key_weights``), tenants'
+weights (``P:tenants``) for their lanes (wire/tenants.py), and read.lua's marks of both
+(docs/usage.md, "Batch keys, fairness and priorities"; docs/gateway.md, "Tenants")."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping
+
+from queueserve.wire.tenants import split_lane
+
+log = logging.getLogger(__name__)
+
+
+class Shares:
+    """The weights the assembler ranks keys by: a key of weight w comes round w times as
+    often as a key of weight 1 while both have work; a tenant's lane of a key has its key's
+    weight times its tenant's."""
+
+    def __init__(self) -> None:
+        self._keys: Mapping[str, float] = {}
+        self._tenants: Mapping[str, float] = {}
+        # read.lua ranks weighted streams so too: '=<key>=<weight>', '~<tenant>=<weight>'
+        self.marks: list[str] = []
+
+    @property
+    def keys(self) -> Mapping[str, float]:
+        return self._keys
+
+    @keys.setter
+    def keys(self, weights: Mapping[str, float]) -> None:
+        self._keys = {key: w for key, w in weights.items() if w != 1.0}
+        self._mark()
+
+    @property
+    def tenants(self) -> Mapping[str, float]:
+        return self._tenants
+
+    @tenants.setter
+    def tenants(self, weights: Mapping[str, float]) -> None:
+        self._tenants = {tenant: w for tenant, w in weights.items() if w != 1.0}
+        self._mark()
+
+    def _mark(self) -> None:
+        self.marks = [f"={key}={w!r}" for key, w in self._keys.items()] + [
+            f"~{tenant}={w!r}" for tenant, w in self._tenants.items()
+        ]
+
+    def weight_of(self, key: str) -> float:
+        if not (self._keys or self._tenants):
+            return 1.0
+        batch_key, tenant = split_lane(key)
+        weight = self._keys.get(batch_key, 1.0)
+        return weight * self._tenants.get(tenant, 1.0) if tenant else weight
+
+
+def share_tenants(
+    assembler: object, weights: Mapping[str, float], cond: threading.Condition, serving: str
+) -> None:
+    """Hand the tenants' weights as last read (``P:tenants``) to the assembler's shares, when
+    they changed (a step serving's queue admits in arrival order: it has none)."""
+    shares = getattr(assembler, "shares", None)
+    if not isinstance(shares, Shares) or weights == shares.tenants:
+        return
+    with cond:
+        shares.tenants = weights
+    log.info("serving %s: tenants' weights now %s", serving, dict(weights) or "all 1")
