@@ -159,7 +159,6 @@ class Views:
         await run_in_threadpool(fleet.set_config, keys, options)
         return JSON({"serving": name, "options": await run_in_threadpool(fleet.meta, keys)})
 
-
     def _may_read(self, request: Request) -> None:
         """401 when a read token is set and the request carries neither it nor the token."""
         if self.reader is None or self.reader.allows(request.scope):
