@@ -122,3 +122,43 @@ def test_every_priority_zero_request_sent_during_the_flood_waits_within_the_boun
     for ticket in flood:
         ticket.cancel()
     client.close()
+
+
+@pytest.mark.timeout(120)
+def test_priority_zero_requests_waiting_more_than_a_batch_at_once_each_wait_within_the_bound(
+    quick_ageing: None,
+    start_worker: StartWorker,
+    redis_client: redis.Redis,
+    redis_url: str,
+    prefix: str,
+) -> None:
+    # Given a worker, and a flood of priority-9 requests on the batch key
+    serving, client, flood = flooded(start_worker, redis_url, prefix)
+
+    # When priority-0 requests keep coming on the same key, one every 2 batches: about 9 wait
+    # at once, more than one batch (4) holds, so Redis hands them over a batch at a time
+    sent_at: dict[str, int] = {}
+    lows = []
+    for i in range(16):
+        sent_at[f"low{i}"] = len(serving.item_batches)
+        lows.append(client.submit("aged", [f"low{i}"]))
+        wait_until(
+            lambda i=i: len(serving.item_batches) >= sent_at[f"low{i}"] + 2, "2 more batches"
+        )
+
+    # Then each runs within the bound counted from its own send: the ones left unread after a
+    # batch of them was read keep their own clocks in Redis too (they ran one batch of 4 per
+    # bound, most only after the flood)
+    for low in lows:
+        low.result(WAIT_S)
+    ran = serving.item_batches
+    bound = int(9 * AGE_MS / 1000 / BATCH_S) + 4
+    waits = {
+        name: next(i for i, items in enumerate(ran) if name in items) - before
+        for name, before in sent_at.items()
+    }
+    assert max(waits.values()) <= bound, (waits, bound)
+    assert sum(len(b) for b in ran) < FLOOD
+    for ticket in flood:
+        ticket.cancel()
+    client.close()

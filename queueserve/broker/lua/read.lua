@@ -109,11 +109,52 @@ local out = {last[1] and last[1][1] or '0-0', 0, 0, 0, leads}
 local taken = {}
 local drained = {}
 local again = {}
+-- The rank of a stream that gave all it was asked, 'head' the id of its first unread entry:
+-- now, less its levels' worth; but a head that has waited less than the levels between it and
+-- a more urgent level of its key still ready (enqueued after that level's turn would have let
+-- it pass) keeps its own clock, as the worker's assembler ranks a key's levels: each request of
+-- a level that wins only by ageing is read within that bound, not one batch of them per bound.
+local function rank_again(priority, key, head)
+  local ms = tonumber(string.match(head, '^(%d+)%-'))
+  if priority >= 9 or not ms or ms >= now then return now - priority * step end
+  local waited = now - ms
+  for level = 9, priority + 1, -1 do
+    if (level - priority) * step <= waited then break end
+    if redis.call('ZSCORE', KEYS[1], level .. key) then return ms - priority * step end
+  end
+  return now - priority * step
+end
+-- A less urgent level of the key that ranks before 'stream' would, ranked again now, when
+-- 'stream' was ranked again at its last read (read all along: its score is a read old, and
+-- the worker's assembler ranks it from its last batch): read first, so aged work waits no read
+-- more for it. Its member, priority and score; nil if none (or the worker holds it full).
+local function aged_below(priority, key, stream, score)
+  if priority == 0 or step <= 0 then return nil end
+  local last = tonumber(redis.call('ZSCORE', KEYS[2], stream))
+  if not last or last - priority * step ~= score then return nil end
+  local best, best_level, best_score
+  for level = (full[key] or -1) + 1, priority - 1 do
+    local member = level .. key
+    local s = tonumber(redis.call('ZSCORE', KEYS[1], member))
+    if s and s % 1 ~= 0.5 and s < now - priority * step and (not best or s < best_score) then
+      best, best_level, best_score = member, level, s
+    end
+  end
+  return best, best_level, best_score
+end
 local function take(member, priority, key, new, score)
   local want = math.min(per_key - (taken[key] or 0), budget)
   if want <= 0 then return end
   local stream
   if priority == 0 then stream = ARGV[6] .. key else stream = ARGV[7] .. priority .. ':' .. key end
+  if not new then
+    local below, level, below_score = aged_below(priority, key, stream, score)
+    if below then
+      take(below, level, key, false, below_score)
+      want = math.min(per_key - (taken[key] or 0), budget)
+      if want <= 0 then return end
+    end
+  end
   local entries, items, count, drained_now = {}, 0, 1, false
   while items < want do
     local got = redis.pcall('XREADGROUP', 'GROUP', group, consumer, 'COUNT', count,
@@ -137,15 +178,16 @@ local function take(member, priority, key, new, score)
     -- as many more entries as the ones read so far say fill the rest
     count = math.max(1, math.ceil((want - items) * #entries / items))
   end
-  local n = #entries
+  local n, head = #entries, nil
   if not drained_now and n > 0 then  -- read enough: is anything left after the last one?
-    local last = entries[n][1]
-    drained_now = #redis.call('XRANGE', stream, '(' .. last, '+', 'COUNT', 1) == 0
+    local next_entry = redis.call('XRANGE', stream, '(' .. entries[n][1], '+', 'COUNT', 1)
+    drained_now = #next_entry == 0
+    head = next_entry[1] and next_entry[1][1]
   end
   if drained_now then
     drained[#drained + 1] = member
   else
-    local rank = now - priority * step
+    local rank = head and rank_again(priority, key, head) or now - priority * step
     local weight = weighted and weight_of(key)
     if weight and not new and score < rank then
       rank = math.floor(score + (rank - score) / weight)
