@@ -26,7 +26,7 @@ import queueserve as qs
 import queueserve.client.unserved as client_unserved
 from queueserve.settings import Settings, check_redis_url, redact_url
 from queueserve.wire.codec import get_codec
-from queueserve.wire.protocol import Keys
+from queueserve.wire.protocol import Keys, servings_key
 from tests.support.helpers import REPO, WAIT_S, child_env, wait_until
 from tests.support.redis_server import free_port
 
@@ -111,9 +111,11 @@ def dead_url() -> str:
 
 
 def declare(client: redis.Redis, prefix: str, *names: str) -> None:
-    """What a worker does on start: publish the serving's options."""
+    """What a worker does on start: publish the serving's options, and list the serving in the
+    prefix's servings registry."""
     for name in names:
         client.hset(Keys(prefix, name).meta, mapping={"batch_size": 8, "codec": "msgpack"})
+        client.zadd(servings_key(prefix), {name: int(time.time() * 1000)})
 
 
 # -- the README, literally: module in the current folder, worker from there ---------------------

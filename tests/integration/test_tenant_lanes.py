@@ -93,9 +93,9 @@ def slow_echo(items: list[Any]) -> list[Any]:
 def test_tenants_share_a_busy_key_by_their_weights(
     start_worker: StartWorker, redis_client: redis.Redis, redis_url: str, prefix: str
 ) -> None:
-    # Given weights as a gateway writes them (heavy 3, light 1) and a worker of a serving
+    # Given weights as a gateway writes them (heavy 4, light 1) and a worker of a serving
     # that holds its first batch
-    redis_client.hset(f"{prefix}:tenants", mapping={"heavy": "3", "light": "1"})
+    redis_client.hset(f"{prefix}:tenants", mapping={"heavy": "4", "light": "1"})
     serving = Recording(slow_echo, name="shared", batch_size=10, batch_timeout=0)
     serving.hold()
     start_worker(serving)
@@ -111,12 +111,12 @@ def test_tenants_share_a_busy_key_by_their_weights(
         assert first.result(60) == ["first"]
         for ticket in tickets:
             ticket.result(60)
-    # Then while both had work, heavy ran about 3 batches to light's 1, each batch one
-    # tenant's, its key the batch key alone
+    # Then while both had work, heavy ran about 4 batches to light's 1 (test_weights.py's
+    # weight-4 keys read 3.3-3.8x, unweighted 1x), its key the batch key alone
     ran = [(key, tenant_of(items)) for key, items in serving.batches[1:]]
     assert {key for key, _ in ran} == {KEY}
     order = [tenant for _, tenant in ran]
     last_heavy = len(order) - 1 - order[::-1].index("heavy")
     window = order[10 : last_heavy + 1]
     heavy, light = window.count("heavy"), window.count("light")
-    assert light > 0 and 2.2 <= heavy / light <= 4.0, (heavy, light)
+    assert light > 0 and 2.5 <= heavy / light <= 5.0, (heavy, light)
