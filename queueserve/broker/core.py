@@ -14,7 +14,7 @@ from typing import Any, cast
 
 import redis
 from redis.commands.core import Script
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import NoScriptError
 
 from queueserve.broker import raw
 from queueserve.broker.common import load_script, names, pubsub_data, since_ms, texts
@@ -248,18 +248,23 @@ class BrokerCore:
         with redis_errors(self.url):
             return texts(self.redis.hgetall(keys.config), "replace")
 
-    def tenant_weights(self, prefix: str) -> dict[str, float]:
-        """The tenants' weights other than 1 (``P:tenants``, checked: wire/tenants.py); none
-        when the hash holds more fields than a worker reads (anyone may write it)."""
-        key = tenants_key(prefix)
+    def run_time_config(self, keys: Keys) -> tuple[dict[str, str], dict[str, float]]:
+        """``config`` and the tenants' weights other than 1 (``P:tenants``, checked:
+        wire/tenants.py) in one round trip: none when the hash holds more fields than a worker
+        reads, or is a key of another type (anyone may write it)."""
+        tenants = tenants_key(keys.prefix)
         with redis_errors(self.url):
-            try:
-                if self.redis.hlen(key) > MAX_TENANT_WEIGHTS:
-                    return {}
-                raw = self.redis.hgetall(key)
-            except ResponseError:  # a key of another type: no weights
-                return {}
-        return parse_weights(raw)
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.hgetall(keys.config)
+            pipe.hlen(tenants)
+            pipe.hrandfield(tenants, MAX_TENANT_WEIGHTS, withvalues=True)
+            config, size, fields = pipe.execute(raise_on_error=False)
+            if isinstance(config, Exception):
+                raise config
+        if isinstance(size, Exception) or isinstance(fields, Exception) or size > len(fields) // 2:
+            return texts(config, "replace"), {}
+        pairs = dict(zip(fields[::2], fields[1::2], strict=True))
+        return texts(config, "replace"), parse_weights(pairs)
 
     def alive_workers(self, keys: Keys, within: float) -> int:
         with redis_errors(self.url):

@@ -17,6 +17,9 @@ import pytest
 import redis
 
 import queueserve as qs
+from queueserve.wire.protocol import Keys
+from queueserve.wire.tenants import MAX_TENANT_WEIGHTS
+from tests.support.broker import RedisBroker
 from tests.support.fault_app import WorkerProc
 from tests.support.helpers import wait_until
 from tests.support.redis_server import prefixed_client
@@ -120,3 +123,25 @@ def test_tenants_share_a_busy_key_by_their_weights(
     window = order[10 : last_heavy + 1]
     heavy, light = window.count("heavy"), window.count("light")
     assert light > 0 and 2.5 <= heavy / light <= 5.0, (heavy, light)
+
+
+def test_a_worker_reads_the_tenants_weights_checked_and_bounded(
+    redis_client: redis.Redis, redis_url: str, prefix: str
+) -> None:
+    key, keys = f"{prefix}:tenants", Keys(prefix, "s")
+    broker = RedisBroker(redis_url)
+    try:
+        # Weights other than 1 that are a tenant's name and a decimal in (0, 1000]
+        redis_client.hset(
+            key,
+            mapping={"a": "2", "b": "1", "c": "nan", "bad name": "3", "d": "1001", "e": "0.5"},
+        )
+        assert broker.run_time_config(keys) == ({}, {"a": 2.0, "e": 0.5})
+        # More fields than a worker reads: none; a key of another type: none
+        redis_client.hset(key, mapping={f"t{i}": "2" for i in range(MAX_TENANT_WEIGHTS)})
+        assert broker.run_time_config(keys) == ({}, {})
+        redis_client.delete(key)
+        redis_client.set(key, "x")
+        assert broker.run_time_config(keys) == ({}, {})
+    finally:
+        broker.close()

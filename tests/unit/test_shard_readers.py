@@ -78,8 +78,8 @@ class RefusingBroker(ShardsBroker):
     def config(self, keys: Any) -> dict[str, str]:
         return {}
 
-    def tenant_weights(self, prefix: str) -> dict[str, float]:
-        return {}
+    def run_time_config(self, keys: Any) -> tuple[dict[str, str], dict[str, float]]:
+        return {}, {}
 
     def declarations(self, keys: Any, last: Any) -> Any:
         raise qs.RedisCommandError("NOPERM this user has no permissions to run 'hgetall'")

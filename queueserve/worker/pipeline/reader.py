@@ -191,9 +191,8 @@ class Reader:
 
     def apply_config(self) -> None:
         """Pick up options changed with `queueserve config set`, and the tenants' weights."""
-        tenants = self.broker.tenant_weights(self.keys.prefix)
+        raw, tenants = self.broker.run_time_config(self.keys)
         share_tenants(self.assembler, tenants, self.cond, self.serving.name)
-        raw = self.broker.config(self.keys)
         if raw == self._config_seen:
             return
         self._config_seen = raw
