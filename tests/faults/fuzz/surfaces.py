@@ -873,7 +873,9 @@ def job_record(t: Target, value: bytes) -> None:
     """A field of a job's record group (wire/jobs.py), then a request of that job (its inbox
     and request id name it), written with its record or not, which a worker answers into the
     forged group (job.lua), with a keep that may be junk too; then the record read as
-    ``Client.job`` reads it: its answer, or a QueueServeError."""
+    ``Client.job`` reads it, and its result, cancel or forget called (cancel.lua and
+    job_end.lua act on what the entry itself says, so the valid traffic loses nothing): each
+    an answer or a QueueServeError."""
     rid = t.rng.randrange(128)  # two groups, which wrong_type replaces now and then
     name = group_key(t.prefix, "fuzzjunk", rid)
     t.r.hset(name, t.rng.choice((*_job_fields(rid), value[:64] or b"?")), value)
@@ -888,6 +890,14 @@ def job_record(t: Target, value: bytes) -> None:
     with contextlib.suppress(QueueServeError):  # refused with a clear error
         job.status()
         job.progress()
+    action = t.rng.choice(("result", "cancel", "forget", None))
+    with contextlib.suppress(QueueServeError):  # a Timeout, or refused with a clear error
+        if action == "result":
+            job.result(timeout=0.01, return_exceptions=True)
+        elif action == "cancel":
+            job.cancel()
+        elif action == "forget":
+            job.forget()
 
 
 # --- the worker's metrics port (worker/metrics.py: /metrics, /healthz, /readyz) ---------------
