@@ -239,11 +239,12 @@ class Assembler:
     def look_ahead(self) -> float:
         """What the reader's budget counts as held: at most one batch per key. A key holding
         more (one big request, or chunks of one) is not read again until a batch leaves it,
-        and the rest of the look-ahead stays for other keys and priorities."""
-        capacity = self.capacity
-        if self.weight <= capacity:
-            return self.weight
-        return sum(min(q.weight, capacity) for q in self.queues.values())
+        and the rest of the look-ahead stays for other keys and priorities. With weights, a
+        batch less: a weighted key's next one is read while the others run, held for its turn."""
+        held = self.weight
+        if held > self.capacity:
+            held = sum(min(q.weight, self.capacity) for q in self.queues.values())
+        return max(0.0, held - self.capacity) if self.shares.marks else held
 
     def room(self, key: str) -> float:
         """Capacity left before ``key`` holds one full batch waiting."""
