@@ -1,0 +1,45 @@
+"""What queueserve/worker/pipeline/shares.py promises beyond tests/unit/test_tenant_lane_batches.py,
+each written for a mutant that survived it and the other named tests (docs/testing.md): an
+assembler starts with no weights; the reader's hand-over of the tenants' weights (``share_tenants``)
+changes them only when they changed, says so once in the log an operator reads, and passes over a
+step serving's queue, which has no shares."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import pytest
+
+from queueserve.worker.pipeline.batching import Assembler
+from queueserve.worker.pipeline.shares import share_tenants
+from queueserve.worker.pipeline.stepping import StepQueue
+
+LOGGER = "queueserve.worker.pipeline.shares"
+
+
+def test_an_assembler_starts_with_no_weights_and_no_marks() -> None:
+    a = Assembler(capacity=10, timeout=0.0)
+    assert a.weights == {} and a.shares.tenants == {} and a.shares.marks == []
+
+
+def test_changed_weights_are_handed_over_and_said_once(caplog: pytest.LogCaptureFixture) -> None:
+    a, cond = Assembler(capacity=10, timeout=0.0), threading.Condition()
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        share_tenants(a, {"acme": 2.0}, cond, "embed")
+        assert a.shares.tenants == {"acme": 2.0}
+        share_tenants(a, {"acme": 2.0}, cond, "embed")  # unchanged: nothing more to say
+        share_tenants(a, {}, cond, "embed")
+    assert a.shares.tenants == {} and a.shares.marks == []
+    assert [r.getMessage() for r in caplog.records if r.name == LOGGER] == [
+        "serving embed: tenants' weights now {'acme': 2.0}",
+        "serving embed: tenants' weights now all 1",
+    ]
+
+
+def test_a_step_serving_queue_has_no_shares_and_is_passed_over(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        share_tenants(StepQueue(4), {"acme": 2.0}, threading.Condition(), "gen")
+    assert not [r for r in caplog.records if r.name == LOGGER]
