@@ -413,3 +413,23 @@ def test_without_a_latency_target_a_batch_waits_from_its_clock() -> None:
     a = Assembler(capacity=4, timeout=10.0, unix_offset=900.0)
     a.add("k", piece(["x"], at=999.5), now=100.0)  # enqueued 0.5 s before it was read
     assert a.waiting_since(a.queues["k"]) == 100.0
+
+
+# --- the look-ahead with weights (5a3a6ac) --------------------------------------------------------
+def test_with_weights_the_look_ahead_counts_one_batch_less_and_never_below_nothing() -> None:
+    # Given two keys holding a batch and a half each, capacity 10
+    a = Assembler(capacity=10, timeout=0.0)
+    a.add("heavy", piece(list(range(15)), at=1.0), 1.0)
+    a.add("light", piece(list(range(15)), at=1.0), 1.0)
+    # Unweighted: one batch per key counts, 20; weighted: a batch less, 10, so the reader reads
+    # the weighted key's next batch while another key's waits
+    assert a.look_ahead() == 20.0
+    a.weights = {"heavy": 4.0}
+    assert a.look_ahead() == 10.0
+    # Less than a batch held: nothing counts, never less
+    b = Assembler(capacity=10, timeout=0.0)
+    b.weights = {"heavy": 4.0}
+    b.add("light", piece([1, 2, 3], at=1.0), 1.0)
+    assert b.look_ahead() == 0.0
+    b.weights = {}
+    assert b.look_ahead() == 3.0

@@ -65,3 +65,63 @@ def test_a_lane_ranks_by_its_keys_weight_times_its_tenants() -> None:
         m.startswith("~light") for m in a.read_marks()
     )
     assert split_lane(lane_key("a\x1fb", "t")) == ("a\x1fb", "t")
+
+
+def piece_at(items: list[Any], priority: int = 0, at: float = 1.0, **flags: Any) -> Slice:
+    rid = next(_ids)
+    request = Request(
+        f"{int(at * 1000)}-{rid}".encode(), "qs:{s}:in:k", rid, "qs:inbox:c", 0.0, len(items),
+        **flags,
+    )  # fmt: skip
+    request.priority = priority
+    return Slice(request, 0, items)
+
+
+def test_the_filling_takes_another_lanes_levels_in_their_order_and_books_what_it_took() -> None:
+    a = Assembler(capacity=10, timeout=0.0, unix_offset=0.0)
+    quiet, flood = lane_key("k", "quiet"), lane_key("k", "flood")
+    a.add(flood, piece_at(list(range(8)), priority=0, at=1.0), 1.0)
+    a.add(flood, piece_at(["u1", "u2", "u3"], priority=5, at=2.0), 2.0)
+    a.add(quiet, piece_at(["q"] * 8), 2.5)
+    # Priority 5 came a second after priority 0, less than its five levels' worth: first
+    assert take(a, quiet, 3.0) == ["q"] * 8 + ["u1", "u2"]
+    assert a.queues[flood].served[5] == 3.0  # the level gave items now, as take() books it
+    assert a.queues[flood].weight == 9 and a.weight == 9 and a.buffered == 9
+
+
+def test_a_weighted_lane_emptied_by_the_filling_keeps_its_turn() -> None:
+    a = Assembler(capacity=10, timeout=0.0)
+    a.shares.tenants = {"flood": 2.0}
+    quiet, flood = lane_key("k", "quiet"), lane_key("k", "flood")
+    a.add(flood, piece(list(range(3))), 0.0)
+    a.queues[flood].turn = 7.5
+    a.add(quiet, piece(["q"]), 0.0)
+    assert take(a, quiet, 1.0) == ["q", 0, 1, 2]
+    assert flood not in a.queues and a.weight == 0
+    a.add(flood, piece([3]), 2.0)  # its next request: the turn it had, not a new one
+    assert a.queues[flood].turn == 7.5
+
+
+def test_the_filling_stops_at_a_request_that_must_run_whole_and_does_not_fit() -> None:
+    a = Assembler(capacity=10, timeout=0.0)
+    quiet, big, small = lane_key("k", "quiet"), lane_key("k", "big"), lane_key("k", "small")
+    a.add(big, piece_at(list(range(5)), no_split=True), 0.0)
+    a.add(small, piece(["s1", "s2"]), 0.0)
+    a.add(quiet, piece(["q"] * 7), 0.0)
+    a.queues[big].turn, a.queues[small].turn = 1.0, 2.0
+    assert take(a, quiet, 3.0) == ["q"] * 7  # big first does not fit: the batch goes as it is
+    # One item of room is filled too
+    b = Assembler(capacity=10, timeout=0.0)
+    b.add(big, piece(list(range(5))), 0.0)
+    b.add(quiet, piece(["q"] * 9), 0.0)
+    assert take(b, quiet, 1.0) == ["q"] * 9 + [0]
+
+
+def test_a_request_that_runs_alone_and_a_key_of_no_tenant_are_never_filled() -> None:
+    a = Assembler(capacity=10, timeout=0.0)
+    quiet, flood = lane_key("k", "quiet"), lane_key("k", "flood")
+    a.add(flood, piece(list(range(20))), 0.0)
+    a.add(quiet, piece_at(["q"], alone=True), 0.0)
+    assert take(a, quiet, 1.0) == ["q"]
+    a.add("k", piece(["plain"]), 1.0)  # a Python client's request of key k, no tenant
+    assert take(a, "k", 2.0) == ["plain"]

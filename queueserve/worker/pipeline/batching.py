@@ -384,11 +384,11 @@ class Assembler:
                 other.served[priority] = unix_now
                 if not levels[priority]:
                     del levels[priority]
-            given = before - room
+            # an emptied lane gives all it held (a sum of costs may drift from what was taken)
+            given = other.weight if not levels else before - room
             other.weight = max(0.0, other.weight - given)
             self.weight = max(0.0, self.weight - given)
             if not levels:
-                self.weight = max(0.0, self.weight - other.weight)
                 del self.queues[other.key]
                 self._ended(other.key, other.turn, now)
             if not more or room <= 0:
