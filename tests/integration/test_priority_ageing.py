@@ -98,25 +98,11 @@ def test_every_priority_zero_request_sent_during_the_flood_waits_within_the_boun
 
     # When priority-0 requests keep coming on the same key, one every 4 batches (faster than
     # the 9 levels of ageing: several wait at once)
-    sent_at: dict[str, int] = {}
-    lows = []
-    for i in range(8):
-        sent_at[f"low{i}"] = len(serving.item_batches)
-        lows.append(client.submit("aged", [f"low{i}"]))
-        wait_until(
-            lambda i=i: len(serving.item_batches) >= sent_at[f"low{i}"] + 4, "4 more batches"
-        )
+    waits, ran = probe(serving, client, count=8, every=4)
 
     # Then each runs within the bound of the test above, counted from its own send: ageing
     # gives every one its turn, not one per bound (16, 23, 30 ... batch bounds)
-    for low in lows:
-        low.result(WAIT_S)
-    ran = serving.item_batches
     bound = int(9 * AGE_MS / 1000 / BATCH_S) + 4
-    waits = {
-        name: next(i for i, items in enumerate(ran) if name in items) - before
-        for name, before in sent_at.items()
-    }
     assert max(waits.values()) <= bound, (waits, bound)
     assert sum(len(b) for b in ran) < FLOOD
     for ticket in flood:
@@ -137,28 +123,38 @@ def test_priority_zero_requests_waiting_more_than_a_batch_at_once_each_wait_with
 
     # When priority-0 requests keep coming on the same key, one every 2 batches: about 9 wait
     # at once, more than one batch (4) holds, so Redis hands them over a batch at a time
-    sent_at: dict[str, int] = {}
-    lows = []
-    for i in range(16):
-        sent_at[f"low{i}"] = len(serving.item_batches)
-        lows.append(client.submit("aged", [f"low{i}"]))
-        wait_until(
-            lambda i=i: len(serving.item_batches) >= sent_at[f"low{i}"] + 2, "2 more batches"
-        )
+    waits, ran = probe(serving, client, count=16, every=2)
 
     # Then each runs within the bound counted from its own send: the ones left unread after a
     # batch of them was read keep their own clocks in Redis too (they ran one batch of 4 per
     # bound, most only after the flood)
-    for low in lows:
-        low.result(WAIT_S)
-    ran = serving.item_batches
     bound = int(9 * AGE_MS / 1000 / BATCH_S) + 4
-    waits = {
-        name: next(i for i, items in enumerate(ran) if name in items) - before
-        for name, before in sent_at.items()
-    }
     assert max(waits.values()) <= bound, (waits, bound)
     assert sum(len(b) for b in ran) < FLOOD
     for ticket in flood:
         ticket.cancel()
     client.close()
+
+
+def probe(
+    serving: Recording, client: qs.Client, count: int, every: int
+) -> tuple[dict[str, int], list[list[Any]]]:
+    """``count`` priority-0 requests on the flooded key, one each ``every`` batches; how many
+    batches each waited from its send to the batch that ran it, and the batches run."""
+    sent_at: dict[str, int] = {}
+    lows = []
+    for i in range(count):
+        sent_at[f"low{i}"] = len(serving.item_batches)
+        lows.append(client.submit("aged", [f"low{i}"]))
+        wait_until(
+            lambda i=i: len(serving.item_batches) >= sent_at[f"low{i}"] + every,
+            f"{every} more batches",
+        )
+    for low in lows:
+        low.result(WAIT_S)
+    ran = serving.item_batches
+    waits = {
+        name: next(i for i, items in enumerate(ran) if name in items) - before
+        for name, before in sent_at.items()
+    }
+    return waits, ran
