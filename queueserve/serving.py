@@ -12,6 +12,7 @@ from pydantic import BaseModel, ValidationError
 
 from queueserve import hooks
 from queueserve.hooks import END, NO_OUTPUT
+from queueserve.key_states import KeyStates, has_key_states, holding
 from queueserve.options.serving import KeyWeights, OnError, ServingOptions, followers, resolve
 from queueserve.results import BatchResults
 from queueserve.wire.protocol import Keys
@@ -34,9 +35,10 @@ class Partition:
 
 class Batch(list[Any]):
     """The items of one batch, in order; a list, plus the batch key and partition it runs on,
-    and what ``prepare_batch`` made of it (``prepared``; None for a serving without one)."""
+    what ``prepare_batch`` made of it (``prepared``; None for a serving without one) and the
+    key's state (``state``: what the serving's ``load_key`` returned for ``key``, else None)."""
 
-    __slots__ = ("key", "partition", "prepared")
+    __slots__ = ("key", "partition", "prepared", "state")
 
     def __init__(
         self,
@@ -44,11 +46,13 @@ class Batch(list[Any]):
         key: str = "default",
         partition: Partition | None = None,
         prepared: Any = None,
+        state: Any = None,
     ) -> None:
         super().__init__(items)
         self.key = key
         self.partition = partition or Partition()
         self.prepared = prepared
+        self.state = state
 
 
 def _check_optional_callable(name: str, value: object) -> Any:
@@ -114,6 +118,9 @@ class Serving:
     priority_age: float
     batch_key_weights: KeyWeights
     max_latency: float
+    idempotency_ttl: float
+    max_loaded_keys: int  # with load_key(self, key): many models (key_states.py)
+    max_loaded_bytes: int
 
     def __init__(
         self,
@@ -140,6 +147,9 @@ class Serving:
         priority_age: float | str | None = None,
         batch_key_weights: Mapping[str, float] | str | None = None,
         max_latency: float | str | None = None,
+        idempotency_ttl: float | str | None = None,
+        max_loaded_keys: int | None = None,
+        max_loaded_bytes: int | None = None,
     ) -> None:
         cls = type(self)
         if fn is None and cls.handle_batch is Serving.handle_batch:
@@ -164,6 +174,9 @@ class Serving:
             "priority_age": priority_age,
             "batch_key_weights": batch_key_weights,
             "max_latency": max_latency,
+            "idempotency_ttl": idempotency_ttl,
+            "max_loaded_keys": max_loaded_keys,
+            "max_loaded_bytes": max_loaded_bytes,
         }
         # Plain attributes: the hot path reads them per batch, validated once here.
         vars(self).update(
@@ -185,12 +198,13 @@ class Serving:
         self._result_maps: list[Callable[[Any], Any]] = []
         self._inline_lock = threading.Lock()
         self._inline_ready = False
+        self._inline_states: KeyStates | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         # Servings travel to partition processes; the inline lock and state stay behind.
         state = self.__dict__.copy()
         del state["_inline_lock"]
-        state["_inline_ready"] = False
+        state["_inline_ready"], state["_inline_states"] = False, None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -304,21 +318,13 @@ class Serving:
             output = self.finish_batch(batch, output)
         return BatchResults(output, len(batch), self.name)
 
-    def _ensure_inline_setup(self) -> None:
-        if self._inline_ready:
-            return
-        with self._inline_lock:
-            if not self._inline_ready:
-                self.setup(Partition())
-                self._inline_ready = True
-
     def inline(self, item: Any) -> Any:
         """Run one item in this process (no Redis), through the same batch function."""
         return self.inline_many([item])[0]
 
     def inline_many(self, items: Iterable[Any]) -> list[Any]:
         """Run items in this process, split into batches of at most batch_size."""
-        self._ensure_inline_setup()
+        _ensure_inline_setup(self)
         prepared = [self.validate_item(self.prepare_item(x)) for x in items]
         by_key: dict[str, list[int]] = {}  # batch keys never share a batch
         for i, item in enumerate(prepared):
@@ -327,8 +333,9 @@ class Serving:
         for key, positions in by_key.items():
             done = 0
             for chunk in capacity_chunks(self, [prepared[i] for i in positions]):
-                with hooks.running(None):  # qs.emit has no callers to reach here
-                    ran = self.run_batch(Batch(chunk, key))
+                # (qs.emit has no callers to reach here)
+                with hooks.running(None), holding(self._inline_states, key) as state:
+                    ran = self.run_batch(Batch(chunk, key, state=state))
                     results = (
                         ran.as_list()
                         if isinstance(ran, BatchResults)
@@ -358,6 +365,17 @@ class Serving:
             f"<Serving {self.name!r} batch_size={self.batch_size} "
             f"batch_timeout={self.batch_timeout:g}s>"
         )
+
+
+def _ensure_inline_setup(serving: Serving) -> None:
+    if serving._inline_ready:
+        return
+    with serving._inline_lock:
+        if not serving._inline_ready:
+            serving.setup(Partition())
+            if has_key_states(serving):
+                serving._inline_states = KeyStates.of(serving)
+            serving._inline_ready = True
 
 
 def collect_steps(steps: Iterator[Any], size: int, serving: str) -> list[list[Any]]:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from queueserve.broker.admin import Admin, StreamDepth, _entry_ms, _streams_with_work, hash_count
-from queueserve.broker.common import names, text, texts
+from queueserve.broker.common import names, text
 from queueserve.broker.errors import raise_but_wrong_type, redis_errors
 from queueserve.wire.protocol import GROUP, Keys, worker_key
 
@@ -56,15 +56,24 @@ class Fleet(Admin):
                 out.append((name, int(score) if math.isfinite(score) else 0))
         return out
 
-    def worker_records(self, prefix: str, consumers: Sequence[str]) -> list[dict[str, str]]:
-        """Each consumer's registry record, in order: empty once it expired, or when its key
-        holds another type (anyone may write one: it must not fail every serving's row)."""
+    def worker_records(
+        self, prefix: str, consumers: Sequence[str], fields: Sequence[str]
+    ) -> list[dict[str, str]]:
+        """These ``fields`` of each consumer's registry record, in order (HMGET: a record
+        holds a field per serving of its partition, and a page reads one serving's): those
+        it holds, none once it expired or when its key holds another type (anyone may write
+        one: it must not fail every serving's row)."""
         with redis_errors(self.url):
             pipe = self.redis.pipeline(transaction=False)
             for consumer in consumers:
-                pipe.hgetall(worker_key(prefix, consumer))
+                pipe.hmget(worker_key(prefix, consumer), list(fields))
             replies = raise_but_wrong_type(pipe.execute(raise_on_error=False))
-        return [texts(raw, "replace") if isinstance(raw, dict) else {} for raw in replies]
+        return [
+            {f: text(v, "replace") for f, v in zip(fields, raw, strict=True) if v is not None}
+            if isinstance(raw, list)
+            else {}
+            for raw in replies
+        ]
 
     def top_queues(self, shards: Sequence[Keys], top: int) -> Queues:
         """The streams of each shard worth showing, and counts of all: the ``top`` streams

@@ -1,6 +1,7 @@
 """What the dashboard shows, read from Redis (broker/fleet.py): one snapshot per poll, and
-the throughput and batch sizes of the last minutes, from the counters workers' heartbeats
-carry (items and batches run by each partition process since it started).
+each serving's health (health.py): its throughput, batch sizes, error rate and latency of the
+last minutes, from the figures of that serving each partition's heartbeat carries
+(wire/figures.py), and a status from documented rules.
 
 A snapshot holds one page of servings (MAX_SERVINGS, by name, those whose name holds the
 filter), and says how many there are in all and how many match, so a wrong prefix (none) or
@@ -18,50 +19,37 @@ callers of a second (docs/operations.md, "Dashboard").
 from __future__ import annotations
 
 import asyncio
-import itertools
-import threading
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-from queueserve.broker.admin import StreamDepth, by_priority, hash_count
+from queueserve.broker.admin import StreamDepth, by_priority
 from queueserve.broker.fleet import Fleet
 from queueserve.broker.urls import redact_url
+from queueserve.dashboard.health import Histories, Sample, max_latency_of, status
 from queueserve.errors import RedisCommandError
 from queueserve.ops.deadletter import DeadLetters
+from queueserve.options.serving import ServingOptions, StepOptions
+from queueserve.wire.figures import Figures, field_of, parse
 from queueserve.wire.protocol import Keys
 from queueserve.wire.timing import ALIVE_WITHIN_S
 
-SAMPLE_EVERY_S = 2.0
-HISTORY_S = 600.0  # the throughput chart's span: the last ten minutes
 MAX_SERVINGS = 100
 MAX_DEAD_LETTERS = 50
 TOP_KEYS = 10  # per serving: batch keys shown by items, and streams shown by age
 SNAPSHOT_TTL_S = 1.0  # an overview computed this recently answers every caller of that page
 MAX_SNAPSHOTS = 32  # pages (offset, filter) kept at once
+RECORD_FIELDS = ("host", "pid", "partition", "device")  # and the serving's figures field
 
 
-@dataclass(slots=True)
-class Sample:
-    at: float  # unix seconds
-    counters: dict[str, tuple[int, int]]  # consumer -> (items, batches) since it started
-
-
-def rates(before: Sample, after: Sample) -> dict[str, float | None]:
-    """Items per second and mean batch size between two samples, over the consumers in
-    both whose counters did not go back (a restarted partition starts from 0)."""
-    items = batches = 0
-    for consumer, (n, b) in after.counters.items():
-        old = before.counters.get(consumer)
-        if old is not None and n >= old[0] and b >= old[1]:
-            items, batches = items + n - old[0], batches + b - old[1]
-    span = after.at - before.at
+def option_defaults() -> dict[str, str]:
+    """Each option's default as a worker declares it in a meta hash (``str`` of the value):
+    the page shows the options that differ from it first."""
     return {
-        "at": after.at,
-        "items_per_s": items / span if span > 0 else 0.0,
-        "batch_size": items / batches if batches else None,
+        name: str(spec.get_default(call_default_factory=True))
+        for model in (StepOptions, ServingOptions)
+        for name, spec in model.model_fields.items()
     }
 
 
@@ -71,8 +59,8 @@ class Board:
     def __init__(self, fleet: Fleet, prefix: str) -> None:
         self.fleet = fleet
         self.prefix = prefix
-        self._lock = threading.Lock()
-        self._history: dict[str, deque[Sample]] = {}
+        self._histories = Histories()
+        self._defaults = option_defaults()
 
     @property
     def redis(self) -> str:
@@ -97,6 +85,7 @@ class Board:
             "offset": offset,
             "limit": MAX_SERVINGS,
             "filter": name_filter,
+            "defaults": self._defaults,
             "servings": [self._readable(name, listed[name], now) for name in page],
         }
 
@@ -109,7 +98,7 @@ class Board:
             row = {
                 "name": name,
                 "error": str(e),
-                **{part: {} for part in ("options", "overrides", "queue_counts")},
+                **{part: {} for part in ("options", "overrides", "queue_counts", "health")},
                 **{part: [] for part in ("workers", "queues", "priorities", "history")},
                 "dead_letters": 0,
             }
@@ -122,32 +111,49 @@ class Board:
         keys = Keys(self.prefix, name)
         shards = self.fleet.shards(keys)
         workers = self.fleet.workers(keys)
-        records = self.fleet.worker_records(self.prefix, [w for w, _ in workers])
+        own = field_of(name)
+        records = self.fleet.worker_records(
+            self.prefix, [w for w, _ in workers], (*RECORD_FIELDS, own)
+        )
         now_ms = int(now * 1000)
         alive_ms = ALIVE_WITHIN_S * 1000
-        counters = {
-            w: (hash_count(r.get("items", "")), hash_count(r.get("batches", "")))
+        rows = [
+            _worker(w, beat, r, now_ms, own) for (w, beat), r in zip(workers, records, strict=True)
+        ]
+        alive = {
+            w: figures
             for (w, beat), r in zip(workers, records, strict=True)
-            if now_ms - beat <= alive_ms
+            if now_ms - beat <= alive_ms and (figures := parse(r.get(own, ""))) is not None
         }
         queues = self.fleet.top_queues(shards, TOP_KEYS)
         depths = queues.streams
+        options = self.fleet.meta(keys)
+        priorities = self._priorities(shards, depths, now_ms)
+        dead = sum(n for _, n in self.fleet.dead_letter_depths(shards))
+        history, window = self._histories.sampled(name, Sample(now, alive, dead))
+        window["status"] = status(
+            window,
+            queued=sum(p["items"] for p in priorities),
+            workers_alive=sum(1 for w in rows if w["heartbeat_age_ms"] <= alive_ms),
+            oldest_ms=max((p["age_ms"] for p in priorities), default=0),
+            dead_letters=dead,
+            max_latency_s=max_latency_of(options),
+        )
         return {
             "name": name,
-            "options": self.fleet.meta(keys),
+            "options": options,
             "overrides": self.fleet.config(keys),
-            "workers": [
-                _worker(w, beat, r, now_ms) for (w, beat), r in zip(workers, records, strict=True)
-            ],
+            "workers": rows,
             "queues": [
                 _queue(d, now_ms, queues.items)
                 for d in sorted(depths, key=lambda d: (d.first_ms or now_ms, d.key, d.priority))
                 if d.length or d.pending
             ],
             "queue_counts": queues.counts(),
-            "priorities": self._priorities(shards, depths, now_ms),
-            "dead_letters": sum(n for _, n in self.fleet.dead_letter_depths(shards)),
-            "history": self._sampled(name, Sample(now, counters)),
+            "priorities": priorities,
+            "dead_letters": dead,
+            "health": window,
+            "history": history,
         }
 
     def _priorities(
@@ -160,17 +166,6 @@ class Board:
             {"priority": p, "items": items, "age_ms": age or 0}
             for p, (items, age) in summary.items()
         ]
-
-    def _sampled(self, name: str, sample: Sample) -> list[dict[str, float | None]]:
-        """Keep ``sample`` (at most one per SAMPLE_EVERY_S) and the rates of the history."""
-        with self._lock:
-            history = self._history.setdefault(name, deque())
-            if not history or sample.at - history[-1].at >= SAMPLE_EVERY_S:
-                history.append(sample)
-            while history and sample.at - history[0].at > HISTORY_S:
-                history.popleft()
-            samples = list(history)
-        return [rates(a, b) for a, b in itertools.pairwise(samples)]
 
     def dead_letters(self, name: str) -> list[dict[str, Any]]:
         letters = DeadLetters(self.fleet, self.prefix, name)
@@ -186,7 +181,12 @@ class Board:
         ]
 
 
-def _worker(consumer: str, beat: int, record: dict[str, str], now_ms: int) -> dict[str, Any]:
+def _worker(
+    consumer: str, beat: int, record: dict[str, str], now_ms: int, own: str = field_of("fuzz")
+) -> dict[str, Any]:
+    """A row of the workers table: ``own`` is the record's field of this serving's figures
+    (its items, batches and failures, not its partition's other servings')."""
+    figures = parse(record.get(own, "")) or Figures()
     return {
         "id": consumer,
         "heartbeat_age_ms": max(0, now_ms - beat),
@@ -194,8 +194,9 @@ def _worker(consumer: str, beat: int, record: dict[str, str], now_ms: int) -> di
         "pid": record.get("pid", "")[:20],
         "partition": record.get("partition", "")[:10],
         "device": record.get("device", "")[:40],
-        "batches": hash_count(record.get("batches", "")),
-        "items": hash_count(record.get("items", "")),
+        "batches": figures.batches,
+        "items": figures.items,
+        "failures": figures.failures,
     }
 
 

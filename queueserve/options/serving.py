@@ -35,6 +35,8 @@ MAX_PAYLOAD_BYTES = 512 * 1024 * 1024
 REPLY_BYTES_CEILING = 256 * 1024 * 1024
 MAX_BATCH_TIMEOUT_S = 3600.0
 MAX_KEY_IDLE_TTL_S = 366 * 86400.0
+MAX_LOADED_KEYS = 100_000
+MAX_LOADED_BYTES = 2**53  # exact in Lua and JSON
 
 OnError = Literal["isolate", "fail"]
 M = TypeVar("M", bound=BaseModel)
@@ -153,6 +155,17 @@ class ServingOptions(BaseModel):
         description="Latency target, e.g. 50ms: a batch closes when waiting longer would "
         "push its oldest item's expected answer past it (batch_timeout stays the upper "
         "bound); 0: off.",
+    )
+    max_loaded_keys: Annotated[int, count(1, MAX_LOADED_KEYS)] = Field(
+        4,
+        description="Batch keys whose state (load_key) one partition holds at once; the "
+        "least recently used is evicted (unload_key) to load another.",
+    )
+    max_loaded_bytes: Annotated[
+        int, count(0, MAX_LOADED_BYTES, says=f"from 0 (no bound) to {MAX_LOADED_BYTES}")
+    ] = Field(
+        0,
+        description="Bytes of key states (state_bytes) one partition holds at most; 0: no bound.",
     )
 
 

@@ -71,6 +71,18 @@ class Middleware:
     def dead_lettered(self, serving: Serving, entries: int) -> None:
         """Entries went to the dead-letter stream."""
 
+    def key_loaded(
+        self, serving: Serving, key: str, partition: Partition, seconds: float, ok: bool
+    ) -> None:
+        """The serving's ``load_key(key)`` returned (``ok``) or raised after ``seconds``."""
+
+    def key_evicted(self, serving: Serving, key: str, partition: Partition) -> None:
+        """A key's state left the partition's LRU (``unload_key`` had it)."""
+
+    def key_used(self, serving: Serving, partition: Partition, hit: bool, held: int) -> None:
+        """A batch took its key's state: held already (``hit``) or loaded for it; ``held``:
+        the states the partition holds now."""
+
 
 class Middlewares(Middleware):
     """Calls each middleware's hook in turn, logging (not raising) their failures."""
@@ -126,3 +138,14 @@ class Middlewares(Middleware):
 
     def dead_lettered(self, serving: Serving, entries: int) -> None:
         self._each("dead_lettered", serving, entries)
+
+    def key_loaded(
+        self, serving: Serving, key: str, partition: Partition, seconds: float, ok: bool
+    ) -> None:
+        self._each("key_loaded", serving, key, partition, seconds, ok)
+
+    def key_evicted(self, serving: Serving, key: str, partition: Partition) -> None:
+        self._each("key_evicted", serving, key, partition)
+
+    def key_used(self, serving: Serving, partition: Partition, hit: bool, held: int) -> None:
+        self._each("key_used", serving, partition, hit, held)

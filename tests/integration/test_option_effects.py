@@ -265,6 +265,20 @@ EFFECTS: dict[str, Effect | Proven] = {
             "test_with_max_latency_set_at_run_time_a_lone_request_does_not_wait_for_batch_timeout",
         }
     ),
+    "max_loaded_keys": Proven(
+        {
+            way: "tests/integration/test_key_states.py::"
+            "test_results_come_from_their_keys_state_and_at_most_max_loaded_keys_are_held"
+            for way in WAYS[:2]
+        }
+    ),
+    "max_loaded_bytes": Proven(
+        {
+            way: "tests/integration/test_key_states.py::"
+            "test_the_states_held_never_pass_max_loaded_bytes"
+            for way in WAYS[:2]
+        }
+    ),
 }
 
 

@@ -348,7 +348,7 @@ class Workers:
         log = self.dir / f"worker-{len(self.started)}.log"
         worker = WorkerProc(
             [
-                f"tests.support.fault_app:{spec}",
+                spec if ":" in spec else f"tests.support.fault_app:{spec}",
                 "--redis-url",
                 url,
                 "--prefix",

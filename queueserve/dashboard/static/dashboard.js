@@ -97,14 +97,85 @@ async function readDeadLetters(name) {
   if (response.ok) deadLetters[name] = (await response.json()).dead_letters;
 }
 
-function servingSection(s) {
-  const last = s.history.length ? s.history[s.history.length - 1] : null;
+// A status in words and colour (health.py holds the rules; docs/operations.md says them).
+function badge(h) {
+  const st = (h && h.status) || { status: "unknown", level: "idle", reasons: [] };
+  return el("span", { class: `badge ${st.level}`, title: st.reasons.join("; ") }, st.status);
+}
+
+function ms(value) {
+  if (value === null || value === undefined) return "–";
+  return value < 1000 ? `${value.toFixed(value < 10 ? 2 : 0)} ms` : `${(value / 1000).toFixed(2)} s`;
+}
+
+function percent(value) {
+  return value === null || value === undefined ? "–" : `${(value * 100).toFixed(value < 0.1 ? 1 : 0)}%`;
+}
+
+function oldestOf(s) {
+  return s.priorities.reduce((n, p) => Math.max(n, p.age_ms), 0);
+}
+
+function aliveOf(s) {
+  return s.workers.filter((w) => w.heartbeat_age_ms <= 10000).length;
+}
+
+// The summary's columns: title, class, value to sort by, text shown
+const LEVEL_ORDER = { bad: 0, warn: 1, ok: 2, idle: 3 };
+const COLUMNS = [
+  ["serving", "name", (s) => s.name, (s) => el("a", { href: `#serving-${encodeURIComponent(s.name)}` }, s.name)],
+  ["status", "status", (s) => LEVEL_ORDER[s.health.status?.level] ?? 4, (s) => badge(s.health)],
+  ["items/s", "items-per-s", (s) => s.health.items_per_s ?? -1, (s) => s.health.items_per_s === null || s.health.items_per_s === undefined ? "–" : s.health.items_per_s.toFixed(1)],
+  ["error rate", "error-rate", (s) => s.health.error_rate ?? -1, (s) => percent(s.health.error_rate)],
+  ["queue p50", "queue-p50", (s) => s.health.queue_p50_ms ?? -1, (s) => ms(s.health.queue_p50_ms)],
+  ["queue p99", "queue-p99", (s) => s.health.queue_p99_ms ?? -1, (s) => ms(s.health.queue_p99_ms)],
+  ["end-to-end p99", "end-to-end-p99", (s) => s.health.end_to_end_p99_ms ?? -1, (s) => ms(s.health.end_to_end_p99_ms)],
+  ["oldest waiting", "oldest", oldestOf, (s) => ago(oldestOf(s))],
+  ["workers", "workers", aliveOf, aliveOf],
+  ["dead letters", "dead", (s) => s.dead_letters, (s) => s.dead_letters],
+];
+const sorting = { column: 1, descending: false };  // worst status first
+
+function summary(servings) {
+  const [, , key] = COLUMNS[sorting.column];
+  const rows = [...servings].sort((a, b) => {
+    const x = key(a), y = key(b);
+    const order = x < y ? -1 : x > y ? 1 : a.name < b.name ? -1 : a.name > b.name ? 1 : 0;
+    return sorting.descending ? -order : order;
+  });
+  const head = el("tr", {}, ...COLUMNS.map(([title, cls], i) => el("th", {
+    class: `${cls} sortable${i === sorting.column ? (sorting.descending ? " down" : " up") : ""}`,
+    "data-column": i,
+    onclick: () => {
+      sorting.descending = sorting.column === i ? !sorting.descending : i >= 2;
+      sorting.column = i;
+      redraw();
+    },
+  }, title)));
+  const body = rows.map((s) => el("tr", { "data-serving": s.name },
+    ...COLUMNS.map(([, cls, , show]) => el("td", { class: cls }, show(s)))));
+  return el("table", { id: "summary" }, head, ...body);
+}
+
+// Options as a table: those that differ from their defaults (or were set at run time)
+// first, then the others, each by name.
+function optionsTable(s, defaults) {
+  const rows = Object.entries(s.options).map(([k, v]) => {
+    const set = s.overrides[k] !== undefined;
+    const differs = set || (k in defaults && defaults[k] !== v);
+    return { k, v, set, differs, d: k in defaults ? defaults[k] : "" };
+  }).sort((a, b) => (b.differs - a.differs) || (a.k < b.k ? -1 : 1));
+  const head = el("tr", {}, el("th", {}, "option"), el("th", {}, "value"), el("th", {}, "default"), el("th", {}, ""));
+  return el("table", { class: "options" }, head, ...rows.map((r) => el("tr", r.differs ? { class: "differs" } : {},
+    el("td", {}, r.k), el("td", {}, r.v), el("td", {}, r.d),
+    el("td", {}, r.set ? "set at run time" : r.differs ? "differs" : ""))));
+}
+
+function servingSection(s, defaults) {
+  const h = s.health || {};
   const items = s.workers.reduce((n, w) => n + w.items, 0);
   const queued = s.priorities.reduce((n, p) => n + p.items, 0);
-  const oldest = s.queues.reduce((n, q) => Math.max(n, q.age_ms), 0);
   const figure = (cls, value, label) => el("div", { class: `figure ${cls}` }, el("b", {}, value), el("span", {}, label));
-  const options = el("div", { class: "options" }, ...Object.entries(s.options).sort().map(([k, v]) =>
-    el("span", s.overrides[k] !== undefined ? { class: "set" } : {}, `${k}=${v}  `)));
   const config = el("input", { class: "config", placeholder: "batch_size=64 batch_timeout=5ms", size: 32 });
   const configure = el("button", { class: "config-set", onclick: () =>
     change("api/config", { serving: s.name, assignments: config.value.split(/\s+/).filter(Boolean) }) }, "config set");
@@ -123,26 +194,30 @@ function servingSection(s) {
     `streams waiting, ${counts.streams_pending} read, ${counts.known_keys} keys known`;
   const listed = s.listed_age_ms > 10000 && !s.workers.length ?
     el("p", { class: "stale" }, `no worker has declared or served it for ${ago(s.listed_age_ms)}`) : "";
-  return el("section", { class: "serving", "data-serving": s.name },
-    el("h2", {}, s.name),
+  const reasons = h.status ? el("p", { class: `reasons ${h.status.level}` }, h.status.reasons.join("; ")) : "";
+  return el("section", { class: "serving", "data-serving": s.name, id: `serving-${encodeURIComponent(s.name)}` },
+    el("h2", {}, s.name, " ", badge(h)),
     s.error ? el("p", { class: "error" }, s.error) : "",
     listed,
+    reasons,
     el("div", { class: "figures" },
-      figure("throughput", last ? last.items_per_s.toFixed(1) : "–", "items/s"),
-      figure("batch-size", last && last.batch_size !== null ? last.batch_size.toFixed(1) : "–", "mean batch size"),
+      figure("throughput", h.items_per_s === null || h.items_per_s === undefined ? "–" : h.items_per_s.toFixed(1), "items/s (its own)"),
+      figure("error-rate", percent(h.error_rate), `error rate (last ${h.window_s || 0} s)`),
+      figure("queue-p99", ms(h.queue_p99_ms), "queue time p99"),
+      figure("end-to-end-p99", ms(h.end_to_end_p99_ms), "end to end p99"),
       figure("items-run", items, "items run (alive workers)"),
       figure("queued", queued, "items queued"),
-      figure("oldest", ago(oldest), "oldest waiting"),
+      figure("oldest", ago(oldestOf(s)), "oldest waiting"),
       figure("dead", s.dead_letters, "dead letters")),
-    options,
-    el("div", {}, config, " ", configure),
     el("div", { class: "grid" },
       chart(s.history, "items_per_s", "items/s"),
+      chart(s.history, "queue_p99_ms", "queue time p99, ms"),
+      chart(s.history, "error_rate", "error rate"),
       chart(s.history, "batch_size", "batch size"),
       el("div", {}, el("h3", {}, "workers"), table(
-        ["consumer", "host", "pid", "partition", "device", "heartbeat", "batches", "items"],
-        s.workers.map((w) => [w.id, w.host, w.pid, w.partition, w.device, ago(w.heartbeat_age_ms), w.batches, w.items]),
-        [0, 0, 1, 1, 0, 1, 1, 1])),
+        ["consumer", "host", "pid", "partition", "device", "heartbeat", "batches", "items", "failed"],
+        s.workers.map((w) => [w.id, w.host, w.pid, w.partition, w.device, ago(w.heartbeat_age_ms), w.batches, w.items, w.failures]),
+        [0, 0, 1, 1, 0, 1, 1, 1, 1])),
       el("div", {}, el("h3", {}, "queued by priority"), table(
         ["priority", "items", "oldest"],
         s.priorities.map((p) => [p.priority, p.items, ago(p.age_ms)]),
@@ -150,9 +225,19 @@ function servingSection(s) {
       el("div", {}, el("h3", { class: "queues-title" }, queuesTitle), table(
         ["key", "priority", "entries", "read, not done", "items of key", "oldest"],
         s.queues.map((q) => [q.key, q.priority, q.entries, q.pending, q.key_items, ago(q.age_ms)]),
-        [0, 1, 1, 1, 1, 1]))),
+        [0, 1, 1, 1, 1, 1])),
+      el("div", {}, el("h3", {}, "options (differences from the defaults first)"), optionsTable(s, defaults),
+        el("div", {}, config, " ", configure))),
     el("div", { class: "dead-letters" }, el("h3", {}, "dead letters"), table(
       ["id", "reason", "deliveries", "age", ""], letters, [0, 0, 1, 1, 0])));
+}
+
+let shown = null;  // the overview drawn last: a click on a column sorts it again at once
+
+function redraw() {
+  if (!shown) return;
+  document.getElementById("summary-table").replaceChildren(shown.servings.length ? summary(shown.servings) : "");
+  document.getElementById("servings").replaceChildren(...shown.servings.map((s) => servingSection(s, shown.defaults || {})));
 }
 
 let drawing = null;  // the refresh under way: one at a time, however slow the API is
@@ -227,10 +312,10 @@ async function draw() {
     await Promise.all(overview.servings.filter((s) => s.dead_letters > 0 || deadLetters[s.name]?.length)
       .map((s) => readDeadLetters(s.name)));
     document.getElementById("prefix").textContent = `prefix ${overview.prefix}`;
-    const main = document.getElementById("servings");
+    shown = overview;
     const focused = document.activeElement;
     if (focused && focused.classList.contains("config") && focused.value) return;  // being typed
-    main.replaceChildren(...overview.servings.map(servingSection));
+    redraw();
     if (!document.getElementById("status").classList.contains("error")) {
       setStatus(`updated ${new Date().toLocaleTimeString()}`, false);
     }

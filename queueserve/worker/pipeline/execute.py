@@ -78,13 +78,18 @@ Drive = Callable[[Iterator[Any], int], list[Segment]]
 
 
 def prepare_isolated(
-    serving: Serving, items: list[Any], key: str, partition: Partition, start: int = 0
+    serving: Serving,
+    items: list[Any],
+    key: str,
+    partition: Partition,
+    start: int = 0,
+    state: Any = None,
 ) -> list[Part]:
     """Prepare ``items`` as one batch. When prepare_batch raises and on_error is "isolate",
     bisect, so only the failing items get the error and the healthy ones are prepared in
     parts (each part then runs on the device as a batch of its own)."""
     try:
-        batch = Batch(items, split_lane(key)[0], partition)
+        batch = Batch(items, split_lane(key)[0], partition, state=state)
         return [Part(start, len(items), serving.prepare_batch(batch))]
     except Exception as e:
         if len(items) == 1 or serving.on_error == "fail":
@@ -97,9 +102,9 @@ def prepare_isolated(
             e,
         )
         mid = len(items) // 2
-        return prepare_isolated(serving, items[:mid], key, partition, start) + prepare_isolated(
-            serving, items[mid:], key, partition, start + mid
-        )
+        return prepare_isolated(
+            serving, items[:mid], key, partition, start, state
+        ) + prepare_isolated(serving, items[mid:], key, partition, start + mid, state)
 
 
 def run_isolated(
@@ -110,6 +115,7 @@ def run_isolated(
     drive: Drive,
     start: int = 0,
     prepared: Any = NOT_PREPARED,
+    state: Any = None,
 ) -> list[Segment]:
     """Run ``items`` (``prepared`` is what prepare_batch made of them; a serving with a
     preparation stage prepares the halves of a bisected batch again, here). Out of device
@@ -117,8 +123,8 @@ def run_isolated(
     is "isolate", bisect it so only the failing items get the error and every healthy item
     still gets its result. A generator batch function is run by ``drive`` (its steps were
     already sent, so it is never re-run). With a ``finish_batch``, outputs come back
-    unfinished: the replier finishes them."""
-    batch = Batch(items, split_lane(key)[0], partition)  # a tenant's lane: its batch key
+    unfinished: the replier finishes them. ``state``: the key's state (``batch.state``)."""
+    batch = Batch(items, split_lane(key)[0], partition, state=state)  # a lane: its batch key
     try:
         if serving.has_prepare:
             batch.prepared = serving.prepare_batch(batch) if prepared is NOT_PREPARED else prepared
@@ -152,9 +158,9 @@ def run_isolated(
                 e,
             )
         mid = len(items) // 2
-        return run_isolated(serving, items[:mid], key, partition, drive, start) + run_isolated(
-            serving, items[mid:], key, partition, drive, start + mid
-        )
+        return run_isolated(
+            serving, items[:mid], key, partition, drive, start, state=state
+        ) + run_isolated(serving, items[mid:], key, partition, drive, start + mid, state=state)
     return [(start, len(items), results)]
 
 

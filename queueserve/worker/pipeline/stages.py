@@ -32,11 +32,14 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from queueserve import hooks
+from queueserve.key_states import KeyEvents, KeyLoadError, KeyStates, has_key_states
 from queueserve.serving import Partition, Serving
 from queueserve.wire import protocol as P
 from queueserve.wire.error import EXPIRED
+from queueserve.wire.tenants import split_lane
 from queueserve.worker.logs import FailureLog, batch_scope
 from queueserve.worker.middleware import Middleware
 from queueserve.worker.pipeline.batch_context import BatchContext
@@ -65,6 +68,8 @@ class Staged:
     batch: TakenBatch
     seq: int = 0
     parts: list[Part] | None = None  # None: not prepared (yet)
+    state: Any = None  # its key's state (load_key), pinned in the LRU until it ran
+    pinned: str | None = None  # the key whose state it pinned
 
 
 @dataclass(eq=False)
@@ -122,7 +127,11 @@ class Stages:
         self._ledger = ledger
         self._send = send
         self._count_delivery = count_delivery
-        self.preparers = serving.prepare_concurrency if serving.has_prepare else 0
+        # With load_key, the key states: a key is loaded in the preparation stage, so a
+        # load runs while the device runs another key's batch (key_states.py)
+        self.states = KeyStates.of(serving, _Events(self)) if has_key_states(serving) else None
+        stage = serving.has_prepare or self.states is not None
+        self.preparers = serving.prepare_concurrency if stage else 0
         self.bound = self.preparers + 1  # batches taken ahead of the device, at most
         self._cond = threading.Condition()
         self._take_lock = threading.Lock()  # one preparer takes at a time: seqs follow takes
@@ -180,14 +189,31 @@ class Stages:
             staged.parts = []
             return
         self._count_deliveries(live)
-        staged.parts = prepare_isolated(self.serving, batch.items(), batch.key, self.partition)
+        if self.states is not None:
+            key = split_lane(batch.key)[0]
+            try:
+                staged.state, staged.pinned = self.states.acquire(key), key
+            except KeyLoadError as e:  # this key's requests get the error; other keys run on
+                self._send(error_rows(live, e.body))
+                batch.slices, staged.parts = [], []
+                return
+            if not self.serving.has_prepare:
+                staged.parts = [Part(0, len(batch), None)]
+                return
+        staged.parts = prepare_isolated(
+            self.serving, batch.items(), batch.key, self.partition, state=staged.state
+        )
 
     # -- device ------------------------------------------------------------------------------
     def device_loop(self) -> None:
         """One device thread: run batches until nothing is left, then tell the replier."""
         try:
             while (staged := self._next_for_device()) is not None:
-                self._run(staged)
+                try:
+                    self._run(staged)
+                finally:
+                    if staged.pinned is not None and self.states is not None:
+                        self.states.release(staged.pinned)
         finally:
             self._send(None)
 
@@ -239,9 +265,11 @@ class Stages:
             if staged.parts is None:
                 self._count_deliveries(live)
             staged.parts = [Part(0, len(batch), NOT_PREPARED)]
-        self._execute(batch, live, staged.parts)
+        self._execute(batch, live, staged.parts, staged.state)
 
-    def _execute(self, batch: TakenBatch, live: list[Slice], parts: list[Part]) -> None:
+    def _execute(
+        self, batch: TakenBatch, live: list[Slice], parts: list[Part], state: Any = None
+    ) -> None:
         items = batch.items()
         self.middleware.batch_opened(self.serving, batch.key, self.partition, live)
         self.middleware.batch_started(
@@ -265,6 +293,7 @@ class Stages:
                     context.drive,
                     part.start,
                     part.prepared,
+                    state,
                 )
         took = time.perf_counter() - started
         if self.batch_times is not None:  # in the unit batches are measured in (latency.py)
@@ -300,3 +329,22 @@ class Stages:
     def _drop(self, slices: list[Slice]) -> None:
         if slices:
             self._send([(s.request, s.offset, len(s.items), P.DROP, None) for s in slices])
+
+
+class _Events(KeyEvents):
+    """A partition's key states, told to its middleware (metrics)."""
+
+    def __init__(self, stages: Stages) -> None:
+        self.stages = stages
+
+    def loaded(self, key: str, seconds: float, ok: bool) -> None:
+        st = self.stages
+        st.middleware.key_loaded(st.serving, key, st.partition, seconds, ok)
+
+    def evicted(self, key: str) -> None:
+        st = self.stages
+        st.middleware.key_evicted(st.serving, key, st.partition)
+
+    def used(self, hit: bool, held: int) -> None:
+        st = self.stages
+        st.middleware.key_used(st.serving, st.partition, hit, held)

@@ -1,0 +1,156 @@
+"""The dashboard's health figures against a real worker process (docs/operations.md,
+"Dashboard: status"): each serving is credited its own items when servings share a
+partition, a serving whose batch function always raises is shown failing within 10 s of
+load, and the queue time and end to end the page shows are the worker's own histograms
+(its /metrics) over the same requests."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+import queueserve as qs
+from queueserve.wire.figures import LATENCY_BOUNDS, quantile
+from tests.support.dashboard_proc import DashboardProc
+from tests.support.fault_app import WorkerProc
+from tests.support.helpers import wait_until
+from tests.support.redis_server import free_port
+
+REQUESTS = 300  # sent to the busy serving, 4 items each
+
+
+@pytest.fixture
+def served(redis_url: str, prefix: str, tmp_path: Path) -> Iterator[tuple[DashboardProc, int]]:
+    """A worker of busy, idle and broken on one partition, with /metrics, and a dashboard."""
+    port = free_port()
+    worker = WorkerProc.one_partition(
+        ["tests.support.health_app:together", "--metrics-port", str(port)],
+        redis_url,
+        prefix,
+        tmp_path / "worker.log",
+    )
+    proc = None
+    try:
+        with qs.Client(redis_url, prefix=prefix) as client:
+            wait_until(lambda: client.dispatch("busy", 2, timeout=30) == 4, "the worker")
+        proc = DashboardProc(redis_url, prefix, tmp_path / "dashboard.log")
+        yield proc, port
+    finally:
+        if proc is not None:
+            proc.stop()
+        worker.kill_group()
+
+
+def overview(http: httpx.Client) -> dict[str, dict[str, Any]]:
+    response = http.get("/api/overview")
+    assert response.status_code == 200, response.text[:500]
+    return {s["name"]: s for s in response.json()["servings"]}
+
+
+def worker_histogram(port: int, name: str, serving: str) -> list[int]:
+    """The worker's histogram ``name`` of ``serving`` from its /metrics, per bucket (not
+    cumulative), over LATENCY_BOUNDS and past the last."""
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text
+    cumulative: dict[float, float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == f"{name}_bucket" and s.labels.get("serving") == serving:
+                cumulative[float(s.labels["le"])] = s.value
+    bounds = [*map(float, LATENCY_BOUNDS), float("inf")]
+    assert sorted(cumulative) == bounds, sorted(cumulative)
+    totals = [int(cumulative[b]) for b in bounds]
+    return [n - (totals[i - 1] if i else 0) for i, n in enumerate(totals)]
+
+
+def bucket(seconds: float) -> int:
+    return next((i for i, b in enumerate(LATENCY_BOUNDS) if seconds <= b), len(LATENCY_BOUNDS))
+
+
+def test_each_serving_has_its_own_figures_and_the_failing_one_says_so(
+    served: tuple[DashboardProc, int], redis_url: str, prefix: str
+) -> None:
+    dashboard, port = served
+    with httpx.Client(base_url=dashboard.url, timeout=60) as http:
+        # Given the page read once before any load (its first sample)
+        before = worker_histogram(port, "queueserve_queue_time_seconds", "busy")
+        first = overview(http)
+        assert first["idle"]["health"]["status"]["status"] == "idle", first["idle"]["health"]
+
+        # When callers load the busy serving and the broken one
+        stop = threading.Event()
+
+        def load(serving: str, rounds: int | None) -> None:
+            with qs.Client(redis_url, prefix=prefix) as client:
+                n = 0
+                while not stop.is_set() and (rounds is None or n < rounds):
+                    client.dispatch_many(serving, [1, 2, 3, 4], return_exceptions=True, timeout=60)
+                    n += 1
+
+        callers = [
+            threading.Thread(target=load, args=("busy", REQUESTS // 2)),
+            threading.Thread(target=load, args=("busy", REQUESTS // 2)),
+            threading.Thread(target=load, args=("broken", None)),
+        ]
+        for caller in callers:
+            caller.start()
+        try:
+            # Then the broken serving is shown failing within 10 s
+            failing = wait_until(
+                lambda: (
+                    (s := overview(http)["broken"])["health"]["status"]["status"] == "failing" and s
+                ),
+                "the broken serving shown failing",
+                timeout=10,
+                process=dashboard,
+            )
+            assert failing["health"]["error_rate"] == 1.0, failing["health"]
+            assert "failed" in failing["health"]["status"]["reasons"][0]
+            # and the busy one busy, with items per second of its own
+            rows = wait_until(
+                lambda: (o := overview(http))["busy"]["health"]["items_per_s"] and o,
+                "the busy serving's throughput",
+            )
+        finally:
+            stop.set()
+            for caller in callers:
+                caller.join(120)
+        assert rows["busy"]["health"]["status"]["status"] == "busy", rows["busy"]["health"]
+
+        # and the idle serving, on the same partition, ran nothing at any point
+        idle = overview(http)["idle"]
+        assert idle["health"]["items"] == 0 and idle["health"]["items_per_s"] == 0.0, idle
+        assert all(p["items_per_s"] == 0.0 for p in idle["history"]), idle["history"]
+        assert [w["items"] for w in idle["workers"]] == [0], idle["workers"]
+        assert idle["health"]["status"]["status"] == "idle", idle["health"]
+
+        # When every request to the busy serving has been counted by the page
+        sent = REQUESTS * 4
+        busy = wait_until(
+            lambda: (s := overview(http)["busy"])["health"]["items"] == sent and s,
+            "the page to count every item sent to busy",
+        )
+
+        # Then its queue time is the worker's histogram's over the same requests: p50 and
+        # p99 in the same bucket (they count the same observations in the same buckets)
+        after = worker_histogram(port, "queueserve_queue_time_seconds", "busy")
+        worker = [a - b for a, b in zip(after, before, strict=True)]
+        assert sum(worker) == REQUESTS
+        for q, shown in (
+            (0.5, busy["health"]["queue_p50_ms"]),
+            (0.99, busy["health"]["queue_p99_ms"]),
+        ):
+            expected = quantile(q, worker)
+            assert expected is not None and shown is not None
+            assert abs(bucket(shown / 1000) - bucket(expected)) <= 1, (q, shown, expected, worker)
+        ends = worker_histogram(port, "queueserve_end_to_end_seconds", "busy")
+        assert busy["health"]["end_to_end_p99_ms"] is not None
+        assert (
+            bucket(busy["health"]["end_to_end_p99_ms"] / 1000)
+            <= bucket(quantile(0.99, ends) or 0.0) + 1
+        )
