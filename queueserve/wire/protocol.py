@@ -39,7 +39,8 @@ each with the keys below; ``meta``, ``config`` and ``workers`` are read from sha
                                MAX_WITHDRAWN fields)
     P:inbox:C         list     replies for client C, one element per (client, batch) (TTL)
     P:events:C        channel  streamed events (hooks, generator steps) for client C
-    P:worker:W        hash     registry record of worker process W (TTL)
+    P:worker:W        hash     registry record of worker process W (TTL), with a field
+                               figures:S per serving it runs (wire/figures.py)
     P:servings        zset     serving name -> last declaration or heartbeat of a worker serving
                                it, unix ms: the servings list (GET /v1/models, the dashboard,
                                admin listings), read a bounded page at a time, never by SCAN;

@@ -24,6 +24,7 @@ from typing import Any
 
 from queueserve.serving import Partition, Serving
 from queueserve.steps import StepServing
+from queueserve.wire.figures import LATENCY_BOUNDS
 from queueserve.wire.protocol import TENANT_NAME
 from queueserve.worker.middleware import Middleware
 from queueserve.worker.pipeline.stepping import StepRecord
@@ -33,8 +34,9 @@ log = logging.getLogger(__name__)
 _SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 _RATIO_BUCKETS = (0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
 _TIME_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
-# Waits in a queue and whole requests run longer than batches: up to 10 minutes.
-_LATENCY_BUCKETS = (*_TIME_BUCKETS, 30, 60, 120, 300, 600)
+# Waits in a queue and whole requests run longer than batches: up to 10 minutes. The
+# dashboard's figures count in the same buckets (wire/figures.py), so both give one p99.
+_LATENCY_BUCKETS = LATENCY_BOUNDS
 
 DEFAULT_HOST = "127.0.0.1"  # --metrics-host: 0.0.0.0 to be scraped from other hosts
 KEY_LABELS = 20  # --metrics-keys: batch keys with a label of their own, besides declared ones

@@ -18,6 +18,7 @@ from queueserve.errors import QueueServeError, RedisCommandError, RedisUnavailab
 from queueserve.serving import Partition, Serving
 from queueserve.wire import protocol as P
 from queueserve.wire.timing import HEARTBEAT_EVERY_S, HEARTBEAT_TTL_MS
+from queueserve.worker.figures import ServingFigures
 from queueserve.worker.middleware import Middleware, Middlewares
 from queueserve.worker.pipeline.runner import ServingRunner
 from queueserve.worker.watchdog import run_guarded
@@ -104,7 +105,8 @@ class PartitionHost:
     ) -> None:
         self.partition = partition
         self.tally = Tally()
-        self.middleware = Middlewares([self.tally, *middleware])
+        self.figures = ServingFigures(servings)  # each serving's own, for the dashboard
+        self.middleware = Middlewares([self.tally, self.figures, *middleware])
         self.consumer = consumer_name(partition)
         # Every loop of this partition shares the broker, so an outage is logged once here.
         self.broker = Consumer(url, owner=f"partition {partition.index} ({self.consumer})")
@@ -267,8 +269,9 @@ class PartitionHost:
             return
 
     def _beat(self) -> None:
-        # With what it ran so far: the dashboard's throughput and batch sizes (board.py)
-        info = {**self._info, **self.tally.snapshot()}
+        # With what it ran so far, in all and per serving (wire/figures.py): the dashboard's
+        # throughput, error rate and latency (board.py)
+        info = {**self._info, **self.tally.snapshot(), **self.figures.fields()}
         self.broker.heartbeat(self._keys(), self.consumer, HEARTBEAT_TTL_MS, info)
 
     def _clear_junk(self, keys: P.Keys) -> None:

@@ -24,6 +24,7 @@ import pytest
 import redis
 
 from queueserve.dashboard import create_app
+from queueserve.wire.figures import field_of
 from queueserve.wire.protocol import Keys, worker_key
 from tests.faults.fuzz.surfaces import dashboard_reads
 from tests.faults.fuzz.values import FAMILIES
@@ -196,7 +197,7 @@ def test_hostile_worker_records_and_a_servings_key_of_another_type_leave_the_ove
     rng = random.Random(SEED)
     [live] = [c.decode() for c in redis_client.zrange(keys.workers, 0, -1)]
     now_ms = int(redis_client.time()[0]) * 1000
-    fields = dashboard_reads()
+    fields = (*dashboard_reads(), field_of("square"))  # and the serving's own figures
     with httpx.Client(base_url=dashboard.url, timeout=60) as http:
 
         def overview(what: str) -> dict[str, Any]:
@@ -215,7 +216,8 @@ def test_hostile_worker_records_and_a_servings_key_of_another_type_leave_the_ove
             rows = overview(name)["square"]["workers"]
             assert {w["id"] for w in rows} == {live, "fuzz-ghost"}, rows
             for w in rows:
-                assert all(type(w[k]) is int and w[k] >= 0 for k in ("items", "batches")), w
+                counts = ("items", "batches", "failures")
+                assert all(type(w[k]) is int and w[k] >= 0 for k in counts), w
                 assert all(len(w[k]) <= 100 for k in ("host", "pid", "partition", "device")), w
 
         # When the ghost's record is of another type, and another serving's workers set too

@@ -25,6 +25,7 @@ from queueserve.options import serving as model
 from queueserve.options.serving import RUNTIME, ServingOptions
 from queueserve.wire import options as wire_options
 from queueserve.wire import protocol as P
+from queueserve.wire.figures import field_of
 from queueserve.wire.request import FIELDS
 from tests.faults.fuzz import surfaces
 from tests.faults.fuzz.surfaces import SURFACES, Target
@@ -166,8 +167,10 @@ def test_each_meta_field_acted_on_is_attacked_and_parsed_by_the_model_or_special
 def test_the_worker_record_attack_covers_every_field_the_dashboard_reads() -> None:
     source = inspect.getsource(board)
     read = set(re.findall(r"\b(?:record|r)\.get\(\"(\w+)\"", source))
-    assert {"host", "device", "items", "batches"} <= read  # (found)
+    assert {"host", "device"} <= read  # (found)
     assert {f.encode() for f in read} <= set(surfaces.worker_fields())
+    # and a serving's figures, a field named after it (a live worker's are attacked by name)
+    assert field_of("fuzz") in surfaces.dashboard_reads()
 
 
 class _Hashes:
