@@ -78,25 +78,99 @@ def test_while_sequences_run_a_join_waits_for_enough_joiners_or_enough_steps() -
     s.stepped()
     assert s.admit(queue) == []
     s.stepped()  # max_waiting_steps=3 steps without a join: one joiner is worth it now
-    assert len(s.admit(queue)) == 1
+    [one] = s.admit(queue)
     # two waiting at once are enough right away
     queue = deque([waiting(1), waiting(1)])
-    s.left(1, 10, False)
+    s.left(one)
     assert len(s.admit(queue)) == 2
 
 
 def test_a_redelivered_request_runs_alone() -> None:
     s = Scheduler(LIMITS)
-    s.admit(deque([waiting(1)]))
+    [first] = s.admit(deque([waiting(1)]))
     queue = deque([waiting(1, alone=True), waiting(1)])
     for _ in range(5):
         s.stepped()
     assert s.admit(queue) == []  # something runs: the redelivered one waits, and blocks others
-    s.left(1, 10, False)
-    assert [w.piece.request.alone for w in s.admit(queue)] == [True]
+    s.left(first)
+    [alone] = s.admit(queue)
+    assert alone.piece.request.alone
     assert s.admit(queue) == []  # nothing joins while it runs
-    s.left(1, 10, True)
+    s.left(alone)
     assert len(s.admit(queue)) == 1
+    assert (s.slots, s.alone, s.tenants) == (1, 0, {None: 1})
+
+
+def lane(tenant: str, n: int = 1) -> Waiting:
+    """A waiting request of ``tenant``'s lane of key K, as StepQueue.add makes it."""
+    q = StepQueue(capacity=8)
+    request = Request(b"1-0", "s", 1, "inbox", 0.0, n)
+    q.add(f"K\x1f{tenant}", Slice(request, 0, list(range(n))), 0.0)
+    w = q.waiting[0]
+    w.budget, w.prompt = 10, 2
+    return w
+
+
+def test_a_tenant_with_nothing_running_joins_before_another_tenants_backlog() -> None:
+    s = Scheduler(LIMITS)
+    running = s.admit(deque(lane("flood") for _ in range(8)))  # every slot: the flood's
+    queue = deque([*(lane("flood") for _ in range(5)), lane("quiet"), lane("flood")])
+    quiet = queue[5]
+    assert quiet.tenant == "quiet"
+    s.left(running[0])
+    s.left(running[1])  # two slots free: enough to join (ratio 0.5 of 6 running is 3...)
+    for _ in range(3):
+        s.stepped()  # (... so after max_waiting_steps one joiner is worth it)
+    joined = s.admit(queue)
+    # the quiet tenant's request first, then the flood's oldest: behind five of the flood's
+    assert joined == [quiet, queue_head := joined[1]] and queue_head.tenant == "flood"
+    assert [w.tenant for w in queue] == ["flood"] * 4 + ["flood"]
+    assert s.tenants == {"flood": 7, "quiet": 1}
+
+
+def test_an_active_tenant_with_nothing_running_has_a_slot_kept_and_joins_at_once() -> None:
+    s = Scheduler(LIMITS)
+    # the flood may take 7 of the 8 slots while "quiet" is active and runs nothing
+    queue = deque(lane("flood") for _ in range(9))
+    assert len(s.admit(queue, {}, ["flood", "quiet"])) == 7
+    # a lone request of quiet's joins at the next boundary: no wave of 3 (ratio 0.5 of 7)
+    queue.appendleft(lane("quiet"))
+    assert [w.tenant for w in s.admit(queue, {}, ["flood", "quiet"])] == ["quiet"]
+    # running now, quiet keeps no slot free: a lone flood request waits for a wave again
+    assert s.admit(deque([lane("flood")]), {}, ["flood", "quiet"]) == []
+    # two active idle tenants: two slots kept, at most a quarter of them (8 // 4 = 2)
+    t = Scheduler(LIMITS)
+    assert len(t.admit(deque(lane("f") for _ in range(9)), {}, ["f", "x", "y", "z"])) == 6
+    # an inactive tenant keeps nothing (the flood alone: every slot)
+    u = Scheduler(LIMITS)
+    assert len(u.admit(deque(lane("f") for _ in range(9)), {}, ["f"])) == 8
+
+
+def test_tenants_take_turns_by_running_sequences_for_their_weight() -> None:
+    s = Scheduler(LIMITS)
+    # a holds 2 running, b none: b's first two go before a's next, then they alternate
+    s.admit(deque([lane("a"), lane("a")]))
+    for _ in range(3):
+        s.stepped()
+    queue = deque([lane("a"), lane("a"), lane("a"), lane("b"), lane("b"), lane("b")])
+    order = [w.tenant for w in s.in_turn(queue, {})]
+    assert order == ["b", "b", "a", "b", "a", "a"]
+    # weight 3 for a: its 2 running count as 2/3, then 1, 4/3, 5/3 as it joins; b's 0, 1, 2
+    # (a tie goes to the earlier head: a's)
+    order = [w.tenant for w in s.in_turn(queue, {"a": 3.0})]
+    assert order == ["b", "a", "a", "b", "a", "b"]
+    # a request that does not fit stops the join in this order too: b's 7 items stop it
+    big = deque([lane("a"), lane("b", 7), lane("a")])
+    assert [w.tenant for w in s.admit(big)] == []
+    assert [w.slots for w in big] == [1, 7, 1]
+
+
+def test_one_tenants_queue_keeps_arrival_order_and_needs_no_reordering() -> None:
+    s = Scheduler(LIMITS)
+    queue = deque([lane("a"), lane("a", 2), lane("a")])
+    assert s.in_turn(queue, {}) is queue
+    plain = deque([waiting(1), waiting(2)])
+    assert s.in_turn(plain, {}) is plain
 
 
 def test_requests_that_can_never_fit_are_named() -> None:

@@ -58,8 +58,8 @@ class Shares:
 def share_tenants(
     assembler: object, weights: Mapping[str, float], cond: threading.Condition, serving: str
 ) -> None:
-    """Hand the tenants' weights as last read (``P:tenants``) to the assembler's shares, when
-    they changed (a step serving's queue admits in arrival order: it has none)."""
+    """Hand the tenants' weights as last read (``P:tenants``) to the assembler's shares (or a
+    step serving's queue's), when they changed."""
     shares = getattr(assembler, "shares", None)
     if not isinstance(shares, Shares) or weights == shares.tenants:
         return

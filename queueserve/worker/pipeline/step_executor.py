@@ -35,6 +35,7 @@ from queueserve.serving import Partition, Serving
 from queueserve.steps import StepServing
 from queueserve.wire import protocol as P
 from queueserve.wire.error import EXPIRED_GENERATING, error_body
+from queueserve.wire.tenants import split_lane
 from queueserve.worker.middleware import Middleware
 from queueserve.worker.pipeline.batching import Request
 from queueserve.worker.pipeline.execute import Row
@@ -121,7 +122,7 @@ class StepExecutor:
                 for w in self.queue.waiting:
                     if w.measured and w.looked != self.cache.version:
                         w.cached, w.looked = self.calls.cached_tokens(w), self.cache.version
-            joiners = self.queue.take(self.scheduler)
+            joiners = self.queue.take(self.scheduler, time.monotonic())
             if self.queue.departed != departed:
                 # Room for the reader (waiting while a running set's worth waits). Only then:
                 # a reader woken for nothing reads Redis again, a round trip per step.
@@ -199,7 +200,7 @@ class StepExecutor:
 
     def _leave(self, m: Member) -> None:
         self.running.remove(m)
-        self.scheduler.left(m.waiting.slots, m.waiting.budget, m.request.alone)
+        self.scheduler.left(m.waiting)
 
     # -- measuring and joining -----------------------------------------------------------------
     def _measure(self, waiting: list[Waiting]) -> list[Row]:
@@ -242,8 +243,8 @@ class StepExecutor:
                 self._count_delivery(request)
         started = time.perf_counter()
         by_key: dict[str, list[Waiting]] = {}
-        for w in joiners:
-            by_key.setdefault(w.key, []).append(w)
+        for w in joiners:  # tenants' lanes of a key share its calls: the serving sees the key
+            by_key.setdefault(split_lane(w.key)[0], []).append(w)
         for key, group in by_key.items():
             rows += self._prefill(key, group, record)
         record.prefill_seconds += time.perf_counter() - started

@@ -8,8 +8,14 @@ Pure logic, no I/O, no model calls (``step_executor`` runs the steps):
 - ``Scheduler`` keeps the running set's accounts (slots, reserved tokens, steps since the last
   join) and decides, between two decode steps, which waiting requests join:
 
-  1. in arrival order, and whole (each item takes a slot); the first that does not fit stops
-     the join, so a large request is never overtaken for ever by small ones;
+  1. in arrival order within a tenant (a gateway tenant's lane, wire/tenants.py), the tenant
+     with the fewest sequences running for its weight first, and whole (each item takes a
+     slot); the first that does not fit stops the join, so a large request is never overtaken
+     for ever by small ones, and a tenant's requests never wait behind another's backlog.
+     While other tenants sent work in the last RESERVE_FOR_S, a tenant leaves one slot free
+     for each of them that has nothing running (a quarter of the slots at most), and such a
+     tenant's request joins at the next boundary: so it waits no generation of another's for
+     a slot (sequences joined together end together);
   2. while ``max_slots``, ``max_batch_tokens`` (prompt + most generated, reserved for the whole
      run: the running set can never outgrow it) and ``max_prefill_tokens`` (prompt tokens
      computed by this join, after the prefix cache) allow;
@@ -29,12 +35,16 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from queueserve.steps import StepServing
+from queueserve.wire.tenants import split_lane
 from queueserve.worker.pipeline.batching import Slice
+from queueserve.worker.pipeline.shares import Shares
+
+RESERVE_FOR_S = 1.0  # a tenant that sent work this recently keeps a slot free while it waits
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +85,7 @@ class Waiting:
     key: str
     piece: Slice
     arrived: float
+    tenant: str | None = None  # whose lane ``key`` is (None: no tenant's)
     budget: int = -1  # tokens reserved while it runs: prompt + most generated, all items
     prompt: int = 0  # prompt tokens of all items, before the prefix cache
     cached: int = 0  # prompt tokens the prefix cache covers (as of the last look)
@@ -128,6 +139,8 @@ class StepQueue:
         self.buffered = 0
         self.arrived = 0  # slices ever added, and ever taken or removed: what changed since
         self.departed = 0  # a look (the executor skips looks that would find nothing new)
+        self.shares = Shares()  # the tenants' weights (P:tenants), which joins follow
+        self.sent: dict[str | None, float] = {}  # tenant -> when it was last read (monotonic)
 
     @property
     def weight(self) -> float:
@@ -139,8 +152,8 @@ class StepQueue:
         return list({w.key for w in self.waiting}) if self.buffered >= self.capacity else []
 
     def read_marks(self) -> list[str]:
-        """read.lua's form of ``full_keys``: every priority of each key."""
-        return [f"9{key}" for key in self.full_keys()]
+        """read.lua's form of ``full_keys`` (every priority of each key), and the weights."""
+        return [f"9{key}" for key in self.full_keys()] + self.shares.marks
 
     def look_ahead(self) -> float:
         return float(self.buffered)
@@ -151,11 +164,13 @@ class StepQueue:
 
     def add(self, key: str, piece: Slice, now: float, lead: bool = False) -> None:
         """Requests join in arrival order: read.lua read a leading key (``lead``) first already."""
+        tenant = split_lane(key)[1]
+        self.sent[tenant] = now
         # A raw request larger than the slots (not streamed, so splittable) runs in parts.
         while len(piece.items) > self.capacity and not piece.request.no_split:
             head, piece = piece.split(self.capacity)
-            self._append(Waiting(key, head, now))
-        self._append(Waiting(key, piece, now))
+            self._append(Waiting(key, head, now, tenant))
+        self._append(Waiting(key, piece, now, tenant))
 
     def refit(self) -> None:
         """Split what ``add`` would split at the current capacity (it shrank at run time):
@@ -174,9 +189,13 @@ class StepQueue:
         self.buffered += waiting.slots
         self.arrived += 1
 
-    def take(self, scheduler: Scheduler) -> list[Waiting]:
+    def take(self, scheduler: Scheduler, now: float) -> list[Waiting]:
         """The waiting slices that join the running set now (``Scheduler.admit``)."""
-        taken = scheduler.admit(self.waiting)
+        sent = self.sent
+        if len(sent) > 1:
+            for tenant in [t for t, at in sent.items() if now - at > RESERVE_FOR_S]:
+                del sent[tenant]
+        taken = scheduler.admit(self.waiting, self.shares.tenants, sent)
         self.buffered -= sum(w.slots for w in taken)
         self.departed += len(taken)
         return taken
@@ -188,6 +207,18 @@ class StepQueue:
         self.waiting = deque(w for w in self.waiting if id(w) not in ids)
         self.buffered -= sum(w.slots for w in gone)
         self.departed += len(gone)
+
+
+def _remove(waiting: deque[Waiting], taken: list[Waiting]) -> None:
+    """Take ``taken`` out of ``waiting`` (most joins take its front)."""
+    if all(a is b for a, b in zip(taken, waiting, strict=False)):
+        for _ in taken:
+            waiting.popleft()
+        return
+    joining = {id(w) for w in taken}
+    staying = [w for w in waiting if id(w) not in joining]
+    waiting.clear()
+    waiting.extend(staying)
 
 
 def too_large(w: Waiting, limits: Limits) -> str | None:
@@ -221,15 +252,25 @@ class Scheduler:
         self.tokens = 0  # tokens reserved by them
         self.steps_since_join = 0
         self.alone = 0  # sequences of a redelivered request running (nothing else joins)
+        self.tenants: dict[str | None, int] = {}  # sequences running per tenant (None: none's)
 
-    def admit(self, waiting: deque[Waiting]) -> list[Waiting]:
-        """Remove and return the waiting slices that join now (all measured, at the front)."""
+    def admit(
+        self,
+        waiting: deque[Waiting],
+        weights: Mapping[str, float] | None = None,
+        active: Iterable[str | None] = (),
+    ) -> list[Waiting]:
+        """Remove and return the waiting slices that join now (all measured, first in turn;
+        ``weights``: the tenants' other than 1; ``active``: the tenants that sent work lately,
+        for whom a slot is kept free while they have nothing running)."""
         if not waiting or self.alone:
             return []
         lim = self.limits
         taken: list[Waiting] = []
         slots, tokens, prefill = self.slots, self.tokens, 0
-        for w in waiting:
+        idle = [t for t in active if t not in self.tenants]  # (one tenant: none or itself)
+        newcomer = False  # a tenant with nothing running joins: no waiting for a wave
+        for w in self.in_turn(waiting, weights or {}):
             if not w.measured:
                 break
             if w.piece.request.alone:
@@ -237,21 +278,55 @@ class Scheduler:
                     taken.append(w)
                 break
             if (
-                slots + w.slots > lim.max_slots
+                slots + w.slots > lim.max_slots - self._kept_free(w.tenant, idle)
                 or tokens + w.budget > lim.max_batch_tokens
                 or prefill + w.prefill > lim.max_prefill_tokens
             ):
                 break
             taken.append(w)
             slots, tokens, prefill = slots + w.slots, tokens + w.budget, prefill + w.prefill
-        if sum(w.slots for w in taken) < self.least_join():
+            if w.tenant in idle:
+                idle.remove(w.tenant)
+                newcomer = True
+        if not newcomer and sum(w.slots for w in taken) < self.least_join():
             return []
-        for _ in taken:
-            waiting.popleft()
+        _remove(waiting, taken)
         for w in taken:
             self.joined(w)
         self.steps_since_join = 0
         return taken
+
+    def _kept_free(self, tenant: str | None, idle: list[str | None]) -> int:
+        """Slots ``tenant`` leaves free: one per other active tenant running nothing."""
+        if not idle:
+            return 0
+        return min(sum(t != tenant for t in idle), self.limits.max_slots // 4)
+
+    def in_turn(self, waiting: deque[Waiting], weights: Mapping[str, float]) -> Iterable[Waiting]:
+        """``waiting`` in the order it may join: arrival order within a tenant; the next is
+        always the head of the tenant with the fewest sequences running (and before it in
+        this order) for its weight, the earlier head on a tie. So a tenant's request joins
+        at the next boundary with room however long another tenant's backlog is."""
+        first = waiting[0].tenant
+        if all(w.tenant == first for w in waiting):  # one tenant (or none): arrival order
+            return waiting
+        lines: dict[str | None, deque[tuple[int, Waiting]]] = {}
+        for position, w in enumerate(waiting):
+            lines.setdefault(w.tenant, deque()).append((position, w))
+        load = {t: self.tenants.get(t, 0) for t in lines}
+        order: list[Waiting] = []
+        while lines:
+            tenant = min(
+                lines,
+                key=lambda t: (load[t] / (weights.get(t, 1.0) if t else 1.0), lines[t][0][0]),
+            )
+            line = lines[tenant]
+            w = line.popleft()[1]
+            order.append(w)
+            load[tenant] += w.slots
+            if not line:
+                del lines[tenant]
+        return order
 
     def least_join(self) -> int:
         """Sequences worth pausing the running set for a prefill (the join policy)."""
@@ -263,15 +338,21 @@ class Scheduler:
     def joined(self, w: Waiting) -> None:
         self.slots += w.slots
         self.tokens += w.budget
+        self.tenants[w.tenant] = self.tenants.get(w.tenant, 0) + w.slots
         if w.piece.request.alone:
             self.alone += w.slots
 
-    def left(self, slots: int, budget: int, alone: bool) -> None:
-        """Sequences left the running set (their request ended, failed or was withdrawn)."""
-        self.slots -= slots
-        self.tokens -= budget
-        if alone:
-            self.alone -= slots
+    def left(self, w: Waiting) -> None:
+        """``w``'s sequences left the running set (its request ended, failed or was withdrawn)."""
+        self.slots -= w.slots
+        self.tokens -= w.budget
+        running = self.tenants[w.tenant] - w.slots
+        if running:
+            self.tenants[w.tenant] = running
+        else:
+            del self.tenants[w.tenant]
+        if w.piece.request.alone:
+            self.alone -= w.slots
 
     def stepped(self) -> None:
         self.steps_since_join += 1
