@@ -18,6 +18,7 @@
     ├── NotReplicated        a durable serving's request reached the primary, but no replica
     │                        acknowledged it in time: a failover now could lose it
     ├── UnknownServing       the call named a serving no worker ever declared under the prefix
+    ├── IdempotencyConflict  the call reused an idempotency key of the serving for other items
     ├── BatchResultError     (results.py) a batch function's return value does not give one
     │                        result per item; its callers get it as a RemoteError
     ├── ServingNotFound      (worker/loading.py) a ``module:attr`` that names no serving
@@ -109,3 +110,14 @@ class NotReplicated(QueueServeError):
     """A request of a ``durable=True`` serving was queued on the primary, but no replica
     acknowledged it within the wait (``WAIT 1``): a failover now could lose it. It may still
     run; resending it is safe when the batch function may run twice for one request."""
+
+
+class IdempotencyConflict(QueueServeError):
+    """A call reused an idempotency key, within the serving's ``idempotency_ttl``, for other
+    items (or another batch key) than the key's first call: a key names one request, as in the
+    IETF Idempotency-Key draft and Stripe's API (the gateway answers HTTP 422). The message
+    names the key and the job of its first call.
+
+    >>> client.submit("embed", ["a"], idempotency_key="doc-42").result()
+    >>> client.submit("embed", ["b"], idempotency_key="doc-42")   # raises IdempotencyConflict
+    """

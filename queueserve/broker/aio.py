@@ -18,6 +18,7 @@ from redis.commands.core import AsyncScript
 
 from queueserve.broker.common import (
     Enqueued,
+    OnceAt,
     Request,
     Together,
     add_listing,
@@ -151,6 +152,7 @@ class AsyncProducer:
         jobs: Sequence[JobAt] = (),
         together: Sequence[Together] = (),
         again: bool = False,
+        onces: Sequence[OnceAt] = (),
     ) -> Enqueued:
         """``Producer.enqueue``: admit requests atomically, or reject them for max_queue;
         ``durable`` waits for a replica to hold them; ``jobs`` get their records; each run
@@ -158,13 +160,15 @@ class AsyncProducer:
         if jobs and self.jobs.cluster:
             made = await self.jobs.created(keys, requests, jobs, again)
             reply = await self._enqueue_call(
-                keys, requests, max_queue, durable, (), together, again
+                keys, requests, max_queue, durable, (), together, again, onces
             )
             # Not retried with the enqueue (see Producer.enqueue)
             with contextlib.suppress(QueueServeError):
                 await self.jobs.placed(keys, requests, jobs, reply, made)
             return reply
-        return await self._enqueue_call(keys, requests, max_queue, durable, jobs, together, again)
+        return await self._enqueue_call(
+            keys, requests, max_queue, durable, jobs, together, again, onces
+        )
 
     async def _enqueue_call(
         self,
@@ -175,8 +179,11 @@ class AsyncProducer:
         jobs: Sequence[JobAt],
         together: Sequence[Together],
         again: bool = False,
+        onces: Sequence[OnceAt] = (),
     ) -> Enqueued:
-        script_keys, args = enqueue_arguments(keys, requests, max_queue, jobs, together, again)
+        script_keys, args = enqueue_arguments(
+            keys, requests, max_queue, jobs, together, again, onces
+        )
         with redis_errors(self.url):
             if not durable:
                 return enqueued(await self._enqueue(keys=script_keys, args=args))

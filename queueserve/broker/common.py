@@ -18,6 +18,7 @@ from redis.exceptions import NoScriptError
 
 from queueserve.broker.urls import redact_url
 from queueserve.wire.jobs import placings
+from queueserve.wire.once import once_spec
 from queueserve.wire.protocol import (
     GROUP,
     MAX_LISTED_SERVINGS,
@@ -33,6 +34,9 @@ Request = tuple[str, int, bytes, bytes, int]  # batch key, items, header, payloa
 # Requests of one call admitted together or not at all: the first one's index, how many
 Together = tuple[int, int]
 Enqueued = tuple[int, int, list[bytes | int]]  # limit, queued after, entry id or 0 per request
+# A keyed request (wire/once.py): its index, its record's key, its digest, the id of the job it
+# becomes, and the TTL (ms) of its record when the meta hash declares none
+OnceAt = tuple[int, str, str, str, int]
 INBOX_READ_COUNT = 512
 
 
@@ -96,14 +100,17 @@ def enqueue_arguments(
     jobs: Sequence[tuple[int, str, str, int]] = (),
     together: Sequence[Together] = (),
     again: bool = False,
+    onces: Sequence[OnceAt] = (),
 ) -> tuple[list[str], list[Any]]:
     """KEYS and ARGV of enqueue.lua for these requests: each stream's batch key and priority
     once, then four values per request (the first of ``together`` requests with its item
     count as 'N:R': admitted with the R-1 after it or refused with them); then, for ``jobs``
     (broker/jobs.py's JobAt), their record groups' keys and what enqueue.lua writes there
     (not on a cluster: the groups are in other slots); ``again``: the send was tried before,
-    so a job's field may be there already, or ended. The per-priority counter goes last
-    of all KEYS (enqueue.lua knows it by its name, so callers that predate it still work)."""
+    so a job's field may be there already, or ended; ``onces``: the keyed requests, whose
+    records enqueue.lua reads and writes (after the groups' keys). The per-priority counter
+    goes last of all KEYS (enqueue.lua knows it by its name, so callers that predate it
+    still work)."""
     streams: dict[tuple[str, int], int] = {}
     per_request: list[Any] = []
     for batch_key, n, header, payload, priority in requests:
@@ -114,6 +121,8 @@ def enqueue_arguments(
     for first, count in together:
         per_request[4 * first + 1] = f"{requests[first][1]}:{count}"
     args: list[Any] = [max_queue, GROUP, PRIORITY_AGE_MS, len(streams)]
+    if onces:
+        args[3] = f"{len(streams)}:{len(onces)}"
     for batch_key, priority in streams:
         args += (batch_key, priority)
     script_keys = [keys.queued, keys.seen, keys.meta, keys.ready, keys.wake, keys.depth]
@@ -127,6 +136,9 @@ def enqueue_arguments(
             at += (index + 1, rid, keep_ms)
         script_keys += groups
         per_request.append(placings(keys.name, list(groups.values()), again))
+    if onces:
+        script_keys += [record for _, record, _, _, _ in onces]
+        per_request.append(once_spec(onces))
     script_keys.append(keys.pdepth)
     return script_keys, args + per_request
 

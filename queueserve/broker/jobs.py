@@ -69,7 +69,8 @@ def placed_jobs(
         args: list[Any] = []
         for i, _, rid, _ in group:
             entry = reply[2][i]
-            if isinstance(entry, bytes):
+            # (an entry id; a keyed request answered from its key's record is not enqueued)
+            if isinstance(entry, bytes) and entry[:1].isdigit():
                 args += (rid, keys.stream(requests[i][0], requests[i][4]), entry)
             elif rid in made:
                 args += (rid, "", b"")

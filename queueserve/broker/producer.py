@@ -16,6 +16,7 @@ import redis
 from queueserve.broker import raw
 from queueserve.broker.common import (
     Enqueued,
+    OnceAt,
     Request,
     Together,
     add_listing,
@@ -55,6 +56,7 @@ class Producer(BrokerCore):
         jobs: Sequence[JobAt] = (),
         together: Sequence[Together] = (),
         again: bool = False,
+        onces: Sequence[OnceAt] = (),
     ) -> Enqueued:
         """Admit requests ``(batch_key, n_items, header, payload, priority)`` atomically.
 
@@ -66,13 +68,15 @@ class Producer(BrokerCore):
         """
         if jobs and self.jobs.cluster:
             made = self.jobs.created(keys, requests, jobs, again)
-            reply = self._enqueue_call(keys, requests, max_queue, durable, (), together, again)
+            reply = self._enqueue_call(
+                keys, requests, max_queue, durable, (), together, again, onces
+            )
             # Not retried with the enqueue (that would enqueue twice): without it a job is
             # answered as ever, and a cancel cannot withdraw its entry.
             with contextlib.suppress(QueueServeError):
                 self.jobs.placed(keys, requests, jobs, reply, made)
             return reply
-        return self._enqueue_call(keys, requests, max_queue, durable, jobs, together, again)
+        return self._enqueue_call(keys, requests, max_queue, durable, jobs, together, again, onces)
 
     def _enqueue_call(
         self,
@@ -83,8 +87,11 @@ class Producer(BrokerCore):
         jobs: Sequence[JobAt],
         together: Sequence[Together],
         again: bool = False,
+        onces: Sequence[OnceAt] = (),
     ) -> Enqueued:
-        script_keys, args = enqueue_arguments(keys, requests, max_queue, jobs, together, again)
+        script_keys, args = enqueue_arguments(
+            keys, requests, max_queue, jobs, together, again, onces
+        )
         with redis_errors(self.url):
             if not durable:
                 return enqueued(self._evalsha(self._enqueue, script_keys, args))

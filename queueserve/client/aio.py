@@ -10,111 +10,24 @@ import asyncio
 import contextlib
 import functools
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import Any
 
 from queueserve.broker.retry import Retry
 from queueserve.client.async_sending import AsyncSending
-from queueserve.client.base import INBOX_BLOCK_S, ServingRef, timeout_message
-from queueserve.client.calls import Call, deadline_after
+from queueserve.client.async_ticket import AsyncTicket as AsyncTicket
+from queueserve.client.base import INBOX_BLOCK_S, ServingRef
+from queueserve.client.calls import deadline_after
 from queueserve.client.events import RequestStream
-from queueserve.client.job_records import job_plan
 from queueserve.client.jobs import AsyncJob
+from queueserve.client.once import IdempotencyKey, call_plan, map_key
 from queueserve.client.progress import ProgressCallback
-from queueserve.client.targets import Part, Target, in_batches, plan, stream_parts
-from queueserve.client.windows import MapWindow, StreamPacer, collect, kept_parts
-from queueserve.errors import Cancelled, QueueServeError, Timeout
+from queueserve.client.targets import Target, stream_parts
+from queueserve.client.windows import MapWindow, StreamPacer
+from queueserve.errors import Cancelled, Timeout
 from queueserve.hooks import Event
 from queueserve.wire import protocol as P
-from queueserve.wire.timing import ALIVE_WITHIN_S, RECONNECT_WITHIN_S
-
-
-async def wait_uncancelled(waiting: asyncio.Future[Any], limit: float | None) -> None:
-    """Await ``waiting`` up to ``limit`` seconds (TimeoutError after), never cancelling it: a
-    caller cancelled or timed out here may await the same ticket again. The per-call cost of
-    ``asyncio.wait_for(asyncio.shield(...))`` (a shield future, a wait_for future and its
-    callbacks) was a fifth of an awaited dispatch's CPU (docs/benchmarks.md)."""
-    if not waiting.done():
-        loop = asyncio.get_running_loop()
-        woken = loop.create_future()
-
-        def wake(_: object = None) -> None:
-            if not woken.done():
-                woken.set_result(None)
-
-        waiting.add_done_callback(wake)
-        timer = None if limit is None else loop.call_later(limit, wake)
-        try:
-            await woken
-        finally:
-            waiting.remove_done_callback(wake)
-            if timer is not None:
-                timer.cancel()
-        if not waiting.done():
-            raise TimeoutError
-    waiting.result()
-
-
-class AsyncTicket:
-    """A submitted request: ``await .result(timeout)``, ``await .cancel()``, ``.done()``."""
-
-    __slots__ = ("_calls", "_client", "_futures", "_parts", "_target", "_timeout")
-
-    def __init__(
-        self,
-        client: AsyncClient,
-        target: Target,
-        parts: list[Part],
-        calls: list[Call],
-        futures: list[asyncio.Future[None]],
-        timeout: float | None,
-    ) -> None:
-        self._client = client
-        self._target = target
-        self._parts = kept_parts(parts)
-        self._calls = calls
-        self._futures = futures
-        self._timeout = timeout
-
-    @property
-    def id(self) -> Awaitable[str]:
-        """``await ticket.id``: ``Ticket.id``, a job's once it is in Redis."""
-        return self._client._sent_id(self._calls)
-
-    def done(self) -> bool:
-        return all(c.state != "pending" for c in self._calls)
-
-    async def result(
-        self, timeout: float | None = None, *, return_exceptions: bool = False
-    ) -> list[Any]:
-        limit = (
-            self._timeout
-            if timeout is None
-            else (timeout if self._timeout is None else min(timeout, self._timeout))
-        )
-        try:
-            futures = self._futures
-            waiting = futures[0] if len(futures) == 1 else asyncio.gather(*futures)
-            await self._client._wait_watched(self._target, waiting, limit)
-        except TimeoutError:
-            text = await self._client._timeout_text(self._target, limit)
-            if limit == self._timeout:  # the request's own deadline: it is over
-                self._client._expire(self._calls, text)
-            else:
-                raise Timeout(text) from None
-        return collect(self._target, self._parts, self._calls, return_exceptions)
-
-    def when_done(self, callback: Callable[[], object]) -> None:
-        """Call ``callback()`` once every request of the ticket has ended (answered, failed,
-        cancelled or expired), in the event loop."""
-        futures = self._futures
-        waiting = futures[0] if len(futures) == 1 else asyncio.gather(*futures)
-        waiting.add_done_callback(lambda _: callback())
-
-    async def cancel(self) -> bool:
-        """Withdraw the request; True when it will never run, in a pack too (False: a worker
-        holds it, as ``Ticket.cancel`` says, and its result is dropped)."""
-        return all([await self._client._withdraw(call) for call in self._calls])
+from queueserve.wire.timing import RECONNECT_WITHIN_S
 
 
 class AsyncClient(AsyncSending):
@@ -149,9 +62,16 @@ class AsyncClient(AsyncSending):
         timeout: float | None = None,
         priority: int = 0,
         tenant: str | None = None,
+        idempotency_key: str | None = None,
     ) -> Any:
         ticket = await self.submit(
-            serving, [item], batch_key=batch_key, timeout=timeout, priority=priority, tenant=tenant
+            serving,
+            [item],
+            batch_key=batch_key,
+            timeout=timeout,
+            priority=priority,
+            tenant=tenant,
+            idempotency_key=idempotency_key,
         )
         return (await ticket.result())[0]
 
@@ -165,9 +85,16 @@ class AsyncClient(AsyncSending):
         priority: int = 0,
         return_exceptions: bool = False,
         tenant: str | None = None,
+        idempotency_key: IdempotencyKey | None = None,
     ) -> list[Any]:
         ticket = await self.submit(
-            serving, items, batch_key=batch_key, timeout=timeout, priority=priority, tenant=tenant
+            serving,
+            items,
+            batch_key=batch_key,
+            timeout=timeout,
+            priority=priority,
+            tenant=tenant,
+            idempotency_key=idempotency_key,
         )
         return await ticket.result(return_exceptions=return_exceptions)
 
@@ -181,22 +108,25 @@ class AsyncClient(AsyncSending):
         priority: int = 0,
         keep: float | None = None,
         tenant: str | None = None,
+        idempotency_key: IdempotencyKey | None = None,
     ) -> AsyncTicket:
-        """``Client.submit``: ``keep`` (seconds) makes it a job, followed by ``await ticket.id``."""
+        """``Client.submit``: ``keep`` (seconds) makes it a job, followed by ``await ticket.id``;
+        ``idempotency_key``: one run per key (``Client.submit``)."""
         if self._closed:
             raise self._closed_error("AsyncClient")
         timeout = self._timeout_for(timeout)
         priority = P.check_priority(priority)
         target = await self._target(serving)
-        parts = plan(target, items if isinstance(items, list) else list(items), batch_key)
+        items = items if isinstance(items, list) else list(items)
+        parts, keep_ms, onces = call_plan(target, items, batch_key, keep, idempotency_key)
         deadline = deadline_after(timeout)
-        keep_ms = job_plan(target, parts, keep)
-        parts = in_batches(target, parts, job=keep_ms > 0)
         self._jobs_sent = self._jobs_sent or keep_ms > 0
+        self._keys_sent = self._keys_sent or onces is not None
         self._ensure_reader()
         loop = asyncio.get_running_loop()
         calls, futures = [], []
-        for outgoing in self._requests(target, parts, deadline, priority, None, keep_ms, tenant):
+        requests = self._requests(target, parts, deadline, priority, None, keep_ms, tenant, onces)
+        for outgoing in requests:
             future: asyncio.Future[None] = loop.create_future()
             outgoing.call.on_done = lambda _c, f=future: f.done() or f.set_result(None)
             calls.append(outgoing.call)
@@ -225,13 +155,17 @@ class AsyncClient(AsyncSending):
         progress: bool = False,
         on_progress: ProgressCallback | None = None,
         tenant: str | None = None,
+        idempotency_key: Callable[[Any], str] | None = None,
     ) -> AsyncIterator[Any]:
         """Results in input order, ``chunk_size`` items per request, bounded in flight;
-        ``progress``/``on_progress`` as in ``Client.map``."""
+        ``progress``/``on_progress`` and ``idempotency_key`` as in ``Client.map``."""
         window: MapWindow[AsyncTicket] = MapWindow(
             items, chunk_size, max_in_flight, progress, on_progress
         )
-        send = functools.partial(self.submit, serving, batch_key=batch_key, tenant=tenant)
+        key = map_key(idempotency_key)
+        send = functools.partial(
+            self.submit, serving, batch_key=batch_key, tenant=tenant, idempotency_key=key
+        )
         try:
             while True:
                 for chunk in window.chunks():
@@ -354,7 +288,9 @@ class AsyncClient(AsyncSending):
             with contextlib.suppress(asyncio.CancelledError, TimeoutError):
                 await asyncio.wait_for(self._events, 2.0)
         await self._stop_durable()
-        self._table.fail_all(Cancelled("the client was closed before the answer came"))
+        closed = Cancelled("the client was closed before the answer came")
+        await self._followers.aclose(closed)
+        self._table.fail_all(closed)
         await self._broker.aclose()
 
     async def __aenter__(self) -> AsyncClient:
@@ -375,32 +311,6 @@ class AsyncClient(AsyncSending):
             raise self._unknown(keys.name, await self._broker.servings(self.prefix))
         last = self._last_shard(keys, meta)  # confirms a count of shards over 1
         return self._remember(serving, meta, await self._broker.meta(last) if last else None)
-
-    # -- what AsyncTicket calls: _wait_watched, _timeout_text (and AsyncSending's _expire,
-    # _withdraw) --------------------------------------------------------------------------
-    async def _timeout_text(self, target: Target, timeout: float | None) -> str:
-        return timeout_message(target, timeout, await self._alive(target))
-
-    async def _alive(self, target: Target) -> int | None:
-        try:
-            return await self._broker.alive_workers(target.keys, ALIVE_WITHIN_S)
-        except QueueServeError:
-            return None
-
-    async def _wait_watched(
-        self, target: Target, waiting: asyncio.Future[Any], limit: float | None
-    ) -> None:
-        """Await ``waiting`` up to ``limit`` (TimeoutError after), warning once if it waits
-        on a serving no worker serves. ``waiting`` itself is never cancelled."""
-        first = self._unserved.first_wait(target.keys.name, limit)
-        if first is not None:
-            try:
-                await wait_uncancelled(waiting, first)
-                return
-            except TimeoutError:
-                self._unserved.check(target, await self._alive(target))
-                limit = None if limit is None else limit - first
-        await wait_uncancelled(waiting, limit)
 
     def _ensure_reader(self) -> None:
         if self._reader is None:

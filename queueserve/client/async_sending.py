@@ -9,16 +9,47 @@ import asyncio
 import contextlib
 import itertools
 import time
+from typing import Any
 
 from queueserve.broker.aio import AsyncProducer
 from queueserve.broker.retry import Retry
-from queueserve.client.base import BaseClient
+from queueserve.client.base import BaseClient, timeout_message
 from queueserve.client.calls import Call, check_placed, unsent
+from queueserve.client.following import AsyncFollowers
 from queueserve.client.job_records import job_place_of, jobs_at
+from queueserve.client.jobs import AsyncJob
+from queueserve.client.once import answered, onces_at
 from queueserve.client.outgoing import Outgoing, admitted, enqueue_groups, send_window
+from queueserve.client.targets import Target
 from queueserve.client.ticket import ticket_id
 from queueserve.errors import NotReplicated, QueueServeError, Timeout
-from queueserve.wire.timing import RECONNECT_WITHIN_S
+from queueserve.wire.timing import ALIVE_WITHIN_S, RECONNECT_WITHIN_S
+
+
+async def wait_uncancelled(waiting: asyncio.Future[Any], limit: float | None) -> None:
+    """Await ``waiting`` up to ``limit`` seconds (TimeoutError after), never cancelling it: a
+    caller cancelled or timed out here may await the same ticket again. The per-call cost of
+    ``asyncio.wait_for(asyncio.shield(...))`` (a shield future, a wait_for future and its
+    callbacks) was a fifth of an awaited dispatch's CPU (docs/benchmarks.md)."""
+    if not waiting.done():
+        loop = asyncio.get_running_loop()
+        woken = loop.create_future()
+
+        def wake(_: object = None) -> None:
+            if not woken.done():
+                woken.set_result(None)
+
+        waiting.add_done_callback(wake)
+        timer = None if limit is None else loop.call_later(limit, wake)
+        try:
+            await woken
+        finally:
+            waiting.remove_done_callback(wake)
+            if timer is not None:
+                timer.cancel()
+        if not waiting.done():
+            raise TimeoutError
+    waiting.result()
 
 
 class AsyncSending(BaseClient):
@@ -37,7 +68,15 @@ class AsyncSending(BaseClient):
         self._durable_task: asyncio.Task[None] | None = None
         self._durable_retry = Retry(self._broker.outage, "durable sender")
         self._jobs_sent = False  # set by the first job: plain sends never look for jobs
+        # set by the first call with an idempotency key: plain sends never look for keys
+        self._keys_sent = False
+        self._followers = AsyncFollowers(self._followed_job)
         self._send_waiters: list[asyncio.Future[None]] = []  # woken as each send ends
+
+    def _followed_job(self, job_id: str) -> AsyncJob:
+        return AsyncJob(
+            self._broker.jobs, self._broker.cancel, self.prefix, job_id, self._trusted_codec
+        )
 
     async def _sent_id(self, calls: list[Call]) -> str:
         """``AsyncTicket.id``: as ``Ticket.id``, a job's once the job is in Redis (with its
@@ -80,11 +119,18 @@ class AsyncSending(BaseClient):
                 if outgoing.call is call:
                     del box[i]
                     return True
+        if call.follows is not None:  # another request's job: it runs on for its caller
+            return False
         if call.keep_ms:  # a job: its record ends cancelled first, and keeps no answer
             await self._broker.jobs.cancel(*job_place_of(self.prefix, self.client_id, call))
         stream = call.keys.stream(call.batch_key, call.priority)
-        return call.entry_id is not None and await self._broker.cancel(
-            call.keys, stream, call.entry_id, call.n, call.rid, self._inbox
+        # (b"": a keyed request queued by an earlier try of its send, client/once.py)
+        return (
+            call.entry_id is not None
+            and call.entry_id != b""
+            and await self._broker.cancel(
+                call.keys, stream, call.entry_id, call.n, call.rid, self._inbox
+            )
         )
 
     async def _flush(self) -> None:
@@ -141,6 +187,7 @@ class AsyncSending(BaseClient):
     async def _enqueue(self, batch: list[Outgoing], again: bool = False) -> None:
         for group, keys, requests, max_queue, durable, together in enqueue_groups(batch):
             jobs = jobs_at(self.prefix, self.client_id, group) if self._jobs_sent else ()
+            onces = onces_at(self.client_id, keys, group) if self._keys_sent else ()
             try:
                 reply = await self._broker.enqueue(
                     keys,
@@ -150,11 +197,39 @@ class AsyncSending(BaseClient):
                     jobs=jobs,
                     together=together,
                     again=again,
+                    onces=onces,
                 )
             except NotReplicated as e:  # queued, but not safe: these callers are told so
                 self._fail_batch(group, e)
                 continue
-            admitted(self._table, group, *reply)
+            keyed = admitted(self._table, group, *reply)
+            if keyed and (follow := answered(self._table, self.client_id, keyed)):
+                self._followers.add(follow)
+
+    # -- what AsyncTicket calls: _wait_watched, _timeout_text (and _expire, _withdraw) ----
+    async def _timeout_text(self, target: Target, timeout: float | None) -> str:
+        return timeout_message(target, timeout, await self._alive(target))
+
+    async def _alive(self, target: Target) -> int | None:
+        try:
+            return await self._broker.alive_workers(target.keys, ALIVE_WITHIN_S)
+        except QueueServeError:
+            return None
+
+    async def _wait_watched(
+        self, target: Target, waiting: asyncio.Future[Any], limit: float | None
+    ) -> None:
+        """Await ``waiting`` up to ``limit`` (TimeoutError after), warning once if it waits
+        on a serving no worker serves. ``waiting`` itself is never cancelled."""
+        first = self._unserved.first_wait(target.keys.name, limit)
+        if first is not None:
+            try:
+                await wait_uncancelled(waiting, first)
+                return
+            except TimeoutError:
+                self._unserved.check(target, await self._alive(target))
+                limit = None if limit is None else limit - first
+        await wait_uncancelled(waiting, limit)
 
     async def _stop_durable(self) -> None:
         if self._durable_task is not None:

@@ -17,6 +17,7 @@ from queueserve import tracing
 from queueserve.broker.urls import redact_url
 from queueserve.client.calls import Call, CallTable
 from queueserve.client.events import RequestStream
+from queueserve.client.once import mark_keyed
 from queueserve.client.outgoing import Outgoing
 from queueserve.client.targets import (
     Part,
@@ -174,10 +175,12 @@ class BaseClient:
         reply_to: str | None = None,
         keep_ms: int = 0,
         tenant: str | None = None,
+        onces: tuple[list[str], int] | None = None,
     ) -> list[Outgoing]:
         """``_request`` of each part of one call: several are admitted together or not at all
         (``Call.group``), so a call refused for max_queue never runs in part; one part
-        refused before sending (BadRequest) takes the others' calls with it."""
+        refused before sending (BadRequest) takes the others' calls with it. ``onces``: each
+        part's idempotency key, and their records' TTL: keyed requests go each on its own."""
         outgoing: list[Outgoing] = []
         try:
             for p in parts:
@@ -188,7 +191,9 @@ class BaseClient:
             for o in outgoing:
                 self._table.forget(o.call)
             raise
-        if len(outgoing) > 1:
+        if onces is not None:
+            mark_keyed(outgoing, onces, tenant)
+        elif len(outgoing) > 1:
             for o in outgoing:
                 o.call.group = outgoing[0].call.rid
         return outgoing
@@ -240,13 +245,7 @@ class BaseClient:
     def _fail_send(self, batch: list[Outgoing], error: Exception) -> None:
         """A send stopped by something other than a queueserve error (a bug): its callers are
         told at once, and the thread that sends lives on to send the next requests."""
-        log.error("sending %d requests failed unexpectedly", len(batch), exc_info=error)
-        failed = QueueServeError(
-            f"the request could not be sent: {type(error).__name__}: {error} (a bug in queueserve "
-            "or in something it called; the client keeps working)"
-        )
-        failed.__cause__ = error
-        self._fail_batch(batch, failed)
+        self._fail_batch(batch, send_failure(len(batch), error))
 
     def _deliver(self, messages: list[bytes]) -> None:
         """Apply replies read from the inbox; a bad one is logged and dropped."""
@@ -301,6 +300,7 @@ class BaseClient:
         elif meta:
             declared = parse_declared(meta, target.keys)
             target.max_payload_bytes = declared.get("max_payload_bytes")
+            target.idempotency_ttl = declared.get("idempotency_ttl")
             target.batch_size = declared.get("batch_size")
             target.hooks = declared.get("streaming", False)
             target.durable = declared.get("durable", False)
@@ -351,6 +351,17 @@ class BaseClient:
                 "every writer of this Redis"
             )
         return Target(self._keys_of(serving), get_codec(codec), None, 0, None)
+
+
+def send_failure(requests: int, error: Exception) -> QueueServeError:
+    """What the callers of a send stopped by a bug (not a queueserve error) are told."""
+    log.error("sending %d requests failed unexpectedly", requests, exc_info=error)
+    failed = QueueServeError(
+        f"the request could not be sent: {type(error).__name__}: {error} (a bug in queueserve "
+        "or in something it called; the client keeps working)"
+    )
+    failed.__cause__ = error
+    return failed
 
 
 def timeout_message(target: Target, timeout: float | None, alive: int | None) -> str:

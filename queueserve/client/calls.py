@@ -35,6 +35,7 @@ class Call:
         "error",
         "events_total",
         "filled",
+        "follows",
         "group",
         "keep_ms",
         "keys",
@@ -42,6 +43,7 @@ class Call:
         "n",
         "on_done",
         "on_event",
+        "once",
         "priority",
         "remaining",
         "results",
@@ -75,6 +77,10 @@ class Call:
         # When its caller's call went as several requests: the first one's rid (they are
         # admitted together or not at all); 0 for a call of one request
         self.group = 0
+        # A request with an idempotency key (client/once.py): (key, digest, TTL ms of its
+        # record); ``follows``: the job id whose answer it takes (the key's first request)
+        self.once: tuple[str, str, int] | None = None
+        self.follows: str | None = None
         # Made only when a caller waits before the answer came: most calls of a window of
         # submits are answered before their caller looks, and need none.
         self._waiter: threading.Lock | None = None

@@ -203,6 +203,15 @@ class Job(_Reading):
             pause = min(pause * 2, _MOST_POLL_S)
         return self._results(record, self._answers(record), return_exceptions)
 
+    def ended(self) -> list[Any] | None:
+        """Its results, errors as values, once it ended (raising what ``result`` raises for a
+        job that failed without an answer, was cancelled or is gone); None while it waits.
+        One look, no wait: what a call following this job takes (client/following.py)."""
+        record = self._record()
+        if record is not None and record.status == J.QUEUED:
+            return None
+        return self._results(record, self._answers(record), True)
+
     def cancel(self) -> bool:
         """End it ``cancelled`` unless it ended: queued (alone or in a pack), it never runs;
         held by a worker, it leaves at its next batch or step (its answer, if one comes, is
@@ -261,6 +270,12 @@ class AsyncJob(_Reading):
             await asyncio.sleep(pause if left is None else min(pause, left))
             pause = min(pause * 2, _MOST_POLL_S)
         return self._results(record, await self._answers(record), return_exceptions)
+
+    async def ended(self) -> list[Any] | None:
+        record = await self._record()
+        if record is not None and record.status == J.QUEUED:
+            return None
+        return self._results(record, await self._answers(record), True)
 
     async def cancel(self) -> bool:
         record = await self._record()

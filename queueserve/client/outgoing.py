@@ -11,6 +11,7 @@ from queueserve.client.calls import Call, CallTable
 from queueserve.client.targets import Target
 from queueserve.errors import QueueFull
 from queueserve.wire import protocol as P
+from queueserve.wire.once import shard_of_key
 from queueserve.wire.timing import RECONNECT_WITHIN_S
 
 
@@ -36,11 +37,13 @@ def by_serving(batch: list[Outgoing]) -> list[list[Outgoing]]:
 
 def admitted(
     table: CallTable, group: list[Outgoing], limit: int, queued: int, ids: list[Any]
-) -> None:
+) -> list[tuple[Call, bytes]]:
     """Record what enqueue.lua answered: an entry id per admitted request, QueueFull for the
-    rest."""
+    rest. Returns the keyed requests it answered from their keys' records instead
+    (client/once.py applies those answers)."""
     target = group[0].target
     calls: dict[int, int] = {}  # a call of several requests refused: its items, all of them
+    keyed: list[tuple[Call, bytes]] = []
     for (_, _, call, _, _), entry_id in zip(group, ids, strict=True):
         if entry_id == 0:
             table.forget(call)
@@ -50,8 +53,11 @@ def admitted(
                     calls[call.group] = sum(o.call.n for o in group if o.call.group == call.group)
                 n = calls[call.group]
             call.fail(QueueFull(full_message(target, limit, queued, n, call.keys.shard)))
+        elif call.once is not None and not entry_id[:1].isdigit():
+            keyed.append((call, entry_id))
         else:
             call.entry_id = entry_id
+    return keyed
 
 
 def send_window(batch: list[Outgoing]) -> float:
@@ -106,6 +112,9 @@ def _by_shard(target: Target, group: list[Outgoing]) -> list[tuple[P.Keys, list[
     per_shard: dict[int, tuple[P.Keys, list[Outgoing]]] = {}
     sizes = [sum(o.call.n for o in outs) for outs in calls]
     for outs, shard in zip(calls, target.place(sizes), strict=True):
+        once = outs[0].call.once
+        if once is not None:  # a keyed request: where its key's record is
+            shard = target.shards[shard_of_key(once[0], len(target.shards))]
         per_shard.setdefault(shard.shard, (shard, []))[1].extend(outs)
     return list(per_shard.values())
 

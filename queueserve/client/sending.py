@@ -13,9 +13,12 @@ from queueserve.broker.producer import Producer
 from queueserve.broker.retry import Retry
 from queueserve.client.base import BaseClient
 from queueserve.client.calls import Call
+from queueserve.client.following import Followers
 from queueserve.client.job_records import job_place_of, jobs_at
+from queueserve.client.jobs import Job
+from queueserve.client.once import answered, onces_at
 from queueserve.client.outgoing import Outgoing, admitted, enqueue_groups, send_window
-from queueserve.errors import NotReplicated, QueueServeError
+from queueserve.errors import Cancelled, NotReplicated, QueueServeError
 
 
 class Sending(BaseClient):
@@ -39,6 +42,12 @@ class Sending(BaseClient):
         # Inline senders and the sender thread take turns (never two at once): one state.
         self._send_retry = Retry(self._broker.outage, "sender")
         self._jobs_sent = False  # set by the first job: plain sends never look for jobs
+        # set by the first call with an idempotency key: plain sends never look for keys
+        self._keys_sent = False
+        self._followers = Followers(self._followed_job, f"queueserve-follow-{self.client_id}")
+
+    def _followed_job(self, job_id: str) -> Job:
+        return Job(self._broker.jobs, self._broker.cancel, self.prefix, job_id, self._trusted_codec)
 
     def _send(self, outgoing: list[Outgoing], inline: bool) -> None:
         """Queue the requests of one call (together: one send carries them all); with
@@ -66,11 +75,16 @@ class Sending(BaseClient):
                     if outgoing.call is call:
                         del box[i]
                         return True
+        if call.follows is not None:  # another request's job: it runs on for its caller
+            return False
         if call.keep_ms:  # a job: its record ends cancelled first, and keeps no answer
             self._broker.jobs.cancel(*job_place_of(self.prefix, self.client_id, call))
         stream = call.keys.stream(call.batch_key, call.priority)
-        return call.entry_id is not None and self._broker.cancel(
-            call.keys, stream, call.entry_id, call.n, call.rid, self._inbox
+        # (b"": a keyed request queued by an earlier try of its send, client/once.py)
+        return (
+            call.entry_id is not None
+            and call.entry_id != b""
+            and self._broker.cancel(call.keys, stream, call.entry_id, call.n, call.rid, self._inbox)
         )
 
     def _sender_loop(self) -> None:
@@ -142,6 +156,7 @@ class Sending(BaseClient):
     def _enqueue(self, batch: list[Outgoing], again: bool = False) -> None:
         for group, keys, requests, max_queue, durable, together in enqueue_groups(batch):
             jobs = jobs_at(self.prefix, self.client_id, group) if self._jobs_sent else ()
+            onces = onces_at(self.client_id, keys, group) if self._keys_sent else ()
             try:
                 reply = self._broker.enqueue(
                     keys,
@@ -151,11 +166,14 @@ class Sending(BaseClient):
                     jobs=jobs,
                     together=together,
                     again=again,
+                    onces=onces,
                 )
             except NotReplicated as e:  # queued, but not safe: these callers are told so
                 self._fail_batch(group, e)
                 continue
-            admitted(self._table, group, *reply)
+            keyed = admitted(self._table, group, *reply)
+            if keyed and (follow := answered(self._table, self.client_id, keyed)):
+                self._followers.add(follow)
 
     def _start_sender(self) -> None:
         self._sender = threading.Thread(
@@ -185,3 +203,4 @@ class Sending(BaseClient):
                 left, self._durable_box = self._durable_box, []
             if left:  # set aside by the flush above, after the durable sender's last look
                 self._send_batch(left, self._durable_retry)
+        self._followers.close(Cancelled("the client was closed before the answer came"))

@@ -13,24 +13,22 @@ import functools
 import queue
 import threading
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from queueserve.broker.retry import Retry
 from queueserve.client.base import ServingRef
 from queueserve.client.calls import deadline_after
 from queueserve.client.events import RequestStream
-from queueserve.client.job_records import job_plan
 from queueserve.client.jobs import Job
+from queueserve.client.once import IdempotencyKey, call_plan, map_key
 from queueserve.client.progress import ProgressCallback
-from queueserve.client.targets import Target, in_batches, plan, stream_parts
+from queueserve.client.targets import Target, stream_parts
 from queueserve.client.ticket import Ticket
 from queueserve.client.waiting import Waiting
 from queueserve.client.windows import MapWindow, StreamPacer
 from queueserve.errors import Cancelled, QueueServeError, Timeout
 from queueserve.hooks import Event
 from queueserve.wire import protocol as P
-from queueserve.wire.timing import RECONNECT_WITHIN_S
 
 
 class Client(Waiting):
@@ -64,12 +62,15 @@ class Client(Waiting):
         timeout: float | None = None,
         priority: int = 0,
         tenant: str | None = None,
+        idempotency_key: str | None = None,
     ) -> Any:
-        """Run one item; returns its result or raises its error."""
+        """Run one item; returns its result or raises its error (``idempotency_key``:
+        ``submit``'s)."""
         # The only call in flight: its caller reads the answer itself, from an inbox of its
         # own, as a hand-written XADD + BLPOP would (one thread wake-up less per round trip).
-        # Among many concurrent calls the shared inbox and its reader batch the answers.
-        alone = not self._table.calls
+        # Among many concurrent calls the shared inbox and its reader batch the answers. (A
+        # keyed call's answer may come from another request's job: not to an inbox.)
+        alone = not self._table.calls and idempotency_key is None
         ticket = self._submit(
             serving,
             [item],
@@ -79,6 +80,7 @@ class Client(Waiting):
             priority=priority,
             reply_to=self._own_inbox(threading.get_ident()) if alone else None,
             tenant=tenant,
+            idempotency_key=idempotency_key,
         )
         return ticket.result()[0]
 
@@ -92,10 +94,11 @@ class Client(Waiting):
         priority: int = 0,
         return_exceptions: bool = False,
         tenant: str | None = None,
+        idempotency_key: IdempotencyKey | None = None,
     ) -> list[Any]:
         """Run items (as requests of at most a batch each); results in item order."""
         ticket = self._submit(
-            serving, items, batch_key, timeout, inline=True, priority=priority, tenant=tenant
+            serving, items, batch_key, timeout, True, priority, None, None, tenant, idempotency_key
         )
         return ticket.result(return_exceptions=return_exceptions)
 
@@ -109,6 +112,7 @@ class Client(Waiting):
         priority: int = 0,
         keep: float | None = None,
         tenant: str | None = None,
+        idempotency_key: IdempotencyKey | None = None,
     ) -> Ticket:
         """Send items without waiting, as one request per batch key and batch; returns a Ticket.
 
@@ -121,7 +125,11 @@ class Client(Waiting):
         Redis, so the id is good in any process from then on, even if this one dies.
 
         ``tenant`` (a name: letters, digits, ``_-.``) travels in the request's header to the
-        worker, its logs, metrics and traces (docs/gateway.md, "Tenants")."""
+        worker, its logs, metrics and traces (docs/gateway.md, "Tenants").
+
+        ``idempotency_key`` (a str, or a function of an item: a request per item) runs the
+        call once per key and serving: a call of a key sent before, from any process, gets
+        the first's job and answer (docs/usage.md, "Idempotency keys")."""
         return self._submit(
             serving,
             items,
@@ -131,6 +139,7 @@ class Client(Waiting):
             priority=priority,
             keep=keep,
             tenant=tenant,
+            idempotency_key=idempotency_key,
         )
 
     def job(self, job_id: str) -> Job:
@@ -150,21 +159,24 @@ class Client(Waiting):
         reply_to: str | None = None,
         keep: float | None = None,
         tenant: str | None = None,
+        idempotency_key: IdempotencyKey | None = None,
     ) -> Ticket:
         if self._closed:
             raise self._closed_error("Client")
         timeout = self._timeout_for(timeout)
         priority = P.check_priority(priority)
         target = self._target(serving)
-        parts = plan(target, items if isinstance(items, list) else list(items), batch_key)
+        items = items if isinstance(items, list) else list(items)
+        parts, keep_ms, onces = call_plan(target, items, batch_key, keep, idempotency_key)
         deadline = deadline_after(timeout)
-        keep_ms = job_plan(target, parts, keep)
-        parts = in_batches(target, parts, job=keep_ms > 0)
         self._jobs_sent = self._jobs_sent or keep_ms > 0
+        self._keys_sent = self._keys_sent or onces is not None
         self._ensure_reader()
         if len(parts) != 1:
             reply_to = None
-        outgoing = self._requests(target, parts, deadline, priority, reply_to, keep_ms, tenant)
+        outgoing = self._requests(
+            target, parts, deadline, priority, reply_to, keep_ms, tenant, onces
+        )
         self._send(outgoing, inline)
         return Ticket(self, target, parts, [o.call for o in outgoing], timeout, reply_to)
 
@@ -182,6 +194,7 @@ class Client(Waiting):
         progress: bool = False,
         on_progress: ProgressCallback | None = None,
         tenant: str | None = None,
+        idempotency_key: Callable[[Any], str] | None = None,
     ) -> Iterator[Any]:
         """Results of ``items`` in input order, sending ``chunk_size`` items per submit (as
         requests of at most a batch) and keeping at most ``max_in_flight`` chunks outstanding
@@ -189,11 +202,15 @@ class Client(Waiting):
 
         ``progress=True`` draws a tqdm bar (items, items/s, ETA) when stderr is a terminal;
         ``on_progress(done, total)`` is called as results arrive (total None without len()).
+        ``idempotency_key``: a function of an item (``submit``).
         """
         window: MapWindow[Ticket] = MapWindow(
             items, chunk_size, max_in_flight, progress, on_progress
         )
-        send = functools.partial(self.submit, serving, batch_key=batch_key, tenant=tenant)
+        key = map_key(idempotency_key)
+        send = functools.partial(
+            self.submit, serving, batch_key=batch_key, tenant=tenant, idempotency_key=key
+        )
         try:
             for chunk in window.chunks():
                 window.in_flight.append(send(chunk, timeout=timeout, priority=priority))
@@ -268,38 +285,6 @@ class Client(Waiting):
                 raise error
         finally:
             self._table.streamed.pop(rs.call.rid, None)
-
-    def _ensure_events(self) -> None:
-        """Subscribe this client's event channel (once) and wait until Redis confirms it."""
-        if self._events is not None:
-            return
-        self._ensure_reader()
-        with self._start_lock:
-            if self._events is None:
-                subscribed = threading.Event()
-                thread = threading.Thread(
-                    target=self._read_events,
-                    args=(subscribed,),
-                    name=f"queueserve-events-{self.client_id}",
-                    daemon=True,
-                )
-                thread.start()
-                if not subscribed.wait(RECONNECT_WITHIN_S):
-                    raise self._subscribe_failed()
-                self._events = thread
-
-    def _read_events(self, subscribed: threading.Event) -> None:
-        subscription = self._broker.subscribe(self._events_channel)
-        retry = Retry(self._broker.outage, "event subscriber")
-
-        def take(data: bytes | None) -> None:
-            if subscription.confirmed:
-                subscribed.set()
-            self._deliver_event(data)
-
-        while not self._closed:
-            retry.once(lambda: subscription.get(timeout=0.2), take)  # 0.2: close() seen soon
-        subscription.close()
 
     def close(self) -> None:
         """Send what is still queued, stop the client's threads; calls still waiting for an

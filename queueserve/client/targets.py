@@ -72,6 +72,8 @@ class Target:
     # Whether its workers declared that they keep jobs (``job`` among the header fields they
     # read); None: not known (no worker declared it yet, or the caller passed the object)
     keeps_jobs: bool | None = None
+    # Its idempotency_ttl as its workers declared it (None: not known; client/once.py)
+    idempotency_ttl: float | None = None
     # Where its requests go: the serving's shards, shared by every Target of the serving
     # in this client (a caller passing the Serving object gets a new Target per call).
     spread: ShardSpread | None = None

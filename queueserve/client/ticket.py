@@ -14,8 +14,9 @@ from queueserve.errors import Timeout
 
 
 def ticket_id(client_id: str, calls: Iterable[Call]) -> str:
-    """A ticket's id: ``client_id-request`` of each of its requests (one per batch key)."""
-    return ",".join(f"{client_id}-{c.rid}" for c in calls)
+    """A ticket's id: ``client_id-request`` of each of its requests (one per batch key); of
+    a keyed request answered by its key's first request, that request's job id."""
+    return ",".join(c.follows or f"{client_id}-{c.rid}" for c in calls)
 
 
 class Ticket:

@@ -1,6 +1,6 @@
-"""The sync client's waiting: resolving a serving, the inbox reader thread, and a caller
-waiting for its answer (on the shared inbox, or on its own), with the warnings and errors a
-wait that gets nothing says. ``Client`` (sync.py) adds the calls."""
+"""The sync client's waiting: resolving a serving, the inbox reader and event subscriber
+threads, and a caller waiting for its answer (on the shared inbox, or on its own), with the
+warnings and errors a wait that gets nothing says. ``Client`` (sync.py) adds the calls."""
 
 from __future__ import annotations
 
@@ -110,3 +110,35 @@ class Waiting(Sending):
         retry = Retry(self._broker.outage, "inbox reader")
         while not self._closed:
             retry.once(lambda: self._broker.read_inbox(self._inbox, INBOX_BLOCK_S), self._deliver)
+
+    def _ensure_events(self) -> None:
+        """Subscribe this client's event channel (once) and wait until Redis confirms it."""
+        if self._events is not None:
+            return
+        self._ensure_reader()
+        with self._start_lock:
+            if self._events is None:
+                subscribed = threading.Event()
+                thread = threading.Thread(
+                    target=self._read_events,
+                    args=(subscribed,),
+                    name=f"queueserve-events-{self.client_id}",
+                    daemon=True,
+                )
+                thread.start()
+                if not subscribed.wait(RECONNECT_WITHIN_S):
+                    raise self._subscribe_failed()
+                self._events = thread
+
+    def _read_events(self, subscribed: threading.Event) -> None:
+        subscription = self._broker.subscribe(self._events_channel)
+        retry = Retry(self._broker.outage, "event subscriber")
+
+        def take(data: bytes | None) -> None:
+            if subscription.confirmed:
+                subscribed.set()
+            self._deliver_event(data)
+
+        while not self._closed:
+            retry.once(lambda: subscription.get(timeout=0.2), take)  # 0.2: close() seen soon
+        subscription.close()

@@ -35,6 +35,7 @@ MAX_PAYLOAD_BYTES = 512 * 1024 * 1024
 REPLY_BYTES_CEILING = 256 * 1024 * 1024
 MAX_BATCH_TIMEOUT_S = 3600.0
 MAX_KEY_IDLE_TTL_S = 366 * 86400.0
+MAX_IDEMPOTENCY_TTL_S = 30 * 86400.0  # a job's longest keep (wire/jobs.py MAX_KEEP_MS)
 MAX_LOADED_KEYS = 100_000
 MAX_LOADED_BYTES = 2**53  # exact in Lua and JSON
 
@@ -156,6 +157,11 @@ class ServingOptions(BaseModel):
         "push its oldest item's expected answer past it (batch_timeout stays the upper "
         "bound); 0: off.",
     )
+    idempotency_ttl: Annotated[float, duration(MAX_IDEMPOTENCY_TTL_S)] = Field(
+        86400.0,
+        description="How long an idempotency key's record (and its job's answer) lives: "
+        "calls with the same key within it get the first call's job and answer.",
+    )
     max_loaded_keys: Annotated[int, count(1, MAX_LOADED_KEYS)] = Field(
         4,
         description="Batch keys whose state (load_key) one partition holds at once; the "
@@ -204,6 +210,7 @@ RUNTIME = (
     "priority_age",
     "batch_key_weights",
     "max_latency",
+    "idempotency_ttl",
 )
 
 

@@ -227,6 +227,13 @@ def a_low_priority_that_waited_300ms_goes_first(ctx: Context) -> None:
     assert ctx.serving.item_batches[1] == ["low", "high"]
 
 
+def a_key_runs_again_once_its_record_expired(ctx: Context) -> None:
+    assert submit_result(ctx, ["i"], idempotency_key="ttl") == ["i"]
+    wait_until(lambda: not ctx.redis.exists(ctx.keys.once("ttl")), "the key's record expired")
+    assert submit_result(ctx, ["i"], idempotency_key="ttl") == ["i"]
+    assert ctx.serving.item_batches == [["i"], ["i"]]  # 24 h by default: it runs once
+
+
 EFFECTS: dict[str, Effect | Proven] = {
     "batch_size": Effect(3, "3", batches_of_at_most_3),
     "batch_timeout": Effect("1h", "1h", a_lone_item_waits_for_the_batch_to_fill, {"batch_size": 4}),
@@ -248,6 +255,7 @@ EFFECTS: dict[str, Effect | Proven] = {
         a_low_priority_that_waited_300ms_goes_first,
         {"batch_size": 2, "batch_timeout": "1h", "gated": True},
     ),
+    "idempotency_ttl": Effect("300ms", "300ms", a_key_runs_again_once_its_record_expired),
     "batch_key_weights": Proven(
         {
             way: "tests/integration/test_weights.py::"

@@ -12,7 +12,7 @@
 -- ARGV[2]  consumer group
 -- ARGV[3]  ms of waiting one priority level is worth (ready score = now - priority * this,
 --          and LEAD_MS - 0.5 less for a quiet key that becomes ready: read.lua)
--- ARGV[4]  S, the number of streams: KEYS[7..6+S]
+-- ARGV[4]  S, the number of streams: KEYS[7..6+S]; or 'S:O' with O idempotency records (below)
 -- ARGV[5..4+2S]  per stream, in KEYS order: batch key, priority
 -- ARGV[5+2S..] per request, four values: stream number (1 = KEYS[7]), item count, header,
 --           payload. An item count 'N:R' (N items, R > 1) starts R requests of one call (a
@@ -27,6 +27,14 @@
 -- reply lost) may find a job's field written, or ended already: an ended one is left as it
 -- is (the rerun of its entry then takes nothing), and only fields made count as waiting. On a Redis Cluster the groups live in other slots:
 -- clients there write them around the enqueue instead (job_new.lua, job_placed.lua).
+-- Idempotency keys (optional; wire/once.py): with ARGV[4] 'S:O', the O KEYS after the job
+-- groups are the records P:{S}:once:I of keyed requests, and the last ARGV is msgpack [TTL
+-- (ms) when the meta hash declares no idempotency_ttl, then per keyed request, in KEYS order:
+-- request number, digest, job id]. A keyed request whose record exists is not enqueued: it
+-- is answered '=<job id>' (the same digest: the key's request), '!<job id>' (another digest)
+-- or '?' (a value no client writes, or another type: left as it is). One enqueued writes its
+-- record here, after its XADD, so no second sender of the key can come between; its job
+-- keeps its answer as long as the record lives at least.
 -- Per priority (optional): the last of all KEYS may be P:{S}:pdepth (hash priority -> items
 -- admitted and not yet acked), known by its name: KEYS[6]'s with 'pdepth' for 'depth'. The
 -- admitted items are counted there per stream's priority; a caller that leaves it out (one
@@ -76,13 +84,46 @@ local per_priority = {}
 local registered = {}
 local out = {limit, 0}
 local streams = tonumber(ARGV[4])
+local onces = 0
+if not streams then  -- 'S:O': requests with idempotency keys among these (rare)
+  local s, o = string.match(ARGV[4], '^(%d+):(%d+)$')
+  streams, onces = tonumber(s), tonumber(o)
+end
 local pdepth = KEYS[#KEYS]
 if #KEYS <= 6 + streams or string.sub(KEYS[6], -5) ~= 'depth'
     or pdepth ~= string.sub(KEYS[6], 1, -6) .. 'pdepth' then
   pdepth = nil
 end
-local jobs = #KEYS - 6 - streams - (pdepth and 1 or 0)
-local job_args = jobs > 0 and #ARGV - 1 or #ARGV  -- the last per-request value
+local jobs = #KEYS - 6 - streams - onces - (pdepth and 1 or 0)
+-- the last per-request value
+local job_args = #ARGV - (jobs > 0 and 1 or 0) - (onces > 0 and 1 or 0)
+local keyed, once_ttl  -- request number -> {record key, digest, job id}
+if onces > 0 then
+  local spec = cmsgpack.unpack(ARGV[#ARGV])
+  keyed = {}
+  for k = 1, onces do
+    local at = 3 * k - 1
+    keyed[spec[at]] = {KEYS[6 + streams + jobs + k], spec[at + 1], spec[at + 2]}
+  end
+  -- The option as workers declared it (str of a float, seconds; config set writes it too)
+  local raw = redis.call('HGET', KEYS[3], 'idempotency_ttl')
+  local seconds = raw and #raw <= 24 and string.find(raw, '^%d+%.?%d*$') and tonumber(raw)
+  if seconds and seconds <= 2592000 then  -- options/serving.py MAX_IDEMPOTENCY_TTL_S
+    once_ttl = math.max(math.floor(seconds * 1000), 1)
+  else
+    once_ttl = math.max(tonumber(spec[1]) or 86400000, 1)
+  end
+end
+-- What a keyed request's record says: nil when there is none (the request goes), else the
+-- answer in its entry id's place (wire/once.py)
+local function held_by(once)
+  local value = redis.pcall('GET', once[1])
+  if value == false then return nil end
+  if type(value) ~= 'string' or #value > 133 then return '?' end  -- once.RECORD_MAX_BYTES
+  local digest, job = string.match(value, '^(%x+):([%w_.%-]+%-%d+)$')
+  if not digest or #digest ~= 32 then return '?' end
+  return (digest == once[2] and '=' or '!') .. job
+end
 local filling = {}  -- stream number -> its pack being filled: {items, members, at}
 -- A quiet key's lead (read.lua): it ranks as if it had waited this much longer, and its score
 -- ends in .5, which no other rank does, so that read.lua knows it had no turn yet
@@ -120,7 +161,8 @@ local function write(s)
   for _, at in ipairs(pack.at) do out[at] = id end  -- its requests share the id
 end
 local together_to, together_fits = 0, true  -- the requests of one call admitted as one
-for i = 5 + 2 * streams, job_args, 4 do
+local first_request = 5 + 2 * streams
+for i = first_request, job_args, 4 do
   local count, together = string.match(ARGV[i + 1], '^(%d+):(%d+)$')
   count = count or ARGV[i + 1]
   local n = tonumber(count)
@@ -138,7 +180,11 @@ for i = 5 + 2 * streams, job_args, 4 do
   else
     refused = limit > 0 and queued + admitted + n > limit
   end
-  if refused then
+  local once = keyed and keyed[(i - first_request) / 4 + 1]
+  local held = once and held_by(once)
+  if held then
+    out[#out + 1] = held
+  elseif refused then
     out[#out + 1] = 0
   else
     local s = tonumber(ARGV[i])
@@ -177,6 +223,7 @@ for i = 5 + 2 * streams, job_args, 4 do
       write(s)  -- what came before it, first
       out[#out + 1] = redis.call('XADD', stream, '*', 'h', ARGV[i + 2], 'p', ARGV[i + 3], 'a', n)
     end
+    if once then redis.call('SET', once[1], once[2] .. ':' .. once[3], 'PX', once_ttl) end
     admitted = admitted + n
     per_key[key] = (per_key[key] or 0) + n
     local priority = tonumber(ARGV[4 + 2 * s])
@@ -185,7 +232,7 @@ for i = 5 + 2 * streams, job_args, 4 do
 end
 for s = 1, streams do write(s) end
 if jobs > 0 then
-  local spec = cmsgpack.unpack(ARGV[#ARGV])
+  local spec = cmsgpack.unpack(ARGV[job_args + 1])
   local serving, live, again = spec[1], spec[2], spec[3]
   for g = 1, jobs do
     local key, list, fields, added = KEYS[6 + streams + g], spec[3 + g], {}, 0
@@ -203,10 +250,13 @@ if jobs > 0 then
     for j = 1, #list, 3 do
       local r = list[j]
       local id = out[2 + r]
-      if type(id) == 'string' and not ended[list[j + 1]] then  -- admitted, not ended
-        local request = 5 + 2 * streams + 4 * (r - 1)
+      -- admitted (an entry id, not a keyed request's answer), not ended
+      if type(id) == 'string' and string.find(id, '^%d') and not ended[list[j + 1]] then
+        local request = first_request + 4 * (r - 1)
+        local keep = list[j + 2]
+        if keyed and keyed[r] then keep = math.max(tonumber(keep), once_ttl) end
         fields[#fields + 1] = list[j + 1]
-        fields[#fields + 1] = string.match(ARGV[request + 1], '^%d+') .. ':' .. list[j + 2]
+        fields[#fields + 1] = string.match(ARGV[request + 1], '^%d+') .. ':' .. keep
           .. ':' .. serving .. ':' .. id .. ':' .. KEYS[6 + tonumber(ARGV[request])]
         added = added + 1
       end

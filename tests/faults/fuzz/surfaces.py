@@ -533,6 +533,16 @@ def job_id_key_value(t: Target, value: bytes) -> None:
     t.created.add(key)
 
 
+def once_value(t: Target, value: bytes) -> None:
+    """A hostile record of an idempotency key (wire/once.py) of a valid serving or the victim,
+    beside the records keyed calls write: a keyed call of that key gets a clear error by
+    design (tests/integration/test_idempotency.py), and every other call is answered."""
+    keys = t.keys(t.rng.choice((*VALID, VICTIM)))
+    key = keys.once(t.rng.choice(("fuzz", "fuzz-2", "")))
+    t.r.set(key, value)
+    t.created.add(key)
+
+
 def declared_fields() -> tuple[str, ...]:
     """Every field a worker writes to a meta hash: what the fuzz worker's servings declare
     (``Serving.options()``, and a step serving's own on top), asked when called, so a field
@@ -1206,6 +1216,14 @@ SURFACES: tuple[Surface, ...] = (
         (
             Attack("field", withdrawn_field),
             _wrong_type("withdrawn", lambda t: t.victim.withdrawn),
+        ),
+    ),
+    Surface(
+        "once",
+        "enqueue.lua (keyed requests); clients: client/once.py",
+        (
+            Attack("value", once_value),
+            _wrong_type("once", lambda t: t.victim.once("fuzz")),
         ),
     ),
     Surface(
