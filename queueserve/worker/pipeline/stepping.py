@@ -268,7 +268,7 @@ class Scheduler:
         lim = self.limits
         taken: list[Waiting] = []
         slots, tokens, prefill = self.slots, self.tokens, 0
-        idle = [t for t in active if t not in self.tenants]  # (one tenant: none or itself)
+        idle = {t for t in active if t not in self.tenants}  # (one tenant: none or itself)
         newcomer = False  # a tenant with nothing running joins: no waiting for a wave
         for w in self.in_turn(waiting, weights or {}):
             if not w.measured:
@@ -296,11 +296,11 @@ class Scheduler:
         self.steps_since_join = 0
         return taken
 
-    def _kept_free(self, tenant: str | None, idle: list[str | None]) -> int:
+    def _kept_free(self, tenant: str | None, idle: set[str | None]) -> int:
         """Slots ``tenant`` leaves free: one per other active tenant running nothing."""
         if not idle:
             return 0
-        return min(sum(t != tenant for t in idle), self.limits.max_slots // 4)
+        return min(len(idle) - (tenant in idle), self.limits.max_slots // 4)
 
     def in_turn(self, waiting: deque[Waiting], weights: Mapping[str, float]) -> Iterable[Waiting]:
         """``waiting`` in the order it may join: arrival order within a tenant; the next is
