@@ -16,6 +16,7 @@ a search never sees half an index. docs/indexing.md says why files and not Redis
 from __future__ import annotations
 
 import functools
+import hashlib
 import itertools
 import os
 import tempfile
@@ -140,6 +141,16 @@ class Progress:
         )
 
 
+def passage_key(passage_id: str, text: str) -> str:
+    """The idempotency key of one passage's embedding: its id and a digest of its text (an id
+    too long for a key, a digest of it)."""
+    digest = hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+    key = f"passage:{passage_id}:{digest}"
+    if len(key.encode()) > 200 or not key.isprintable():  # wire/once.py MAX_KEY_BYTES
+        key = f"passage:{hashlib.blake2b(passage_id.encode(), digest_size=16).hexdigest()}:{digest}"
+    return key
+
+
 def index_corpus(
     task: Any,
     limit: int | None = None,
@@ -154,8 +165,17 @@ def index_corpus(
     progress = Progress(task, len(texts))
     progress(0)
     vectors = np.empty((len(texts), DIM), dtype=np.float32)
+    # A key per passage (its id and a digest of its text): a retried task (a timeout, a
+    # worker lost) gets the passages embedded before from Redis instead of embedding them
+    # again, for a day (the serving's idempotency_ttl); a passage whose text changed is new.
+    keys = {p.text: passage_key(p.id, p.text) for p in passages}
     results = client().map(
-        embed, texts, chunk_size=chunk_size, timeout=timeout, on_progress=progress
+        embed,
+        texts,
+        chunk_size=chunk_size,
+        timeout=timeout,
+        on_progress=progress,
+        idempotency_key=keys.__getitem__,
     )
     for i, vector in enumerate(results):
         vectors[i] = vector

@@ -18,6 +18,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope
 
 from queueserve.gateway.errors import ApiError, ClientGone, bad_request
+from queueserve.wire.once import check_key
 
 M = TypeVar("M", bound=pydantic.BaseModel)
 
@@ -119,3 +120,19 @@ class JSON(Response):
 
     def render(self, content: Any) -> bytes:
         return dumps(content)
+
+
+def idempotency_key(scope: Scope) -> str | None:
+    """The request's ``Idempotency-Key`` header (the IETF draft's: a structured-field string,
+    quoted, or the bare text), checked as ``idempotency_key=`` is; None without one; 400 for
+    one that is no key."""
+    for name, value in scope["headers"]:
+        if name == b"idempotency-key":  # (ASGI servers lower-case header names)
+            text = value.decode("latin-1")
+            if len(text) > 1 and text[0] == text[-1] == '"':
+                text = text[1:-1]
+            try:
+                return check_key(text)
+            except ValueError as e:
+                raise bad_request(f"Idempotency-Key header: {e}") from None
+    return None

@@ -235,9 +235,11 @@ class Gateway:
         items: list[Any],
         options: Any,
         keep: float | None = None,
+        idempotency_key: str | None = None,
     ) -> AsyncTicket:
         """``AsyncClient.submit`` as ``tenant`` with the request's options, its errors as HTTP
-        ones; 403 past the tenant's max_priority, 429 past its max_queued."""
+        ones; 403 past the tenant's max_priority, 429 past its max_queued; with an
+        ``Idempotency-Key`` header's key, the first request of that key and tenant."""
         self.quotas.admit(tenant, len(items), options.priority)
         try:
             ticket = await self.client.submit(
@@ -248,6 +250,7 @@ class Gateway:
                 priority=options.priority,
                 keep=keep,
                 tenant=_header_name(tenant),
+                idempotency_key=idempotency_key,
             )
         except QueueServeError as e:
             raise from_queueserve(e) from None
@@ -265,16 +268,19 @@ class Gateway:
         items: list[Any],
         options: Any,
         return_exceptions: bool = False,
+        idempotency_key: str | None = None,
     ) -> list[Any]:
-        """``items``' results, the request withdrawn if the HTTP client disconnects first."""
-        ticket = await self.submit(tenant, serving, items, options)
-        watch = self._watches.watch(receive, ticket)
+        """``items``' results, the request withdrawn if the HTTP client disconnects first;
+        unless it has an idempotency key: its client's retry is owed its answer."""
+        ticket = await self.submit(tenant, serving, items, options, None, idempotency_key)
+        watch = None if idempotency_key else self._watches.watch(receive, ticket)
         try:
             return await ticket.result(return_exceptions=return_exceptions)
         except QueueServeError as e:
             raise from_queueserve(e) from None
         finally:
-            watch.end()
+            if watch is not None:
+                watch.end()
 
 
 def _header_name(tenant: Tenant) -> str | None:

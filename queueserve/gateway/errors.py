@@ -16,6 +16,7 @@ from queueserve.errors import (
     BadRequest,
     Cancelled,
     DeadLettered,
+    IdempotencyConflict,
     NotReplicated,
     QueueFull,
     QueueServeError,
@@ -32,6 +33,7 @@ RETRY_AFTER_S = 1
 # queueserve error -> (HTTP status, type). Checked in order: the first class that matches.
 STATUS: tuple[tuple[type[QueueServeError], int, str], ...] = (
     (BadRequest, 400, "bad_request"),
+    (IdempotencyConflict, 422, "idempotency_conflict"),
     (QueueFull, 429, "queue_full"),
     (Timeout, 504, "timeout"),
     (RemoteError, 502, "remote_error"),

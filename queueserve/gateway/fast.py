@@ -20,7 +20,7 @@ from starlette.applications import Starlette
 from starlette.types import Message, Receive, Scope, Send
 
 from queueserve.gateway.auth import refused
-from queueserve.gateway.body import dumps, receive_body, validated
+from queueserve.gateway.body import dumps, idempotency_key, receive_body, validated
 from queueserve.gateway.core import Gateway
 from queueserve.gateway.crosssite import WriteRule
 from queueserve.gateway.errors import ApiError, ClientGone, error_response, internal
@@ -93,7 +93,8 @@ class FastDispatch:
         gw = self.gw
         request = validated(await receive_body(scope, receive, gw.max_body_bytes), Dispatch)
         await gw.require(name)
-        (result,) = await gw.call(receive, tenant, name, [request.item], request)
+        key = idempotency_key(scope)
+        (result,) = await gw.call(receive, tenant, name, [request.item], request, False, key)
         try:
             return dumps({"result": result})
         except TypeError as e:

@@ -19,7 +19,7 @@ from starlette.routing import Route
 from queueserve.client.aio import AsyncTicket
 from queueserve.client.jobs import AsyncJob
 from queueserve.errors import Cancelled, QueueServeError, Timeout
-from queueserve.gateway.body import JSON, NoBool, parse
+from queueserve.gateway.body import JSON, NoBool, idempotency_key, parse
 from queueserve.gateway.core import Gateway
 from queueserve.gateway.errors import ApiError, bad_request, from_queueserve, item_error
 from queueserve.gateway.servings import Options, encoded
@@ -44,7 +44,8 @@ def routes(gw: Gateway) -> list[Route]:
         body = await parse(request, SubmitJob, gw.max_body_bytes)
         await gw.require(name)
         tenant = caller(request.scope)
-        ticket = await gw.submit(tenant, name, body.items, body, keep=body.keep)
+        key = idempotency_key(request.scope)
+        ticket = await gw.submit(tenant, name, body.items, body, body.keep, key)
         job = await placed(gw, ticket)
         gw.quotas.job_placed(ticket, job.id)
         shown = await gw.job_ids.http_id(tenant, job.id)

@@ -13,7 +13,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from queueserve.errors import QueueServeError
-from queueserve.gateway.body import JSON, NoBool, parse
+from queueserve.gateway.body import JSON, NoBool, idempotency_key, parse
 from queueserve.gateway.core import Gateway
 from queueserve.gateway.errors import ApiError, bad_request, item_error
 from queueserve.gateway.sse import EventStream, frame
@@ -56,15 +56,25 @@ def routes(gw: Gateway) -> list[Route]:
         name = request.path_params["name"]
         body = await parse(request, Dispatch, gw.max_body_bytes)
         await gw.require(name)
-        (result,) = await gw.call(request.receive, caller(request.scope), name, [body.item], body)
+        key = idempotency_key(request.scope)
+        (result,) = await gw.call(
+            request.receive, caller(request.scope), name, [body.item], body, False, key
+        )
         return encoded({"result": result})
 
     async def dispatch_many(request: Request) -> Response:
         name = request.path_params["name"]
         body = await parse(request, DispatchMany, gw.max_body_bytes)
         await gw.require(name)
+        key = idempotency_key(request.scope)
         results = await gw.call(
-            request.receive, caller(request.scope), name, body.items, body, body.return_exceptions
+            request.receive,
+            caller(request.scope),
+            name,
+            body.items,
+            body,
+            body.return_exceptions,
+            key,
         )
         return encoded(
             {"results": [item_error(r) if isinstance(r, QueueServeError) else r for r in results]}

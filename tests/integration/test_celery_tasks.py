@@ -208,6 +208,28 @@ def test_index_corpus_reports_progress_and_stores_the_index(
     assert abs(float((index.vectors**2).sum(axis=1).mean()) - 1.0) < 1e-4
 
 
+def test_a_retried_index_corpus_embeds_no_passage_again(
+    stack: Stack, indexed: Indexed, tmp_path: Path
+) -> None:
+    # Given the corpus indexed once (each passage sent with its idempotency key)
+    def requests_sent() -> int:
+        with contextlib.closing(redis.Redis.from_url(stack.url)) as r:
+            streams = r.scan_iter(f"{stack.prefix}:{{embed}}:in:*", count=1000)
+            return sum(int(r.xinfo_stream(s)["entries-added"]) for s in streams)
+
+    before = requests_sent()
+    assert before > 0
+    # When the task runs again (a retry), then no request reaches the embedding worker, and
+    # the index holds the same vectors
+    again = stack.app.tasks[INDEX_TASK].apply_async(
+        kwargs={"limit": LIMIT, "index_dir": str(tmp_path), "chunk_size": CHUNK}
+    )
+    assert again.get(timeout=TASK_TIMEOUT_S)["count"] == LIMIT
+    assert requests_sent() == before
+    first, second = Index.load(stack.index_dir), Index.load(tmp_path)
+    assert second.ids == first.ids and (second.vectors == first.vectors).all()
+
+
 def test_search_finds_a_passage_by_its_own_text(stack: Stack, indexed: Indexed) -> None:
     index = Index.load(stack.index_dir)
     search = stack.app.tasks[SEARCH_TASK]
