@@ -64,8 +64,8 @@ class KeyEvents:
         """A state left the LRU (``unload_key`` was called with it)."""
 
     def used(self, hit: bool, held: int) -> None:
-        """A batch acquired its key's state: held already (``hit``) or to be loaded;
-        ``held``: the states held now."""
+        """A batch acquired its key's state: held already (``hit``) or loaded for it (once
+        held); ``held``: the states held now."""
 
 
 @dataclass(slots=True)
@@ -147,7 +147,6 @@ class KeyStates:
                     evicted = self._make_room(reserve, len(self._loading) + 1)
                     if evicted is not None:
                         self._loading[key] = reserve
-                        self.events.used(False, len(self._held))
                         break
                 self._cond.wait()
         self._unload_all(evicted)
@@ -253,6 +252,7 @@ class KeyStates:
                     self.bytes += size
                     self._sizes[key] = size
                     self._largest = max(self._largest, size)
+                    self.events.used(False, len(self._held))
                     self._cond.notify_all()
                 else:
                     self._cond.wait()

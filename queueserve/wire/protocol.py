@@ -43,7 +43,9 @@ each with the keys below; ``meta``, ``config`` and ``workers`` are read from sha
     P:inbox:C         list     replies for client C, one element per (client, batch) (TTL)
     P:events:C        channel  streamed events (hooks, generator steps) for client C
     P:worker:W        hash     registry record of worker process W (TTL), with a field
-                               figures:S per serving it runs (wire/figures.py)
+                               figures:S per serving it runs (wire/figures.py), and held:S,
+                               the batch keys whose state it holds, one per line, per serving
+                               with load_key (worker/pipeline/affinity.py)
     P:servings        zset     serving name -> last declaration or heartbeat of a worker serving
                                it, unix ms: the servings list (GET /v1/models, the dashboard,
                                admin listings), read a bounded page at a time, never by SCAN;

@@ -26,6 +26,7 @@ from queueserve.serving import Partition, Serving
 from queueserve.steps import StepServing
 from queueserve.wire.figures import LATENCY_BOUNDS
 from queueserve.wire.protocol import TENANT_NAME
+from queueserve.worker.key_metrics import KeyStateMetrics
 from queueserve.worker.middleware import Middleware
 from queueserve.worker.pipeline.stepping import StepRecord
 
@@ -228,6 +229,7 @@ class PrometheusMiddleware(Middleware):
             ["serving", "partition"],
             **kw,
         )
+        self.key_states = KeyStateMetrics(pc, kw)  # servings with load_key
 
     def batch_model(
         self, serving: Serving, partition: Partition, a: float, b: float, slack: float
@@ -308,6 +310,17 @@ class PrometheusMiddleware(Middleware):
 
     def redelivered(self, serving: Serving, entries: int) -> None:
         self.redeliveries.labels(serving.name).inc(entries)
+
+    def key_loaded(
+        self, serving: Serving, key: str, partition: Partition, seconds: float, ok: bool
+    ) -> None:
+        self.key_states.key_loaded(serving, key, partition, seconds, ok)
+
+    def key_evicted(self, serving: Serving, key: str, partition: Partition) -> None:
+        self.key_states.key_evicted(serving, key, partition)
+
+    def key_used(self, serving: Serving, partition: Partition, hit: bool, held: int) -> None:
+        self.key_states.key_used(serving, partition, hit, held)
 
     def dead_lettered(self, serving: Serving, entries: int) -> None:
         self.dead_letters.labels(serving.name).inc(entries)

@@ -272,7 +272,11 @@ class PartitionHost:
         # With what it ran so far, in all and per serving (wire/figures.py): the dashboard's
         # throughput, error rate and latency (board.py)
         info = {**self._info, **self.tally.snapshot(), **self.figures.fields()}
+        for runner in self.runners:  # the keys whose state it holds (affinity.py)
+            info.update(runner.held_field())
         self.broker.heartbeat(self._keys(), self.consumer, HEARTBEAT_TTL_MS, info)
+        for runner in self.runners:
+            runner.follow_holders()
 
     def _clear_junk(self, keys: P.Keys) -> None:
         """A bookkeeping key of another type (anyone may write one) would fail the first

@@ -7,6 +7,7 @@ again (queueserve/key_states.py; docs/usage.md, "Many models behind one serving"
 from __future__ import annotations
 
 import random
+import urllib.request
 from collections.abc import Callable
 from typing import Any
 
@@ -16,7 +17,7 @@ import redis
 import queueserve as qs
 from queueserve import key_states
 from tests.support.fault_app import Workers
-from tests.support.helpers import WAIT_S, wait_until
+from tests.support.helpers import WAIT_S, metric_sample, wait_until
 from tests.support.key_app import Keyed
 
 StartWorker = Callable[..., qs.Worker]
@@ -175,3 +176,31 @@ def test_a_sigkilled_partitions_keys_are_loaded_again_elsewhere_and_nothing_is_l
     pid = second.partition_pids()[0]
     loads = [x.decode() for x in redis_client.lrange(f"{rec}:loads", 0, -1)]
     assert f"a@{pid}" in loads and f"b@{pid}" in loads, (loaded_first, loads)
+
+
+def test_loads_evictions_and_hits_are_counted_in_the_metrics(
+    redis_url: str, prefix: str, client: qs.Client
+) -> None:
+    # Given a worker with metrics, holding 2 states at most
+    serving = Keyed(batch_size=4, max_loaded_keys=2, load_s=0.01)
+    worker = qs.Worker(
+        serving, redis_url=redis_url, prefix=prefix, metrics_port=0, handle_signals=False
+    ).start()
+    try:
+        # When a, b, a, then c come (c evicts b: a was used since)
+        for key in ("a", "b", "a", "c"):
+            assert client.dispatch("keyed", 1, batch_key=key, timeout=WAIT_S) == f"{key}:1"
+        url = f"http://127.0.0.1:{worker.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as r:
+            text = r.read().decode()
+    finally:
+        worker.stop()
+    # Then 3 loads, 1 eviction, 1 hit in 4 uses, 2 states held, and the loads' time
+    name = {"serving": "keyed"}
+    assert metric_sample(text, "queueserve_key_loads_total", outcome="ok", **name) == 3
+    assert metric_sample(text, "queueserve_key_evictions_total", **name) == 1
+    assert metric_sample(text, "queueserve_key_state_uses_total", result="hit", **name) == 1
+    assert metric_sample(text, "queueserve_key_state_uses_total", result="miss", **name) == 3
+    assert metric_sample(text, "queueserve_keys_held", partition="0", **name) == 2
+    assert metric_sample(text, "queueserve_key_load_seconds_count", **name) == 3
+    assert serving.unloads[0].key == "b"

@@ -42,6 +42,7 @@ class Keyed(qs.Serving):
         hold: Iterable[Any] = (),
         state_size: int = 0,
         load_s: float = 0.0,
+        work_s: float = 0.0,
         **options: Any,
     ) -> None:
         options.setdefault("name", "keyed")
@@ -50,6 +51,8 @@ class Keyed(qs.Serving):
         self.hold = set(hold)
         self.state_size = state_size
         self.load_s = load_s
+        self.work_s = work_s
+        self.order: list[str] = []  # the key of each batch run, in order
         self.lock = threading.Lock()
         self.loads: list[str] = []
         self.unloads: list[Model] = []
@@ -97,7 +100,9 @@ class Keyed(qs.Serving):
         model = batch.state
         with self.lock:
             self.running.append(batch.key)
+            self.order.append(batch.key)
         try:
+            time.sleep(self.work_s)  # the device's work
             if self.hold & set(batch) and not self.gate.wait(GATE_LIMIT_S):
                 raise TimeoutError("the test never released the gate")
             if not isinstance(model, Model) or model.key != batch.key or model.unloaded:

@@ -23,6 +23,11 @@
 --           '=<batch key>=<weight>': the key's weight (batch_key_weights; 1 when not named);
 --           '~<tenant>=<weight>': a tenant's weight (P:tenants): a tenant's lane of a key
 --           ('<batch key>\31<tenant>', wire/tenants.py) has its key's weight times its tenant's
+--           '!<ms>': the lean (a serving with load_key, worker/pipeline/affinity.py): a key
+--           this worker holds no state of is read as if ranked that many ms later, one that
+--           another worker holds ('^<batch key>') twice that; one it holds ('@<batch key>')
+--           and a quiet key's lead as ranked (reads follow what is loaded, each key's wait
+--           bounded: at most two leans past its turn)
 -- Keys the worker holds work of are read after the others, whatever their rank: what it holds
 -- of them runs in their turn anyway, and reading more of them first would spend the room on
 -- work that only waits, while a key that became ready later (a quiet one) waits a read more.
@@ -53,6 +58,7 @@ local step = tonumber(ARGV[3])
 local budget = tonumber(ARGV[4])
 local per_key = tonumber(ARGV[5])
 local full, held, new_only, weights, tenant_weights = {}, {}, false, {}, {}
+local here, elsewhere, lean = {}, {}, 0
 for i = 8, #ARGV do
   local mark, key = string.sub(ARGV[i], 1, 1), string.sub(ARGV[i], 2)
   if mark == '-' then held[key] = true elseif mark == '+' then new_only = true
@@ -64,6 +70,9 @@ for i = 8, #ARGV do
     local name, weight = string.match(key, '^(.*)=([^=]+)$')
     weight = tonumber(weight)
     if name and weight and weight > 0 then tenant_weights[name] = weight end
+  elseif mark == '@' then here[key] = true
+  elseif mark == '^' then elsewhere[key] = true
+  elseif mark == '!' then lean = math.max(0, tonumber(key) or 0)
   else full[key] = tonumber(mark) end
 end
 local weighted = next(weights) ~= nil or next(tenant_weights) ~= nil
@@ -219,6 +228,28 @@ local function passes_urgent_work(priority)
   return priority < urgent_level
 end
 local ranked = {}  -- score, member of leading keys whose lead would pass more urgent work
+-- Keys the lean defers (no state here: 1, held elsewhere: 2), each list in rank order, as
+-- {member, priority, key, new, score, score + lean}; taken once a key ranked later is taken
+-- (merged by their leaned ranks), or after the ready keys were all looked at
+local deferred, next_of = {{}, {}}, {1, 1}
+local function lean_of(key)
+  local base = string.match(key, '^(.*)\31[A-Za-z0-9][A-Za-z0-9_.%-]*$') or key
+  if here[base] then return 0 elseif elsewhere[base] then return 2 end
+  return 1
+end
+local function take_deferred(limit)
+  while budget > 0 do
+    local best, from
+    for c = 1, 2 do
+      local m = deferred[c][next_of[c]]
+      if m and m[6] <= limit and (not best or m[6] < best[6] or m[6] == best[6] and m[5] < best[5])
+      then best, from = m, c end
+    end
+    if not best then return end
+    next_of[from] = next_of[from] + 1
+    take(best[1], best[2], best[3], best[4], best[5])
+  end
+end
 local start = 0
 while budget > 0 do
   local members = redis.call('ZRANGE', KEYS[1], start, start + 63, 'WITHSCORES')
@@ -238,15 +269,21 @@ while budget > 0 do
     elseif full[key] and priority <= full[key] then
       out[2] = out[2] + 1
     elseif new or not new_only then  -- (the watch reads leading keys alone)
+      local class = lean > 0 and not new and lean_of(key) or 0
       if held[key] then
         later[#later + 1] = {member, priority, key, new, score}
+      elseif class > 0 then
+        local list = deferred[class]
+        list[#list + 1] = {member, priority, key, new, score, score + class * lean}
       elseif budget > 0 then
-        take(member, priority, key, new, score)
+        take_deferred(score)
+        if budget > 0 then take(member, priority, key, new, score) end
       end
     end
   end
   if new_only then break end
 end
+take_deferred(math.huge)
 for _, m in ipairs(later) do
   if budget <= 0 then break end
   take(m[1], m[2], m[3], m[4], m[5])

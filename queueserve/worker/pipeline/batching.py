@@ -177,6 +177,7 @@ class Assembler:
         self.timeout = timeout
         self.age_per_priority = age_per_priority
         self.shares = Shares()  # batch keys' and tenants' weights
+        self.affinity_marks: list[str] = []  # what keys' states are held where (affinity.py)
         self.batch_times = BatchTimes()  # what batches take here (the executors measure)
         self.latency: LatencyPlan | None = None  # when max_latency is set
         # The clock passed in is monotonic; entry ids (when a request was enqueued) are unix
@@ -208,8 +209,8 @@ class Assembler:
         more urgent stream is read, its request goes in the key's next batch), and ``-<key>``
         for each key holding less (read.lua reads those after every other ready key), and
         ``=<key>=<weight>`` for each weighted key and ``~<tenant>=<weight>`` for each weighted
-        tenant (read.lua ranks their streams again so)."""
-        marks = self.shares.marks.copy()
+        tenant (read.lua ranks their streams again so); then affinity.py's, of keys held."""
+        marks = [*self.shares.marks, *self.affinity_marks]
         for key, queue in self.queues.items():
             if queue.weight < self.capacity:
                 if queue.weight > 0:

@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable
 
 from queueserve.broker.consumer import Consumer
+from queueserve.broker.held import held_elsewhere
 from queueserve.broker.reads import PendingRead
 from queueserve.broker.retry import RedisFailure, Retry
 from queueserve.serving import Partition, Serving
@@ -38,6 +39,7 @@ from queueserve.steps import StepServing
 from queueserve.wire import protocol as P
 from queueserve.wire.codec import get_codec
 from queueserve.worker.middleware import Middleware
+from queueserve.worker.pipeline.affinity import HELD_FIELD, Affinity
 from queueserve.worker.pipeline.batching import Assembler, Slice, TakenBatch
 from queueserve.worker.pipeline.cancels import CancelListener
 from queueserve.worker.pipeline.execute import Row
@@ -140,6 +142,15 @@ class ServingRunner:
         )
         if isinstance(self.assembler, Assembler):
             self.stages.batch_times = self.assembler.batch_times
+        self.affinity: Affinity | None = None  # with load_key: reads follow what is loaded
+        if self.stages.states is not None and isinstance(self.assembler, Assembler):
+            states, assembler = self.stages.states, self.assembler
+            self.affinity = Affinity(
+                states.held,
+                lambda: states.mean_load_s,
+                lambda marks: setattr(assembler, "affinity_marks", marks),
+            )
+            self.stages.on_states = self.affinity.refresh
 
     @property
     def redis_threads(self) -> int:
@@ -212,6 +223,19 @@ class ServingRunner:
         self.cancels.end()  # it ends within one read of its channel
         listener.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
         return not any(t.is_alive() for t in self.threads)
+
+    def held_field(self) -> dict[str, str]:
+        """The keys whose state this serving holds here, for the partition's heartbeat record
+        (affinity.py); nothing without load_key."""
+        if self.affinity is None:
+            return {}
+        return {HELD_FIELD + self.serving.name: "\n".join(self.affinity.held())}
+
+    def follow_holders(self) -> None:
+        """Learn which keys the serving's other partitions hold (after each heartbeat)."""
+        if self.affinity is not None:
+            name = HELD_FIELD + self.serving.name
+            self.affinity.follow(held_elsewhere(self.broker, self.keys, self.consumer, name, 256))
 
     # -- executor ----------------------------------------------------------------------------
     def _next_batch(self) -> tuple[TakenBatch, list[Slice]] | None:

@@ -130,6 +130,7 @@ class Stages:
         # With load_key, the key states: a key is loaded in the preparation stage, so a
         # load runs while the device runs another key's batch (key_states.py)
         self.states = KeyStates.of(serving, _Events(self)) if has_key_states(serving) else None
+        self.on_states: Callable[[], None] = lambda: None  # a key loaded or evicted
         stage = serving.has_prepare or self.states is not None
         self.preparers = serving.prepare_concurrency if stage else 0
         self.bound = self.preparers + 1  # batches taken ahead of the device, at most
@@ -340,10 +341,12 @@ class _Events(KeyEvents):
     def loaded(self, key: str, seconds: float, ok: bool) -> None:
         st = self.stages
         st.middleware.key_loaded(st.serving, key, st.partition, seconds, ok)
+        st.on_states()
 
     def evicted(self, key: str) -> None:
         st = self.stages
         st.middleware.key_evicted(st.serving, key, st.partition)
+        st.on_states()
 
     def used(self, hit: bool, held: int) -> None:
         st = self.stages

@@ -42,6 +42,7 @@ from queueserve.wire import protocol as P
 from queueserve.wire.jobs import group_key
 from queueserve.wire.options import parse_option
 from queueserve.worker.metrics_server import MAX_CONNECTIONS
+from queueserve.worker.pipeline.affinity import HELD_FIELD
 from tests.faults.fuzz import app
 from tests.faults.fuzz.values import FAMILIES, NUMBERS, WRONG_TYPE, hostile_object
 from tests.support.broker import RedisBroker
@@ -832,7 +833,8 @@ def dashboard_reads() -> tuple[str, ...]:
 def worker_fields(t: Target | None = None) -> tuple[bytes, ...]:
     """The fields of a worker's record to attack: what the dashboard reads, and what a live
     worker's heartbeat writes (``t.record_fields``, read from Redis when the run starts)."""
-    found = {f.encode() for f in (*dashboard_reads(), "heartbeat_ms", "pid")}
+    held = (f"{HELD_FIELD}{name}" for name in VALID)  # the keys a worker holds (affinity.py)
+    found = {f.encode() for f in (*dashboard_reads(), "heartbeat_ms", "pid", *held)}
     return tuple(sorted(found | (t.record_fields if t is not None else set())))
 
 
