@@ -5,6 +5,7 @@ page of its queues (``top_queues``) that costs the same whatever the number of b
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -12,13 +13,15 @@ from typing import Any, cast
 from queueserve.broker.admin import Admin, StreamDepth, _entry_ms, _streams_with_work, hash_count
 from queueserve.broker.common import names, text
 from queueserve.broker.errors import raise_but_wrong_type, redis_errors
-from queueserve.wire.protocol import GROUP, Keys, worker_key
+from queueserve.wire.protocol import GROUP, Keys, check_shards, worker_key
+from queueserve.wire.timing import ALIVE_WITHIN_S
 
 MAX_WORKERS = 200  # shown per serving: the most recent heartbeats
 # Fields of a shard's depth hash (batch key -> items) read to rank its keys by items: one
 # HSCAN call of this COUNT, so with more keys with work than this the ranking is among those
 # read (Queues.ranked says how many), and what a page costs stays the same.
 DEPTH_RANKED = 1000
+BULK = 1000  # commands per round trip of ``backlogs``
 
 
 @dataclass(slots=True)
@@ -45,7 +48,61 @@ class Queues:
         }
 
 
+@dataclass(slots=True)
+class Backlog:
+    """A serving's backlog as Redis holds it, every shard summed: no worker needed."""
+
+    name: str
+    queued: int  # items admitted and not yet answered (the admission counters)
+    live_workers: int  # consumers whose heartbeat is at most ALIVE_WITHIN_S old
+    dead_letters: int
+
+
 class Fleet(Admin):
+    def backlogs(self, prefix: str, servings: Sequence[str]) -> list[Backlog]:
+        """The backlog of each of ``servings``: a few commands per serving (per shard), in
+        round trips of at most BULK commands, whatever the number of batch keys."""
+        shards = self._bulk([("hget", Keys(prefix, s).meta, "shards") for s in servings])
+        counts = [_shard_count(raw) for raw in shards]
+        sharded = [(i, n) for i, n in enumerate(counts) if n > 1]
+        confirmed = self._bulk(
+            [("hget", Keys(prefix, servings[i]).last_shard(n).meta, "shards") for i, n in sharded]
+        )
+        for (i, _), raw in zip(sharded, confirmed, strict=True):
+            if raw != shards[i]:  # the count both declare, or shard 0 alone (Admin.shards)
+                counts[i] = 1
+        now_ms = int(time.time() * 1000)
+        commands: list[tuple[Any, ...]] = []
+        for name, count in zip(servings, counts, strict=True):
+            keys = Keys(prefix, name)
+            commands.append(("zcount", keys.workers, now_ms - ALIVE_WITHIN_S * 1000, "+inf"))
+            for shard in keys.sharded(count):
+                commands += [("get", shard.queued), ("xlen", shard.dead)]
+        replies = iter(self._bulk(commands))
+        out = []
+        for name, count in zip(servings, counts, strict=True):
+            live = _int(next(replies))
+            queued = dead = 0
+            for _ in range(count):
+                raw = next(replies)
+                queued += hash_count(text(raw, "replace")) if isinstance(raw, bytes) else 0
+                dead += _int(next(replies))
+            out.append(Backlog(name, queued, live, dead))
+        return out
+
+    def _bulk(self, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
+        """Each command's reply, an error for a key of another type (anyone may write one)
+        as None, in pipelines of at most BULK commands."""
+        out: list[Any] = []
+        for start in range(0, len(commands), BULK):
+            with redis_errors(self.url):
+                pipe = self.redis.pipeline(transaction=False)
+                for name, *args in commands[start : start + BULK]:
+                    getattr(pipe, name)(*args)
+                replies = raise_but_wrong_type(pipe.execute(raise_on_error=False))
+            out += [None if isinstance(r, Exception) else r for r in replies]
+        return out
+
     def workers(self, keys: Keys) -> list[tuple[str, int]]:
         """(consumer, last heartbeat in unix ms) of a serving's workers, newest first."""
         with redis_errors(self.url):
@@ -156,6 +213,14 @@ class Fleet(Admin):
                 )
             )
         return rows
+
+
+def _shard_count(raw: Any) -> int:
+    """A meta hash's ``shards`` as Admin.shards takes it: 1 when none, or not a count."""
+    try:
+        return check_shards(int(text(raw))) if isinstance(raw, bytes) else 1
+    except ValueError:
+        return 1
 
 
 def _int(reply: Any) -> int:

@@ -6,7 +6,8 @@ its script hold no data and are served to anyone: the page asks for the token.
 
 Routes: ``/`` the page, ``/dashboard.js`` its script (plain files in static/, no build step),
 ``/api/overview`` (``?offset=N&filter=TEXT``: a page of the servings, board.py),
-``/api/dead-letters/{name}``, and the changes under ``/api/...`` as POSTs.
+``/api/dead-letters/{name}``, ``/metrics`` (each serving's backlog for Prometheus, with no
+worker needed: exporter.py), and the changes under ``/api/...`` as POSTs.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pydantic
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
@@ -26,6 +28,7 @@ from starlette.routing import Route
 
 from queueserve.broker.fleet import Fleet
 from queueserve.dashboard.board import MAX_SERVINGS, Board, Snapshots
+from queueserve.dashboard.exporter import exposition
 from queueserve.gateway.app import api_error, client_gone, http_error
 from queueserve.gateway.auth import Token, refused
 from queueserve.gateway.body import JSON, parse
@@ -82,6 +85,7 @@ def create_app(
             Route("/", views.page, methods=["GET"]),
             Route("/dashboard.js", views.script, methods=["GET"]),
             Route("/api/overview", views.overview, methods=["GET"]),
+            Route("/metrics", views.metrics, methods=["GET"]),
             Route("/api/dead-letters/{name}", views.dead_letters, methods=["GET"]),
             Route("/api/dead-letters/replay", views.replay, methods=["POST"]),
             Route("/api/dead-letters/drop", views.drop, methods=["POST"]),
@@ -105,6 +109,8 @@ class Views:
         self.token = token
         self.reader: Token | None = None  # --read-token: reads need it (or the token)
         self.snapshots = Snapshots(board.overview)
+        # One scrape's reading answers the scrapes of the next second (several Prometheus)
+        self.scrapes = Snapshots(lambda _o, _f: {"text": exposition(board.fleet, board.prefix)})
 
     async def page(self, request: Request) -> Response:
         return FileResponse(STATIC / "index.html", media_type="text/html")
@@ -126,6 +132,13 @@ class Views:
         self._may_read(request)
         offset, name_filter = overview_query(request)
         return JSON(await self.snapshots.get(offset, name_filter))
+
+    async def metrics(self, request: Request) -> Response:
+        """Each serving's backlog, live workers and dead letters (exporter.py); a read like
+        the others (with --read-token, Prometheus sends it: docs/operations.md)."""
+        self._may_read(request)
+        text = (await self.scrapes.get(0, ""))["text"]
+        return Response(text, media_type=CONTENT_TYPE_LATEST)
 
     async def dead_letters(self, request: Request) -> Response:
         self._may_read(request)

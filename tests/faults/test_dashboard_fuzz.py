@@ -65,6 +65,7 @@ ENDPOINTS: dict[tuple[str, str], Endpoint] = {
     ("GET", "/"): Endpoint("GET", "/"),
     ("GET", "/dashboard.js"): Endpoint("GET", "/dashboard.js"),
     ("GET", "/api/overview"): Endpoint("GET", "/api/overview", query=["offset", "filter"]),
+    ("GET", "/metrics"): Endpoint("GET", "/metrics"),
     ("GET", "/api/dead-letters/{name}"): Endpoint("GET", "/api/dead-letters/square", named=True),
     ("POST", "/api/dead-letters/replay"): Endpoint(
         "POST",

@@ -34,10 +34,12 @@ from pathlib import Path
 
 import pytest
 import redis
+from prometheus_client.parser import text_string_to_metric_families
 
 import queueserve as qs
 from queueserve.broker.fleet import Fleet
 from queueserve.dashboard.board import Board
+from queueserve.dashboard.exporter import exposition
 from queueserve.ops import cli
 from queueserve.wire import protocol as P
 from tests.faults.fuzz import app
@@ -198,6 +200,10 @@ class Fuzzer:
             overview = board.overview()
             for serving in VALID:
                 board.dead_letters(serving)
+            # its /metrics: well-formed counts (a flooded registry may leave a serving out)
+            scraped = exposition(board.fleet, board.prefix).decode()
+            values = [s.value for f in text_string_to_metric_families(scraped) for s in f.samples]
+            assert all(v >= 0 and v == int(v) for v in values), scraped[:2000]
         finally:
             board.fleet.close()
         errors = {s["name"]: s["error"] for s in overview["servings"] if "error" in s}

@@ -24,7 +24,7 @@ from tests.support.dashboard_proc import DashboardProc, chromium, dashboard_over
 from tests.support.helpers import wait_until
 
 TOKEN, READ_TOKEN = "dash-token", "read-token"
-READS = ("/api/overview", "/api/dead-letters/square")
+READS = ("/api/overview", "/api/dead-letters/square", "/metrics")
 
 
 @pytest.fixture

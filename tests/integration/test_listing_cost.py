@@ -23,6 +23,7 @@ import redis
 from queueserve.broker.admin import Admin
 from queueserve.broker.fleet import Fleet
 from queueserve.dashboard.board import Board
+from queueserve.dashboard.exporter import exposition
 from queueserve.ops import cli
 from tests.support.dashboard_proc import DashboardProc
 from tests.support.fault_app import WorkerProc
@@ -260,3 +261,35 @@ def test_servings_of_workers_before_the_registry_are_named_and_listed_by_a_rebui
     assert out.out.startswith("old  refreshed "), out
     assert "listed 1 declared servings" in out.err
     assert redis_client.zscore(servings_key(prefix), "old") is not None
+
+
+def exposition_commands(own: redis.Redis, url: str, prefix: str) -> tuple[dict[str, int], str]:
+    """The commands one scrape of the dashboard's /metrics runs, and its text."""
+    fleet = Fleet(url)
+    try:
+        before = commands(own)
+        text = exposition(fleet, prefix).decode()
+        return ran(before, commands(own)), text
+    finally:
+        fleet.close()
+
+
+def test_the_dashboards_backlog_metric_runs_as_many_commands_with_100000_keys_as_with_one(
+    own: redis.Redis, redis_tmp_server: RedisServer
+) -> None:
+    # Given a serving with no worker and one batch key holding a request
+    url, prefix = redis_tmp_server.url, "qsb"
+    declare(own, prefix, "square")
+    fill_batch_keys(url, prefix, "square", 0, 1)
+    small, text = exposition_commands(own, url, prefix)
+    assert 'queueserve_queued_items{serving="square"} 1.0' in text, text
+
+    # When it holds 100,000 keys with work
+    fill_batch_keys(url, prefix, "square", 1, LARGE - 1)
+    large, text = exposition_commands(own, url, prefix)
+
+    # Then a scrape reports them all, with the same commands, and never a SCAN
+    assert f'queueserve_queued_items{{serving="square"}} {float(LARGE)}' in text, text
+    assert 'queueserve_live_workers{serving="square"} 0.0' in text, text
+    assert large == small, (small, large)
+    assert "scan" not in large and "keys" not in large, large

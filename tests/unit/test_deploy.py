@@ -47,11 +47,14 @@ SCHEMAS = DEPLOY / "schemas"
 COMPOSE = REPO / "docker-compose.yml"
 PROMETHEUS = DEPLOY / "prometheus" / "prometheus.yml"
 GRAFANA = DEPLOY / "grafana" / "queueserve.json"
+ALERTS = DEPLOY / "prometheus" / "alerts.yml"
 DOCKERFILES = (DEPLOY / "Dockerfile", DEPLOY / "Dockerfile.cuda")
 
 SERVING = "embed"  # the serving the worker runs and KEDA scales on (tasks.embed:embed)
 WORKER = "queueserve-worker"  # the worker Deployment, its container is named "worker"
-EXTRAS = {"torch", "celery", "metrics", "model"}
+# dashboard: the CPU image runs `queueserve dashboard`, whose /metrics exports the backlog with
+# no worker (deploy/k8s/dashboard-deployment.yaml); both images install the same extras
+EXTRAS = {"torch", "celery", "metrics", "model", "dashboard"}
 # Kubernetes versions the manifests must be valid for: an older one still common in managed
 # clusters, and the newest kubernetes-validate knows.
 K8S_VERSIONS = ("1.28", kv.major_minor(kv.latest_version()))
@@ -667,8 +670,11 @@ def keda_problems(docs: list[Doc]) -> list[str]:
     problems: list[str] = []
     if so["scaleTargetRef"]["name"] != deployment["metadata"]["name"]:
         problems.append("scaleTargetRef is not the worker Deployment")
-    if not 1 <= so.get("minReplicaCount", 0) <= so.get("maxReplicaCount", 100):
-        problems.append("keep one warm worker (minReplicaCount >= 1) and min <= max")
+    if not 0 <= so.get("minReplicaCount", 0) <= so.get("maxReplicaCount", 100):
+        problems.append("minReplicaCount must be from 0 to maxReplicaCount")
+    if so.get("minReplicaCount", 0) == 0:
+        # From zero, no worker exports the backlog: the dashboard must, scraped
+        problems += dashboard_problems(docs)
     if len(so["triggers"]) != 1:
         problems.append("one trigger on the whole backlog: several would scale on the largest")
     return problems + [p for t in so["triggers"] for p in trigger_problems(docs, t)]
@@ -694,6 +700,35 @@ def trigger_problems(docs: list[Doc], trigger: Doc) -> list[str]:
     annotations = deployment_annotations(docs)
     if annotations.get("prometheus.io/scrape") != "true":
         problems.append(f"{name}: the worker pods are not annotated for Prometheus to scrape")
+    return problems
+
+
+DASHBOARD = "queueserve-dashboard"
+
+
+def dashboard_problems(docs: list[Doc]) -> list[str]:
+    """The dashboard that exports the backlog with no worker: deployed, its /metrics port
+    the one Prometheus is told to scrape, reached from outside the pod."""
+    try:
+        deployment = find(docs, "Deployment", DASHBOARD)
+    except (KeyError, ValueError, AssertionError, StopIteration):
+        return [f"scaling from zero needs the {DASHBOARD} Deployment (its /metrics)"]
+    pod = deployment["spec"]["template"]
+    annotations = pod["metadata"].get("annotations", {})
+    argv = container(deployment, "dashboard")["args"]
+    port = argv[argv.index("--port") + 1] if "--port" in argv else "8100"
+    expected = {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": port,
+        "prometheus.io/path": "/metrics",
+    }
+    problems = []
+    if any(annotations.get(k) != v for k, v in expected.items()):
+        problems.append(f"dashboard scrape annotations must be {expected}")
+    if "--host" not in argv or argv[argv.index("--host") + 1] != "0.0.0.0":
+        problems.append("the dashboard must listen beyond loopback (--host 0.0.0.0) to be scraped")
+    if deployment["spec"].get("replicas", 1) < 1:
+        problems.append("the dashboard must run (replicas >= 1)")
     return problems
 
 
@@ -734,6 +769,14 @@ BROKEN_KEDA: dict[str, Callable[[list[Doc]], object]] = {
     "pods not scraped": lambda d: deployment_annotations(d).update(
         {"prometheus.io/scrape": "false"}
     ),
+    "from zero without the dashboard": lambda d: d.remove(find(d, "Deployment", DASHBOARD)),
+    "dashboard not scraped": lambda d: find(d, "Deployment", DASHBOARD)["spec"]["template"][
+        "metadata"
+    ]["annotations"].update({"prometheus.io/port": "9100"}),
+    "dashboard on loopback": lambda d: container(find(d, "Deployment", DASHBOARD), "dashboard")[
+        "args"
+    ].remove("--host"),
+    "a negative minimum": lambda d: _scaled(d)["spec"].update(minReplicaCount=-1),
 }
 
 
@@ -958,7 +1001,7 @@ def test_sentinel_overlay_points_queueserve_at_its_sentinels() -> None:
 
 
 def test_keda_needs_no_change_behind_sentinel() -> None:
-    # the backlog comes from the workers' metrics, and the workers follow the master
+    # the backlog comes from the workers' and the dashboard's metrics, which follow the master
     docs = overlay_docs()
     assert keda_problems(docs) == []
     assert _scaled(docs) == _scaled(k8s_docs())
@@ -973,6 +1016,7 @@ def test_every_file_in_deploy_is_checked_here() -> None:
         *SCHEMAS.iterdir(),
         *SENTINEL_OVERLAY.glob("*.yaml"),
         GRAFANA,  # its queries run against a real Prometheus: tests/integration/test_grafana.py
+        ALERTS,  # promtool and a real Prometheus: tests/integration/test_alerts.py
     }
     unchecked = {p for p in DEPLOY.rglob("*") if p.is_file()} - checked
     assert unchecked == set(), sorted(str(p.relative_to(REPO)) for p in unchecked)
