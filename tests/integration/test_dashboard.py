@@ -3,12 +3,12 @@
 moving under load, replays a dead letter (the request is then served) and sets an option; and
 it asks a slow server for one overview at a time.
 
-QS_DASHBOARD_SCREENSHOT=path saves the page as a PNG (docs/img/dashboard.png was taken so).
+(docs/img/dashboard.png is taken by test_dashboard_health.py, with a failing, a busy and an
+idle serving.)
 """
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Iterator
@@ -114,10 +114,6 @@ def test_the_page_shows_numbers_moving_replays_a_dead_letter_and_sets_an_option(
         dead_id = forge_dead_letter(redis_client, prefix, inbox, 41)
         replay = f'button.replay[data-id="{dead_id}"]'
         wait_until(lambda: exists(browser, replay), "the dead letter")
-        shot = os.environ.get("QS_DASHBOARD_SCREENSHOT")
-        if shot:
-            wait_until(lambda: exists(browser, "polyline[points*=' ']"), "the charts")
-            browser.save_screenshot(shot)
     finally:
         stop.set()
         sender.join(90)

@@ -1,11 +1,12 @@
 """The dashboard's health figures against a real worker process (docs/operations.md,
-"Dashboard: status"): each serving is credited its own items when servings share a
+"Dashboard", "Status"): each serving is credited its own items when servings share a
 partition, a serving whose batch function always raises is shown failing within 10 s of
 load, and the queue time and end to end the page shows are the worker's own histograms
-(its /metrics) over the same requests."""
+(its /metrics) over the same requests; and the page's summary in a real Chromium."""
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,10 +15,11 @@ from typing import Any
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from selenium.webdriver.remote.webdriver import WebDriver
 
 import queueserve as qs
 from queueserve.wire.figures import LATENCY_BOUNDS, quantile
-from tests.support.dashboard_proc import DashboardProc
+from tests.support.dashboard_proc import DashboardProc, chromium
 from tests.support.fault_app import WorkerProc
 from tests.support.helpers import wait_until
 from tests.support.redis_server import free_port
@@ -154,3 +156,97 @@ def test_each_serving_has_its_own_figures_and_the_failing_one_says_so(
             bucket(busy["health"]["end_to_end_p99_ms"] / 1000)
             <= bucket(quantile(0.99, ends) or 0.0) + 1
         )
+
+
+def cells(browser: WebDriver) -> dict[str, dict[str, str]]:
+    """The summary table as shown: serving -> column class -> text."""
+    rows = browser.execute_script(
+        "return [...document.querySelectorAll('#summary tr[data-serving]')].map((tr) =>"
+        " [tr.dataset.serving, Object.fromEntries([...tr.cells].map((td) =>"
+        " [td.className, td.textContent]))]);"
+    )
+    return {name: row for name, row in rows}
+
+
+def order(browser: WebDriver) -> list[str]:
+    return list(cells(browser))
+
+
+def test_the_page_shows_a_failing_a_busy_and_an_idle_serving_in_its_summary(
+    served: tuple[DashboardProc, int], redis_url: str, prefix: str
+) -> None:
+    """In a real Chromium: the summary's status in words and colour, sorting by a column, and
+    the options table with the differences from the defaults first. QS_DASHBOARD_SCREENSHOT
+    =path saves the page (docs/img/dashboard.png was taken so)."""
+    dashboard, _ = served
+    browser = chromium()
+    stop = threading.Event()
+
+    def load(serving: str) -> None:
+        with qs.Client(redis_url, prefix=prefix) as client:
+            while not stop.is_set():
+                client.dispatch_many(serving, [1, 2, 3, 4], return_exceptions=True, timeout=60)
+
+    callers = [threading.Thread(target=load, args=(s,)) for s in ("busy", "busy", "broken")]
+    try:
+        # Given the page open before any load
+        browser.get(dashboard.url)
+        wait_until(lambda: len(cells(browser)) == 3, "the summary's rows", process=dashboard)
+        # When callers load the busy serving and the broken one
+        for caller in callers:
+            caller.start()
+        # Then within 10 s the summary says which fails, which is busy and which idle
+        statuses = {"broken": "failing", "busy": "busy", "idle": "idle"}
+        wait_until(
+            lambda: {n: r["status"] for n, r in cells(browser).items()} == statuses,
+            f"the statuses {statuses}",
+            timeout=10,
+            process=dashboard,
+        )
+        rows = wait_until(
+            lambda: (c := cells(browser))["busy"]["items-per-s"] not in ("\u2013", "0.0") and c,
+            "the busy serving's items/s",
+        )
+        assert rows["idle"]["items-per-s"] == "0.0" and rows["broken"]["error-rate"] == "100%"
+        colours = browser.execute_script(
+            "return Object.fromEntries([...document.querySelectorAll('#summary tr[data-serving]')]"
+            ".map((tr) => [tr.dataset.serving,"
+            " getComputedStyle(tr.querySelector('.badge')).backgroundColor]));"
+        )
+        assert colours["broken"] == "rgb(198, 40, 40)" and colours["busy"] == "rgb(46, 125, 50)"
+        assert len(set(colours.values())) == 3, colours
+        # and it opens worst first; a click on a column sorts by it, again the other way
+        assert order(browser)[0] == "broken", order(browser)
+        click = "document.querySelector(`#summary th[data-column='${arguments[0]}']`).click();"
+        browser.execute_script(click, 0)
+        assert order(browser) == ["broken", "busy", "idle"]
+        browser.execute_script(click, 0)
+        assert order(browser) == ["idle", "busy", "broken"]
+        browser.execute_script(click, 2)  # items/s: the most first
+        assert order(browser)[0] == "busy", order(browser)
+        # and the options of each serving differ from the defaults first (batch_size 16)
+        first = browser.execute_script(
+            "const row = document.querySelector("
+            "'section[data-serving=\"busy\"] table.options tr.differs');"
+            "return row ? [...row.cells].map((c) => c.textContent) : null;"
+        )
+        assert first is not None and first[:3] == ["batch_size", "16", "32"], first
+        browser.execute_script(click, 1)  # back to the worst first for the picture
+        shot = os.environ.get("QS_DASHBOARD_SCREENSHOT")
+        if shot:  # once the charts hold a dozen points (some 24 s of load)
+            wait_until(lambda: chart_points(browser) >= 12, "the charts", timeout=120)
+            browser.save_screenshot(shot)
+    finally:
+        stop.set()
+        for caller in callers:
+            if caller.is_alive():
+                caller.join(120)
+        browser.quit()
+
+
+def chart_points(browser: WebDriver) -> int:
+    points = browser.execute_script(
+        "const p = document.querySelector('section[data-serving=\"busy\"] polyline');"
+        "return p ? p.getAttribute('points') : '';"
+    )
+    return len(str(points).split())

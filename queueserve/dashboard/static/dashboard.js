@@ -69,7 +69,9 @@ function chart(points, field, label) {
   svg.setAttribute("width", w);
   svg.setAttribute("height", h);
   svg.innerHTML = `<polyline fill="none" stroke="#2f6fdb" stroke-width="1.5" points="${path}"/>`;
-  return el("div", {}, el("h3", {}, `${label} (last ${Math.round((points.length * 2) / 60)} min, max ${top.toFixed(1)})`), svg);
+  const span = points.length > 1 ? points[points.length - 1].at - points[0].at : 0;
+  const last = span < 120 ? `${Math.round(span)} s` : `${Math.round(span / 60)} min`;
+  return el("div", {}, el("h3", {}, `${label} (last ${last}, max ${top.toFixed(1)})`), svg);
 }
 
 async function change(path, body) {
