@@ -169,3 +169,17 @@ def test_the_citation_check_finds_each_kind_of_stale_citation() -> None:
         "line 3: test_fo…: no such test under tests/",
         "line 3: bench.nothing: no such module",
     ], problems
+
+
+def test_the_changelog_names_the_wire_version_and_every_header_field_read() -> None:
+    """A new optional header field or wire version is news for whoever upgrades: CHANGELOG.md's
+    wire paragraph names them as this version reads them."""
+    from queueserve.wire.protocol import WIRE_VERSION
+    from queueserve.wire.request import FIELDS
+
+    changelog = (REPO / "CHANGELOG.md").read_text()
+    wire = changelog.split("**Wire format.**", 1)[1].split("\n\n", 1)[0]
+    assert f"Wire version {WIRE_VERSION} throughout" in wire
+    named = re.search(r"Optional header fields this version reads: ([^.]*)\.", wire)
+    assert named is not None
+    assert re.findall(r"`([a-z_]+)`", named.group(1)) == list(FIELDS)
