@@ -24,6 +24,7 @@ import queueserve as qs
 from queueserve.broker.connect import parse_url
 from queueserve.broker.jobs import Jobs
 from queueserve.wire.jobs import group_key, job_place
+from queueserve.wire.once import shard_of_key
 from queueserve.wire.protocol import GROUP, Keys, key_slot, shard_tags
 from tests.support.broker import RedisBroker
 from tests.support.callers import Caller
@@ -241,6 +242,42 @@ async def _async_cases(url: str, prefix: str) -> None:
         job = client.job(await (await client.submit("squares", [6], keep=60)).id)
         assert await job.result(timeout=30) == [36]
         assert await job.status() == "done"
+
+
+def test_idempotency_keys_on_a_sharded_serving_run_once_in_their_shards_slot(
+    cluster: Cluster, prefix: str
+) -> None:
+    recorder = Recorder()
+    serving = qs.Serving(recorder, name="once", batch_size=16, batch_timeout=0.001, shards=3)
+    worker = qs.Worker([serving], redis_url=cluster.url, prefix=prefix, handle_signals=False)
+    worker.start()
+    try:
+        with qs.Client(cluster.url, prefix=prefix) as a, qs.Client(cluster.url, prefix=prefix) as b:
+            # each key sent by two clients: one run, one job
+            for i in range(9):
+                first = a.submit(serving, [i], idempotency_key=f"k{i}")
+                again = b.submit(serving, [i], idempotency_key=f"k{i}")
+                assert first.result(30) == again.result(30) == [i * 10]
+                assert again.id == first.id
+            with pytest.raises(qs.IdempotencyConflict):
+                b.dispatch(serving, 99, idempotency_key="k0")
+            clients = (a.client_id, b.client_id)
+        assert sorted(x for batch in recorder.batches for x in batch) == list(range(9))
+        r = cluster.client()
+        # each key's record is in the slot of the shard its key maps to, over several shards
+        tags = {shard_tags("once", 3)[shard_of_key(f"k{i}", 3)] for i in range(9)}
+        assert len(tags) > 1
+        for i in range(9):
+            tag = shard_tags("once", 3)[shard_of_key(f"k{i}", 3)]
+            assert r.exists(f"{prefix}:{{{tag}}}:once:k{i}")
+        # the job fields written before each enqueue (other slots) stayed only for the request
+        # each key enqueued: 9 jobs done, none of a follower (or a conflict) left waiting
+        jobs = [
+            v for c in clients for k, v in r.hgetall(group_key(prefix, c, 1)).items() if k.isdigit()
+        ]
+        assert len(jobs) == 9 and all(v.startswith(b"done:") for v in jobs), jobs
+    finally:
+        worker.stop(timeout=10)
 
 
 def test_a_step_serving_tells_a_listening_caller_from_a_gone_one_across_the_masters(

@@ -119,7 +119,7 @@ end
 local function held_by(once)
   local value = redis.pcall('GET', once[1])
   if value == false then return nil end
-  if type(value) ~= 'string' or #value > 133 then return '?' end  -- once.RECORD_MAX_BYTES
+  if type(value) ~= 'string' or #value > 116 then return '?' end  -- once.RECORD_MAX_BYTES
   local digest, job = string.match(value, '^(%x+):([%w_.%-]+%-%d+)$')
   if not digest or #digest ~= 32 then return '?' end
   return (digest == once[2] and '=' or '!') .. job
