@@ -44,6 +44,7 @@ class Outage:
         self._failing: set[str] = set()
         self._since = 0.0
         self._pool_limit = False  # the outage is a connection pool at its limit
+        self.failures = 0  # failed attempts of every loop so far (the workers' metrics)
 
     @property
     def ongoing(self) -> bool:
@@ -51,6 +52,7 @@ class Outage:
 
     def failed(self, loop: str, error: RedisUnavailable) -> None:
         with self._lock:
+            self.failures += 1
             if self._failing:
                 self._failing.add(loop)
                 return

@@ -187,6 +187,12 @@ class PrometheusMiddleware(Middleware):
         self.dead_letters = pc.Counter(
             "queueserve_dead_letters", "Entries moved to the dead-letter stream", ["serving"], **kw
         )
+        self.redis_failures = pc.Counter(
+            "queueserve_redis_errors",
+            "Failed Redis attempts of a partition's loops (each retried with backoff)",
+            ["partition"],
+            **kw,
+        )
         self.queue_time = pc.Histogram(
             "queueserve_queue_time_seconds",
             "From a request's enqueue (its stream entry id, Redis's clock) to its first batch",
@@ -324,3 +330,10 @@ class PrometheusMiddleware(Middleware):
 
     def dead_lettered(self, serving: Serving, entries: int) -> None:
         self.dead_letters.labels(serving.name).inc(entries)
+
+    def partition_started(self, servings: Sequence[Serving], partition: Partition) -> None:
+        # A series from 0, so that the first errors are an increase Prometheus sees
+        self.redis_failures.labels(str(partition.index)).inc(0)
+
+    def redis_errors(self, partition: Partition, errors: int) -> None:
+        self.redis_failures.labels(str(partition.index)).inc(errors)

@@ -71,6 +71,10 @@ class Middleware:
     def dead_lettered(self, serving: Serving, entries: int) -> None:
         """Entries went to the dead-letter stream."""
 
+    def redis_errors(self, partition: Partition, errors: int) -> None:
+        """The partition's loops met ``errors`` more failed Redis attempts (an outage, a
+        dropped connection: each retried with backoff), told at its next heartbeat."""
+
     def key_loaded(
         self, serving: Serving, key: str, partition: Partition, seconds: float, ok: bool
     ) -> None:
@@ -138,6 +142,9 @@ class Middlewares(Middleware):
 
     def dead_lettered(self, serving: Serving, entries: int) -> None:
         self._each("dead_lettered", serving, entries)
+
+    def redis_errors(self, partition: Partition, errors: int) -> None:
+        self._each("redis_errors", partition, errors)
 
     def key_loaded(
         self, serving: Serving, key: str, partition: Partition, seconds: float, ok: bool

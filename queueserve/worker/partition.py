@@ -287,7 +287,12 @@ class PartitionHost:
     def _heartbeat_loop(self) -> None:
         # A missed beat is retried at the next one: a backoff shorter than the beat is moot.
         retry = Retry(self.broker.outage, "heartbeat")
+        told = 0  # failed Redis attempts told to the middleware (metrics) so far
         while not self._stopped.wait(HEARTBEAT_EVERY_S):
+            failures = self.broker.outage.failures
+            if failures > told:  # told here, as they happen, beat or no beat
+                self.middleware.redis_errors(self.partition, failures - told)
+                told = failures
             try:
                 self._beat()
             except RedisFailure as e:

@@ -27,11 +27,18 @@ from tests.support.dashboard_proc import DashboardProc
 from tests.support.fault_app import WorkerProc, header
 from tests.support.helpers import REPO, wait_until
 from tests.support.listing_cost import declare
-from tests.support.redis_server import free_port
+from tests.support.redis_server import RedisServer, free_port
 
 ALERTS = REPO / "deploy" / "prometheus" / "alerts.yml"
 KEDA = REPO / "deploy" / "k8s" / "keda-scaledobject.yaml"
-RULES = ("NoWorker", "Failing", "WaitingLong", "DeadLettersGrowing", "PartitionRestarts")
+RULES = (
+    "NoWorker",
+    "Failing",
+    "WaitingLong",
+    "DeadLettersGrowing",
+    "RedisErrors",
+    "PartitionRestarts",
+)
 
 
 def promtool() -> str:
@@ -61,30 +68,51 @@ def test_promtool_checks_the_rules_and_refuses_a_broken_copy(tmp_path: Path) -> 
 
 def active(url: str) -> dict[str, set[str]]:
     """Alert name (without its Queueserve prefix) -> the servings (or, without a serving
-    label, reasons) it is active for, pending or firing."""
+    label, reasons or instances) it is active for, pending or firing."""
     answer = _get(f"{url}/api/v1/alerts")
     assert answer is not None and answer["status"] == "success", answer
     out: dict[str, set[str]] = {name: set() for name in RULES}
     for alert in answer["data"]["alerts"]:
         labels = alert["labels"]
         name = labels["alertname"].removeprefix("Queueserve")
-        out[name].add(labels.get("serving") or labels.get("reason", "?"))
+        out[name].add(labels.get("serving") or labels.get("reason") or labels.get("instance", "?"))
     return out
+
+
+def started(url: str, prefix: str, log: Path, spec: str, serving: str) -> tuple[WorkerProc, int]:
+    """A worker of ``spec`` with /metrics on a free port, once it answers ``serving``."""
+    port = free_port()
+    proc = WorkerProc.one_partition([spec, "--metrics-port", str(port)], url, prefix, log)
+    try:
+        with qs.Client(url, prefix=prefix) as client:
+            wait_until(lambda: client.dispatch(serving, 2, timeout=30) == 4, "the worker")
+    except BaseException:
+        proc.kill_group()
+        raise
+    return proc, port
 
 
 @pytest.fixture
 def worker(redis_url: str, prefix: str, tmp_path: Path) -> Iterator[tuple[WorkerProc, int]]:
-    port = free_port()
-    proc = WorkerProc.one_partition(
-        ["tests.support.health_app:alerting", "--metrics-port", str(port)],
-        redis_url,
-        prefix,
-        tmp_path / "worker.log",
+    proc, port = started(
+        redis_url, prefix, tmp_path / "worker.log", "tests.support.health_app:alerting", "busy"
     )
     try:
-        with qs.Client(redis_url, prefix=prefix) as client:
-            wait_until(lambda: client.dispatch("busy", 2, timeout=30) == 4, "the worker")
         yield proc, port
+    finally:
+        proc.kill_group()
+
+
+@pytest.fixture
+def lone_worker(
+    redis_tmp_server: RedisServer, prefix: str, tmp_path: Path
+) -> Iterator[tuple[WorkerProc, int, RedisServer]]:
+    """A worker on a Redis of its own, which the test may stop."""
+    proc, port = started(
+        redis_tmp_server.url, prefix, tmp_path / "lone.log", "tests.support.health_app:idle", "idle"
+    )
+    try:
+        yield proc, port, redis_tmp_server
     finally:
         proc.kill_group()
 
@@ -103,6 +131,7 @@ def forge_old_request(r: redis.Redis, prefix: str, serving: str, age_s: float) -
 
 def test_each_alert_fires_under_its_condition_and_not_without(
     worker: tuple[WorkerProc, int],
+    lone_worker: tuple[WorkerProc, int, RedisServer],
     redis_url: str,
     prefix: str,
     redis_client: redis.Redis,
@@ -111,6 +140,7 @@ def test_each_alert_fires_under_its_condition_and_not_without(
 ) -> None:
     url, config = prometheus
     proc, metrics_port = worker
+    lone, lone_port, lone_redis = lone_worker
     # Given a serving declared whose worker is gone, with work waiting (3 items)
     declare(redis_client, prefix, "orphan")
     with qs.Client(redis_url, prefix=prefix) as client:
@@ -126,15 +156,16 @@ def test_each_alert_fires_under_its_condition_and_not_without(
                 f"rule_files: ['{ALERTS}']\n"
                 "scrape_configs:\n"
                 "  - job_name: queueserve-worker\n"
-                f"    static_configs: [{{targets: ['127.0.0.1:{metrics_port}']}}]\n"
+                f"    static_configs: [{{targets: ['127.0.0.1:{metrics_port}', "
+                f"'127.0.0.1:{lone_port}']}}]\n"
                 "  - job_name: queueserve-dashboard\n"
                 f"    static_configs: [{{targets: ['{dash}']}}]\n"
             )
             reload = urllib.request.Request(f"{url}/-/reload", method="POST")
             urllib.request.urlopen(reload, timeout=10)
             wait_until(
-                lambda: len([r for r in query(url, "up") if r["value"][1] == "1"]) == 2,
-                "both targets scraped",
+                lambda: len([r for r in query(url, "up") if r["value"][1] == "1"]) == 3,
+                "the three targets scraped",
                 process=proc,
             )
             loaded = _get(f"{url}/api/v1/rules")["data"]["groups"]
@@ -154,6 +185,7 @@ def test_each_alert_fires_under_its_condition_and_not_without(
                     "Failing": {"broken"},
                     "WaitingLong": {"stuck"},
                     "DeadLettersGrowing": set(),
+                    "RedisErrors": set(),
                     "PartitionRestarts": set(),
                 }
                 wait_until(lambda: active(url) == wanted, f"alerts {wanted}", process=proc)
@@ -175,6 +207,12 @@ def test_each_alert_fires_under_its_condition_and_not_without(
                 # Then partition restarts is active, for a partition that died in its batch
                 wanted["PartitionRestarts"] = {"died_in_batch"}
                 wait_until(lambda: active(url) == wanted, f"alerts {wanted}", process=proc)
+
+                # When the lone worker's Redis stops (its heartbeats fail, and are counted)
+                lone_redis.stop()
+                # Then Redis errors is active for that worker alone
+                wanted["RedisErrors"] = {f"127.0.0.1:{lone_port}"}
+                wait_until(lambda: active(url) == wanted, f"alerts {wanted}", process=lone)
         finally:
             dashboard.stop()
         orphaned.cancel()
