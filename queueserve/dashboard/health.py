@@ -19,7 +19,7 @@ SAMPLE_EVERY_S at most), so they start when the page is first opened.
 from __future__ import annotations
 
 import threading
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +30,7 @@ HISTORY_S = 600.0  # the charts' span: the last ten minutes
 WINDOW_S = 60.0  # error rate, latency and dead letters growing: over the last minute
 ERROR_RATE = 0.05
 OLDEST_WAITING_S = 30.0
+MAX_KEPT = 300  # servings whose samples are kept: three pages of the dashboard
 LEVELS = {  # status -> level, which the page shows in colour
     "no worker": "bad",
     "failing": "bad",
@@ -121,16 +122,20 @@ class Recent:
 
 
 class Histories:
-    """Every serving's Recent, for the Board's threads."""
+    """The Recent of the MAX_KEPT servings sampled last, for the Board's threads: a page read
+    once and left keeps nothing for good (paging through thousands of servings would)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._by_name: dict[str, Recent] = {}
+        self._by_name: OrderedDict[str, Recent] = OrderedDict()
 
     def sampled(self, name: str, sample: Sample) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         """Keep ``sample``; (the chart points, the figures of the window)."""
         with self._lock:
-            recent = self._by_name.setdefault(name, Recent())
+            recent = self._by_name.pop(name, None) or Recent()
+            self._by_name[name] = recent
+            while len(self._by_name) > MAX_KEPT:
+                self._by_name.popitem(last=False)
             recent.add(sample)
             done, span, dead_before = recent.window()
             points = list(recent.points)

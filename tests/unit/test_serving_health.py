@@ -10,6 +10,7 @@ import pytest
 
 from queueserve.dashboard.health import (
     ERROR_RATE,
+    MAX_KEPT,
     OLDEST_WAITING_S,
     SAMPLE_EVERY_S,
     WINDOW_S,
@@ -181,3 +182,12 @@ def test_each_status_rule_holds_under_its_condition_and_not_without() -> None:
     )
     assert both["status"] == "no worker" and both["level"] == "bad"
     assert len(both["reasons"]) == 3, both
+
+
+def test_only_the_servings_sampled_last_are_kept() -> None:
+    histories = Histories()
+    for i in range(MAX_KEPT + 1):
+        histories.sampled(f"s{i}", Sample(100.0, {"w": figures(0)}, 0))
+    # the one sampled first was pushed out by the last: it starts again, the others go on
+    assert histories.sampled("s1", Sample(103.0, {"w": figures(9)}, 0))[0]
+    assert histories.sampled("s0", Sample(103.0, {"w": figures(9)}, 0))[0] == []
