@@ -28,6 +28,7 @@ from queueserve.hooks import END, NO_OUTPUT, Hook, Output, Restart, emit
 from queueserve.serving import Batch, Partition, Serving, serving
 from queueserve.settings import Settings
 from queueserve.steps import Resume, StepServing, step_serving
+from queueserve.wire.key_rules import LengthBuckets
 from queueserve.worker.worker import Worker
 
 __all__ = [  # noqa: RUF022 - grouped by use, as the docs present them
@@ -36,6 +37,7 @@ __all__ = [  # noqa: RUF022 - grouped by use, as the docs present them
     "Partition",
     "Serving",
     "serving",
+    "LengthBuckets",
     # generation (continuous batching)
     "Resume",
     "StepServing",

@@ -15,6 +15,7 @@ from queueserve.hooks import END, NO_OUTPUT
 from queueserve.key_states import KeyStates, has_key_states, holding
 from queueserve.options.serving import KeyWeights, OnError, ServingOptions, followers, resolve
 from queueserve.results import BatchResults
+from queueserve.wire.key_rules import META_FIELD, LengthBuckets
 from queueserve.wire.protocol import Keys
 from queueserve.wire.request import FIELDS
 
@@ -358,6 +359,8 @@ class Serving:
             # They read the header's optional fields: clients send trace context only then
             # (docs/architecture.md, "Wire versions").
             "header_fields": ",".join(FIELDS),
+            # A rule every client applies, knowing the serving by name (wire/key_rules.py)
+            META_FIELD: self.batch_key.text() if isinstance(self.batch_key, LengthBuckets) else "",
         }
 
     def __repr__(self) -> str:

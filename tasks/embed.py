@@ -56,26 +56,20 @@ def model_dir() -> Path:
     return path
 
 
-def estimate_tokens(text: str) -> int:
-    """A cheap token count: characters / 4 plus [CLS] and [SEP] (no tokenizer needed)."""
-    return len(text) // CHARS_PER_TOKEN + 2
-
-
 def bucket_of(tokens: int) -> str:
     """The power-of-two bucket a token count falls in: t16, t32, t64, t128 or t256."""
     n = min(max(tokens, MIN_BUCKET), MAX_TOKENS)
     return f"t{1 << (n - 1).bit_length()}"
 
 
-def length_bucket(text: Any) -> str:
-    """Batch key of one text (or of its token ids), computed in the caller: texts of similar
-    length share batches, so little of each batch is padding. Anything else goes to its own
-    key, where the worker answers it with a per-item error."""
-    if isinstance(text, np.ndarray) and text.ndim == 1:
-        return bucket_of(len(text))
-    if not isinstance(text, str):
-        return "invalid"
-    return bucket_of(estimate_tokens(text))
+# Batch key of one text (or of its token ids), computed in the caller: texts of similar length
+# share batches, so little of each batch is padding. A text counts len // 4 tokens plus [CLS]
+# and [SEP] (no tokenizer needed); the key is bucket_of that count; anything else is "invalid",
+# answered by the worker with a per-item error. A rule, not a function: the serving declares
+# it, so the gateway and clients that name the serving group texts by it too.
+length_bucket = qs.LengthBuckets(
+    smallest=MIN_BUCKET, largest=MAX_TOKENS, chars_per_unit=CHARS_PER_TOKEN, extra=2, prefix="t"
+)
 
 
 def load_tokenizer(model_path: Path | None = None) -> Any:

@@ -39,7 +39,7 @@ from queueserve.settings import Settings, check_prefix, check_redis_url, check_t
 from queueserve.tracing import reads_trace, trace_fields
 from queueserve.wire import protocol as P
 from queueserve.wire.codec import get_codec
-from queueserve.wire.options import parse_declared
+from queueserve.wire.options import declared_rule, parse_declared
 from queueserve.wire.request import encode_request
 from queueserve.wire.tenants import lane_key
 from queueserve.wire.timing import ALIVE_WITHIN_S, RECONNECT_WITHIN_S
@@ -301,6 +301,7 @@ class BaseClient:
             declared = parse_declared(meta, target.keys)
             target.max_payload_bytes = declared.get("max_payload_bytes")
             target.idempotency_ttl = declared.get("idempotency_ttl")
+            target.key_rule = declared_rule(meta, target.keys)
             target.batch_size = declared.get("batch_size")
             target.hooks = declared.get("streaming", False)
             target.durable = declared.get("durable", False)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import random
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,6 +14,7 @@ from queueserve.errors import BadRequest
 from queueserve.serving import Serving
 from queueserve.wire import protocol as P
 from queueserve.wire.codec import Codec
+from queueserve.wire.key_rules import LengthBuckets
 
 log = logging.getLogger("queueserve.client")
 
@@ -74,6 +76,9 @@ class Target:
     keeps_jobs: bool | None = None
     # Its idempotency_ttl as its workers declared it (None: not known; client/once.py)
     idempotency_ttl: float | None = None
+    # The batch-key rule its workers declared (wire/key_rules.py): a caller that names the
+    # serving groups items by it as one passing the Serving object does by its batch_key
+    key_rule: LengthBuckets | None = None
     # Where its requests go: the serving's shards, shared by every Target of the serving
     # in this client (a caller passing the Serving object gets a new Target per call).
     spread: ShardSpread | None = None
@@ -152,14 +157,21 @@ def plan(target: Target, items: list[Any], batch_key: str | None) -> list[Part]:
         return []  # nothing to send; the caller gets [] at once
     serving = target.serving
     if serving is None:
-        return [Part(batch_key or "default", None, items)]
+        if batch_key is not None or target.key_rule is None:
+            return [Part(batch_key or "default", None, items)]
+        return _grouped(items, target.key_rule)
     if serving.has_client_maps:
         items = [serving.prepare_item(x) for x in items]
     if batch_key is not None or not callable(serving.batch_key):
         return [Part(serving.key_for(None, batch_key), None, items)]
+    return _grouped(items, lambda item: serving.key_for(item, None))
+
+
+def _grouped(items: list[Any], key_of: Callable[[Any], str]) -> list[Part]:
+    """One part per batch key, each with its items' positions (none: all, in order)."""
     groups: dict[str, Part] = {}
     for i, item in enumerate(items):
-        key = serving.key_for(item, None)
+        key = key_of(item)
         part = groups.get(key)
         if part is None:
             part = groups[key] = Part(key, [], [])

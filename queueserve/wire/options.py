@@ -16,6 +16,7 @@ from typing import Any
 
 from queueserve.options.serving import RUNTIME, ServingOptions, validated
 from queueserve.options.units import from_text
+from queueserve.wire.key_rules import META_FIELD, LengthBuckets
 from queueserve.wire.protocol import Keys
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,19 @@ def parse_declared(raw: Mapping[str, str], keys: Keys) -> dict[str, Any]:
     """The options workers declared in ``P:{S}:meta`` that clients act on, validated the same
     way; a refused one is logged and left out (the client then acts as if none was declared)."""
     return _read(raw, _DECLARED, keys.name, keys.meta, unknown=False)
+
+
+def declared_rule(raw: Mapping[str, str], keys: Keys) -> LengthBuckets | None:
+    """The batch-key rule workers declared in ``P:{S}:meta`` (wire/key_rules.py), or None: none
+    declared, or one the rule refuses (logged, and the client sends as if none was)."""
+    text = raw.get(META_FIELD)
+    if not text:
+        return None
+    try:
+        return LengthBuckets.parse(text)
+    except ValueError as e:
+        _refused(keys.name, keys.meta, META_FIELD, text, str(e))
+        return None
 
 
 def _read(

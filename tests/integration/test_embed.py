@@ -96,6 +96,13 @@ def test_batch_keys_are_token_length_buckets() -> None:
     assert keys[4] == "t128"
     assert keys[5] == f"t{MAX_TOKENS}"
     assert length_bucket(42) == "invalid"  # answered by the worker with a per-item error
+    # the rule against its definition (docs/indexing.md), text by text: len // 4 + 2 tokens
+    for text in [*TEXTS, *LONG, "", "x" * 4000]:
+        assert length_bucket(text) == bucket_of(len(text) // 4 + 2), text[:40]
+    ids = np.arange(40, dtype=np.int32)  # token ids count as their number
+    assert length_bucket(ids) == length_bucket(list(ids)) == "t64"
+    # every door applies it: the serving declares it for clients that only know its name
+    assert qs.LengthBuckets.parse(embed.options()["batch_key_rule"]) == length_bucket
     assert embed.key_for(LONG[0], None) == "t128"
     assert Embed(buckets=False).key_for(LONG[0], None) == "default"
 

@@ -26,6 +26,7 @@ from queueserve.options.serving import RUNTIME, ServingOptions
 from queueserve.wire import options as wire_options
 from queueserve.wire import protocol as P
 from queueserve.wire.figures import field_of
+from queueserve.wire.key_rules import META_FIELD as KEY_RULE
 from queueserve.wire.request import FIELDS
 from tests.faults.fuzz import surfaces
 from tests.faults.fuzz.surfaces import SURFACES, Target
@@ -150,7 +151,7 @@ def client_reads() -> set[str]:
     """The meta fields something acts on: the options clients parse (wire/options.py), the
     counts enqueue.lua reads, the optional header fields workers read, and the codec."""
     lua = set(re.findall(r"declared_count\('(\w+)'\)", (LUA / "enqueue.lua").read_text()))
-    return {*wire_options._DECLARED, *lua, tracing.HEADER_FIELDS, "codec"}
+    return {*wire_options._DECLARED, *lua, tracing.HEADER_FIELDS, "codec", KEY_RULE}
 
 
 def test_each_meta_field_acted_on_is_attacked_and_parsed_by_the_model_or_special() -> None:
@@ -230,6 +231,7 @@ def test_values_a_reader_takes_go_in_spoilt_and_codec_only_on_the_victim() -> No
         "batch_key_weights": b"a=2",
         "max_latency": b"5ms",
         "pack_items": b"0",
+        KEY_RULE: b"length smallest=2 prefix=k",
     }
     for name, value in taken.items():
         written = written_by(surfaces.meta_field, value, tries=800)

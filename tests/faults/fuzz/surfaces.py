@@ -40,6 +40,8 @@ from queueserve.ops.deadletter import DeadLetters
 from queueserve.options import serving as model
 from queueserve.wire import protocol as P
 from queueserve.wire.jobs import group_key
+from queueserve.wire.key_rules import META_FIELD as KEY_RULE
+from queueserve.wire.key_rules import LengthBuckets
 from queueserve.wire.options import parse_option
 from queueserve.worker.metrics_server import MAX_CONNECTIONS
 from queueserve.worker.pipeline.affinity import HELD_FIELD
@@ -569,6 +571,9 @@ META_SPECIAL = {
     "header_fields": "any text is taken (the optional fields workers read); one without a "
     "field only keeps clients from sending it (trace context, a job's keep) until workers "
     "write theirs back: attacked as it is",
+    KEY_RULE: "read by clients naming the serving through LengthBuckets.parse "
+    "(wire/key_rules.py), not the options model: a rule it takes groups a call's items by it "
+    "until the workers write theirs back, so it goes in spoilt, as a value the model takes does",
 }
 
 
@@ -632,6 +637,12 @@ def _taken(name: str, value: bytes) -> bool:
     counts as it reads them, any other field as the options model does."""
     if name == "pack_items":
         return re.fullmatch(rb"[0-9]{1,13}", value) is not None and int(value) <= model.MAX_QUEUE
+    if name == KEY_RULE:
+        try:
+            LengthBuckets.parse(value.decode())
+        except (UnicodeDecodeError, ValueError, TypeError):
+            return False
+        return True
     return _valid_setting(name, value)
 
 
