@@ -12,11 +12,13 @@ import secrets
 from collections.abc import Sequence
 from typing import Any
 
+import redis
 from redis.exceptions import NoScriptError, ResponseError
 
 from queueserve.broker.common import Enqueued, Request, load_script
 from queueserve.broker.connect import is_cluster
-from queueserve.broker.errors import redis_errors
+from queueserve.broker.errors import redis_errors, translate
+from queueserve.errors import QueueServeError
 from queueserve.wire.jobs import LIVE_TTL_MS, MAX_KEEP_MS
 from queueserve.wire.protocol import GROUP, Keys
 
@@ -99,6 +101,41 @@ def _read(out: list[Any]) -> tuple[list[bytes | None], int]:
     return list(values), int(seconds) * 1000 + int(micros) // 1000
 
 
+# Where a job's record is: its group's key and its fields (``wire/jobs.py``'s record_fields)
+Place = tuple[str, Sequence[str]]
+Read = tuple[list[bytes | None], int]
+
+
+def _reads_commands(places: Sequence[Place]) -> list[tuple[Any, ...]]:
+    return [*(("HMGET", key, *fields) for key, fields in places), ("TIME",)]
+
+
+def _reads(out: list[Any], url: str) -> list[Read | QueueServeError]:
+    """Each job's fields and Redis's clock; a group Redis refused (another type) its error."""
+    *values, clock = out
+    if isinstance(clock, Exception):
+        raise clock
+    now = int(clock[0]) * 1000 + int(clock[1]) // 1000
+    return [
+        translate(v, url) if isinstance(v, redis.RedisError) else (list(v), now) for v in values
+    ]
+
+
+def _messages_commands(wanted: Sequence[tuple[str, Sequence[bytes]]]) -> list[tuple[Any, ...]]:
+    return [("HMGET", key, *(b"m" + ref for ref in refs)) for key, refs in wanted if refs]
+
+
+def _messages(
+    wanted: Sequence[tuple[str, Sequence[bytes]]], out: list[Any], url: str
+) -> list[list[bytes | None] | QueueServeError]:
+    replies = iter(out)
+    found: list[list[bytes | None] | QueueServeError] = []
+    for _, refs in wanted:
+        reply = next(replies) if refs else []
+        found.append(translate(reply, url) if isinstance(reply, redis.RedisError) else list(reply))
+    return found
+
+
 class _JobScripts:
     """The job scripts, registered on one Redis client (sync or asyncio)."""
 
@@ -157,6 +194,18 @@ class Jobs(_JobScripts):
     def messages(self, key: str, refs: Sequence[bytes]) -> list[bytes | None]:
         with redis_errors(self.url):
             return list(self.redis.hmget(key, [b"m" + ref for ref in refs])) if refs else []
+
+    def reads(self, places: Sequence[Place]) -> list[Read | QueueServeError]:
+        """``record`` of many jobs in one round trip (the calls a client follows)."""
+        with redis_errors(self.url):
+            return _reads(self._send(_reads_commands(places)), self.url)
+
+    def messages_of(
+        self, wanted: Sequence[tuple[str, Sequence[bytes]]]
+    ) -> list[list[bytes | None] | QueueServeError]:
+        """``messages`` of many jobs in one round trip."""
+        with redis_errors(self.url):
+            return _messages(wanted, self._send(_messages_commands(wanted)), self.url)
 
     def running(self, stream: str, entry_id: bytes) -> bool:
         """Whether a worker holds entry ``entry_id`` of ``stream`` (read, not yet acked)."""
@@ -221,6 +270,16 @@ class AsyncJobs(_JobScripts):
             return []
         with redis_errors(self.url):
             return list(await self.redis.hmget(key, [b"m" + ref for ref in refs]))
+
+    async def reads(self, places: Sequence[Place]) -> list[Read | QueueServeError]:
+        with redis_errors(self.url):
+            return _reads(await self._send(_reads_commands(places)), self.url)
+
+    async def messages_of(
+        self, wanted: Sequence[tuple[str, Sequence[bytes]]]
+    ) -> list[list[bytes | None] | QueueServeError]:
+        with redis_errors(self.url):
+            return _messages(wanted, await self._send(_messages_commands(wanted)), self.url)
 
     async def running(self, stream: str, entry_id: bytes) -> bool:
         with redis_errors(self.url):

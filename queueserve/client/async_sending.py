@@ -70,7 +70,7 @@ class AsyncSending(BaseClient):
         self._jobs_sent = False  # set by the first job: plain sends never look for jobs
         # set by the first call with an idempotency key: plain sends never look for keys
         self._keys_sent = False
-        self._followers = AsyncFollowers(self._followed_job)
+        self._followers = AsyncFollowers(self._broker.jobs, self._followed_job)
         self._send_waiters: list[asyncio.Future[None]] = []  # woken as each send ends
 
     def _followed_job(self, job_id: str) -> AsyncJob:

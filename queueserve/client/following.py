@@ -2,8 +2,10 @@
 before (client/once.py) takes that request's answer from its job record (wire/jobs.py), read
 here until the job ends, by one thread (``Followers``) or task (``AsyncFollowers``) per client.
 
-Such calls are rare (a retry, a race of two senders), so they are polled, from every 5 ms up
-to every 250 ms while none ends; a call added starts the pause again.
+Each round reads every followed job's record in one round trip, then the answers of those that
+ended in one more; rounds come every 5 ms, then less often, down to every 250 ms while none
+ends. A call added starts the pause again. A corpus sent again whole (every item a retry)
+costs two round trips per round, not two per item.
 """
 
 from __future__ import annotations
@@ -12,33 +14,19 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
 
+from queueserve.broker.jobs import AsyncJobs, Jobs, Read
 from queueserve.client.calls import Call
 from queueserve.client.jobs import AsyncJob, Job
 from queueserve.errors import QueueServeError, RedisUnavailable
+from queueserve.wire.jobs import JobRecord
 
 log = logging.getLogger("queueserve.client")
 _FIRST_S, _MOST_S = 0.005, 0.25
 
-
-def take(call: Call, results: list[Any] | None) -> None:
-    """Give ``call`` the results of the job it follows (errors as values); None: not yet."""
-    if results is None:
-        return
-    if len(results) != call.n:
-        call.fail(
-            QueueServeError(
-                f"job {call.follows} answered {len(results)} items and this call sent the same "
-                f"{call.n} by its idempotency key's digest: the job's record was not written "
-                "by queueserve for this key; forget the job, delete the key's record, and "
-                "send again"
-            )
-        )
-        return
-    call.apply(0, results)
-    call.finish()
+Followed = tuple[Call, Job | AsyncJob]
+Ended = tuple[Call, Job | AsyncJob, JobRecord | None]
 
 
 def failed(call: Call, error: Exception) -> None:
@@ -52,22 +40,67 @@ def failed(call: Call, error: Exception) -> None:
     call.fail(error)
 
 
+def ended_of(calls: Sequence[Followed], reads: Sequence[Read | QueueServeError]) -> list[Ended]:
+    """The followed calls whose jobs ended (or have no record), by one read of each record."""
+    ended: list[Ended] = []
+    for (call, job), raw in zip(calls, reads, strict=True):
+        try:
+            if isinstance(raw, QueueServeError):
+                raise raw
+            done, record = job.ended(raw)
+        except Exception as e:
+            failed(call, e)
+            continue
+        if done:
+            ended.append((call, job, record))
+    return ended
+
+
+def wanted(ended: Sequence[Ended]) -> list[tuple[str, Sequence[bytes]]]:
+    """The answer messages to read for the ended jobs (``Jobs.messages_of``)."""
+    return [(job.place[0], record.refs if record else ()) for _, job, record in ended]
+
+
+def answer(
+    ended: Sequence[Ended], messages: Sequence[list[bytes | None] | QueueServeError]
+) -> None:
+    """Give each call the results of the job it follows (errors as values)."""
+    for (call, job, record), raw in zip(ended, messages, strict=True):
+        try:
+            if isinstance(raw, QueueServeError):
+                raise raw
+            results = job.results_of(record, raw)
+            if len(results) != call.n:
+                raise QueueServeError(
+                    f"job {call.follows} answered {len(results)} items and this call sent the "
+                    f"same {call.n} by its idempotency key's digest: the job's record was not "
+                    "written by queueserve for this key; forget the job, delete the key's "
+                    "record, and send again"
+                )
+        except Exception as e:
+            failed(call, e)
+            continue
+        call.apply(0, results)
+        call.finish()
+
+
 class Followers:
     """The sync client's followed calls and the thread that reads their jobs."""
 
-    def __init__(self, job: Callable[[str], Job], name: str) -> None:
+    def __init__(self, jobs: Jobs, job: Callable[[str], Job], name: str) -> None:
+        self._jobs = jobs
         self._job = job
         self._name = name
-        self._calls: list[tuple[Call, Job]] = []
+        self._calls: list[Followed] = []
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._closed = False
 
     def add(self, calls: list[Call]) -> None:
-        jobs = [(call, self._job(call.follows or "")) for call in calls]
-        with self._lock:
-            self._calls += jobs
+        jobs: list[Followed] = [(call, self._job(call.follows or "")) for call in calls]
+        with self._lock:  # a new list: the thread reads the one it took meanwhile
+            self._calls = [*self._calls, *jobs]
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
                 self._thread.start()
@@ -78,16 +111,24 @@ class Followers:
         while not self._closed:
             with self._lock:
                 self._calls = calls = [c for c in self._calls if c[0].state == "pending"]
-            for call, job in calls:
-                try:
-                    take(call, job.ended())
-                except Exception as e:
-                    failed(call, e)
+            if calls:
+                self._look(calls)
             if self._wake.wait(pause if calls else 1.0):
                 self._wake.clear()
                 pause = _FIRST_S
             else:
                 pause = min(pause * 2, _MOST_S)
+
+    def _look(self, calls: list[Followed]) -> None:
+        try:
+            ended = ended_of(calls, self._jobs.reads([job.place for _, job in calls]))
+            if ended:
+                answer(ended, self._jobs.messages_of(wanted(ended)))
+        except RedisUnavailable:
+            pass  # the next round looks again
+        except Exception as e:  # never the thread's end: its calls are told
+            for call, _ in calls:
+                failed(call, e)
 
     def close(self, error: QueueServeError) -> None:
         """Stop following; the calls still waiting fail with ``error``."""
@@ -104,14 +145,16 @@ class Followers:
 class AsyncFollowers:
     """The asyncio client's followed calls and the task that reads their jobs."""
 
-    def __init__(self, job: Callable[[str], AsyncJob]) -> None:
+    def __init__(self, jobs: AsyncJobs, job: Callable[[str], AsyncJob]) -> None:
+        self._jobs = jobs
         self._job = job
-        self._calls: list[tuple[Call, AsyncJob]] = []
+        self._calls: list[Followed] = []
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
 
     def add(self, calls: list[Call]) -> None:
-        self._calls += [(call, self._job(call.follows or "")) for call in calls]
+        # a new list: the task may be reading the one it took
+        self._calls = [*self._calls, *((call, self._job(call.follows or "")) for call in calls)]
         if self._wake is None:
             self._wake = asyncio.Event()
         if self._task is None or self._task.done():
@@ -124,17 +167,24 @@ class AsyncFollowers:
             self._calls = calls = [c for c in self._calls if c[0].state == "pending"]
             if not calls:
                 return
-            for call, job in calls:
-                try:
-                    take(call, await job.ended())
-                except Exception as e:
-                    failed(call, e)
+            await self._look(calls)
             try:
                 await asyncio.wait_for(wake.wait(), pause)
                 wake.clear()
                 pause = _FIRST_S
             except TimeoutError:
                 pause = min(pause * 2, _MOST_S)
+
+    async def _look(self, calls: list[Followed]) -> None:
+        try:
+            ended = ended_of(calls, await self._jobs.reads([job.place for _, job in calls]))
+            if ended:
+                answer(ended, await self._jobs.messages_of(wanted(ended)))
+        except RedisUnavailable:
+            pass
+        except Exception as e:
+            for call, _ in calls:
+                failed(call, e)
 
     async def aclose(self, error: QueueServeError) -> None:
         """Stop following; the calls still waiting fail with ``error``."""

@@ -81,6 +81,21 @@ class _Reading:
             ) from None
         return call
 
+    @property
+    def place(self) -> tuple[str, tuple[str, str, str]]:
+        """Where its record is: what ``Jobs.reads`` takes, to read many jobs at once."""
+        return self._key, self._fields
+
+    def ended(self, raw: tuple[list[bytes | None], int]) -> tuple[bool, J.JobRecord | None]:
+        """From a read of its ``place``: whether it ended (or has no record), and its record."""
+        record = self._parse(raw)
+        return record is None or record.status != J.QUEUED, record
+
+    def results_of(self, record: J.JobRecord | None, messages: list[bytes | None]) -> list[Any]:
+        """Its results, errors as values, from its ended record and the messages it names
+        (raising what ``result`` raises for one without answers)."""
+        return self._results(record, self._messages(messages) if record else [], True)
+
     def _results(
         self, record: J.JobRecord | None, messages: list[bytes], return_exceptions: bool
     ) -> list[Any]:
@@ -203,15 +218,6 @@ class Job(_Reading):
             pause = min(pause * 2, _MOST_POLL_S)
         return self._results(record, self._answers(record), return_exceptions)
 
-    def ended(self) -> list[Any] | None:
-        """Its results, errors as values, once it ended (raising what ``result`` raises for a
-        job that failed without an answer, was cancelled or is gone); None while it waits.
-        One look, no wait: what a call following this job takes (client/following.py)."""
-        record = self._record()
-        if record is not None and record.status == J.QUEUED:
-            return None
-        return self._results(record, self._answers(record), True)
-
     def cancel(self) -> bool:
         """End it ``cancelled`` unless it ended: queued (alone or in a pack), it never runs;
         held by a worker, it leaves at its next batch or step (its answer, if one comes, is
@@ -270,12 +276,6 @@ class AsyncJob(_Reading):
             await asyncio.sleep(pause if left is None else min(pause, left))
             pause = min(pause * 2, _MOST_POLL_S)
         return self._results(record, await self._answers(record), return_exceptions)
-
-    async def ended(self) -> list[Any] | None:
-        record = await self._record()
-        if record is not None and record.status == J.QUEUED:
-            return None
-        return self._results(record, await self._answers(record), True)
 
     async def cancel(self) -> bool:
         record = await self._record()

@@ -44,7 +44,9 @@ class Sending(BaseClient):
         self._jobs_sent = False  # set by the first job: plain sends never look for jobs
         # set by the first call with an idempotency key: plain sends never look for keys
         self._keys_sent = False
-        self._followers = Followers(self._followed_job, f"queueserve-follow-{self.client_id}")
+        self._followers = Followers(
+            self._broker.jobs, self._followed_job, f"queueserve-follow-{self.client_id}"
+        )
 
     def _followed_job(self, job_id: str) -> Job:
         return Job(self._broker.jobs, self._broker.cancel, self.prefix, job_id, self._trusted_codec)

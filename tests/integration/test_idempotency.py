@@ -5,6 +5,7 @@ The cross-process and kill scenarios are tests/faults/test_once.py."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable
 
 import pytest
@@ -111,9 +112,10 @@ def test_the_async_client_takes_keys_as_the_sync_one(
     start_worker(serving)
 
     async def calls() -> None:
-        async with qs.AsyncClient(redis_url, prefix=prefix) as a, qs.AsyncClient(
-            redis_url, prefix=prefix
-        ) as b:
+        async with (
+            qs.AsyncClient(redis_url, prefix=prefix) as a,
+            qs.AsyncClient(redis_url, prefix=prefix) as b,
+        ):
             one, two = await asyncio.gather(
                 a.dispatch("idem", "z", idempotency_key="az"),
                 b.dispatch("idem", "z", idempotency_key="az"),
@@ -128,3 +130,33 @@ def test_the_async_client_takes_keys_as_the_sync_one(
 
     asyncio.run(calls())
     assert sorted(x for b in serving.item_batches for x in b) == ["p", "z"]
+
+
+def test_many_retries_from_many_threads_are_answered_by_the_first_calls(
+    start_worker: StartWorker, client: qs.Client, redis_url: str, prefix: str
+) -> None:
+    # Given 400 keys answered once
+    serving = Recording(tag_items, name="idem", batch_timeout=0.001)
+    start_worker(serving)
+    keys = [f"r{i}" for i in range(400)]
+    assert client.dispatch_many("idem", keys, idempotency_key=lambda k: k) == [
+        f"r:{k}" for k in keys
+    ]
+    # When another client retries all of them from 8 threads at once (its follower's reads
+    # of the jobs go on while more calls join them)
+    with qs.Client(redis_url, prefix=prefix) as other:
+        got: list[list[str]] = [[] for _ in range(8)]
+
+        def retry(t: int) -> None:
+            mine = keys[t::8]
+            tickets = [other.submit("idem", [k], idempotency_key=k) for k in mine]
+            got[t] = [ticket.result(WAIT_S)[0] for ticket in tickets]
+
+        threads = [threading.Thread(target=retry, args=(t,)) for t in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(WAIT_S)
+    # Then every one got its first call's answer, and nothing ran again
+    assert [got[t] for t in range(8)] == [[f"r:{k}" for k in keys[t::8]] for t in range(8)]
+    assert sorted(x for b in serving.item_batches for x in b) == sorted(keys)
