@@ -242,5 +242,5 @@ def chart_rows(results: dict[str, dict[str, Any]]) -> list[tuple[str, dict[str, 
         if r is None or not shown(r):
             continue
         name = label(s.key, r) if s.key not in QUEUESERVE else f"queueserve {s.key[3:]}"
-        rows.append((name, {k: v[0] for k, v in summary(r).items()}))
+        rows.append((name.replace("`", ""), {k: v[0] for k, v in summary(r).items()}))
     return rows
