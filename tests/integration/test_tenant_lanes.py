@@ -125,6 +125,41 @@ def test_tenants_share_a_busy_key_by_their_weights(
     assert light > 0 and 2.5 <= heavy / light <= 5.0, (heavy, light)
 
 
+def test_a_tenant_spread_over_many_keys_gets_one_tenants_share(
+    start_worker: StartWorker, redis_url: str, prefix: str
+) -> None:
+    # Given a worker of a serving that holds its first batch
+    serving = Recording(slow_echo, name="spread", batch_size=10, batch_timeout=0)
+    serving.hold()
+    start_worker(serving)
+    with qs.Client(redis_url, prefix=prefix) as client:
+        first = client.submit(serving, ["first"], batch_key="other")
+        wait_until(lambda: len(serving.batches) == 1, "the first batch running, held")
+        # When one tenant queues a backlog over four batch keys, another over one
+        tickets = [
+            client.submit(
+                serving, [f"wide:{k}:{i}" for i in range(300)], batch_key=k, tenant="wide"
+            )
+            for k in ("a", "b", "c", "d")
+        ]
+        tickets.append(
+            client.submit(
+                serving, [f"narrow:{i}" for i in range(600)], batch_key="a", tenant="narrow"
+            )
+        )
+        serving.release()
+        assert first.result(60) == ["first"]
+        for ticket in tickets:
+            ticket.result(60)
+    # Then while both had work they ran about as many batches each (fair across tenants
+    # before keys; by keys, wide would have run 4 to narrow's 1)
+    order = [tenant_of(items) for _, items in serving.batches[1:]]
+    last_narrow = len(order) - 1 - order[::-1].index("narrow")
+    window = order[10 : min(last_narrow, len(order) - 1 - order[::-1].index("wide")) + 1]
+    wide, narrow = window.count("wide"), window.count("narrow")
+    assert narrow > 0 and 0.6 <= wide / narrow <= 1.6, (wide, narrow, "".join(t[0] for t in order))
+
+
 def test_a_worker_reads_the_tenants_weights_checked_and_bounded(
     redis_client: redis.Redis, redis_url: str, prefix: str
 ) -> None:

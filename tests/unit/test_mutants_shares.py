@@ -1,13 +1,14 @@
 """What queueserve/worker/pipeline/shares.py promises beyond tests/unit/test_tenant_lane_batches.py,
 each written for a mutant that survived it and the other named tests (docs/testing.md): an
 assembler starts with no weights; the reader's hand-over of the tenants' weights (``share_tenants``)
-changes them only when they changed, says so once in the log an operator reads, and passes over a
-step serving's queue, which has no shares."""
+changes them only when they changed, says so once in the log an operator reads, reaches a step
+serving's queue (its joins follow them), and passes over what has no shares."""
 
 from __future__ import annotations
 
 import logging
 import threading
+from types import SimpleNamespace
 
 import pytest
 
@@ -37,9 +38,14 @@ def test_changed_weights_are_handed_over_and_said_once(caplog: pytest.LogCapture
     ]
 
 
-def test_a_step_serving_queue_has_no_shares_and_is_passed_over(
+def test_a_step_serving_queue_takes_the_weights_and_what_has_no_shares_is_passed_over(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
+    queue = StepQueue(4)
     with caplog.at_level(logging.INFO, logger=LOGGER):
-        share_tenants(StepQueue(4), {"acme": 2.0}, threading.Condition(), "gen")
-    assert not [r for r in caplog.records if r.name == LOGGER]
+        share_tenants(queue, {"acme": 2.0}, threading.Condition(), "gen")
+        share_tenants(SimpleNamespace(shares=None), {"acme": 2.0}, threading.Condition(), "x")
+    assert queue.shares.tenants == {"acme": 2.0} and queue.read_marks() == ["~acme=2.0"]
+    assert [r.getMessage() for r in caplog.records if r.name == LOGGER] == [
+        "serving gen: tenants' weights now {'acme': 2.0}"
+    ]

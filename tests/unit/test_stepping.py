@@ -185,7 +185,7 @@ def test_the_queue_bounds_reading_and_splits_raw_requests_larger_than_the_slots(
     request = Request(b"1-0", "s", 1, "inbox", 0.0, 10)
     q.add("default", Slice(request, 0, list(range(10))), 0.0)
     assert [(w.piece.offset, w.slots) for w in q.waiting] == [(0, 4), (4, 4), (8, 2)]
-    assert q.room("default") == 4 - 10
+    assert q.buffered == 10 and q.full_keys() == ["default"]
     q.remove([q.waiting[0]])
     assert q.buffered == 6
 

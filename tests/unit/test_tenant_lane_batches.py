@@ -2,14 +2,18 @@
 (queueserve/worker/pipeline/batching.py ``_fill_from_lanes``; wire/tenants.py), the lane whose
 turn started first first, their turns unchanged: a quiet tenant's batch costs a busy one no
 capacity. Lanes of another batch key, and keys that are no lane, never share a batch. Tenants'
-weights rank their lanes (shares.py ``weight_of``). Pure logic: the clock is passed in."""
+weights rank their lanes (shares.py ``weight_of``), and a tenant's lanes of several keys take one
+tenant's turns (``lane_turn``, ``served``). Pure logic: the clock is passed in."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from queueserve.wire.tenants import lane_key, split_lane
 from queueserve.worker.pipeline.batching import Assembler, Request, Slice
+from queueserve.worker.pipeline.shares import TIE_SHARE, TURNS_KEPT, Shares
 
 _ids = iter(range(1, 10**9))
 
@@ -125,3 +129,55 @@ def test_a_request_that_runs_alone_and_a_key_of_no_tenant_are_never_filled() -> 
     assert take(a, quiet, 1.0) == ["q"]
     a.add("k", piece(["plain"]), 1.0)  # a Python client's request of key k, no tenant
     assert take(a, "k", 2.0) == ["plain"]
+
+
+def pick(a: Assembler, now: float) -> str:
+    queue, _ = a.pick(now)
+    assert queue is not None
+    return queue.key
+
+
+def test_a_tenants_lanes_of_several_keys_take_one_tenants_turns() -> None:
+    # Four lanes of "wide" (keys a-d) and one of "narrow", each holding 6 batches, all due
+    a = Assembler(capacity=2, timeout=0.0)
+    wide = [lane_key(k, "wide") for k in "abcd"]
+    narrow = lane_key("a", "narrow")
+    for i, key in enumerate([*wide, narrow]):
+        a.add(key, piece(list(range(12))), float(i) / 100)
+    ran = []
+    for step in range(12):
+        now = 1.0 + step
+        key = pick(a, now)
+        ran.append(key)
+        a.take(a.queues[key], now)
+    # Then the tenants alternate, whatever number of keys each spreads its requests over, and
+    # wide's lanes take turns among themselves (before: wide's 4 lanes ran 4 batches to 1)
+    assert ran == [x for pair in zip([*wide, *wide[:2]], [narrow] * 6, strict=True) for x in pair]
+
+
+def test_a_tenants_next_turn_is_when_its_last_batch_ends_or_its_weights_share_of_it() -> None:
+    shares = Shares()
+    assert shares.lane_turn("t", 5.0) == 5.0  # no batch of it yet: the lane's own turn
+    shares.served("t", end=12.0, now=10.0, restart=0.0)
+    assert shares.lane_turn("t", 13.0) == 13.0  # a lane's own later turn
+    # held back to the tenant's turn, a millionth of its lead before it (lanes take turns)
+    assert shares.lane_turn("t", 5.0) == pytest.approx(12.0 - 7.0 * TIE_SHARE, abs=1e-12)
+    assert shares.lane_turn("u", 5.0) == 5.0  # another tenant's lanes are not held back
+    shares.tenants = {"t": 4.0}
+    shares.served("t", end=20.0, now=16.0, restart=0.0)  # 1/4 of the way from its last turn
+    assert shares.lane_turn("t", 100.0) == 100.0
+    assert shares.lane_turn("t", 14.0 - 1e6) == pytest.approx(14.0 - 1.0, abs=1e-9)  # 12 + 8 / 4
+    shares.served("t", end=120.0, now=100.0, restart=90.0)  # its last turn is too old: anew
+    assert shares.lane_turn("t", 105.0) == 105.0 and shares.lane_turn("t", 104.0) < 105.0
+
+
+def test_tenants_turns_are_forgotten_once_past_when_there_are_many() -> None:
+    shares = Shares()
+    for i in range(TURNS_KEPT):
+        shares.served(f"t{i}", end=float(i), now=0.0, restart=-1.0)
+    shares.served("late", end=5000.0, now=TURNS_KEPT - 1.5, restart=-1.0)
+    # only the turns still ahead of now stay (the last one's and late's)
+    assert shares.lane_turn("t0", -1.0) == shares.lane_turn(f"t{TURNS_KEPT - 2}", -1.0) == -1.0
+    assert shares.lane_turn(f"t{TURNS_KEPT - 1}", 1e9) == 1e9  # (its own turn, later)
+    assert shares.lane_turn(f"t{TURNS_KEPT - 1}", -1.0) == pytest.approx(TURNS_KEPT - 1, abs=0.01)
+    assert shares.lane_turn("late", -1.0) == pytest.approx(5000.0, abs=0.01)

@@ -24,10 +24,11 @@
 --           '~<tenant>=<weight>': a tenant's weight (P:tenants): a tenant's lane of a key
 --           ('<batch key>\31<tenant>', wire/tenants.py) has its key's weight times its tenant's
 --           '!<ms>': the lean (a serving with load_key, worker/pipeline/affinity.py): a key
---           this worker holds no state of is read as if ranked that many ms later, one that
---           another worker holds ('^<batch key>') twice that; one it holds ('@<batch key>')
---           and a quiet key's lead as ranked (reads follow what is loaded, each key's wait
---           bounded: at most two leans past its turn)
+--           this worker holds no state of is read as if ranked that many ms later; one that
+--           another worker holds ('^<batch key>') is left to it until it waited two leans
+--           past its rank, then read as if ranked two leans later; one it holds ('@<batch
+--           key>') and a quiet key's lead as ranked (reads follow what is loaded, each key's
+--           wait bounded: at most two leans past its turn)
 -- Keys the worker holds work of are read after the others, whatever their rank: what it holds
 -- of them runs in their turn anyway, and reading more of them first would spend the room on
 -- work that only waits, while a key that became ready later (a quiet one) waits a read more.
@@ -76,12 +77,29 @@ for i = 8, #ARGV do
   else full[key] = tonumber(mark) end
 end
 local weighted = next(weights) ~= nil or next(tenant_weights) ~= nil
+local LANE = '^(.*)\31([A-Za-z0-9][A-Za-z0-9_.%-]*)$'
+local lanes, spread = {}, false  -- tenant -> its lanes ready on the page being read
+local function count_lanes(members)
+  local seen = {}
+  lanes, spread = {}, false
+  for i = 1, #members, 2 do
+    if string.find(members[i], '\31', 2, true) then  -- a lane (a plain find: most keys are not)
+      local key = string.sub(members[i], 2)
+      local _, tenant = string.match(key, LANE)
+      if tenant and #tenant <= 64 and not seen[key] then
+        seen[key] = true
+        lanes[tenant] = (lanes[tenant] or 0) + 1
+        if lanes[tenant] > 1 then spread = true end
+      end
+    end
+  end
+end
 local function weight_of(key)  -- nil for weight 1
   local w = weights[key]
   if w then return w end
-  local base, tenant = string.match(key, '^(.*)\31([A-Za-z0-9][A-Za-z0-9_.%-]*)$')
+  local base, tenant = string.match(key, LANE)
   if not tenant or #tenant > 64 then return nil end
-  w = (weights[base] or 1) * (tenant_weights[tenant] or 1)
+  w = (weights[base] or 1) * (tenant_weights[tenant] or 1) / (lanes[tenant] or 1)
   if w == 1 then return nil end
   return w
 end
@@ -197,7 +215,7 @@ local function take(member, priority, key, new, score)
     drained[#drained + 1] = member
   else
     local rank = head and rank_again(priority, key, head) or now - priority * step
-    local weight = weighted and weight_of(key)
+    local weight = (weighted or spread) and weight_of(key)
     if weight and not new and score < rank then
       rank = math.floor(score + (rank - score) / weight)
     end
@@ -254,6 +272,7 @@ local start = 0
 while budget > 0 do
   local members = redis.call('ZRANGE', KEYS[1], start, start + 63, 'WITHSCORES')
   if #members == 0 then break end
+  count_lanes(members)
   start = start + 64
   for i = 1, #members, 2 do
     local member = members[i]
@@ -272,6 +291,8 @@ while budget > 0 do
       local class = lean > 0 and not new and lean_of(key) or 0
       if held[key] then
         later[#later + 1] = {member, priority, key, new, score}
+      elseif class == 2 and score + 2 * lean > now then
+        out[2] = out[2] + 1  -- left to the worker that holds it, for two leans at most
       elseif class > 0 then
         local list = deferred[class]
         list[#list + 1] = {member, priority, key, new, score, score + class * lean}

@@ -127,10 +127,11 @@ class Slice:
 class KeyQueue:
     """Waiting slices of one batch key: one run per priority level, in arrival order."""
 
-    __slots__ = ("key", "levels", "served", "started", "turn", "weight")
+    __slots__ = ("key", "levels", "served", "started", "tenant", "turn", "weight")
 
     def __init__(self, key: str) -> None:
         self.key = key
+        self.tenant = split_lane(key)[1] if LANE in key else None  # whose lane it is
         self.levels: dict[int, deque[Slice]] = {}  # priority -> its slices; none empty
         self.served: dict[int, float] = {}  # priority -> when it last gave a batch items (unix)
         self.weight = 0.0
@@ -247,11 +248,6 @@ class Assembler:
             held = sum(min(q.weight, self.capacity) for q in self.queues.values())
         return max(0.0, held - self.capacity) if self.shares.marks else held
 
-    def room(self, key: str) -> float:
-        """Capacity left before ``key`` holds one full batch waiting."""
-        queue = self.queues.get(key)
-        return self.capacity if queue is None else self.capacity - queue.weight
-
     def add(self, key: str, piece: Slice, now: float, lead: bool = False) -> None:
         """``lead``: read.lua read the key with a lead (a quiet key's): unless a batch of it
         still runs, its turn ranks LEAD_S earlier, as in Redis."""
@@ -294,9 +290,10 @@ class Assembler:
         early: KeyQueue | None = None  # the first ranked of the batches not due yet
         best = early_rank = 0.0
         next_due: float | None = None
-        latency, capacity = self.latency, self.capacity
+        latency, capacity, lane_turn = self.latency, self.capacity, self.shares.lane_turn
         for queue in self.queues.values():
-            rank = queue.turn - queue.urgent() * self.age_per_priority
+            turn = queue.turn if queue.tenant is None else lane_turn(queue.tenant, queue.turn)
+            rank = turn - queue.urgent() * self.age_per_priority
             at = queue.started + self.timeout
             if latency is not None and at > now and queue.weight < capacity:
                 at = min(
@@ -403,6 +400,8 @@ class Assembler:
         work (stride scheduling). A quiet key's lead is for one batch: it is not saved up.
         (A key that pauses for a second or more comes back quiet, so what it saves up is what
         it may take of under a second.)"""
+        if queue.tenant is not None:
+            self.shares.served(queue.tenant, end, now, now - LEAD_S)
         weight = self.shares.weight_of(queue.key)
         if weight == 1.0:
             return end

@@ -12,15 +12,21 @@ from queueserve.wire.tenants import split_lane
 
 log = logging.getLogger(__name__)
 
+TURNS_KEPT = 1000  # tenants whose next turn is remembered before past ones are forgotten
+TIE_SHARE = 1e-6  # of a lane's lead over its tenant's turn, what it ranks before that turn
+
 
 class Shares:
     """The weights the assembler ranks keys by: a key of weight w comes round w times as
     often as a key of weight 1 while both have work; a tenant's lane of a key has its key's
-    weight times its tenant's."""
+    weight times its tenant's. Fair across tenants before keys: a tenant's lanes take turns
+    as one key would, so one that spreads its requests over n batch keys gets one tenant's
+    share, not n."""
 
     def __init__(self) -> None:
         self._keys: Mapping[str, float] = {}
         self._tenants: Mapping[str, float] = {}
+        self._turns: dict[str, float] = {}  # tenant -> when its lanes' next turn starts
         # read.lua ranks weighted streams so too: '=<key>=<weight>', '~<tenant>=<weight>'
         self.marks: list[str] = []
 
@@ -46,6 +52,29 @@ class Shares:
         self.marks = [f"={key}={w!r}" for key, w in self._keys.items()] + [
             f"~{tenant}={w!r}" for tenant, w in self._tenants.items()
         ]
+
+    def lane_turn(self, tenant: str, turn: float) -> float:
+        """When the turn of a lane of ``tenant`` starts: its own (``turn``), and not before
+        its tenant's; of the tenant's lanes held back so, the one whose own turn came first
+        goes first (ranked a millionth of its lead before the tenant's turn), so its lanes
+        take turns among themselves."""
+        at = self._turns.get(tenant)
+        if at is None or turn >= at:
+            return turn
+        return at - (at - turn) * TIE_SHARE
+
+    def served(self, tenant: str, end: float, now: float, restart: float) -> None:
+        """One of ``tenant``'s lanes gave a batch expected to end at ``end``: its lanes' next
+        turn starts then (a tenant of weight w: 1/w of the way there from its last turn, as a
+        weighted key's; one whose last turn is older than ``restart`` starts anew)."""
+        turns = self._turns
+        weight = self._tenants.get(tenant, 1.0)
+        last = turns.get(tenant, now)
+        if last < restart:
+            last = now
+        turns[tenant] = end if weight == 1.0 else last + (end - last) / weight
+        if len(turns) > TURNS_KEPT:  # what is past restarts anyway: forgotten in bulk
+            self._turns = {t: at for t, at in turns.items() if at > now}
 
     def weight_of(self, key: str) -> float:
         if not (self._keys or self._tenants):

@@ -3,7 +3,7 @@
 Pure logic, no I/O, no model calls (``step_executor`` runs the steps):
 
 - ``StepQueue`` holds the requests a partition read and has not started, in arrival order. The
-  runner's reader fills it as it fills an ``Assembler`` (``room``/``add``), so a partition reads
+  runner's reader fills it as it fills an ``Assembler`` (``add``), so a partition reads
   at most ``max_slots`` items ahead of what runs.
 - ``Scheduler`` keeps the running set's accounts (slots, reserved tokens, steps since the last
   join) and decides, between two decode steps, which waiting requests join:
@@ -128,7 +128,7 @@ class StepRecord:
 class StepQueue:
     """Slices read and not yet running, in arrival order (the reader's side of the executor).
 
-    Has the ``Assembler`` interface the runner's reader uses (``room``, ``add``, ``buffered``,
+    Has the ``Assembler`` interface the runner's reader uses (``add``, ``buffered``,
     ``capacity``, ``timeout``), so the reader needs no step-specific code.
     """
 
@@ -157,10 +157,6 @@ class StepQueue:
 
     def look_ahead(self) -> float:
         return float(self.buffered)
-
-    def room(self, key: str) -> float:
-        """Items the reader may still read: one running set's worth waits, no more."""
-        return self.capacity - self.buffered
 
     def add(self, key: str, piece: Slice, now: float, lead: bool = False) -> None:
         """Requests join in arrival order: read.lua read a leading key (``lead``) first already."""
