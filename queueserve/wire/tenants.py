@@ -3,8 +3,9 @@
 **Lanes.** A request a tenant sends with batch key K travels with the key ``K + LANE + tenant``
 (``lane_key``): each tenant's requests of one key wait in a stream of their own, where no other
 tenant's backlog is ahead of them, and a worker shares service between tenants, then between a
-tenant's lanes (read.lua, worker/pipeline/batching.py and shares.py), by the tenant's weight. The batch function is handed K
-alone (``split_lane``); a batch a lane cannot fill is filled from other tenants' lanes of K.
+tenant's lanes (read.lua, worker/pipeline/batching.py and shares.py), by the tenant's weight.
+The batch function is handed K alone (``split_lane``); a batch a lane cannot fill is filled
+from other tenants' lanes of K.
 
 **Weights.** ``P:tenants`` (protocol.py) maps a tenant's name to its weight, as the gateways'
 tenants files give it (gateway/tenants.py writes it at start and on SIGHUP). Anyone may write
