@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from typing import cast
 
-from queueserve.broker.common import text
+from queueserve.broker.common import since_ms, text
 from queueserve.broker.consumer import Consumer
 from queueserve.broker.errors import redis_errors
 from queueserve.wire.protocol import Keys, worker_key
+from queueserve.wire.timing import DEAD_AFTER_S
 
 HELD_WORKERS = 64  # the most recent heartbeats whose records are read
 MAX_KEY_CHARS = 256  # a longer line counts for no key (anyone may write a record)
@@ -17,11 +18,16 @@ MAX_KEY_CHARS = 256  # a longer line counts for no key (anyone may write a recor
 
 def held_elsewhere(broker: Consumer, keys: Keys, consumer: str, field: str, limit: int) -> set[str]:
     """The batch keys the serving's other workers say they hold: ``field`` of the registry
-    records of its HELD_WORKERS most recent heartbeats, one key per line; at most ``limit``
-    keys. A record of another type, a field that is not UTF-8 text, a line too long for a key
-    and keys past the limit count for nothing. Two round trips, whatever the keys."""
+    records of its HELD_WORKERS most recent heartbeats within DEAD_AFTER_S (a partition dead
+    that long holds nothing), one key per line; at most ``limit`` keys. A record of another
+    type, a field that is not UTF-8 text, a line too long for a key and keys past the limit
+    count for nothing. Two round trips, whatever the keys."""
     with redis_errors(broker.url):
-        members = cast(list[bytes], broker.redis.zrevrange(keys.workers, 0, HELD_WORKERS - 1))
+        alive = since_ms(DEAD_AFTER_S)  # a dead partition's keys are held by nobody
+        members = cast(
+            list[bytes],
+            broker.redis.zrevrangebyscore(keys.workers, "+inf", alive, start=0, num=HELD_WORKERS),
+        )
         others = [c for c in (text(m, "replace") for m in members) if c != consumer]
         if not others:
             return set()

@@ -36,13 +36,17 @@ def test_a_partition_says_which_keys_it_holds_and_reads_with_what_others_hold(
     # And another partition of it (a record of its own, alive) that holds z and a
     redis_client.hset(worker_key(prefix, "other-p0"), "held:keyed", "z\na")
     redis_client.zadd(keys.workers, {"other-p0": 2**52})
+    # (and one whose last heartbeat is 10 s old: dead, it holds nothing)
+    seconds, _ = redis_client.time()
+    redis_client.hset(worker_key(prefix, "dead-p0"), "held:keyed", "q")
+    redis_client.zadd(keys.workers, {"dead-p0": (seconds - 10) * 1000})
     # When the worker loads a and b
     for key in ("a", "b"):
         assert client.dispatch("keyed", "x", batch_key=key, timeout=WAIT_S) == f"{key}:x"
     # Then its record says it holds them, one per line
     consumer = wait_until(
         lambda: next((c.decode() for c in redis_client.zrange(keys.workers, 0, -1)
-                      if c != b"other-p0"), None),
+                      if c not in (b"other-p0", b"dead-p0")), None),
         "the worker's heartbeat",
     )  # fmt: skip
     wait_until(
@@ -58,7 +62,7 @@ def test_a_partition_says_which_keys_it_holds_and_reads_with_what_others_hold(
     marks = marks_of(worker)
     lean = int(marks[0][1:])
     assert marks[0].startswith("!") and 20 <= lean <= 500, marks
-    assert sorted(marks[1:]) == ["@a", "@b", "^z"], marks  # a: held here (not '^a')
+    assert sorted(marks[1:]) == ["@a", "@b", "^z"], marks  # a: held here (not '^a'); no q
 
 
 def test_a_cold_key_is_served_within_the_fairness_bound_under_a_flood_of_a_held_key(

@@ -5,17 +5,19 @@ serving"; docs/architecture.md, "Reads that follow what is loaded").
 
 The choice is ``read_order``, a pure function of the ready keys (in rank order, with their
 ranks), the keys held here, those held elsewhere and the lean: a key held by no partition is
-read as if it were ranked ``lean`` ms later than it is, a key another partition holds
-``2 * lean`` ms later, a key held here and a quiet key's lead as ranked. So a key waits at most
-two leans more than its turn, whoever holds what; the lean is what a load takes here (the
-partition's average), at most MAX_LEAN_S: reading a key held here instead of loading another
-is worth waiting as long as the load would have taken, never more. read.lua makes the same
+read as if it were ranked ``lean`` ms later than it is; a key another partition holds is left
+to that partition until its rank is two leans old (this partition reads the rest meanwhile:
+were it to take it whenever it has room, every partition would load every key), then read as
+if ranked ``2 * lean`` ms later; a key held here and a quiet key's lead as ranked. So a key
+waits at most two leans more than its turn, whoever holds what; the lean is what a load takes
+here (the partition's average), at most MAX_LEAN_S: reading a key held here instead of loading
+another is worth waiting as long as the load would have taken, never more. read.lua makes the same
 choice on the ready set (its '@', '^' and '!' marks, which ``Affinity.marks`` writes), and
 tests/unit/test_affinity.py holds both to one table.
 
 Each partition says which keys it holds in its heartbeat record (field ``held:<serving>``,
-the keys one per line); a partition that died stops saying so within the record's TTL, and
-its keys count as held by nobody.
+the keys one per line); a partition whose heartbeat is DEAD_AFTER_S old holds nothing, so a
+dead partition's keys count as held by nobody.
 """
 
 from __future__ import annotations
@@ -40,12 +42,17 @@ class Ready:
 
 
 def read_order(
-    ready: Sequence[Ready], here: Collection[str], elsewhere: Collection[str], lean_ms: float
+    ready: Sequence[Ready],
+    here: Collection[str],
+    elsewhere: Collection[str],
+    lean_ms: float,
+    now: float = 0.0,
 ) -> list[str]:
-    """The keys of ``ready`` in the order a read takes them: by rank, a key not held here
-    ranked ``lean_ms`` later, one held elsewhere (and not here) ``2 * lean_ms`` later; leads
-    and keys held here as ranked; ties in rank order. A tenant's lane of a key counts as the
-    key (``split_lane``)."""
+    """The keys of ``ready`` in the order a read takes them at ``now`` (ms, as the ranks): by
+    rank, a key not held here ranked ``lean_ms`` later; one held elsewhere (and not here) left
+    to its holder until its rank is two leans old, then ranked ``2 * lean_ms`` later; leads and
+    keys held here as ranked; ties in rank order. A tenant's lane of a key counts as the key
+    (``split_lane``)."""
 
     def lean(entry: Ready) -> float:
         if entry.lead or lean_ms <= 0:
@@ -55,8 +62,11 @@ def read_order(
             return 0.0
         return 2 * lean_ms if key in elsewhere else lean_ms
 
+    def left(entry: Ready) -> bool:
+        return lean(entry) == 2 * lean_ms and entry.rank + 2 * lean_ms > now
+
     ranked = sorted(enumerate(ready), key=lambda p: (p[1].rank + lean(p[1]), p[0]))
-    return [entry.key for _, entry in ranked]
+    return [entry.key for _, entry in ranked if not left(entry)]
 
 
 class Affinity:
