@@ -36,9 +36,12 @@ from queueserve.gateway.core import MAX_NAME
 from queueserve.gateway.crosssite import WriteRule
 from queueserve.gateway.errors import ApiError, ClientGone, error_response
 from queueserve.ops.deadletter import DeadLetters
+from queueserve.options.servers import DashboardOptions
 from queueserve.settings import Settings
 from queueserve.wire.options import parse_assignments
 from queueserve.wire.protocol import Keys
+
+ALLOW_ORIGIN = f"--allow-origin ({DashboardOptions.variable('allow_origin')})"  # what sets it
 
 STATIC = Path(__file__).parent / "static"
 MAX_BODY_BYTES = 64 * 1024
@@ -73,7 +76,7 @@ def create_app(
     fleet = Fleet(redis_url or settings.redis_url)
     views = Views(Board(fleet, prefix or settings.prefix), bearer)
     views.reader = Token(read_token) if read_token is not None else None
-    views.writes = WriteRule(allow_origins, "--allow-origin (QUEUESERVE_DASHBOARD_ALLOW_ORIGIN)")
+    views.writes = WriteRule(allow_origins, ALLOW_ORIGIN)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -120,7 +123,7 @@ class Views:
 
     # Changes: the token, then a page of the dashboard's own origin (or one allowed) sending
     # JSON (gateway/crosssite.py): another site's page cannot make a browser replay or drop.
-    writes = WriteRule(setting="--allow-origin (QUEUESERVE_DASHBOARD_ALLOW_ORIGIN)")
+    writes = WriteRule(setting=ALLOW_ORIGIN)
 
     def _may_write(self, request: Request) -> None:
         _authorize(request, self.token)
@@ -216,7 +219,7 @@ def _authorize(request: Request, token: Token | None) -> None:
             403,
             "read_only",
             "this dashboard is read-only: start it with --token (or "
-            "QUEUESERVE_DASHBOARD_TOKEN) to replay, drop or change options",
+            f"{DashboardOptions.variable('token')}) to replay, drop or change options",
         )
     if not token.allows(request.scope):
         raise refused("enter the dashboard's --token in the page")

@@ -3,10 +3,8 @@ command, so the rest of the CLI works without the ``dashboard`` extra)."""
 
 from __future__ import annotations
 
-import argparse
 import ipaddress
 import logging
-import os
 
 import uvicorn
 
@@ -14,22 +12,15 @@ from queueserve.dashboard.app import create_app
 from queueserve.gateway.connections import (
     ConnectionGuard,
     GuardedHttp,
-    Limits,
     describe,
     fitted,
     guarded,
     limits_of,
 )
-from queueserve.gateway.crosssite import origins_of
 from queueserve.gateway.serve import TESTED_UVICORN
+from queueserve.options.servers import DashboardOptions
 
 log = logging.getLogger("queueserve.dashboard")
-
-TOKEN_ENV = "QUEUESERVE_DASHBOARD_TOKEN"  # a token in argv shows in `ps`; the environment does not
-READ_TOKEN_ENV = "QUEUESERVE_DASHBOARD_READ_TOKEN"
-ENV = "QUEUESERVE_DASHBOARD"  # QUEUESERVE_DASHBOARD_HEADER_TIMEOUT, ..._ALLOW_ORIGIN
-# An operator's page, from a browser or two: fewer connections than the gateway's callers.
-LIMITS = Limits(keep_alive_timeout=5.0, max_connections=1_000, max_connections_per_client=100)
 
 
 def is_loopback(host: str) -> bool:
@@ -42,24 +33,24 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def dashboard_command(args: argparse.Namespace) -> int:
-    limits = fitted(limits_of(vars(args), ENV, LIMITS), "dashboard")
-    origins = origins_of(args.allow_origin, f"{ENV}_ALLOW_ORIGIN")
-    read_token = args.read_token or os.environ.get(READ_TOKEN_ENV) or None
-    if read_token is None and not is_loopback(args.host):
+def serve_dashboard(options: DashboardOptions, redis_url: str | None, prefix: str | None) -> int:
+    """Serve until SIGTERM."""
+    limits = fitted(limits_of(options), "dashboard")
+    read_token = options.read_token or None
+    if read_token is None and not is_loopback(options.host):
         log.warning(
             "dashboard: listening on %s without a read token: anyone who reaches it reads "
             "every serving's options, workers (hosts, pids), queues and dead letters; set "
             "%s (or --read-token) to require one",
-            args.host,
-            READ_TOKEN_ENV,
+            options.host,
+            DashboardOptions.variable("read_token"),
         )
     app = create_app(
-        args.redis_url,
-        prefix=args.prefix,
-        token=args.token or os.environ.get(TOKEN_ENV) or None,
+        redis_url,
+        prefix=prefix,
+        token=options.token or None,
         read_token=read_token,
-        allow_origins=origins,
+        allow_origins=list(options.allow_origin),
     )
     release = ".".join(uvicorn.__version__.split(".")[:2])
     if release in TESTED_UVICORN:
@@ -76,9 +67,9 @@ def dashboard_command(args: argparse.Namespace) -> int:
     # uvicorn logs the address it bound (with --port 0, the port it was given) at INFO.
     uvicorn.run(
         app,
-        host=args.host,
-        port=args.port,
-        log_level=args.log_level.lower(),
+        host=options.host,
+        port=options.port,
+        log_level=options.log_level.lower(),
         access_log=False,
         lifespan="on",
         timeout_keep_alive=max(1, round(limits.keep_alive_timeout)),

@@ -19,13 +19,14 @@ from starlette.routing import Route
 
 from queueserve.client.aio import AsyncClient
 from queueserve.gateway import jobs, openai_api, servings
-from queueserve.gateway.body import DEFAULT_MAX_BODY_BYTES, JSON
+from queueserve.gateway.body import JSON
 from queueserve.gateway.core import Gateway
 from queueserve.gateway.crosssite import WriteRule, WriteRuleMiddleware
 from queueserve.gateway.errors import ApiError, ClientGone, error_response, internal
 from queueserve.gateway.fast import FastDispatch, GatewayApp
 from queueserve.gateway.metrics import HttpMetrics
 from queueserve.gateway.tenants import TenantAuth, Tenants
+from queueserve.options.servers import DEFAULT_MAX_BODY_BYTES, GatewayOptions
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +109,7 @@ def create_app(
         middleware.append(Middleware(TenantAuth, tenants=tenants))
     # After the token: no stranger learns more than 401. Every POST and DELETE, so a write
     # route added later is covered too.
-    rule = WriteRule(allow_origins, "--allow-origin (QUEUESERVE_GATEWAY_ALLOW_ORIGIN)")
+    rule = WriteRule(allow_origins, f"--allow-origin ({GatewayOptions.variable('allow_origin')})")
     middleware.append(Middleware(WriteRuleMiddleware, rule=rule))
     app = GatewayApp(
         routes=[

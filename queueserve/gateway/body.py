@@ -22,8 +22,6 @@ from queueserve.wire.once import check_key
 
 M = TypeVar("M", bound=pydantic.BaseModel)
 
-DEFAULT_MAX_BODY_BYTES = 1 << 20  # 1 MiB: a few thousand texts to embed
-
 
 def _no_bool(value: Any) -> Any:
     if isinstance(value, bool):  # JSON true is no number, though Python's bool is an int

@@ -30,16 +30,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import os
 import resource
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from queueserve.options.units import parse_duration
+from queueserve.options.servers import ServerOptions
 
 log = logging.getLogger(__name__)
 
@@ -56,13 +55,14 @@ FD_RESERVE = 64  # descriptors kept for Redis, logs and the listening socket
 
 @dataclass(frozen=True)
 class Limits:
-    """What a server's connections may do (each a flag and a ``<PREFIX>_<NAME>`` variable)."""
+    """What a server's connections may do: its options of these names (``limits_of``; their
+    defaults are each server's, in queueserve/options/servers.py)."""
 
-    header_timeout: float = 10.0
-    body_timeout: float = 30.0
-    keep_alive_timeout: float = 75.0
-    max_connections: int = 10_000
-    max_connections_per_client: int = 1_000
+    header_timeout: float
+    body_timeout: float
+    keep_alive_timeout: float
+    max_connections: int
+    max_connections_per_client: int
 
     def __post_init__(self) -> None:
         for name in ("header_timeout", "body_timeout", "keep_alive_timeout"):
@@ -80,35 +80,9 @@ class Limits:
         return min(self.header_timeout, self.body_timeout, self.keep_alive_timeout)
 
 
-DURATIONS = ("header_timeout", "body_timeout", "keep_alive_timeout")
-
-
-def limits_of(
-    given: Mapping[str, Any],
-    env_prefix: str,
-    defaults: Limits,
-    environ: Mapping[str, str] | None = None,
-) -> Limits:
-    """``defaults`` with each field taken from ``given`` (a flag: None when left out), else
-    from ``<env_prefix>_<FIELD>`` (``QUEUESERVE_GATEWAY_HEADER_TIMEOUT=5s``); a value that is
-    not one is a ValueError naming the variable."""
-    env = os.environ if environ is None else environ
-    changes: dict[str, Any] = {}
-    for f in fields(Limits):
-        value = given.get(f.name)
-        variable = f"{env_prefix}_{f.name.upper()}"
-        if value is None and env.get(variable, "").strip():
-            text = env[variable]
-            try:
-                value = parse_duration(text, what=variable) if f.name in DURATIONS else int(text)
-            except (TypeError, ValueError) as e:
-                raise ValueError(f"{variable}={text!r:.60}: {e}") from None
-        if value is not None:
-            changes[f.name] = value
-    try:
-        return replace(defaults, **changes)
-    except ValueError as e:
-        raise ValueError(f"{e} ({env_prefix}_* or the flag)") from None
+def limits_of(options: ServerOptions) -> Limits:
+    """The connection options of a server's options (queueserve/options/servers.py)."""
+    return Limits(**{f.name: getattr(options, f.name) for f in fields(Limits)})
 
 
 def fitted(limits: Limits, what: str) -> Limits:

@@ -19,9 +19,7 @@ token (the default on 127.0.0.1) such a POST with a JSON text as its body submit
 
 from __future__ import annotations
 
-import os
-import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -30,24 +28,6 @@ from queueserve.gateway.errors import ApiError, error_response
 WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 JSON = b"application/json"
 DEFAULT_PORTS = {"http": "80", "https": "443"}
-ORIGIN = re.compile(r"^[a-z][a-z0-9+.-]*://[^/\s]+/?$|^\*$|^null$", re.IGNORECASE)
-
-
-def origins_of(
-    given: Iterable[str] | None, variable: str, environ: Mapping[str, str] | None = None
-) -> list[str]:
-    """The origins ``--allow-origin`` gave (repeatable), else those of ``variable``
-    (comma-separated); each checked to be ``scheme://host[:port]``, ``null`` or ``*``."""
-    env = os.environ if environ is None else environ
-    found = list(given or ()) or [o for o in env.get(variable, "").split(",") if o.strip()]
-    for origin in found:
-        if not ORIGIN.match(origin.strip()):
-            raise ValueError(
-                f"allowed origin {origin!r:.100} is not one: write it as a browser sends it, "
-                "scheme://host[:port] (https://app.example.com), or * for any "
-                f"(--allow-origin, {variable})"
-            )
-    return [o.strip() for o in found]
 
 
 def origin_key(text: str) -> str:

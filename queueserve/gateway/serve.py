@@ -3,35 +3,27 @@ so the rest of the CLI works without the ``gateway`` extra)."""
 
 from __future__ import annotations
 
-import argparse
 import gc
 import logging
-import os
 from typing import Any
 
 import uvicorn
 
 from queueserve.broker.urls import redact_url
 from queueserve.gateway.app import create_app
-from queueserve.gateway.connections import ConnectionGuard, Limits, describe, fitted, guarded
-from queueserve.gateway.connections import limits_of as connection_limits_of
-from queueserve.gateway.crosssite import origins_of
+from queueserve.gateway.connections import ConnectionGuard, describe, fitted, guarded, limits_of
 from queueserve.gateway.tenants import Tenants
+from queueserve.options.servers import GatewayOptions
 from queueserve.settings import Settings
 
 log = logging.getLogger("queueserve.gateway")
 
-# Longer than load balancers keep idle connections (60 s is common): one that the gateway
-# closed first would be answered with a 502 by the balancer.
-KEEP_ALIVE_S = 75
-LIMITS = Limits(keep_alive_timeout=KEEP_ALIVE_S)  # the defaults of --header-timeout etc.
-ENV = "QUEUESERVE_GATEWAY"  # QUEUESERVE_GATEWAY_HEADER_TIMEOUT, ..._ALLOW_ORIGIN
 # writes.py and dispatch_http.py build on uvicorn's HTTP protocol classes, which are not its
 # public API: the releases they were tested with (constraints.txt pins the one the tests run).
 TESTED_UVICORN = ("0.54",)
 YOUNG_GC_THRESHOLD = 50_000
-TOKEN_ENV = "QUEUESERVE_GATEWAY_TOKEN"  # a token in argv shows in `ps`; the environment does not
-TENANTS_ENV = "QUEUESERVE_GATEWAY_TENANTS"
+TOKEN_ENV = GatewayOptions.variable("token")  # a token in argv shows in `ps`; the environment not
+TENANTS_ENV = GatewayOptions.variable("tenants")
 
 
 def models_of(pairs: list[str]) -> dict[str, str]:
@@ -68,18 +60,13 @@ def http_protocol(guard: ConnectionGuard | None = None) -> Any:
     return "auto"
 
 
-def connection_limits(args: argparse.Namespace) -> Limits:
-    """The connection options: each flag, else its QUEUESERVE_GATEWAY_* variable, else
-    LIMITS; ``max_connections`` fitted to the descriptor limit."""
-    return fitted(connection_limits_of(vars(args), ENV, LIMITS), "gateway")
-
-
 def log_start(
-    args: argparse.Namespace, settings: Settings, token: str | None, tenants: Tenants | None
+    redis_url: str | None, prefix: str | None, token_from: str | None, tenants: Tenants | None
 ) -> None:
     """One line of where the gateway's servings are and whether it asks for a token: a wrong
     Redis, prefix or missing token is seen at start, not from the first 404 or 401."""
-    if args.redis_url:
+    settings = Settings()
+    if redis_url:
         source = "given"
     elif "redis_url" in settings.model_fields_set:
         source = "from QUEUESERVE_REDIS_URL"
@@ -87,46 +74,49 @@ def log_start(
         source = "the default: pass --redis-url or set QUEUESERVE_REDIS_URL"
     if tenants is not None:
         auth = f"on: tenants {', '.join(tenants.names())} from {tenants.path} (SIGHUP reloads)"
-    elif args.token:
-        auth = "on (bearer token from --token)"
-    elif token:
-        auth = f"on (bearer token from {TOKEN_ENV})"
+    elif token_from is not None:
+        auth = f"on (bearer token from {token_from})"
     else:
         auth = f"off: every route is open (set {TOKEN_ENV} or --token to require one)"
     log.info(
         "gateway: Redis %s (%s), prefix %r, auth %s",
-        redact_url(args.redis_url or settings.redis_url),
+        redact_url(redis_url or settings.redis_url),
         source,
-        args.prefix or settings.prefix,
+        prefix or settings.prefix,
         auth,
     )
 
 
-def gateway_command(args: argparse.Namespace) -> int:
+def serve_gateway(
+    options: GatewayOptions, redis_url: str | None, prefix: str | None, token_flag: bool
+) -> int:
+    """Serve until SIGTERM; ``token_flag``: the token came from --token, not its variable
+    (the start line says which)."""
     settings = Settings()
-    token = args.token or os.environ.get(TOKEN_ENV) or None
-    tenants_file = args.tenants or os.environ.get(TENANTS_ENV) or None
-    if tenants_file is not None and token is not None:
+    token = options.token or None
+    if options.tenants is not None and token is not None:
         raise ValueError(
             f"--tenants ({TENANTS_ENV}) and --token ({TOKEN_ENV}) were both given: a tenants "
             "file names every token; give one of them"
         )
-    tenants = Tenants.from_file(tenants_file) if tenants_file is not None else None
-    models = models_of(args.models)
-    limits = connection_limits(args)
-    origins = origins_of(args.allow_origin, f"{ENV}_ALLOW_ORIGIN")
-    log_start(args, settings, token, tenants)
+    tenants = Tenants.from_file(options.tenants) if options.tenants is not None else None
+    models = models_of(list(options.models))
+    limits = fitted(limits_of(options), "gateway")
+    origins = list(options.allow_origin)
+    log_start(
+        redis_url, prefix, ("--token" if token_flag else TOKEN_ENV) if token else None, tenants
+    )
     log.info(
         "gateway: connections: %s; writes from browser pages: the gateway's own origin%s",
         describe(limits),
         "".join(f", {o}" for o in origins),
     )
     app = create_app(
-        args.redis_url or settings.redis_url,
-        prefix=args.prefix or settings.prefix,
+        redis_url or settings.redis_url,
+        prefix=prefix or settings.prefix,
         token=token,
         tenants=tenants,
-        max_body_bytes=args.max_body_bytes,
+        max_body_bytes=options.max_body_bytes,
         models=models,
         allow_origins=origins,
     )
@@ -142,12 +132,13 @@ def gateway_command(args: argparse.Namespace) -> int:
     # uvicorn logs the address it bound (with --port 0, the port it was given) at INFO.
     uvicorn.run(
         app,
-        host=args.host,
-        port=args.port,
-        log_level=args.log_level.lower(),
+        host=options.host,
+        port=options.port,
+        log_level=options.log_level.lower(),
         access_log=False,
         lifespan="on",
-        timeout_graceful_shutdown=args.shutdown_timeout,
+        # annotated int, used as seconds by asyncio.wait_for: a fraction is kept
+        timeout_graceful_shutdown=options.shutdown_timeout,  # type: ignore[arg-type]
         # The guard's deadlines and caps (connections.py); uvicorn's own keep-alive timer
         # only where its own protocol runs.
         timeout_keep_alive=max(1, round(limits.keep_alive_timeout)),

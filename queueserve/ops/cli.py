@@ -22,8 +22,9 @@ from queueserve.ops.admin_commands import (
     unknown_servings,
 )
 from queueserve.ops.jobs import add_job_parser, job_command
-from queueserve.ops.server_flags import add_connection_options
+from queueserve.ops.server_flags import add_server_options, server_options
 from queueserve.ops.stats import stats_command
+from queueserve.options.servers import DashboardOptions, GatewayOptions
 from queueserve.options.units import parse_duration, problem
 from queueserve.serving import Serving
 from queueserve.settings import Settings, check_prefix, check_redis_url
@@ -194,74 +195,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve HTTP (JSON, SSE, OpenAI API) in front of servings "
         "(the gateway extra; docs/gateway.md)",
     )
-    g.add_argument(
-        "--host",
-        default="127.0.0.1",
-        help="address to listen on (default 127.0.0.1; 0.0.0.0 for every interface)",
-    )
-    g.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: any free one)")
-    g.add_argument(
-        "--token",
-        default=None,
-        help="require 'Authorization: Bearer TOKEN' (default: "
-        "$QUEUESERVE_GATEWAY_TOKEN, else no auth)",
-    )
-    g.add_argument(
-        "--tenants",
-        default=None,
-        metavar="FILE",
-        help="a TOML file of tenants, each with its token, weight, max_queued and "
-        "max_priority (default: $QUEUESERVE_GATEWAY_TENANTS; SIGHUP reloads it; "
-        "docs/gateway.md)",
-    )
-    g.add_argument(
-        "--max-body-bytes",
-        type=_positive_int,
-        default=1 << 20,
-        help="largest request body, in bytes (default 1048576)",
-    )
-    g.add_argument(
-        "--model",
-        action="append",
-        default=[],
-        dest="models",
-        metavar="MODEL=SERVING",
-        help="OpenAI model name served by a serving "
-        "(repeatable; other names are taken as serving names)",
-    )
-    g.add_argument(
-        "--shutdown-timeout",
-        type=_duration,
-        default=10.0,
-        help="how long SIGTERM waits for open requests (default 10s)",
-    )
-    add_connection_options(g, "QUEUESERVE_GATEWAY", "75s", 10_000, 1_000)
+    add_server_options(g, GatewayOptions)
     b = sub.add_parser(
         "dashboard",
         help="a web page of servings, workers, queues and dead letters "
         "(the dashboard extra; docs/operations.md)",
     )
-    b.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    b.add_argument("--port", type=int, default=8100, help="port (default 8100; 0: any free one)")
-    b.add_argument(
-        "--token",
-        default=None,
-        help="needed for replay, drop and config set (default: "
-        "$QUEUESERVE_DASHBOARD_TOKEN, else the page is read-only)",
-    )
-    add_connection_options(b, "QUEUESERVE_DASHBOARD", "5s", 1_000, 100)
-    b.add_argument(
-        "--read-token",
-        default=None,
-        help="needed to read the page's data (default: $QUEUESERVE_DASHBOARD_READ_TOKEN, "
-        "else reading is open; --token reads too)",
-    )
+    add_server_options(b, DashboardOptions)
     for p in (d, c, s, g, b, v):
         p.add_argument("--redis-url", help=URL_HELP)
         p.add_argument("--prefix", help=PREFIX_HELP)
+    for p in (d, c, s, v):  # the servers' is an option of theirs (INFO: they say where they listen)
         p.add_argument("--log-level", default="WARNING")
-    g.set_defaults(log_level="INFO")  # a server says where it listens
-    b.set_defaults(log_level="INFO")
     add_job_parser(sub, URL_HELP, PREFIX_HELP)
     return parser
 
@@ -319,7 +264,7 @@ def stats_or_unknown(args: argparse.Namespace) -> int:
 
 def gateway_command(args: argparse.Namespace) -> int:
     try:  # the gateway extra is optional: the rest of the CLI works without it
-        from queueserve.gateway.serve import gateway_command as serve
+        from queueserve.gateway.serve import serve_gateway
     except ImportError as e:
         print(
             f"queueserve: the gateway needs the gateway extra ({e}); "
@@ -327,12 +272,12 @@ def gateway_command(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_USAGE
-    return serve(args)
+    return serve_gateway(args.options, args.redis_url, args.prefix, args.token is not None)
 
 
 def dashboard_command(args: argparse.Namespace) -> int:
     try:  # the dashboard extra is optional, like the gateway's
-        from queueserve.dashboard.serve import dashboard_command as serve
+        from queueserve.dashboard.serve import serve_dashboard
     except ImportError as e:
         print(
             f"queueserve: the dashboard needs the dashboard extra ({e}); "
@@ -340,7 +285,7 @@ def dashboard_command(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_USAGE
-    return serve(args)
+    return serve_dashboard(args.options, args.redis_url, args.prefix)
 
 
 def _check_environment(command: str) -> None:
@@ -371,7 +316,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logs.configure(args.log_level.upper())
+    logs.configure((getattr(args, "log_level", None) or "INFO").upper())  # servers: below
     _cwd_on_path()
     try:
         if args.redis_url is not None:
@@ -381,6 +326,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         # a bad QUEUESERVE_* variable is a usage error, said before anything starts
         Settings()
         _check_environment(args.command)
+        args.options = server_options(args)
+        if args.options is not None:
+            logs.configure(args.options.log_level)
     except ValidationError as e:
         print(f"queueserve: {problem(e)}", file=sys.stderr)  # one line, no value echoed
         return EXIT_USAGE

@@ -1,77 +1,76 @@
-"""The flags ``queueserve gateway`` and ``queueserve dashboard`` share for their connections and
-the browser origins that may write (queueserve/gateway/connections.py, crosssite.py). Here, not
-there: the CLI builds its parser without the gateway extra (uvicorn) installed."""
+"""The flags of ``queueserve gateway`` and ``queueserve dashboard``: one per field of their
+options (queueserve/options/servers.py), its help the field's description, its default and its
+variable. Here, not in gateway/: the CLI builds its parser without the gateway extra (uvicorn)
+installed."""
 
 from __future__ import annotations
 
 import argparse
+import os
+from collections.abc import Callable
 
-from queueserve.options.units import parse_duration
+from queueserve.options.servers import SERVERS, ServerOptions
+from queueserve.options.units import from_text
 
-
-def _positive_duration(value: str) -> float:
-    try:
-        seconds = parse_duration(value)
-    except (TypeError, ValueError) as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-    if seconds <= 0:
-        raise argparse.ArgumentTypeError(f"must be more than 0 (for example 10s), got {value!r}")
-    return seconds
+# Fields whose flag is not --<name>: repeatable ones, named for one value
+FLAG_NAMES = {"models": "--model", "allow_origin": "--allow-origin"}
+METAVARS = {"models": "MODEL=SERVING", "allow_origin": "ORIGIN", "tenants": "FILE"}
 
 
-def _positive_int(value: str) -> int:
-    if not value.isdigit() or int(value) < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {value!r}")
-    return int(value)
+def flag_of(name: str) -> str:
+    return FLAG_NAMES.get(name, f"--{name.replace('_', '-')}")
 
 
-def _cap(value: str) -> int:
-    if not value.isdigit():
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0 (0: no cap), got {value!r}")
-    return int(value)
+def _parser(model: type[ServerOptions], name: str) -> Callable[[str], object]:
+    """A flag's value, checked as the model checks the field (argparse says what was wrong)."""
+    annotation = model.model_fields[name].annotation
+
+    def parse(text: str) -> object:
+        try:
+            value = from_text(name, annotation, text)
+            return getattr(model.model_validate({name: value}), name)
+        except (TypeError, ValueError) as e:
+            raise argparse.ArgumentTypeError(str(e).splitlines()[-1]) from None
+
+    parse.__name__ = name
+    return parse
 
 
-def add_connection_options(
-    p: argparse.ArgumentParser, env: str, keep_alive: str, most: int, per_client: int
-) -> None:
-    """The connection guard's flags (queueserve/gateway/connections.py, whose defaults the help
-    repeats) and --allow-origin (crosssite.py); left out, each is ``<env>_<NAME>``, else the
-    default."""
-    p.add_argument(
-        "--header-timeout",
-        type=_positive_duration,
-        help=f"close a connection whose request head has not arrived within this (${env}"
-        "_HEADER_TIMEOUT, else 10s)",
-    )
-    p.add_argument(
-        "--body-timeout",
-        type=_positive_duration,
-        help=f"close one whose request body has not arrived within this of its head (${env}"
-        "_BODY_TIMEOUT, else 30s)",
-    )
-    p.add_argument(
-        "--keep-alive-timeout",
-        type=_positive_duration,
-        help=f"close a kept-alive connection idle this long between requests (${env}"
-        f"_KEEP_ALIVE_TIMEOUT, else {keep_alive})",
-    )
-    p.add_argument(
-        "--max-connections",
-        type=_positive_int,
-        help=f"connections held at once; one more replaces the one waiting longest on its "
-        f"client (${env}_MAX_CONNECTIONS, else {most})",
-    )
-    p.add_argument(
-        "--max-connections-per-client",
-        type=_cap,
-        help=f"connections one client address may hold; 0: no cap (behind a proxy, every "
-        f"connection is the proxy's) (${env}_MAX_CONNECTIONS_PER_CLIENT, else "
-        f"{per_client})",
-    )
-    p.add_argument(
-        "--allow-origin",
-        action="append",
-        metavar="ORIGIN",
-        help="a browser origin (https://app.example.com; * for any) whose pages may write "
-        f"besides the server's own (repeatable; ${env}_ALLOW_ORIGIN, comma-separated)",
-    )
+def add_server_options(p: argparse.ArgumentParser, model: type[ServerOptions]) -> None:
+    """A flag per field of ``model``; one left out is None, so its variable or default
+    applies (``ServerOptions.of``)."""
+    for name, field in model.model_fields.items():
+        default = field.default
+        if default in (None, ()):
+            shown = "none"
+        elif isinstance(default, float):
+            shown = f"{default:g}s"
+        else:
+            shown = str(default)
+        more = f" (default {shown}; ${model.variable(name)})"
+        if name in FLAG_NAMES:  # repeatable
+            p.add_argument(
+                flag_of(name),
+                dest=name,
+                action="append",
+                metavar=METAVARS[name],
+                help=f"{field.description}{more}",
+            )
+            continue
+        p.add_argument(
+            flag_of(name),
+            dest=name,
+            type=_parser(model, name),
+            metavar=METAVARS.get(name, name.upper()),
+            help=f"{field.description}{more}",
+        )
+
+
+def server_options(args: argparse.Namespace) -> ServerOptions | None:
+    """The options of the server command ``args`` runs (its flags, then its variables, then
+    the defaults); None for any other command. A ValueError says what was wrong."""
+    model = SERVERS.get(args.command)
+    if model is None:
+        return None
+    flags = {name: getattr(args, name, None) for name in model.model_fields}
+    return model.of(flags, os.environ)

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.fields import FieldInfo
 from pydantic_settings import EnvSettingsSource, SettingsError
 
+from queueserve.options.servers import SERVERS
 from queueserve.options.serving import MAX_BATCH_SIZE, MAX_BATCH_TIMEOUT_S, validated
 from queueserve.options.units import ByteSize, checked_by, count, duration, from_text
 from queueserve.settings import Settings
@@ -23,26 +24,11 @@ from queueserve.worker.metrics_server import DEFAULT_HOST, KEY_LABELS
 from queueserve.worker.supervisor import check_partitions
 
 ENV_PREFIX = "QUEUESERVE_"
-# Variables read elsewhere: the client's settings (queueserve.settings), the gateway's token,
-# the test suite's Redis.
+# Variables read elsewhere: the client's settings (queueserve.settings), the gateway's and the
+# dashboard's options (options/servers.py), the test suite's Redis.
 OTHER_VARIABLES = (
     *(f"{ENV_PREFIX}{n.upper()}" for n in Settings.model_fields),
-    "QUEUESERVE_GATEWAY_TOKEN",
-    "QUEUESERVE_DASHBOARD_TOKEN",
-    # the gateway's and the dashboard's connections and origins (gateway/connections.py)
-    *(
-        f"QUEUESERVE_{server}_{name}"
-        for server in ("GATEWAY", "DASHBOARD")
-        for name in (
-            "HEADER_TIMEOUT",
-            "BODY_TIMEOUT",
-            "KEEP_ALIVE_TIMEOUT",
-            "MAX_CONNECTIONS",
-            "MAX_CONNECTIONS_PER_CLIENT",
-            "ALLOW_ORIGIN",
-        )
-    ),
-    "QUEUESERVE_DASHBOARD_READ_TOKEN",
+    *(model.variable(name) for model in SERVERS.values() for name in model.model_fields),
     "QUEUESERVE_TEST_REDIS_URL",
 )
 

@@ -134,7 +134,7 @@ COVERS = {
 
 
 def connection_options(command: str) -> set[str]:
-    """The dests of the flags ``_add_connection_options`` gives ``command``."""
+    """The dests of ``command``'s connection flags (ops/server_flags.py, from its options)."""
     parser = build_parser()
     sub = next(a for a in parser._actions if a.dest == "command")
     own = sub.choices[command]  # type: ignore[index]

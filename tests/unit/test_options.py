@@ -13,8 +13,10 @@ import pytest
 
 import queueserve as qs
 from queueserve.ops.cli import build_parser
+from queueserve.ops.server_flags import flag_of
+from queueserve.options.servers import SERVERS, DashboardOptions, GatewayOptions
 from queueserve.options.units import parse_bytes
-from queueserve.worker.options import WorkerOptions, unknown_variables
+from queueserve.worker.options import OTHER_VARIABLES, WorkerOptions, unknown_variables
 from tests.support.helpers import REPO
 from tests.unit.test_layout import (
     import_graph,
@@ -112,6 +114,72 @@ def test_every_worker_option_is_a_flag_and_a_documented_variable() -> None:
     for name in WorkerOptions.model_fields:
         assert name in flags, name
         assert f"`QUEUESERVE_{name.upper()}`" in operations, name
+
+
+@pytest.mark.parametrize("command", sorted(SERVERS))
+def test_every_server_option_is_a_flag_and_a_documented_variable(command: str) -> None:
+    """The servers' options (options/servers.py) are their flags, their variables and the rows
+    of docs/operations.md's table: one list, three views."""
+    model = SERVERS[command]
+    parser = build_parser()
+    server = parser._subparsers._group_actions[0].choices[command]  # type: ignore[union-attr]
+    flags = {a.dest: a.option_strings for a in server._actions}
+    operations = (REPO / "docs" / "operations.md").read_text()
+    for name in model.model_fields:
+        assert name in flags, name
+        row = f"| `{model.variable(name)}` | `{command} {flag_of(name)}`"
+        assert row in operations, row
+        assert model.variable(name) in OTHER_VARIABLES  # known: no "did you mean" for it
+    assert set(flags) - set(model.model_fields) <= {"help", "redis_url", "prefix"}
+
+
+@pytest.mark.parametrize(
+    ("given", "environ", "want"),
+    [
+        ({}, {}, {"port": 8000, "keep_alive_timeout": 75.0, "log_level": "INFO"}),
+        (
+            {},
+            {"QUEUESERVE_GATEWAY_PORT": "9", "QUEUESERVE_GATEWAY_LOG_LEVEL": "debug"},
+            {"port": 9, "log_level": "DEBUG"},
+        ),
+        ({"port": 7}, {"QUEUESERVE_GATEWAY_PORT": "9"}, {"port": 7}),  # the flag wins
+        (
+            {},
+            {
+                "QUEUESERVE_GATEWAY_MODELS": "gpt=embed,x=y",
+                "QUEUESERVE_GATEWAY_ALLOW_ORIGIN": " https://a.example ,*",
+            },
+            {"models": ("gpt=embed", "x=y"), "allow_origin": ("https://a.example", "*")},
+        ),
+        ({}, {"QUEUESERVE_DASHBOARD_PORT": "9"}, {"port": 8000}),  # another server's variable
+    ],
+)
+def test_a_server_option_is_its_flag_else_its_variable_else_its_default(
+    given: dict[str, Any], environ: dict[str, str], want: dict[str, Any]
+) -> None:
+    options = GatewayOptions.of(given, environ)
+    assert {k: getattr(options, k) for k in want} == want
+
+
+@pytest.mark.parametrize(
+    ("environ", "says"),
+    [
+        ({"QUEUESERVE_GATEWAY_HEADER_TIMEOUT": "soon"}, "QUEUESERVE_GATEWAY_HEADER_TIMEOUT='soon'"),
+        ({"QUEUESERVE_GATEWAY_PORT": "70000"}, "port must be an int from 0 to 65535"),
+        ({"QUEUESERVE_GATEWAY_ALLOW_ORIGIN": "evil.example"}, "is not one: write it as"),
+        ({"QUEUESERVE_GATEWAY_LOG_LEVEL": "LOUD"}, "log_level must be DEBUG"),
+        ({"QUEUESERVE_GATEWAY_MAX_CONNECTIONS": "0"}, "max_connections must be an int >= 1"),
+    ],
+)
+def test_a_bad_server_variable_says_which_and_what_was_wrong(
+    environ: dict[str, str], says: str
+) -> None:
+    with pytest.raises(ValueError, match=re.escape(says)):
+        GatewayOptions.of({}, environ)
+    dashboard = {k.replace("GATEWAY", "DASHBOARD"): v for k, v in environ.items()}
+    with pytest.raises(ValueError, match=re.escape(says.replace("GATEWAY", "DASHBOARD"))):
+        DashboardOptions.of({}, dashboard)
+    assert DashboardOptions.of({}, environ) == DashboardOptions.of({}, {})  # not its own
 
 
 def test_byte_sizes_have_one_parser() -> None:
