@@ -34,6 +34,7 @@ from queueserve.broker.consumer import Consumer
 from queueserve.broker.held import held_elsewhere
 from queueserve.broker.reads import PendingRead
 from queueserve.broker.retry import RedisFailure, Retry
+from queueserve.key_states import has_key_states
 from queueserve.serving import Partition, Serving
 from queueserve.steps import StepServing
 from queueserve.wire import protocol as P
@@ -74,6 +75,12 @@ class ServingRunner:
         on_fatal: Callable[[], None] = lambda: None,
     ) -> None:
         self.on_fatal = on_fatal
+        if isinstance(serving, StepServing) and has_key_states(serving):
+            raise TypeError(
+                f"serving {serving.name!r}: a StepServing does not take load_key yet (its steps "
+                "run on the step executor, which loads no key state); serve the models as a "
+                "qs.Serving, or load them in setup()"
+            )
         # Our own copy: run-time config changes it, and the caller's object stays as it was.
         self.serving = serving = copy.copy(serving)
         self.middleware = middleware or Middleware()
