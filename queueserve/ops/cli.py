@@ -149,7 +149,6 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="exit 0 when a live worker serves every named serving, else 1",
     )
-    w.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
     d = sub.add_parser("dead-letter", help="list, replay or drop a serving's dead letters")
     d.add_argument("action", choices=["list", "replay", "drop"])
     # nargs="?"/"*" positionals: argparse would list a plain one as "required" even for list.
@@ -241,7 +240,7 @@ def worker_command(args: argparse.Namespace) -> int:
     except ImportError as e:
         print(f"queueserve: {e}", file=sys.stderr)
         return EXIT_USAGE
-    logs.configure(args.log_level.upper(), options.log_format)
+    logs.configure(options.log_level, options.log_format)
     # redis_url/prefix None: the worker takes the setting, and logs where its Redis came from
     worker = Worker(args.servings, redis_url=args.redis_url, prefix=args.prefix, **dict(options))
     return worker.run()

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.fields import FieldInfo
 from pydantic_settings import EnvSettingsSource, SettingsError
 
-from queueserve.options.servers import SERVERS
+from queueserve.options.servers import SERVERS, Level
 from queueserve.options.serving import MAX_BATCH_SIZE, MAX_BATCH_TIMEOUT_S, validated
 from queueserve.options.units import ByteSize, checked_by, count, duration, from_text
 from queueserve.settings import Settings
@@ -108,6 +108,9 @@ class WorkerOptions(BaseModel):
         "text",
         description="text, or json: one JSON object a line with partition, batch_id and "
         "request_ids (the logs extra)",
+    )
+    log_level: Level = Field(
+        "INFO", description="DEBUG, INFO, WARNING or ERROR: what the worker's log says"
     )
 
     @classmethod

@@ -96,6 +96,7 @@ class Worker:
         metrics_host: str | None = None,
         metrics_keys: int | None = None,
         log_format: str | None = None,
+        log_level: str | None = None,
         middleware: Sequence[Middleware] = (),
         handle_signals: bool = True,
     ) -> None:
@@ -107,6 +108,8 @@ class Worker:
         if "partitions" not in options.model_fields_set:  # neither keyword nor variable
             options = options.model_copy(update={"partitions": 1})
         self.options = options
+        if "log_level" in options.model_fields_set:  # given, or its variable: else the app's
+            logging.getLogger("queueserve").setLevel(options.log_level)
         require_extras(options)
         settings = Settings()
         if redis_url:

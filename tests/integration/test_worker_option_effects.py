@@ -122,6 +122,7 @@ ROWS: dict[str, Row] = {
     "metrics_host": Row("127.0.0.2", "127.0.0.2", ONE_WORKER, "variable"),
     "metrics_keys": Row(0, "0", ONE_WORKER, "variable"),
     "log_format": Row("json", "json", ONE_WORKER, "variable"),
+    "log_level": Row("DEBUG", "DEBUG", ONE_WORKER, "variable"),
 }
 
 
@@ -287,6 +288,7 @@ def test_one_worker_shows_partitions_batching_keys_metrics_logs_and_shutdown(
             QUEUESERVE_METRICS_HOST="127.0.0.2",
             QUEUESERVE_METRICS_KEYS="0",
             QUEUESERVE_LOG_FORMAT="json",
+            QUEUESERVE_LOG_LEVEL="DEBUG",
         ),
     )  # fmt: skip
     keys = Keys(prefix, "sizes")
@@ -344,6 +346,9 @@ def test_one_worker_shows_partitions_batching_keys_metrics_logs_and_shutdown(
         lines = [line for line in worker.output().splitlines() if line.strip()]
         assert not not_json(lines), not_json(lines)[:5]
         assert {json.loads(line)["partition"] for line in lines} == {"-", "0", "1"}
+        # log_level=DEBUG: a line per batch, from the partitions (INFO by default: none)
+        records = [json.loads(line) for line in lines]
+        assert any(r["level"] == "DEBUG" and "batch of" in r["message"] for r in records)
 
         # shutdown_timeout=1s: SIGTERM while a batch is held; the worker stops after 1 s of
         # draining (30 s by default), leaving the request pending for another worker
