@@ -120,6 +120,9 @@ class Serving:
     batch_key_weights: KeyWeights
     max_latency: float
     idempotency_ttl: float
+    cache_ttl: float  # the result cache (wire/cache.py): cache_version, cache_max_bytes
+    cache_version: str
+    cache_max_bytes: int
     max_loaded_keys: int  # with load_key(self, key): many models (key_states.py)
     max_loaded_bytes: int
 
@@ -149,6 +152,9 @@ class Serving:
         batch_key_weights: Mapping[str, float] | str | None = None,
         max_latency: float | str | None = None,
         idempotency_ttl: float | str | None = None,
+        cache_ttl: float | str | None = None,
+        cache_version: str | None = None,
+        cache_max_bytes: int | None = None,
         max_loaded_keys: int | None = None,
         max_loaded_bytes: int | None = None,
     ) -> None:
@@ -159,26 +165,8 @@ class Serving:
         self.prepare_fn: BatchFn | None = _check_optional_callable("prepare", prepare)
         self.finish_fn: FinishFn | None = _check_optional_callable("finish", finish)
         self.name = _name(cls, fn, name)
-        given = {
-            "batch_size": batch_size,
-            "batch_timeout": batch_timeout,
-            "max_queue": max_queue,
-            "codec": codec,
-            "on_error": on_error,
-            "max_deliveries": max_deliveries,
-            "max_payload_bytes": max_payload_bytes,
-            "max_reply_bytes": max_reply_bytes,
-            "key_idle_ttl": key_idle_ttl,
-            "shards": shards,
-            "durable": durable,
-            "prepare_concurrency": prepare_concurrency,
-            "priority_age": priority_age,
-            "batch_key_weights": batch_key_weights,
-            "max_latency": max_latency,
-            "idempotency_ttl": idempotency_ttl,
-            "max_loaded_keys": max_loaded_keys,
-            "max_loaded_bytes": max_loaded_bytes,
-        }
+        # The options given as keywords (each parameter is named as its ServingOptions field)
+        given = {k: v for k, v in locals().items() if k in ServingOptions.model_fields}
         # Plain attributes: the hot path reads them per batch, validated once here.
         vars(self).update(
             resolve(ServingOptions, cls, {k: v for k, v in given.items() if v is not None})

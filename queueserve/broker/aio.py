@@ -17,6 +17,7 @@ from redis.asyncio import connection as aioconnection
 from redis.commands.core import AsyncScript
 
 from queueserve.broker.common import (
+    CacheAt,
     Enqueued,
     OnceAt,
     Request,
@@ -153,6 +154,7 @@ class AsyncProducer:
         together: Sequence[Together] = (),
         again: bool = False,
         onces: Sequence[OnceAt] = (),
+        caches: Sequence[CacheAt] = (),
     ) -> Enqueued:
         """``Producer.enqueue``: admit requests atomically, or reject them for max_queue;
         ``durable`` waits for a replica to hold them; ``jobs`` get their records; each run
@@ -160,14 +162,14 @@ class AsyncProducer:
         if jobs and self.jobs.cluster:
             made = await self.jobs.created(keys, requests, jobs, again)
             reply = await self._enqueue_call(
-                keys, requests, max_queue, durable, (), together, again, onces
+                keys, requests, max_queue, durable, (), together, again, onces, caches
             )
             # Not retried with the enqueue (see Producer.enqueue)
             with contextlib.suppress(QueueServeError):
                 await self.jobs.placed(keys, requests, jobs, reply, made)
             return reply
         return await self._enqueue_call(
-            keys, requests, max_queue, durable, jobs, together, again, onces
+            keys, requests, max_queue, durable, jobs, together, again, onces, caches
         )
 
     async def _enqueue_call(
@@ -180,9 +182,10 @@ class AsyncProducer:
         together: Sequence[Together],
         again: bool = False,
         onces: Sequence[OnceAt] = (),
+        caches: Sequence[CacheAt] = (),
     ) -> Enqueued:
         script_keys, args = enqueue_arguments(
-            keys, requests, max_queue, jobs, together, again, onces
+            keys, requests, max_queue, jobs, together, again, onces, caches
         )
         with redis_errors(self.url):
             if not durable:

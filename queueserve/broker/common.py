@@ -17,6 +17,7 @@ from redis.connection import HiredisRespSerializer
 from redis.exceptions import NoScriptError
 
 from queueserve.broker.urls import redact_url
+from queueserve.wire.cache import lookup_spec
 from queueserve.wire.jobs import placings
 from queueserve.wire.once import once_spec
 from queueserve.wire.protocol import (
@@ -37,6 +38,8 @@ Enqueued = tuple[int, int, list[bytes | int]]  # limit, queued after, entry id o
 # A keyed request (wire/once.py): its index, its record's key, its digest, the id of the job it
 # becomes, and the TTL (ms) of its record when the meta hash declares none
 OnceAt = tuple[int, str, str, str, int]
+# A cached request (wire/cache.py): its index, its item's cache entry, its digest (16 bytes)
+CacheAt = tuple[int, str, bytes]
 INBOX_READ_COUNT = 512
 
 
@@ -101,6 +104,7 @@ def enqueue_arguments(
     together: Sequence[Together] = (),
     again: bool = False,
     onces: Sequence[OnceAt] = (),
+    caches: Sequence[CacheAt] = (),
 ) -> tuple[list[str], list[Any]]:
     """KEYS and ARGV of enqueue.lua for these requests: each stream's batch key and priority
     once, then four values per request (the first of ``together`` requests with its item
@@ -108,7 +112,9 @@ def enqueue_arguments(
     (broker/jobs.py's JobAt), their record groups' keys and what enqueue.lua writes there
     (not on a cluster: the groups are in other slots); ``again``: the send was tried before,
     so a job's field may be there already, or ended; ``onces``: the keyed requests, whose
-    records enqueue.lua reads and writes (after the groups' keys). The per-priority counter
+    records enqueue.lua reads and writes (after the groups' keys); ``caches``: the cached
+    requests, whose entries enqueue.lua answers from (after the records, with the stats
+    hash). The per-priority counter
     goes last of all KEYS (enqueue.lua knows it by its name, so callers that predate it
     still work)."""
     streams: dict[tuple[str, int], int] = {}
@@ -121,8 +127,6 @@ def enqueue_arguments(
     for first, count in together:
         per_request[4 * first + 1] = f"{requests[first][1]}:{count}"
     args: list[Any] = [max_queue, GROUP, PRIORITY_AGE_MS, len(streams)]
-    if onces:
-        args[3] = f"{len(streams)}:{len(onces)}"
     for batch_key, priority in streams:
         args += (batch_key, priority)
     script_keys = [keys.queued, keys.seen, keys.meta, keys.ready, keys.wake, keys.depth]
@@ -136,11 +140,31 @@ def enqueue_arguments(
             at += (index + 1, rid, keep_ms)
         script_keys += groups
         per_request.append(placings(keys.name, list(groups.values()), again))
+    out = args + per_request
+    if onces or caches:
+        _add_keyed(keys, onces, caches, script_keys, out)
+    script_keys.append(keys.pdepth)
+    return script_keys, out
+
+
+def _add_keyed(
+    keys: Keys,
+    onces: Sequence[OnceAt],
+    caches: Sequence[CacheAt],
+    script_keys: list[str],
+    args: list[Any],
+) -> None:
+    """enqueue.lua's KEYS and last ARGVs for keyed requests (their records and once_spec),
+    then for cached ones (their entries and the stats hash, and their digests), and ARGV[4]
+    'S:O' or 'S:O:C' saying how many of each."""
+    args[3] = f"{args[3]}:{len(onces)}" + (f":{len(caches)}" if caches else "")
     if onces:
         script_keys += [record for _, record, _, _, _ in onces]
-        per_request.append(once_spec(onces))
-    script_keys.append(keys.pdepth)
-    return script_keys, args + per_request
+        args.append(once_spec(onces))
+    if caches:
+        script_keys += [entry for _, entry, _ in caches]
+        script_keys.append(keys.cache_stats())
+        args.append(lookup_spec([(i + 1, d) for i, _, d in caches]))
 
 
 def ack_arguments(

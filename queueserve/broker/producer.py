@@ -15,6 +15,7 @@ import redis
 
 from queueserve.broker import raw
 from queueserve.broker.common import (
+    CacheAt,
     Enqueued,
     OnceAt,
     Request,
@@ -57,6 +58,7 @@ class Producer(BrokerCore):
         together: Sequence[Together] = (),
         again: bool = False,
         onces: Sequence[OnceAt] = (),
+        caches: Sequence[CacheAt] = (),
     ) -> Enqueued:
         """Admit requests ``(batch_key, n_items, header, payload, priority)`` atomically.
 
@@ -69,14 +71,16 @@ class Producer(BrokerCore):
         if jobs and self.jobs.cluster:
             made = self.jobs.created(keys, requests, jobs, again)
             reply = self._enqueue_call(
-                keys, requests, max_queue, durable, (), together, again, onces
+                keys, requests, max_queue, durable, (), together, again, onces, caches
             )
             # Not retried with the enqueue (that would enqueue twice): without it a job is
             # answered as ever, and a cancel cannot withdraw its entry.
             with contextlib.suppress(QueueServeError):
                 self.jobs.placed(keys, requests, jobs, reply, made)
             return reply
-        return self._enqueue_call(keys, requests, max_queue, durable, jobs, together, again, onces)
+        return self._enqueue_call(
+            keys, requests, max_queue, durable, jobs, together, again, onces, caches
+        )
 
     def _enqueue_call(
         self,
@@ -88,9 +92,10 @@ class Producer(BrokerCore):
         together: Sequence[Together],
         again: bool = False,
         onces: Sequence[OnceAt] = (),
+        caches: Sequence[CacheAt] = (),
     ) -> Enqueued:
         script_keys, args = enqueue_arguments(
-            keys, requests, max_queue, jobs, together, again, onces
+            keys, requests, max_queue, jobs, together, again, onces, caches
         )
         with redis_errors(self.url):
             if not durable:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 from redis.exceptions import NoScriptError
 
@@ -17,6 +17,7 @@ from queueserve.broker.errors import redis_errors
 from queueserve.broker.reads import PendingRead, Reads, WakeRead
 from queueserve.broker.urls import redact_url
 from queueserve.errors import RedisUnavailable
+from queueserve.wire.cache import STATS_TTL_MS
 from queueserve.wire.jobs import MAX_JOB_BYTES
 from queueserve.wire.protocol import Keys
 from queueserve.wire.timing import DURABLE_WAIT_MS
@@ -68,6 +69,54 @@ def _job_commands(sha: str, groups: Sequence[GroupWrite]) -> list[tuple[Any, ...
     return [("EVALSHA", sha, 1, key, MAX_JOB_BYTES, *writes) for key, writes in groups]
 
 
+class CacheWrites(NamedTuple):
+    """Results to cache (wire/cache.py): (stream, digest, value) each, the streams of the
+    results too big to cache, and the entries' TTL (ms)."""
+
+    entries: Sequence[tuple[str, bytes, bytes]] = ()
+    too_big: Sequence[str] = ()
+    ttl_ms: int = 0
+
+
+NO_CACHE_WRITES = CacheWrites()
+
+
+def _cache_commands(keys: Keys, cache: CacheWrites) -> list[tuple[Any, ...]]:
+    """A SET of each entry (in its stream's slot, with its TTL), and the stats of each shard
+    written to: entries stored, their bytes, results too big. None without entries."""
+    if not (cache.entries or cache.too_big):
+        return []
+    counts: dict[str, list[int]] = {}  # stats hash -> [stored, bytes, too big]
+    values: dict[str, bytes] = {}  # an item run twice in the round trip is written once
+    for stream, digest, value in cache.entries:
+        shard = keys.shard_of(stream)
+        key = shard.cached(digest.hex())
+        if key not in values:
+            values[key] = value
+            count = counts.setdefault(shard.cache_stats(), [0, 0, 0])
+            count[0] += 1
+            count[1] += len(value)
+    for stream in cache.too_big:
+        counts.setdefault(keys.shard_of(stream).cache_stats(), [0, 0, 0])[2] += 1
+    ttl = max(1, cache.ttl_ms)
+    commands: list[tuple[Any, ...]] = [("SET", k, v, "PX", ttl) for k, v in values.items()]
+    for stats, (stored, size, too_big) in counts.items():
+        for name, n in (("stored", stored), ("bytes", size), ("too_big", too_big)):
+            if n:
+                commands.append(("HINCRBY", stats, name, n))
+        commands.append(("PEXPIRE", stats, STATS_TTL_MS))
+    return commands
+
+
+def _drop_cache_failures(out: list[Any], writes: range) -> None:
+    """A cache write Redis refused (out of memory, a stats hash someone made another type, a
+    forged count) is dropped: the answers went to their callers; the result is not cached."""
+    for i in writes:
+        if isinstance(out[i], Exception):
+            log.warning("a result could not be cached: %s", out[i])
+            out[i] = None
+
+
 class Replies(Reads):
     """Replies and acks of finished entries."""
 
@@ -82,6 +131,7 @@ class Replies(Reads):
         durable: bool = False,
         then_read: WakeRead | None = None,
         jobs: Sequence[GroupWrite] = (),
+        cache: CacheWrites = NO_CACHE_WRITES,
     ) -> PendingRead | None:
         """Publish streamed events, push replies to client inboxes, then ack finished entries:
         one round trip, in that order (a batch's events precede its replies).
@@ -105,6 +155,7 @@ class Replies(Reads):
         ``jobs``: answers kept in job record groups (job.lua), after the replies and before
         the acks, in the same round trip: an acked job's record holds its answer, and a job
         run again takes only its first answer (job.lua keeps nothing for a job that ended).
+        ``cache``: results to cache, written after the replies in the same round trip.
         """
         durable_replies = durable and bool(replies) and is_cluster(self.redis)
         if durable_replies:
@@ -115,6 +166,9 @@ class Replies(Reads):
             ("PUBLISH", channel, message) for channel, message in events
         ]
         commands += _pushes(replies, inbox_ttl_ms)
+        cached = len(commands)
+        commands += _cache_commands(keys, cache)
+        cache_writes = range(cached, len(commands))
         scripted = len(commands)
         if jobs:
             commands += _job_commands(self._job.sha, jobs)
@@ -132,6 +186,7 @@ class Replies(Reads):
             else:
                 out = self._send_commands(commands, scripted)
             _drop_job_failures(out, job_writes)
+            _drop_cache_failures(out, cache_writes)
             failures = [r for r in out if isinstance(r, Exception)]
             for failure in failures:
                 self._moved(next(iter(acks), ""), failure)

@@ -17,6 +17,7 @@ from queueserve.broker.retry import Retry
 from queueserve.client.async_sending import AsyncSending
 from queueserve.client.async_ticket import AsyncTicket as AsyncTicket
 from queueserve.client.base import INBOX_BLOCK_S, ServingRef
+from queueserve.client.caching import cached_plan
 from queueserve.client.calls import deadline_after
 from queueserve.client.events import RequestStream
 from queueserve.client.jobs import AsyncJob
@@ -119,13 +120,17 @@ class AsyncClient(AsyncSending):
         target = await self._target(serving)
         items = items if isinstance(items, list) else list(items)
         parts, keep_ms, onces = call_plan(target, items, batch_key, keep, idempotency_key)
+        parts, cached = cached_plan(target, parts, keep_ms, onces is not None)
+        self._cache_sent = self._cache_sent or cached is not None
         deadline = deadline_after(timeout)
         self._jobs_sent = self._jobs_sent or keep_ms > 0
         self._keys_sent = self._keys_sent or onces is not None
         self._ensure_reader()
         loop = asyncio.get_running_loop()
         calls, futures = [], []
-        requests = self._requests(target, parts, deadline, priority, None, keep_ms, tenant, onces)
+        requests = self._requests(
+            target, parts, deadline, priority, None, keep_ms, tenant, onces, cached
+        )
         for outgoing in requests:
             future: asyncio.Future[None] = loop.create_future()
             outgoing.call.on_done = lambda _c, f=future: f.done() or f.set_result(None)

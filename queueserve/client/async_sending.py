@@ -14,6 +14,7 @@ from typing import Any
 from queueserve.broker.aio import AsyncProducer
 from queueserve.broker.retry import Retry
 from queueserve.client.base import BaseClient, timeout_message
+from queueserve.client.caching import caches_at
 from queueserve.client.calls import Call, check_placed, unsent
 from queueserve.client.following import AsyncFollowers
 from queueserve.client.job_records import job_place_of, jobs_at
@@ -70,6 +71,7 @@ class AsyncSending(BaseClient):
         self._jobs_sent = False  # set by the first job: plain sends never look for jobs
         # set by the first call with an idempotency key: plain sends never look for keys
         self._keys_sent = False
+        self._cache_sent = False  # set by the first call of a caching serving: likewise
         self._followers = AsyncFollowers(self._broker.jobs, self._followed_job)
         self._send_waiters: list[asyncio.Future[None]] = []  # woken as each send ends
 
@@ -188,6 +190,7 @@ class AsyncSending(BaseClient):
         for group, keys, requests, max_queue, durable, together in enqueue_groups(batch):
             jobs = jobs_at(self.prefix, self.client_id, group) if self._jobs_sent else ()
             onces = onces_at(self.client_id, keys, group) if self._keys_sent else ()
+            caches = caches_at(keys, group) if self._cache_sent else ()
             try:
                 reply = await self._broker.enqueue(
                     keys,
@@ -198,6 +201,7 @@ class AsyncSending(BaseClient):
                     together=together,
                     again=again,
                     onces=onces,
+                    caches=caches,
                 )
             except NotReplicated as e:  # queued, but not safe: these callers are told so
                 self._fail_batch(group, e)

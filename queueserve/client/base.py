@@ -15,9 +15,9 @@ from typing import Any
 
 from queueserve import tracing
 from queueserve.broker.urls import redact_url
+from queueserve.client.caching import declared_cache, marked
 from queueserve.client.calls import Call, CallTable
 from queueserve.client.events import RequestStream
-from queueserve.client.once import mark_keyed
 from queueserve.client.outgoing import Outgoing
 from queueserve.client.targets import (
     Part,
@@ -176,11 +176,14 @@ class BaseClient:
         keep_ms: int = 0,
         tenant: str | None = None,
         onces: tuple[list[str], int] | None = None,
+        cached: str | None = None,
     ) -> list[Outgoing]:
         """``_request`` of each part of one call: several are admitted together or not at all
         (``Call.group``), so a call refused for max_queue never runs in part; one part
         refused before sending (BadRequest) takes the others' calls with it. ``onces``: each
-        part's idempotency key, and their records' TTL: keyed requests go each on its own."""
+        part's idempotency key, and their records' TTL: keyed requests go each on its own;
+        ``cached``: the serving's cache_version, for a call of one item per request
+        (client/caching.py)."""
         outgoing: list[Outgoing] = []
         try:
             for p in parts:
@@ -191,12 +194,7 @@ class BaseClient:
             for o in outgoing:
                 self._table.forget(o.call)
             raise
-        if onces is not None:
-            mark_keyed(outgoing, onces, tenant)
-        elif len(outgoing) > 1:
-            for o in outgoing:
-                o.call.group = outgoing[0].call.rid
-        return outgoing
+        return marked(outgoing, onces, tenant, cached)
 
     def _streamed_request(
         self,
@@ -301,6 +299,7 @@ class BaseClient:
             declared = parse_declared(meta, target.keys)
             target.max_payload_bytes = declared.get("max_payload_bytes")
             target.idempotency_ttl = declared.get("idempotency_ttl")
+            target.cache_ttl, target.cache_version = declared_cache(declared)
             target.key_rule = declared_rule(meta, target.keys)
             target.batch_size = declared.get("batch_size")
             target.hooks = declared.get("streaming", False)

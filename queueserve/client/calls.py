@@ -16,6 +16,8 @@ from typing import Any
 from queueserve.errors import Cancelled, QueueServeError, RedisUnavailable
 from queueserve.results import unbatch
 from queueserve.wire import protocol as P
+from queueserve.wire.cache import answer as cache_answer
+from queueserve.wire.cache import bad_value_message
 from queueserve.wire.codec import Codec, MsgpackCodec
 from queueserve.wire.error import raised
 from queueserve.wire.event import event_problem, parse_events
@@ -30,6 +32,7 @@ class Call:
     __slots__ = (
         "_waiter",
         "batch_key",
+        "cache",
         "deadline",
         "entry_id",
         "error",
@@ -81,6 +84,8 @@ class Call:
         # record); ``follows``: the job id whose answer it takes (the key's first request)
         self.once: tuple[str, str, int] | None = None
         self.follows: str | None = None
+        # A request of a serving that caches results (client/caching.py): its item's digest
+        self.cache: bytes | None = None
         # Made only when a caller waits before the answer came: most calls of a window of
         # submits are answered before their caller looks, and need none.
         self._waiter: threading.Lock | None = None
@@ -187,6 +192,24 @@ class CallTable:
             if call.remaining == 0:
                 del calls[rid]
                 call.finish()
+
+    def answer_cached(self, call: Call, answer: bytes) -> None:
+        """Apply enqueue.lua's answer of a cached request (``HIT`` + the cached value after
+        its digest, wire/cache.py): the call ends with its result, or, for a value no worker
+        writes, with an error saying so (never another item's answer: enqueue.lua answers
+        only from a value bound to this item's digest)."""
+        assert call.cache is not None
+        self.forget(call)
+        call.entry_id = b""  # answered without an entry: nothing to cancel
+        try:
+            kind, values = cache_answer(answer[1:], self._accepted)
+        except ValueError as e:
+            entry = call.keys.cached(call.cache.hex())
+            call.fail(QueueServeError(bad_value_message(call.keys.name, entry, str(e))))
+            return
+        call.kind = kind
+        call.apply(0, values)
+        call.finish()
 
     def deliver_event(self, message: bytes) -> None:
         """Route streamed events to their calls (pub/sub; events of finished calls drop): one

@@ -11,6 +11,8 @@ from queueserve.client.calls import Call, CallTable
 from queueserve.client.targets import Target
 from queueserve.errors import QueueFull
 from queueserve.wire import protocol as P
+from queueserve.wire.cache import HIT
+from queueserve.wire.cache import shard_of as shard_of_item
 from queueserve.wire.once import shard_of_key
 from queueserve.wire.timing import RECONNECT_WITHIN_S
 
@@ -39,7 +41,8 @@ def admitted(
     table: CallTable, group: list[Outgoing], limit: int, queued: int, ids: list[Any]
 ) -> list[tuple[Call, bytes]]:
     """Record what enqueue.lua answered: an entry id per admitted request, QueueFull for the
-    rest. Returns the keyed requests it answered from their keys' records instead
+    rest, and the cached results enqueue.lua answered cached requests with. Returns the
+    keyed requests it answered from their keys' records instead
     (client/once.py applies those answers)."""
     target = group[0].target
     calls: dict[int, int] = {}  # a call of several requests refused: its items, all of them
@@ -55,6 +58,8 @@ def admitted(
             call.fail(QueueFull(full_message(target, limit, queued, n, call.keys.shard)))
         elif call.once is not None and not entry_id[:1].isdigit():
             keyed.append((call, entry_id))
+        elif call.cache is not None and entry_id[:1] == HIT:
+            table.answer_cached(call, entry_id)
         else:
             call.entry_id = entry_id
     return keyed
@@ -105,7 +110,12 @@ def _by_shard(target: Target, group: list[Outgoing]) -> list[tuple[P.Keys, list[
         return [(target.keys, group)]
     calls: list[list[Outgoing]] = []
     for out in group:
-        if out.call.group and calls and calls[-1][0].call.group == out.call.group:
+        if (
+            out.call.group
+            and out.call.cache is None  # (each cached item goes to its own shard)
+            and calls
+            and calls[-1][0].call.group == out.call.group
+        ):
             calls[-1].append(out)
         else:
             calls.append([out])
@@ -115,6 +125,8 @@ def _by_shard(target: Target, group: list[Outgoing]) -> list[tuple[P.Keys, list[
         once = outs[0].call.once
         if once is not None:  # a keyed request: where its key's record is
             shard = target.shards[shard_of_key(once[0], len(target.shards))]
+        elif outs[0].call.cache is not None:  # a cached item: where its result is cached
+            shard = target.shards[shard_of_item(outs[0].call.cache, len(target.shards))]
         per_shard.setdefault(shard.shard, (shard, []))[1].extend(outs)
     return list(per_shard.values())
 

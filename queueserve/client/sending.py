@@ -12,6 +12,7 @@ import time
 from queueserve.broker.producer import Producer
 from queueserve.broker.retry import Retry
 from queueserve.client.base import BaseClient
+from queueserve.client.caching import caches_at
 from queueserve.client.calls import Call
 from queueserve.client.following import Followers
 from queueserve.client.job_records import job_place_of, jobs_at
@@ -44,6 +45,7 @@ class Sending(BaseClient):
         self._jobs_sent = False  # set by the first job: plain sends never look for jobs
         # set by the first call with an idempotency key: plain sends never look for keys
         self._keys_sent = False
+        self._cache_sent = False  # set by the first call of a caching serving: likewise
         self._followers = Followers(
             self._broker.jobs, self._followed_job, f"queueserve-follow-{self.client_id}"
         )
@@ -159,6 +161,7 @@ class Sending(BaseClient):
         for group, keys, requests, max_queue, durable, together in enqueue_groups(batch):
             jobs = jobs_at(self.prefix, self.client_id, group) if self._jobs_sent else ()
             onces = onces_at(self.client_id, keys, group) if self._keys_sent else ()
+            caches = caches_at(keys, group) if self._cache_sent else ()
             try:
                 reply = self._broker.enqueue(
                     keys,
@@ -169,6 +172,7 @@ class Sending(BaseClient):
                     together=together,
                     again=again,
                     onces=onces,
+                    caches=caches,
                 )
             except NotReplicated as e:  # queued, but not safe: these callers are told so
                 self._fail_batch(group, e)

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from queueserve.client.base import ServingRef
+from queueserve.client.caching import cached_plan
 from queueserve.client.calls import deadline_after
 from queueserve.client.events import RequestStream
 from queueserve.client.jobs import Job
@@ -168,6 +169,8 @@ class Client(Waiting):
         target = self._target(serving)
         items = items if isinstance(items, list) else list(items)
         parts, keep_ms, onces = call_plan(target, items, batch_key, keep, idempotency_key)
+        parts, cached = cached_plan(target, parts, keep_ms, onces is not None)
+        self._cache_sent = self._cache_sent or cached is not None
         deadline = deadline_after(timeout)
         self._jobs_sent = self._jobs_sent or keep_ms > 0
         self._keys_sent = self._keys_sent or onces is not None
@@ -175,7 +178,7 @@ class Client(Waiting):
         if len(parts) != 1:
             reply_to = None
         outgoing = self._requests(
-            target, parts, deadline, priority, reply_to, keep_ms, tenant, onces
+            target, parts, deadline, priority, reply_to, keep_ms, tenant, onces, cached
         )
         self._send(outgoing, inline)
         return Ticket(self, target, parts, [o.call for o in outgoing], timeout, reply_to)

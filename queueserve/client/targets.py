@@ -76,6 +76,9 @@ class Target:
     keeps_jobs: bool | None = None
     # Its idempotency_ttl as its workers declared it (None: not known; client/once.py)
     idempotency_ttl: float | None = None
+    # Its cache_ttl and cache_version as its workers declared them (client/caching.py)
+    cache_ttl: float | None = None
+    cache_version: str | None = None
     # The batch-key rule its workers declared (wire/key_rules.py): a caller that names the
     # serving groups items by it as one passing the Serving object does by its batch_key
     key_rule: LengthBuckets | None = None

@@ -22,6 +22,7 @@ from typing import Annotated, Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationError
 
 from queueserve.options.units import Flag, checked_by, count, duration, number, problem
+from queueserve.wire.cache import check_version
 from queueserve.wire.codec import get_codec
 from queueserve.wire.protocol import check_shards
 from queueserve.wire.timing import CALLER_GONE_AFTER_S
@@ -36,6 +37,8 @@ REPLY_BYTES_CEILING = 256 * 1024 * 1024
 MAX_BATCH_TIMEOUT_S = 3600.0
 MAX_KEY_IDLE_TTL_S = 366 * 86400.0
 MAX_IDEMPOTENCY_TTL_S = 30 * 86400.0  # a job's longest keep (wire/jobs.py MAX_KEEP_MS)
+MAX_CACHE_TTL_S = 30 * 86400.0
+MAX_CACHE_ENTRY_BYTES = REPLY_BYTES_CEILING
 MAX_LOADED_KEYS = 100_000
 MAX_LOADED_BYTES = 2**53  # exact in Lua and JSON
 
@@ -162,6 +165,20 @@ class ServingOptions(BaseModel):
         description="How long an idempotency key's record (and its job's answer) lives: "
         "calls with the same key within it get the first call's job and answer.",
     )
+    cache_ttl: Annotated[float, duration(MAX_CACHE_TTL_S)] = Field(
+        0.0,
+        description="How long a cached result lives, e.g. 10m: a repeat of an item that "
+        "succeeded within it is answered from Redis without reaching a worker; 0: no cache.",
+    )
+    cache_version: Annotated[str, checked_by(check_version)] = Field(
+        "",
+        description="Part of every cache entry's name: change it when the model changes, "
+        "and no result of the old one is answered.",
+    )
+    cache_max_bytes: Annotated[int, count(1, MAX_CACHE_ENTRY_BYTES)] = Field(
+        1024 * 1024,
+        description="Largest cached result (its encoded bytes): a bigger one is not cached.",
+    )
     max_loaded_keys: Annotated[int, count(1, MAX_LOADED_KEYS)] = Field(
         4,
         description="Batch keys whose state (load_key) one partition holds at once; the "
@@ -211,6 +228,7 @@ RUNTIME = (
     "batch_key_weights",
     "max_latency",
     "idempotency_ttl",
+    "cache_ttl",
 )
 
 

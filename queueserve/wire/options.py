@@ -25,7 +25,7 @@ _REPORTED_MAX = 1000
 
 OPTIONS = RUNTIME
 # Declared options (P:{S}:meta) that clients read besides the run-time ones.
-_DECLARED = (*RUNTIME, "shards", "streaming", "durable")
+_DECLARED = (*RUNTIME, "shards", "streaming", "durable", "cache_version")
 _FIELDS = ServingOptions.model_fields
 
 

@@ -40,6 +40,10 @@ each with the keys below; ``meta``, ``config`` and ``workers`` are read from sha
     P:{S}:once:I      string   the record of idempotency key I: "<digest of the request>:<job
                                id>" (wire/once.py), written with the request's entry in one
                                script (enqueue.lua); TTL: the serving's idempotency_ttl
+    P:{S}:cached:D    string   the cached result of the item of digest D (wire/cache.py),
+                               written by workers, read by enqueue.lua; TTL: cache_ttl
+    P:{S}:cachestats  hash     the result cache's counts: hits, misses (enqueue.lua), stored,
+                               bytes, too_big (workers); TTL: a week past the last count
     P:inbox:C         list     replies for client C, one element per (client, batch) (TTL)
     P:events:C        channel  streamed events (hooks, generator steps) for client C
     P:worker:W        hash     registry record of worker process W (TTL), with a field
@@ -146,6 +150,8 @@ LAYOUT: Final = (
     ("cancel", "channel"),
     ("withdrawn", "hash"),
     ("once", "string"),
+    ("cached", "string"),
+    ("cachestats", "hash"),
     ("inbox", "list"),
     ("events", "channel"),
     ("worker", "hash"),
@@ -294,6 +300,14 @@ class Keys:
     def once(self, key: str) -> str:
         """The record of idempotency key ``key`` (wire/once.py), in this shard's slot."""
         return f"{self._tag}once:{key}"
+
+    def cached(self, digest_hex: str) -> str:
+        """The cached result of the item of digest ``digest_hex`` (wire/cache.py)."""
+        return f"{self._tag}cached:{digest_hex}"
+
+    def cache_stats(self) -> str:
+        """The result cache's counts of this shard (wire/cache.py)."""
+        return f"{self._tag}cachestats"
 
     def streams(self, batch_key: str) -> list[str]:
         """The streams of one batch key, one per priority."""

@@ -15,6 +15,7 @@ tests/integration/test_worker_option_effects.py.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 import subprocess
@@ -24,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgpack
 import pytest
 import redis
 
@@ -234,6 +236,38 @@ def a_key_runs_again_once_its_record_expired(ctx: Context) -> None:
     assert ctx.serving.item_batches == [["i"], ["i"]]  # 24 h by default: it runs once
 
 
+def a_repeat_is_answered_from_the_cache(ctx: Context) -> None:
+    assert submit_result(ctx, ["c"]) == ["c"]
+    entry = cached_entry(ctx, "c")
+    wait_until(lambda: ctx.redis.exists(entry), "c's result cached")
+    assert submit_result(ctx, ["c"]) == ["c"]
+    assert ctx.serving.item_batches == [["c"]]  # 0 (off) by default: it runs twice
+
+
+def cached_entry(ctx: Context, item: Any, version: str = "") -> str:
+    """The documented entry name (wire/cache.py): BLAKE2b-128 of version, key and payload."""
+    h = hashlib.blake2b(version.encode(), digest_size=16)
+    for part in (b"\0", b"default", b"\0", msgpack.packb([item])):
+        h.update(part)
+    return ctx.keys.cached(h.hexdigest())
+
+
+def results_are_cached_under_version_v7(ctx: Context) -> None:
+    assert submit_result(ctx, ["v"]) == ["v"]
+    wait_until(lambda: ctx.redis.exists(cached_entry(ctx, "v", "v7")), "cached under v7")
+    assert not ctx.redis.exists(cached_entry(ctx, "v"))  # "" by default
+    assert submit_result(ctx, ["v"]) == ["v"] and ctx.serving.item_batches == [["v"]]
+
+
+def a_result_over_100_bytes_is_not_cached(ctx: Context) -> None:
+    big = "b" * 200
+    for _ in range(2):
+        assert submit_result(ctx, [big, "s"]) == [big, "s"]
+        wait_until(lambda: ctx.redis.exists(cached_entry(ctx, "s")), "the small one cached")
+    assert not ctx.redis.exists(cached_entry(ctx, big))  # 1 MiB by default: cached
+    assert sorted(x for b in ctx.serving.item_batches for x in b) == [big, big, "s"]
+
+
 EFFECTS: dict[str, Effect | Proven] = {
     "batch_size": Effect(3, "3", batches_of_at_most_3),
     "batch_timeout": Effect("1h", "1h", a_lone_item_waits_for_the_batch_to_fill, {"batch_size": 4}),
@@ -256,6 +290,11 @@ EFFECTS: dict[str, Effect | Proven] = {
         {"batch_size": 2, "batch_timeout": "1h", "gated": True},
     ),
     "idempotency_ttl": Effect("300ms", "300ms", a_key_runs_again_once_its_record_expired),
+    "cache_ttl": Effect("10m", "10m", a_repeat_is_answered_from_the_cache),
+    "cache_version": Effect("v7", "v7", results_are_cached_under_version_v7, {"cache_ttl": "10m"}),
+    "cache_max_bytes": Effect(
+        100, "100", a_result_over_100_bytes_is_not_cached, {"cache_ttl": "10m"}
+    ),
     "batch_key_weights": Proven(
         {
             way: "tests/integration/test_weights.py::"

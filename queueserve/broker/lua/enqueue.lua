@@ -35,6 +35,13 @@
 -- or '?' (a value no client writes, or another type: left as it is). One enqueued writes its
 -- record here, after its XADD, so no second sender of the key can come between; its job
 -- keeps its answer as long as the record lives at least.
+-- Result cache (optional; wire/cache.py): with ARGV[4] 'S:O:C', the C KEYS after the records
+-- are the cache entries P:{S}:cached:D of cached requests (one item each), then P:{S}:cachestats,
+-- and the last ARGV is msgpack [per cached request, in KEYS order: request number, digest (16
+-- bytes)]. A cached request whose entry holds a value that starts with its digest is not
+-- enqueued: it is answered '*' .. the value after the digest (the cached result); any other
+-- value, or another type, is a miss. hits and misses are counted in the stats hash, which
+-- gets a TTL of a week when it has none (workers renew it as they count).
 -- Per priority (optional): the last of all KEYS may be P:{S}:pdepth (hash priority -> items
 -- admitted and not yet acked), known by its name: KEYS[6]'s with 'pdepth' for 'depth'. The
 -- admitted items are counted there per stream's priority; a caller that leaves it out (one
@@ -84,22 +91,23 @@ local per_priority = {}
 local registered = {}
 local out = {limit, 0}
 local streams = tonumber(ARGV[4])
-local onces = 0
-if not streams then  -- 'S:O': requests with idempotency keys among these (rare)
-  local s, o = string.match(ARGV[4], '^(%d+):(%d+)$')
-  streams, onces = tonumber(s), tonumber(o)
+local onces, caches = 0, 0
+if not streams then  -- 'S:O(:C)': keyed or cached requests among these
+  local s, o, c = string.match(ARGV[4], '^(%d+):(%d+):?(%d*)$')
+  streams, onces, caches = tonumber(s), tonumber(o), tonumber(c) or 0
 end
+local cache_keys = caches > 0 and caches + 1 or 0
 local pdepth = KEYS[#KEYS]
 if #KEYS <= 6 + streams or string.sub(KEYS[6], -5) ~= 'depth'
     or pdepth ~= string.sub(KEYS[6], 1, -6) .. 'pdepth' then
   pdepth = nil
 end
-local jobs = #KEYS - 6 - streams - onces - (pdepth and 1 or 0)
+local jobs = #KEYS - 6 - streams - onces - cache_keys - (pdepth and 1 or 0)
 -- the last per-request value
-local job_args = #ARGV - (jobs > 0 and 1 or 0) - (onces > 0 and 1 or 0)
+local job_args = #ARGV - (jobs > 0 and 1 or 0) - (onces > 0 and 1 or 0) - (caches > 0 and 1 or 0)
 local keyed, once_ttl  -- request number -> {record key, digest, job id}
 if onces > 0 then
-  local spec = cmsgpack.unpack(ARGV[#ARGV])
+  local spec = cmsgpack.unpack(ARGV[#ARGV - (caches > 0 and 1 or 0)])
   keyed = {}
   for k = 1, onces do
     local at = 3 * k - 1
@@ -123,6 +131,26 @@ local function held_by(once)
   local digest, job = string.match(value, '^(%x+):([%w_.%-]+%-%d+)$')
   if not digest or #digest ~= 32 then return '?' end
   return (digest == once[2] and '=' or '!') .. job
+end
+local cached_of, cache_stats  -- request number -> {entry key, digest}
+local hits, misses = 0, 0
+if caches > 0 then
+  local spec = cmsgpack.unpack(ARGV[#ARGV])
+  local first = 6 + streams + jobs + onces
+  cached_of = {}
+  for k = 1, caches do cached_of[spec[2 * k - 1]] = {KEYS[first + k], spec[2 * k]} end
+  cache_stats = KEYS[first + caches + 1]
+end
+-- A cached request's answer from its entry, or nil (a miss): a value counts only when it
+-- starts with the digest looked up (one copied under another item's name is a miss)
+local function cached(entry)
+  local value = redis.pcall('GET', entry[1])
+  if type(value) == 'string' and #value > 16 and string.sub(value, 1, 16) == entry[2] then
+    hits = hits + 1
+    return '*' .. string.sub(value, 17)
+  end
+  misses = misses + 1
+  return nil
 end
 local filling = {}  -- stream number -> its pack being filled: {items, members, at}
 -- A quiet key's lead (read.lua): it ranks as if it had waited this much longer, and its score
@@ -182,6 +210,10 @@ for i = first_request, job_args, 4 do
   end
   local once = keyed and keyed[(i - first_request) / 4 + 1]
   local held = once and held_by(once)
+  if not held and cached_of then
+    local entry = cached_of[(i - first_request) / 4 + 1]
+    held = entry and cached(entry)
+  end
   if held then
     out[#out + 1] = held
   elseif refused then
@@ -297,6 +329,15 @@ if admitted > 0 then
       end
     end
   end
+end
+if cache_stats then
+  for field, n in pairs({hits = hits, misses = misses}) do
+    if n > 0 and type(redis.pcall('HINCRBY', cache_stats, field, n)) ~= 'number' then
+      redis.pcall('HSET', cache_stats, field, n)  -- a forged count starts again
+    end
+  end
+  -- counts live a week past the last one (wire/cache.py STATS_TTL_MS)
+  if redis.call('PTTL', cache_stats) == -1 then redis.pcall('PEXPIRE', cache_stats, 604800000) end
 end
 local function each_key(command, ...)
   for k = 1, 6 do

@@ -75,6 +75,7 @@ class Request:
     # a first run, whose events and answer carry none
     run: int = 0
     fields: dict[str, Any] | None = None  # the header's optional fields (trace context), if any
+    cache: bytes | None = None  # its item's digest, when its result is to be cached (intake.py)
     remaining: int = field(init=False)  # items not answered yet; the entry is acked at 0
     events_sent: int = field(init=False, default=0)
 

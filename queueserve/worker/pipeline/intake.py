@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from queueserve.broker.consumer import Consumer, DeadLetter
 from queueserve.serving import Serving
 from queueserve.wire import protocol as P
+from queueserve.wire.cache import digest as cache_digest
 from queueserve.wire.cancel import parse_withdrawn
 from queueserve.wire.codec import Codec
 from queueserve.wire.error import bad_request, dead_lettered, error_body
@@ -83,6 +84,7 @@ class Intake:
         now = time.time()
         key_of: dict[str, str] = {}  # entries come in runs of one stream
         plain = serving.cost is None and serving.input_model is None and serving.hooks is None
+        version = serving.cache_version if serving.cache_ttl > 0 else None
         for entry in entries:
             if b"k" in entry.fields:
                 self._ingest_pack(entry, out, now, plain)
@@ -101,6 +103,7 @@ class Intake:
                     key = key_of.get(entry.stream)
                     if key is None:
                         key = key_of[entry.stream] = self.keys.batch_key_of(entry.stream)
+                    mark_cached(fast[0], version, key, entry.fields)
                     slices.append((key, fast[1]))
                     continue
             decoded = decode_entry(
@@ -127,6 +130,7 @@ class Intake:
                 if key is None:
                     key = key_of[entry.stream] = self.keys.batch_key_of(entry.stream)
                 if len(decoded.slices) == 1:
+                    mark_cached(decoded.request, version, key, entry.fields)
                     slices.append((key, decoded.slices[0]))
                 else:
                     slices += [(key, piece) for piece in decoded.slices]
@@ -158,6 +162,7 @@ class Intake:
         serving, codec = self.serving, self.codec
         key = self.keys.batch_key_of(entry.stream)
         pack = Pack(0, 0)
+        version = serving.cache_version if serving.cache_ttl > 0 else None
         orphans: list[tuple[dict[bytes, bytes], str]] = []  # requests nobody can be told of
         # its requests cancelled before this read (read.lua): answered by none, acked with it
         raw = entry.fields.get(b"w")
@@ -180,6 +185,7 @@ class Intake:
             )
             if fast is not None:
                 _join(fast[0], pack)
+                mark_cached(fast[0], version, key, fields)
                 slices.append((key, fast[1]))
                 continue
             decoded = decode_entry(
@@ -200,6 +206,7 @@ class Intake:
             if isinstance(decoded, Rejected):
                 self._reject(entry, decoded, out)
             else:
+                mark_cached(decoded.request, version, key, fields)
                 slices += [(key, piece) for piece in decoded.slices]
                 rows += _item_errors(decoded)
         if orphans:
@@ -340,6 +347,20 @@ class Intake:
         # the replier answers, then acks and releases its items
         message = f"{reason}; it was moved to the dead-letter stream {dead}"
         out.rows.append((request, 0, request.n, P.ERROR, dead_lettered(message)))
+
+
+def mark_cached(
+    request: Request, version: str | None, key: str, fields: dict[bytes, bytes]
+) -> None:
+    """With a ``version`` (the serving caches results), name the result a request of one item
+    is cached under (wire/cache.py): the digest of its payload as it came, computed here,
+    never taken from the request (a client naming another item's digest would have this
+    result answer that item)."""
+    if version is None:
+        return
+    payload = fields.get(b"p")
+    if request.n == 1 and not request.events and payload is not None:
+        request.cache = cache_digest(version, key, payload)
 
 
 def _item_errors(decoded: Accepted) -> list[Row]:

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from queueserve.wire import protocol as P
+from queueserve.wire.cache import CACHED_KINDS
+from queueserve.wire.cache import value as cache_value
 from queueserve.wire.codec import Codec
 from queueserve.wire.event import encode_events
 from queueserve.wire.jobs import GROUP_SHIFT, encode_hook, inbox_group, job_writes
@@ -107,12 +109,17 @@ class Composed:
     errors: dict[str, int] = field(default_factory=dict)  # items by error kind
     # job.lua's writes, one per record group (broker/replies.py's GroupWrite), before acks
     jobs: list[tuple[str, tuple[bytes, str, str]]] = field(default_factory=list)
+    # results to cache (wire/cache.py): (stream, digest, value); the streams of those too big
+    cached: list[tuple[str, bytes, bytes]] = field(default_factory=list)
+    too_big: list[str] = field(default_factory=list)
 
 
-def compose(rows: list[Row], codec: Codec, max_bytes: int) -> Composed:
+def compose(rows: list[Row], codec: Codec, max_bytes: int, cache_max: int = 0) -> Composed:
     """Group rows per inbox, count down each request's items, and ack those finished.
 
-    Rows are applied in order, so the events of a batch go out before its answers.
+    Rows are applied in order, so the events of a batch go out before its answers. With
+    ``cache_max`` (the serving caches results of at most that many bytes), the result of each
+    request whose item is to be cached (``Request.cache``) is encoded for the cache too.
     """
     out = Composed()
     events: list[tuple[str, list[Any]]] = []
@@ -139,6 +146,8 @@ def compose(rows: list[Row], codec: Codec, max_bytes: int) -> Composed:
             messages[request.reply_to].append(row)
             if request.fields is not None and "job_keep" in request.fields:
                 _keep(jobs, request, row)
+            if cache_max and request.cache is not None and kind in CACHED_KINDS:
+                _cache(out, request, kind, body, codec, cache_max)
         request.remaining -= count
         if request.remaining <= 0:
             _finish(request, acks, out)
@@ -213,6 +222,19 @@ def _job_writes(
 
 
 _FIRST = [1]
+
+
+def _cache(out: Composed, request: Any, kind: int, body: Any, codec: Codec, limit: int) -> None:
+    """Add the result of a request of one item to what is cached (a result that does not
+    encode is not cached: its caller is told by its reply)."""
+    try:
+        value = cache_value(request.cache, codec, kind, body)
+    except Exception:
+        return
+    if len(value) > limit:
+        out.too_big.append(request.stream)
+    else:
+        out.cached.append((request.stream, request.cache, value))
 
 
 def _finish(request: Any, acks: dict[str, dict[int, list[bytes]]], out: Composed) -> None:

@@ -33,6 +33,7 @@ from collections.abc import Callable
 from queueserve.broker.consumer import Consumer
 from queueserve.broker.held import held_elsewhere
 from queueserve.broker.reads import PendingRead
+from queueserve.broker.replies import CacheWrites
 from queueserve.broker.retry import RedisFailure, Retry
 from queueserve.key_states import has_key_states
 from queueserve.serving import Partition, Serving
@@ -322,7 +323,7 @@ class ServingRunner:
         """Reply and ack. ``read_next``: when the reader's blocking read is free, borrow it and
         send it behind the reply, so Redis starts it as soon as the next request comes, while
         this thread still settles this reply; returned for ``lease.read_lent`` to finish."""
-        out = compose(rows, self.codec, self.serving.max_reply_bytes)
+        out = compose(rows, self.codec, self.serving.max_reply_bytes, cache_limit(self.serving))
         lease = self.lease
         with self.ledger.cond:
             wake_id = lease.borrow() if read_next else None
@@ -341,12 +342,13 @@ class ServingRunner:
                 durable=self.serving.durable,
                 then_read=fused,
                 jobs=out.jobs,
+                cache=cache_writes(self.serving, out),
             )
 
         try:
             # Unacked work stays ours (our heartbeat holds it): retry until Redis takes it.
             self._reply_retry.run(attempt)
-            self._settle(out)
+            settle(self.middleware, self.serving, self.ledger, out)
         except BaseException:
             if pending is not None:
                 pending.abandon()  # what it read is taken back as forgotten (intake)
@@ -357,8 +359,21 @@ class ServingRunner:
                 lease.give_back(wake_id)
         return pending
 
-    def _settle(self, out: Composed) -> None:
-        self.middleware.replied(self.serving, out.answered, len(out.finished), out.errors)
-        if out.finished and self.middleware.wants("requests_answered"):
-            self.middleware.requests_answered(self.serving, [ref[1] for ref in out.finished])
-        self.ledger.settle(out.finished)
+
+
+def cache_limit(serving: Serving) -> int:
+    """The largest result a serving caches (wire/cache.py); 0: it caches none."""
+    return serving.cache_max_bytes if serving.cache_ttl > 0 else 0
+
+
+def cache_writes(serving: Serving, out: Composed) -> CacheWrites:
+    """What ``out`` caches, with the serving's cache_ttl as it is now (``config set``)."""
+    return CacheWrites(out.cached, out.too_big, int(serving.cache_ttl * 1000))
+
+
+def settle(middleware: Middleware, serving: Serving, ledger: Ledger, out: Composed) -> None:
+    """What a reply round trip tells the middleware and the ledger once Redis took it."""
+    middleware.replied(serving, out.answered, len(out.finished), out.errors)
+    if out.finished and middleware.wants("requests_answered"):
+        middleware.requests_answered(serving, [ref[1] for ref in out.finished])
+    ledger.settle(out.finished)

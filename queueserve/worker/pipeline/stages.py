@@ -44,6 +44,7 @@ from queueserve.worker.logs import FailureLog, batch_scope
 from queueserve.worker.middleware import Middleware
 from queueserve.worker.pipeline.batch_context import BatchContext
 from queueserve.worker.pipeline.batching import Slice, TakenBatch
+from queueserve.worker.pipeline.dedupe import Dupe, fan_out, unique
 from queueserve.worker.pipeline.execute import (
     NOT_PREPARED,
     Part,
@@ -80,9 +81,12 @@ class Reply:
     slices: list[Slice]
     segments: list[Segment]
     answered: set[int] = field(default_factory=set)  # ids of requests answered mid-batch
+    dupes: list[Dupe] = field(default_factory=list)  # run as another slice (dedupe.py)
 
     def rows(self) -> list[Row]:
         rows = rows_for(self.slices, finish_segments(self.serving, self.segments))
+        if self.dupes:
+            rows = fan_out(rows, self.dupes)
         if self.answered:
             return [r for r in rows if id(r[0]) not in self.answered]
         return rows
@@ -266,10 +270,22 @@ class Stages:
             if staged.parts is None:
                 self._count_deliveries(live)
             staged.parts = [Part(0, len(batch), NOT_PREPARED)]
-        self._execute(batch, live, staged.parts, staged.state)
+        dupes: list[Dupe] = []
+        if self.serving.cache_ttl > 0 and staged.parts[0].prepared is NOT_PREPARED:
+            # (a batch prepared already runs as prepared: its items are in what prepare made)
+            live, dupes = unique(live)
+            if dupes:
+                batch.slices = live
+                staged.parts = [Part(0, len(batch), NOT_PREPARED)]
+        self._execute(batch, live, staged.parts, staged.state, dupes)
 
     def _execute(
-        self, batch: TakenBatch, live: list[Slice], parts: list[Part], state: Any = None
+        self,
+        batch: TakenBatch,
+        live: list[Slice],
+        parts: list[Part],
+        state: Any = None,
+        dupes: list[Dupe] | None = None,
     ) -> None:
         items = batch.items()
         self.middleware.batch_opened(self.serving, batch.key, self.partition, live)
@@ -316,7 +332,7 @@ class Stages:
             len(live),
             took * 1000,
         )
-        self._send(Reply(self.serving, live, segments, context.finished))
+        self._send(Reply(self.serving, live, segments, context.finished, dupes or []))
 
     def _count_deliveries(self, live: list[Slice]) -> None:
         """Count this run against ``max_deliveries`` for each redelivered request in it: once

@@ -546,6 +546,25 @@ def once_value(t: Target, value: bytes) -> None:
     t.created.add(key)
 
 
+def cached_value(t: Target, value: bytes) -> None:
+    """A hostile cached result (wire/cache.py) of a valid serving or the victim, under a
+    digest-like name: enqueue.lua answers only from a value bound to the digest looked up,
+    so a caching call gets a miss or a clear error (tests/integration/test_cache.py)."""
+    keys = t.keys(t.rng.choice((*VALID, VICTIM)))
+    key = keys.cached(t.rng.choice(("0" * 32, "f" * 32, "fuzz")))
+    t.r.set(key, value)
+    t.created.add(key)
+
+
+def cache_stats_value(t: Target, value: bytes) -> None:
+    """Hostile counts in a serving's cache stats: enqueue.lua and the workers start a count
+    they cannot add to again; readers take decimal counts only."""
+    keys = t.keys(t.rng.choice((*VALID, VICTIM)))
+    field = t.rng.choice(("hits", "misses", "stored", "bytes", "too_big", "fuzz"))
+    t.r.hset(keys.cache_stats(), field, value)
+    t.created.add(keys.cache_stats())
+
+
 def declared_fields() -> tuple[str, ...]:
     """Every field a worker writes to a meta hash: what the fuzz worker's servings declare
     (``Serving.options()``, and a step serving's own on top), asked when called, so a field
@@ -1237,6 +1256,22 @@ SURFACES: tuple[Surface, ...] = (
         (
             Attack("value", once_value),
             _wrong_type("once", lambda t: t.victim.once("fuzz")),
+        ),
+    ),
+    Surface(
+        "cached",
+        "enqueue.lua (cached requests); clients: CallTable.answer_cached",
+        (
+            Attack("value", cached_value),
+            _wrong_type("cached", lambda t: t.victim.cached("0" * 32)),
+        ),
+    ),
+    Surface(
+        "cachestats",
+        "enqueue.lua (hits, misses); workers: broker/replies.py (stored, bytes, too_big)",
+        (
+            Attack("value", cache_stats_value),
+            _wrong_type("cachestats", lambda t: t.victim.cache_stats()),
         ),
     ),
     Surface(
