@@ -20,9 +20,8 @@ decodes it as it decodes a reply (with a codec it accepts, or not at all).
 Only results are cached (kind RESULTS, BATCHED, STEPS...), never errors; a value over the
 serving's ``cache_max_bytes`` is not written (counted as ``too_big``). Each entry lives
 ``cache_ttl``; nothing else bounds the total but the answers per ``cache_ttl``: the total is
-at most (answers in ``cache_ttl``) x ``cache_max_bytes``, and under Redis's ``maxmemory``
-an eviction policy ``volatile-lru``/``volatile-ttl`` drops cache entries (they all have TTLs)
-before any queue (docs/operations.md).
+at most (answers in ``cache_ttl``) x ``cache_max_bytes`` (docs/operations.md: what a
+``maxmemory`` policy would evict besides cache entries).
 
 ``P:{S}:cachestats`` (hash) counts, per shard: ``hits`` and ``misses`` (enqueue.lua, per
 cached request looked up), ``stored``, ``bytes`` (values written, and their sizes) and
@@ -33,6 +32,7 @@ STATS_TTL_MS past the last count. Anyone may write it: readers take decimal coun
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from typing import Any, Final
 
 import msgpack
@@ -119,3 +119,15 @@ def bad_value_message(serving: str, record_key: str, why: str) -> str:
         f"one a worker writes ({why}): someone else wrote it; delete that key (DEL) and send "
         "the item again"
     )
+
+
+def stats(raw: Mapping[Any, Any]) -> dict[str, int]:
+    """The counts of a ``cachestats`` hash as read (bytes or str): each of STATS, 0 unless
+    it holds a decimal count (anyone may write the hash)."""
+    out = dict.fromkeys(STATS, 0)
+    for name, count in raw.items():
+        field = name.decode(errors="replace") if isinstance(name, bytes) else str(name)
+        text = count.decode(errors="replace") if isinstance(count, bytes) else str(count)
+        if field in out and text.isdigit() and len(text) <= 18:
+            out[field] = int(text)
+    return out

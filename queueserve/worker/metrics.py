@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from queueserve.serving import Partition, Serving
@@ -187,6 +187,13 @@ class PrometheusMiddleware(Middleware):
         self.dead_letters = pc.Counter(
             "queueserve_dead_letters", "Entries moved to the dead-letter stream", ["serving"], **kw
         )
+        self.cache = pc.Gauge(
+            "queueserve_result_cache",
+            "The result cache's counts in Redis, every worker's and client's: hits, misses, "
+            "stored, bytes, too_big (read at each heartbeat)",
+            ["serving", "count"],
+            **kw,
+        )
         self.redis_failures = pc.Counter(
             "queueserve_redis_errors",
             "Failed Redis attempts of a partition's loops (each retried with backoff)",
@@ -337,3 +344,7 @@ class PrometheusMiddleware(Middleware):
 
     def redis_errors(self, partition: Partition, errors: int) -> None:
         self.redis_failures.labels(str(partition.index)).inc(errors)
+
+    def cache_counts(self, serving: Serving, counts: Mapping[str, int]) -> None:
+        for name, count in counts.items():
+            self.cache.labels(serving.name, name).set(count)

@@ -8,7 +8,7 @@ bug must not stop a worker.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from queueserve.serving import Partition, Serving
@@ -70,6 +70,11 @@ class Middleware:
 
     def dead_lettered(self, serving: Serving, entries: int) -> None:
         """Entries went to the dead-letter stream."""
+
+    def cache_counts(self, serving: Serving, counts: Mapping[str, int]) -> None:
+        """The result cache's counts of a serving that caches results, all workers' and
+        clients' together (wire/cache.py's STATS: hits, misses, stored, bytes, too_big),
+        read at each heartbeat."""
 
     def redis_errors(self, partition: Partition, errors: int) -> None:
         """The partition's loops met ``errors`` more failed Redis attempts (an outage, a
@@ -145,6 +150,9 @@ class Middlewares(Middleware):
 
     def redis_errors(self, partition: Partition, errors: int) -> None:
         self._each("redis_errors", partition, errors)
+
+    def cache_counts(self, serving: Serving, counts: Mapping[str, int]) -> None:
+        self._each("cache_counts", serving, counts)
 
     def key_loaded(
         self, serving: Serving, key: str, partition: Partition, seconds: float, ok: bool

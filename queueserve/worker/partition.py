@@ -12,6 +12,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 
+from queueserve.broker.cache_stats import cache_counts
 from queueserve.broker.consumer import Consumer
 from queueserve.broker.retry import RedisFailure, Retry
 from queueserve.errors import QueueServeError, RedisCommandError, RedisUnavailable
@@ -277,6 +278,9 @@ class PartitionHost:
         self.broker.heartbeat(self._keys(), self.consumer, HEARTBEAT_TTL_MS, info)
         for runner in self.runners:
             runner.follow_holders()
+            if runner.serving.cache_ttl > 0:  # (the cache's counts: one more round trip)
+                counts = cache_counts(self.broker, runner.shards)
+                self.middleware.cache_counts(runner.serving, counts)
 
     def _clear_junk(self, keys: P.Keys) -> None:
         """A bookkeeping key of another type (anyone may write one) would fail the first

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import msgpack
@@ -15,6 +15,7 @@ import redis
 
 import queueserve as qs
 from queueserve.wire.protocol import Keys
+from queueserve.worker.middleware import Middleware
 from tests.support.helpers import WAIT_S, items_waiting, wait_until
 from tests.support.servings import Recording, tag_items
 
@@ -80,6 +81,30 @@ def test_repeats_are_answered_from_the_cache_even_with_the_workers_stopped(
     assert counted["hits"] == 2 + 1 + 4 + 2 and counted["misses"] == 2 + 1
     assert counted["bytes"] >= 3 * 17  # a digest and a tag at least, each
     assert 0 < redis_client.pttl(Keys(prefix, NAME).cache_stats()) <= 7 * 86400 * 1000
+
+
+class Counts(Middleware):
+    """The cache's counts the worker reads at each heartbeat, as the metrics see them."""
+
+    def __init__(self) -> None:
+        self.last: dict[str, int] = {}
+
+    def cache_counts(self, serving: qs.Serving, counts: Mapping[str, int]) -> None:
+        self.last = dict(counts)
+
+
+def test_the_workers_metrics_see_the_hits_and_misses_clients_counted(
+    start_worker: StartWorker, client: qs.Client
+) -> None:
+    serving = Recording(tag_items, name=NAME, batch_timeout=0.001, cache_ttl="10m")
+    counts = Counts()
+    start_worker(serving, middleware=[counts])
+    assert client.dispatch_many(NAME, ["a", "b"]) == ["r:a", "r:b"]
+    wait_until(lambda: counts.last.get("stored") == 2, "both stored, told to the middleware")
+    assert client.dispatch_many(NAME, ["a", "b", "a"]) == ["r:a", "r:b", "r:a"]
+    wait_until(lambda: counts.last.get("hits") == 3, "three hits, told")
+    assert counts.last["misses"] == 2 and counts.last["bytes"] > 0
+    assert counts.last["too_big"] == 0
 
 
 def test_errors_are_never_cached(

@@ -360,7 +360,6 @@ class ServingRunner:
         return pending
 
 
-
 def cache_limit(serving: Serving) -> int:
     """The largest result a serving caches (wire/cache.py); 0: it caches none."""
     return serving.cache_max_bytes if serving.cache_ttl > 0 else 0
