@@ -213,6 +213,22 @@ def git_state() -> str:
     )
 
 
+def command(args: argparse.Namespace) -> str:
+    """The command that repeats this run's measurements (where its output goes aside)."""
+    argv = [COMMAND]
+    if args.quick:
+        argv.append("--quick")
+    for flag, value, default in (
+        ("--rounds", args.rounds, args.default_rounds),
+        ("--passages", args.passages, args.default_passages),
+    ):
+        if value != default:
+            argv.append(f"{flag} {value}")
+    if args.only:
+        argv += [f"--only {k}" for k in args.only]
+    return " ".join(argv)
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m bench.embed_peers",
@@ -233,8 +249,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--docs", action="store_true", help=f"write the table into {DOCS.name}")
     args = p.parse_args(argv)
     quick = args.quick
-    args.rounds = args.rounds or (1 if quick else 2)
-    args.passages = args.passages or (256 if quick else 2000)
+    args.default_rounds, args.default_passages = (1, 256) if quick else (2, 2000)
+    args.rounds = args.rounds or args.default_rounds
+    args.passages = args.passages or args.default_passages
     args.seconds = args.seconds or (4.0 if quick else 20.0)
     args.chunk_texts = args.chunk_texts or (128 if quick else 1024)
     args.calls = args.calls or (20 if quick else 100)
@@ -267,7 +284,7 @@ def measure(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, dict[st
         "python": platform.python_version(),
         "torch": torch.__version__,
         "loadavg": sampler.stop(),
-        "command": COMMAND if not args.quick else "python -m bench.embed_peers --quick",
+        "command": command(args),
         "passages": len(texts),
         "rounds": args.rounds,
         "seconds": args.seconds,
