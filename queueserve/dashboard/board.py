@@ -31,7 +31,7 @@ from queueserve.dashboard.health import Histories, Sample, max_latency_of, statu
 from queueserve.errors import RedisCommandError
 from queueserve.ops.deadletter import DeadLetters
 from queueserve.options.serving import ServingOptions, StepOptions
-from queueserve.wire.figures import Figures, field_of, parse
+from queueserve.wire.figures import HELD_FIELD, Figures, field_of, held_keys, parse
 from queueserve.wire.protocol import Keys
 from queueserve.wire.timing import ALIVE_WITHIN_S
 
@@ -113,12 +113,13 @@ class Board:
         workers = self.fleet.workers(keys)
         own = field_of(name)
         records = self.fleet.worker_records(
-            self.prefix, [w for w, _ in workers], (*RECORD_FIELDS, own)
+            self.prefix, [w for w, _ in workers], (*RECORD_FIELDS, own, HELD_FIELD + name)
         )
         now_ms = int(now * 1000)
         alive_ms = ALIVE_WITHIN_S * 1000
         rows = [
-            _worker(w, beat, r, now_ms, own) for (w, beat), r in zip(workers, records, strict=True)
+            _worker(w, beat, r, now_ms, own, HELD_FIELD + name)
+            for (w, beat), r in zip(workers, records, strict=True)
         ]
         alive = {
             w: figures
@@ -182,11 +183,18 @@ class Board:
 
 
 def _worker(
-    consumer: str, beat: int, record: dict[str, str], now_ms: int, own: str = field_of("fuzz")
+    consumer: str,
+    beat: int,
+    record: dict[str, str],
+    now_ms: int,
+    own: str = field_of("fuzz"),
+    held: str = HELD_FIELD + "fuzz",
 ) -> dict[str, Any]:
     """A row of the workers table: ``own`` is the record's field of this serving's figures
-    (its items, batches and failures, not its partition's other servings')."""
+    (its items, batches and failures, not its partition's other servings'), ``held`` the one
+    of the batch keys whose state it holds (a serving with load_key)."""
     figures = parse(record.get(own, "")) or Figures()
+    keys, held_count = held_keys(record.get(held, ""))
     return {
         "id": consumer,
         "heartbeat_age_ms": max(0, now_ms - beat),
@@ -197,6 +205,8 @@ def _worker(
         "batches": figures.batches,
         "items": figures.items,
         "failures": figures.failures,
+        "keys_held": keys,
+        "keys_held_count": held_count,
     }
 
 

@@ -17,6 +17,11 @@ One field per serving the partition serves, ``figures:<serving>``, whose value i
 Counters only grow while the partition lives; a new partition process is a new consumer
 name, starting from 0. Anyone can write a record, so ``parse`` takes only what this format
 allows (at most MAX_TEXT characters, counts of at most 18 digits) and answers None otherwise.
+
+A serving with ``load_key`` (many models behind one serving) has a second field,
+``held:<serving>``: the batch keys whose state the partition holds, one a line
+(worker/pipeline/affinity.py writes it; other partitions read it to leave those keys to it, the
+dashboard to show them: ``held_keys``).
 """
 
 from __future__ import annotations
@@ -25,6 +30,10 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from queueserve.wire import protocol as P
+
+HELD_FIELD: Final = "held:"  # + serving name: the record's field of the keys held
+HELD_SHOWN: Final = 16  # keys of a partition the dashboard names (the rest: counted)
+HELD_KEY_SHOWN: Final = 100  # characters of a key it shows
 
 # Seconds: the worker's latency buckets (worker/metrics.py builds its histograms on them)
 LATENCY_BOUNDS: Final = (
@@ -159,3 +168,12 @@ def quantile(q: float, counts: list[int]) -> float | None:
             return lower + (upper - lower) * (rank - below) / n
         below += n
     return float(LATENCY_BOUNDS[-1])
+
+
+def held_keys(text: str) -> tuple[list[str], int]:
+    """The first HELD_SHOWN keys a ``held:<serving>`` field names (each cut to
+    HELD_KEY_SHOWN characters), and how many lines it has: what a look costs does not grow
+    with what a stranger wrote there."""
+    shown = [line[:HELD_KEY_SHOWN] for line in text.split("\n", HELD_SHOWN)[:HELD_SHOWN] if line]
+    lines = text.count("\n") + (not text.endswith("\n")) if text else 0
+    return shown, max(lines, len(shown))

@@ -12,6 +12,20 @@ tokenInput.addEventListener("change", () => {
 
 // Reads carry the token entered too: a dashboard started with --read-token answers 401
 // without it (or --token), and the page then asks for it.
+// The workers table; with a column of the batch keys whose state each holds when any holds
+// one (a serving with load_key: docs/usage.md, "Many models behind one serving").
+function workersTable(workers) {
+  const holds = workers.some((w) => w.keys_held_count > 0);
+  const held = (w) => w.keys_held.join(", ") +
+    (w.keys_held_count > w.keys_held.length ? ` (+${w.keys_held_count - w.keys_held.length} more)` : "");
+  return table(
+    ["consumer", "host", "pid", "partition", "device", "heartbeat", "batches", "items", "failed",
+      ...(holds ? ["keys held"] : [])],
+    workers.map((w) => [w.id, w.host, w.pid, w.partition, w.device, ago(w.heartbeat_age_ms),
+      w.batches, w.items, w.failures, ...(holds ? [held(w)] : [])]),
+    [0, 0, 1, 1, 0, 1, 1, 1, 1, ...(holds ? [0] : [])]);
+}
+
 function reading() {
   return tokenInput.value ? { headers: { authorization: `Bearer ${tokenInput.value}` } } : {};
 }
@@ -216,10 +230,7 @@ function servingSection(s, defaults) {
       chart(s.history, "queue_p99_ms", "queue time p99, ms"),
       chart(s.history, "error_rate", "error rate"),
       chart(s.history, "batch_size", "batch size"),
-      el("div", {}, el("h3", {}, "workers"), table(
-        ["consumer", "host", "pid", "partition", "device", "heartbeat", "batches", "items", "failed"],
-        s.workers.map((w) => [w.id, w.host, w.pid, w.partition, w.device, ago(w.heartbeat_age_ms), w.batches, w.items, w.failures]),
-        [0, 0, 1, 1, 0, 1, 1, 1, 1])),
+      el("div", {}, el("h3", {}, "workers"), workersTable(s.workers)),
       el("div", {}, el("h3", {}, "queued by priority"), table(
         ["priority", "items", "oldest"],
         s.priorities.map((p) => [p.priority, p.items, ago(p.age_ms)]),

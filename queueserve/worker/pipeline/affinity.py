@@ -25,10 +25,10 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
+from queueserve.wire.figures import HELD_FIELD as HELD_FIELD  # the record's field
 from queueserve.wire.tenants import split_lane
 
 MAX_LEAN_S = 0.5
-HELD_FIELD = "held:"  # + serving name: a heartbeat record's field of the keys held
 
 
 @dataclass(frozen=True)
