@@ -23,6 +23,7 @@ from queueserve.client.events import RequestStream
 from queueserve.client.jobs import AsyncJob
 from queueserve.client.once import IdempotencyKey, call_plan, map_key
 from queueserve.client.progress import ProgressCallback
+from queueserve.client.registry import AsyncRegistry
 from queueserve.client.targets import Target, stream_parts
 from queueserve.client.windows import MapWindow, StreamPacer
 from queueserve.errors import Cancelled, Timeout
@@ -53,6 +54,7 @@ class AsyncClient(AsyncSending):
             self._wait_for_worker = wait_for_worker
         self._reader: asyncio.Task[None] | None = None
         self._events: asyncio.Task[None] | None = None
+        self.registry = AsyncRegistry(self._broker, self.prefix)  # what doors ask besides sends
 
     async def dispatch(
         self,

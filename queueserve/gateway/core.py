@@ -11,7 +11,6 @@ from typing import Any, cast
 
 from starlette.types import Receive
 
-from queueserve.broker.urls import redact_url
 from queueserve.client.aio import AsyncClient, AsyncTicket, declare_tenants
 from queueserve.errors import QueueServeError
 from queueserve.gateway.errors import ApiError, bad_request, from_queueserve
@@ -81,7 +80,7 @@ class Gateway:
     @property
     def redis(self) -> str:
         """The client's Redis URL, its password hidden: for logs."""
-        return redact_url(self.client._broker.url)
+        return self.client.registry.url
 
     async def require(self, name: str, model: str | None = None) -> None:
         """404 unless a worker declared serving ``name`` (its meta hash holds the codec, as
@@ -114,7 +113,7 @@ class Gateway:
         if keys is None:
             return False
         try:
-            return "codec" in await self.client._broker.meta(keys)
+            return await self.client.registry.declared(keys)
         except QueueServeError as e:
             raise from_queueserve(e) from None
 
@@ -142,7 +141,7 @@ class Gateway:
         """Whether Redis answers a PING within READY_TIMEOUT_S; a change from the last
         answer is logged (once per outage, not once per probe)."""
         try:
-            await asyncio.wait_for(self.client._broker.ping(), READY_TIMEOUT_S)
+            await asyncio.wait_for(self.client.registry.ping(), READY_TIMEOUT_S)
         except (QueueServeError, TimeoutError) as e:
             if self._ready is not False:
                 log.warning(
@@ -202,7 +201,7 @@ class Gateway:
         """Names of the servings workers list under this prefix, by name: the registry they
         keep (P:servings), read in one bounded round trip whatever Redis holds, never a SCAN
         of the keyspace (docs/operations.md, "The servings registry")."""
-        return await self.client._broker.servings(self.prefix)
+        return await self.client.registry.servings()
 
     def stream(
         self, tenant: Tenant, serving: str, items: list[Any], priority: int = 0, **options: Any

@@ -227,7 +227,33 @@ def layout_problems(root: Path, package: str) -> dict[str, list[str]]:
         ),
         "messages": _messages_outside_wire(root, modules, p),
         "client->producer": _producer_side_only(imports, p),
+        "boundary": _reaching_into_the_broker(root, modules, p),
     }
+
+
+def _reaching_into_the_broker(root: Path, modules: dict[str, Path], p: str) -> list[str]:
+    """Every place outside broker/ and client/ that reaches a client's or broker's Redis
+    through an attribute (``x._broker``, ``x.redis`` of another object): the import rules
+    cannot see it, and it crosses the boundary as an import would."""
+    why = (
+        f"only {p}/broker/ and {p}/client/ reach Redis: add a public method to the client "
+        "(or the broker's audience) and call that"
+    )
+    out = []
+    for name, path in sorted(modules.items()):
+        if within(name, f"{p}.broker") or within(name, f"{p}.client"):
+            continue
+        rel = path.relative_to(root)
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Attribute) and (
+                node.attr == "_broker"
+                or (
+                    node.attr == "redis"
+                    and not (isinstance(node.value, ast.Name) and node.value.id == "self")
+                )
+            ):
+                out.append(f"{rel}:{node.lineno} ({ast.unparse(node)}): {why}")
+    return out
 
 
 # What client/ may import of broker/: the producer side and the helpers it hands out.
@@ -338,6 +364,7 @@ def test_a_package_that_keeps_every_rule_has_no_problems(tmp_path: Path) -> None
         "wire": [],
         "client->producer": [],
         "messages": [],
+        "boundary": [],
     }
 
 
@@ -426,6 +453,18 @@ def test_a_package_that_keeps_every_rule_has_no_problems(tmp_path: Path) -> None
             "pkg/ops/cli.py",
             "from pkg.wire.codec import pack_plain\n",
             "pkg/ops/cli.py:1",
+        ),
+        (
+            "boundary",
+            "pkg/ops/cli.py",
+            "def f(c):\n    return c._broker.meta\n",
+            "pkg/ops/cli.py:2",
+        ),
+        (
+            "boundary",
+            "pkg/worker/run.py",
+            "def f(b):\n    b.redis.get('k')\n",
+            "pkg/worker/run.py:2",
         ),
     ],
 )
