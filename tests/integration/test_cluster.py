@@ -8,6 +8,7 @@ One cluster serves the whole module (it forms in about 2 s); each test has its o
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import signal
 import threading
@@ -17,6 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 from uuid import uuid4
 
+import msgpack
 import pytest
 import redis
 
@@ -278,6 +280,43 @@ def test_idempotency_keys_on_a_sharded_serving_run_once_in_their_shards_slot(
         assert len(jobs) == 9 and all(v.startswith(b"done:") for v in jobs), jobs
     finally:
         worker.stop(timeout=10)
+
+
+def test_cached_results_on_a_sharded_serving_live_in_their_items_shards_slots(
+    cluster: Cluster, prefix: str
+) -> None:
+    recorder = Recorder()
+    serving = qs.Serving(
+        recorder, name="cached", batch_size=16, batch_timeout=0.001, shards=3, cache_ttl="10m"
+    )
+    worker = qs.Worker([serving], redis_url=cluster.url, prefix=prefix, handle_signals=False)
+    worker.start()
+    items = [f"t{i}" for i in range(12)]
+    r = cluster.client()
+    try:
+        with qs.Client(cluster.url, prefix=prefix) as client:
+            assert client.dispatch_many(serving, items) == items
+            tags = shard_tags("cached", 3)
+            entries = [entry_in_its_shard(prefix, item, tags) for item in items]
+            wait_until(
+                lambda: all(r.exists(e) for e in entries), "every result cached in its shard"
+            )
+            assert {e.split("}")[0] for e in entries} == {f"{prefix}:{{{t}" for t in tags}
+            # a call of repeats and new items over the masters: only the new ones run
+            assert client.dispatch_many(serving, ["new", *items[::-1]]) == ["new", *items[::-1]]
+        assert sorted(x for batch in recorder.batches for x in batch) == sorted([*items, "new"])
+        hits = sum(int(r.hget(f"{prefix}:{{{t}}}:cachestats", "hits") or 0) for t in tags)
+        assert hits == 12
+    finally:
+        worker.stop(timeout=10)
+
+
+def entry_in_its_shard(prefix: str, item: str, tags: tuple[str, ...]) -> str:
+    """The documented name of an item's cache entry (wire/cache.py), in the shard its digest
+    names: BLAKE2b-128 of version "", batch key and payload, its first 4 bytes mod shards."""
+    digest = hashlib.blake2b(b"\0default\0" + msgpack.packb([item]), digest_size=16).digest()
+    tag = tags[int.from_bytes(digest[:4], "big") % len(tags)]
+    return f"{prefix}:{{{tag}}}:cached:{digest.hex()}"
 
 
 def test_a_step_serving_tells_a_listening_caller_from_a_gone_one_across_the_masters(
