@@ -28,7 +28,7 @@ from queueserve.wire.figures import LATENCY_BOUNDS
 from queueserve.wire.protocol import TENANT_NAME
 from queueserve.worker.key_metrics import KeyStateMetrics
 from queueserve.worker.middleware import Middleware
-from queueserve.worker.pipeline.stepping import StepRecord
+from queueserve.worker.stepping.joins import StepRecord
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from queueserve.serving import Partition, Serving
 
 if TYPE_CHECKING:
     from queueserve.worker.pipeline.batching import Slice
-    from queueserve.worker.pipeline.stepping import StepRecord
+    from queueserve.worker.stepping.joins import StepRecord
 
 log = logging.getLogger(__name__)
 

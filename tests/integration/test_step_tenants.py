@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 import queueserve as qs
-from queueserve.worker.pipeline import stepping
+from queueserve.worker.stepping import joins as stepping
 from tests.support.callers import Caller
 from tests.support.helpers import WAIT_S, wait_until
 from tests.support.step_app import Count, Records, expected

@@ -26,7 +26,7 @@ import redis
 
 import queueserve as qs
 from queueserve.worker.middleware import Middleware
-from queueserve.worker.pipeline.stepping import StepRecord
+from queueserve.worker.stepping.joins import StepRecord
 
 HOLD_STEP_S = 0.002  # a held sequence's step: keeps a gated test from flooding Redis
 MOD = 1_000_003

@@ -22,7 +22,7 @@ from queueserve.worker.partition import PartitionHost
 from queueserve.worker.pipeline.cancels import CancelListener
 from queueserve.worker.pipeline.reader import Reader
 from queueserve.worker.pipeline.runner import ServingRunner
-from queueserve.worker.pipeline.step_executor import StepExecutor
+from queueserve.worker.stepping.executor import StepExecutor
 from tests.support.step_app import Count
 
 LENT_WAIT_S = 30.0  # how long the reader's bug waits for an executor to borrow its read

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import queueserve as qs
-from queueserve.worker.pipeline.prefix_cache import PrefixCache
+from queueserve.worker.stepping.prefix_cache import PrefixCache
 from tasks.chartf import CharTF, State, _attend, _attend_plain
 
 PROMPTS = [

@@ -14,7 +14,7 @@ import pytest
 
 from queueserve.worker.pipeline.batching import Assembler
 from queueserve.worker.pipeline.shares import share_tenants
-from queueserve.worker.pipeline.stepping import StepQueue
+from queueserve.worker.stepping.joins import StepQueue
 
 LOGGER = "queueserve.worker.pipeline.shares"
 

@@ -12,9 +12,8 @@ import pytest
 import queueserve as qs
 from queueserve.errors import RedisCommandError, RedisUnavailable
 from queueserve.worker.pipeline.batching import Request, Slice
-from queueserve.worker.pipeline.prefix_cache import PrefixCache
-from queueserve.worker.pipeline.step_executor import StepExecutor
-from queueserve.worker.pipeline.stepping import (
+from queueserve.worker.stepping.executor import StepExecutor
+from queueserve.worker.stepping.joins import (
     CallerWatch,
     Limits,
     Scheduler,
@@ -23,6 +22,7 @@ from queueserve.worker.pipeline.stepping import (
     split_runs,
     too_large,
 )
+from queueserve.worker.stepping.prefix_cache import PrefixCache
 from tests.support.step_app import Count, expected
 
 LIMITS = Limits(

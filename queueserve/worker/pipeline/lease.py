@@ -27,7 +27,7 @@ from queueserve.broker.retry import RedisFailure
 from queueserve.wire import protocol as P
 from queueserve.wire.timing import RECLAIM_EVERY_S
 from queueserve.worker.pipeline.batching import Assembler
-from queueserve.worker.pipeline.stepping import StepQueue
+from queueserve.worker.stepping.joins import StepQueue
 
 READ_BLOCK_MS = 100  # longest wait on the wake stream when nothing is ready
 # How long a drained reader keeps its blocking read for a busy executor to come back idle and

@@ -21,7 +21,7 @@ from queueserve.broker.reads import ReadOutcome, WakeRead
 from queueserve.wire import protocol as P
 from queueserve.worker.pipeline.batching import Assembler
 from queueserve.worker.pipeline.lease import READ_BLOCK_MS
-from queueserve.worker.pipeline.stepping import StepQueue
+from queueserve.worker.stepping.joins import StepQueue
 
 # Batches quicker than this turn the look-ahead over before a wake read would help; the
 # reader then waits for room as it always did.

@@ -33,8 +33,8 @@ from queueserve.worker.pipeline.quiet_keys import QuietKeyWatch
 from queueserve.worker.pipeline.reclaim import Reclaims
 from queueserve.worker.pipeline.replies import ReplyQueue
 from queueserve.worker.pipeline.shares import share_tenants
-from queueserve.worker.pipeline.stepping import StepQueue
 from queueserve.worker.runtime_config import apply_overrides
+from queueserve.worker.stepping.joins import StepQueue
 
 log = logging.getLogger(__name__)
 

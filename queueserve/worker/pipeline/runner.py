@@ -50,8 +50,8 @@ from queueserve.worker.pipeline.ledger import Ledger
 from queueserve.worker.pipeline.reader import Reader
 from queueserve.worker.pipeline.replies import Composed, ReplyQueue, compose
 from queueserve.worker.pipeline.stages import Handover, Reply, Stages
-from queueserve.worker.pipeline.step_executor import StepExecutor
-from queueserve.worker.pipeline.stepping import StepQueue
+from queueserve.worker.stepping.executor import StepExecutor
+from queueserve.worker.stepping.joins import StepQueue
 from queueserve.worker.watchdog import run_guarded
 
 log = logging.getLogger(__name__)

@@ -11,8 +11,8 @@ from collections.abc import Iterable
 from queueserve.broker.consumer import Consumer
 from queueserve.errors import RedisCommandError, RedisUnavailable
 from queueserve.wire.timing import CALLER_CHECK_EVERY_S
-from queueserve.worker.pipeline.step_calls import Member
-from queueserve.worker.pipeline.stepping import CallerWatch, Waiting
+from queueserve.worker.stepping.calls import Member
+from queueserve.worker.stepping.joins import CallerWatch, Waiting
 
 log = logging.getLogger(__name__)
 

@@ -18,8 +18,8 @@ from queueserve.wire.event import output_event
 from queueserve.worker.pipeline.batch_context import event_rows
 from queueserve.worker.pipeline.batching import Request
 from queueserve.worker.pipeline.execute import Row, _free_device_memory, is_out_of_memory
-from queueserve.worker.pipeline.prefix_cache import PrefixCache
-from queueserve.worker.pipeline.stepping import StepRecord, Waiting, split_runs
+from queueserve.worker.stepping.joins import StepRecord, Waiting, split_runs
+from queueserve.worker.stepping.prefix_cache import PrefixCache
 
 log = logging.getLogger(__name__)
 

@@ -40,17 +40,17 @@ from queueserve.worker.middleware import Middleware
 from queueserve.worker.pipeline.batching import Request
 from queueserve.worker.pipeline.execute import Row
 from queueserve.worker.pipeline.ledger import Ledger, cancel_key
-from queueserve.worker.pipeline.prefix_cache import PrefixCache
 from queueserve.worker.pipeline.replies import ReplyQueue
-from queueserve.worker.pipeline.step_callers import GoneCallers
-from queueserve.worker.pipeline.step_calls import Failed, Member, StepCalls, Tally
-from queueserve.worker.pipeline.stepping import (
+from queueserve.worker.stepping.callers import GoneCallers
+from queueserve.worker.stepping.calls import Failed, Member, StepCalls, Tally
+from queueserve.worker.stepping.joins import (
     Limits,
     Scheduler,
     StepQueue,
     Waiting,
     too_large,
 )
+from queueserve.worker.stepping.prefix_cache import PrefixCache
 
 log = logging.getLogger(__name__)
 
