@@ -17,7 +17,8 @@ looked up (a value copied under another item's key is a miss, never that item's 
 rest is one reply row's kind and body, encoded as the worker's replies are, so the client
 decodes it as it decodes a reply (with a codec it accepts, or not at all).
 
-Only results are cached (kind RESULTS, BATCHED, STEPS...), never errors; a value over the
+Only results are cached (a row of kind RESULTS or BATCHED), never errors, and never a
+generator batch function's steps (kind STEPS: a stream, answered in parts); a value over the
 serving's ``cache_max_bytes`` is not written (counted as ``too_big``). Each entry lives
 ``cache_ttl``; nothing else bounds the total but the answers per ``cache_ttl``: the total is
 at most (answers in ``cache_ttl``) x ``cache_max_bytes`` (docs/operations.md: what a
@@ -47,7 +48,7 @@ MAX_VERSION_BYTES: Final = 200
 STATS_TTL_MS: Final = 7 * 86400 * 1000  # the stats live a week past the last count
 STATS: Final = ("hits", "misses", "stored", "bytes", "too_big")
 # The kinds of a reply row that are a result (an error, a drop or an event is never cached)
-CACHED_KINDS: Final = frozenset((P.RESULTS, P.BATCHED, P.STEPS))
+CACHED_KINDS: Final = frozenset((P.RESULTS, P.BATCHED))
 
 
 def check_version(version: object) -> str:

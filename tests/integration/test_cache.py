@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import msgpack
@@ -175,6 +175,29 @@ def test_identical_items_waiting_in_one_batch_run_once(
     assert held.result(WAIT_S) == ["r:h"]
     assert [t.result(WAIT_S) for t in tickets] == [["r:d", "r:e"], ["r:d"], ["r:e", "r:d", "r:f"]]
     assert serving.item_batches == [["h"], ["d", "e", "f"]]
+
+
+def steps(items: list[str]) -> Iterator[list[str]]:
+    for step in range(2):
+        yield [f"{item}{step}" for item in items]
+
+
+def test_a_generator_batch_functions_steps_are_neither_cached_nor_deduplicated(
+    start_worker: StartWorker, client: qs.Client, redis_client: redis.Redis, prefix: str
+) -> None:
+    serving = Recording(steps, name=NAME, batch_timeout=0.001, cache_ttl="10m", gated=True)
+    worker = start_worker(serving)
+    held = client.submit(NAME, ["h"])
+    wait_until(lambda: len(serving.batches) == 1, "a batch held in the executor")
+    tickets = [client.submit(NAME, ["g"]) for _ in range(2)]
+    wait_until(lambda: items_waiting(worker) == 2, "both read into one batch")
+    serving.release()
+    expected = qs.Serving(steps).inline_many(["g"])
+    assert held.result(WAIT_S) == qs.Serving(steps).inline_many(["h"])
+    assert [t.result(WAIT_S) for t in tickets] == [expected, expected]
+    assert client.dispatch_many(NAME, ["g"]) == expected
+    assert serving.item_batches == [["h"], ["g", "g"], ["g"]]  # each run, none cached
+    assert entries(redis_client, prefix) == 0
 
 
 def test_a_forged_entry_is_a_miss_or_a_clear_error_never_another_items_answer(

@@ -5,6 +5,9 @@ each other one gets a copy of its answer (a result or an error alike)."""
 
 from __future__ import annotations
 
+import inspect
+
+from queueserve.serving import Serving
 from queueserve.worker.pipeline.batching import Slice
 from queueserve.worker.pipeline.execute import Row
 
@@ -12,8 +15,13 @@ from queueserve.worker.pipeline.execute import Row
 Dupe = tuple[Slice, Slice]
 
 
-def unique(slices: list[Slice]) -> tuple[list[Slice], list[Dupe]]:
-    """``slices`` less each one whose item another before it has, and those left out."""
+def unique(serving: Serving, slices: list[Slice]) -> tuple[list[Slice], list[Dupe]]:
+    """``slices`` less each one whose item another before it has, and those left out. Not
+    for a generator batch function: its steps go to the callers of the batch as they come
+    (batch_context.py), and some are answered whole before the batch ends, which a slice
+    left out would never see."""
+    if any(map(inspect.isgeneratorfunction, (serving.fn, type(serving).handle_batch))):
+        return slices, []
     first: dict[bytes, Slice] = {}
     kept: list[Slice] = []
     dupes: list[Dupe] = []

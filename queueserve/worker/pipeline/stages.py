@@ -273,7 +273,7 @@ class Stages:
         dupes: list[Dupe] = []
         if self.serving.cache_ttl > 0 and staged.parts[0].prepared is NOT_PREPARED:
             # (a batch prepared already runs as prepared: its items are in what prepare made)
-            live, dupes = unique(live)
+            live, dupes = unique(self.serving, live)
             if dupes:
                 batch.slices = live
                 staged.parts = [Part(0, len(batch), NOT_PREPARED)]
