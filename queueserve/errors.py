@@ -22,9 +22,12 @@
     ├── BatchResultError     (results.py) a batch function's return value does not give one
     │                        result per item; its callers get it as a RemoteError
     ├── ServingNotFound      (worker/loading.py) a ``module:attr`` that names no serving
+    ├── KeyLoadError         (key_states.py) a batch key's state could not be loaded (load_key
+    │                        raised, or it is backing off): the worker answers that key's
+    │                        requests with the error, its callers get a RemoteError
     └── StartupFailed        (worker/partition.py) a worker partition could not start serving
 
-Every public exception of queueserve derives from ``QueueServeError``; the three defined
+Every public exception of queueserve derives from ``QueueServeError``; the four defined
 beside the code that raises them are listed here too (tests/unit/test_errors_tree.py holds it).
 """
 

@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from queueserve.errors import QueueServeError
 from queueserve.wire.error import ErrorBody, error_body
 
 log = logging.getLogger(__name__)
@@ -39,8 +40,9 @@ BACKOFF_FIRST_S = 0.5
 BACKOFF_MAX_S = 30.0
 
 
-class KeyLoadError(Exception):
-    """A key's state could not be had: ``body`` is the error its batch's requests get."""
+class KeyLoadError(QueueServeError):
+    """A key's state could not be had: ``body`` is the error its batch's requests get (the
+    worker answers them with it; callers see a RemoteError)."""
 
     def __init__(self, body: ErrorBody) -> None:
         super().__init__(body[1])
