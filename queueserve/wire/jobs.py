@@ -45,6 +45,7 @@ from typing import Any, Final
 import msgpack
 
 from queueserve.wire.codec import Codec, loads_tagged
+from queueserve.wire.protocol import CLIENT_ID, split_inbox
 
 QUEUED, RUNNING, DONE, FAILED, CANCELLED, EXPIRED = (
     "queued",
@@ -66,7 +67,7 @@ _MAX_MESSAGES: Final = 1 << 20
 # A job of more items could never keep its answer (an item's answer takes a byte at least):
 # a reader refuses a record that says so rather than make room for that many.
 _MAX_ITEMS: Final = MAX_JOB_BYTES
-_JOB_ID: Final = re.compile(r"[A-Za-z0-9_.-]{1,64}-(?:0|[1-9][0-9]{0,17})")
+_JOB_ID: Final = re.compile(CLIENT_ID + r"-(?:0|[1-9][0-9]{0,17})")  # <client id>-<request id>
 
 
 def check_job_id(job_id: object) -> str:
@@ -119,8 +120,7 @@ def group_key(prefix: str, client_id: str, rid: int) -> str:
 def inbox_group(inbox: str, rid: int) -> str:
     """The record group of a job from its request's inbox (``P:inbox:<client id>``, checked
     by the worker) and request id."""
-    head, _, client_id = inbox.rpartition(":")
-    return f"{head[:-6]}:jobs:{client_id}:{rid >> GROUP_SHIFT}"
+    return group_key(*split_inbox(inbox), rid)
 
 
 def record_fields(rid: str) -> tuple[str, str, str]:

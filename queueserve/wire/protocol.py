@@ -361,7 +361,7 @@ class Keys:
 
 # A client id as clients make them (16 hex digits), with room for other clients' own schemes;
 # never ':' or a hash tag, so an address can only name this prefix's inboxes and channels.
-_CLIENT_ID: Final = r"[A-Za-z0-9_.-]{1,64}"
+CLIENT_ID: Final = r"[A-Za-z0-9_.-]{1,64}"
 
 
 def is_inbox(prefix: str, name: str) -> bool:
@@ -380,11 +380,18 @@ def is_events_channel(prefix: str, name: str) -> bool:
 
 @functools.cache
 def _address(prefix: str, kind: str) -> re.Pattern[str]:
-    return re.compile(re.escape(f"{prefix}:{kind}:") + _CLIENT_ID)
+    return re.compile(re.escape(f"{prefix}:{kind}:") + CLIENT_ID)
 
 
 def inbox_key(prefix: str, client_id: str) -> str:
     return f"{prefix}:inbox:{client_id}"
+
+
+def split_inbox(inbox: str) -> tuple[str, str]:
+    """(prefix, client id) of an inbox key ``inbox_key`` made (the worker checked it:
+    ``is_inbox``)."""
+    prefix, _, client_id = inbox.rpartition(":inbox:")
+    return prefix, client_id
 
 
 def events_channel(prefix: str, client_id: str) -> str:
