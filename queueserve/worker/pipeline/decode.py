@@ -13,6 +13,16 @@ from typing import Any
 from queueserve.serving import Serving
 from queueserve.wire import protocol as P
 from queueserve.wire.codec import Codec
+from queueserve.wire.protocol import (
+    H_CODEC,
+    H_COUNT,
+    H_DEADLINE,
+    H_EVENTS,
+    H_FIELDS,
+    H_ID,
+    H_PRIORITY,
+    H_REPLY_TO,
+)
 from queueserve.wire.request import decode_items, header_events, header_priority, parse_header
 from queueserve.worker.pipeline.batching import Request, Slice
 
@@ -64,14 +74,14 @@ def decode_plain(
         header = parse_header(raw)
     except ValueError:
         return None
-    n, deadline_ms, size = header[2], header[4], len(header)
+    n, deadline_ms, size = header[H_COUNT], header[H_DEADLINE], len(header)
     if (
-        header[3] not in inboxes
-        or header[5] != codec.name
+        header[H_REPLY_TO] not in inboxes
+        or header[H_CODEC] != codec.name
         or (deadline_ms and deadline_ms <= now * 1000)
         or not admitted.isdigit()
         or len(admitted) > 12
-        or (size > 6 and header[6] != "")
+        or (size > H_EVENTS and header[H_EVENTS] != "")
     ):  # streams events: decode_entry checks it
         return None
     count = int(admitted)
@@ -81,9 +91,9 @@ def decode_plain(
         items = decode_items(codec, payload, n)
     except ValueError:
         return None
-    request = Request(entry_id, stream, header[1], header[3], deadline_ms / 1000.0, n)
-    request.priority = header[7] if size > 7 else 0
-    request.fields = header[8] if size > 8 else None
+    request = Request(entry_id, stream, header[H_ID], header[H_REPLY_TO], deadline_ms / 1000.0, n)
+    request.priority = header[H_PRIORITY] if size > H_PRIORITY else 0
+    request.fields = header[H_FIELDS] if size > H_FIELDS else None
     request.admitted = count
     return request, Slice(request, 0, items)
 
@@ -127,7 +137,7 @@ def decode_entry(
         header = _header(fields)
     except Exception as e:
         return Rejected(entry_id, stream, f"malformed entry: {e}", P.ERR_BAD_REQUEST, None)
-    rid, n, reply_to, deadline_ms, codec_name = header[1:6]
+    rid, n, reply_to, deadline_ms, codec_name = header[H_ID : H_CODEC + 1]
     if not _valid_inbox(prefix, reply_to, inboxes):
         reason = (
             f"malformed entry: reply address {reply_to!r:.100} is not an inbox of prefix "
@@ -148,7 +158,7 @@ def decode_entry(
         no_split,
     )
     request.priority = header_priority(header)
-    request.fields = header[P.H_FIELDS] if len(header) > P.H_FIELDS else None
+    request.fields = header[H_FIELDS] if len(header) > H_FIELDS else None
     payload = fields.get(b"p")
     admitted = admitted_count(fields, payload, n)
     request.admitted = admitted or 0
