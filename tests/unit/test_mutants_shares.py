@@ -45,6 +45,7 @@ def test_a_step_serving_queue_takes_the_weights_and_what_has_no_shares_is_passed
     with caplog.at_level(logging.INFO, logger=LOGGER):
         share_tenants(queue, {"acme": 2.0}, threading.Condition(), "gen")
         share_tenants(SimpleNamespace(shares=None), {"acme": 2.0}, threading.Condition(), "x")
+        share_tenants(object(), {"acme": 2.0}, threading.Condition(), "x")  # no shares at all
     assert queue.shares.tenants == {"acme": 2.0} and queue.read_marks() == ["~acme=2.0"]
     assert [r.getMessage() for r in caplog.records if r.name == LOGGER] == [
         "serving gen: tenants' weights now {'acme': 2.0}"

@@ -171,6 +171,16 @@ def test_a_tenants_next_turn_is_when_its_last_batch_ends_or_its_weights_share_of
     assert shares.lane_turn("t", 105.0) == 105.0 and shares.lane_turn("t", 104.0) < 105.0
 
 
+def test_a_tenants_turn_at_its_edges() -> None:
+    shares = Shares()
+    shares.served("t", end=12.0, now=10.0, restart=0.0)
+    shares.served("t", end=30.0, now=20.0, restart=12.0)  # its last turn is the restart: kept
+    assert shares.lane_turn("t", 0.0) == pytest.approx(30.0, abs=1e-3)
+    shares.tenants = {"t": 2.0}
+    shares.served("t", end=50.0, now=40.0, restart=0.0)  # weight 2: half the way from 30
+    assert shares.lane_turn("t", 0.0) == pytest.approx(40.0, abs=1e-3)
+
+
 def test_tenants_turns_are_forgotten_once_past_when_there_are_many() -> None:
     shares = Shares()
     for i in range(TURNS_KEPT):
@@ -181,3 +191,12 @@ def test_tenants_turns_are_forgotten_once_past_when_there_are_many() -> None:
     assert shares.lane_turn(f"t{TURNS_KEPT - 1}", 1e9) == 1e9  # (its own turn, later)
     assert shares.lane_turn(f"t{TURNS_KEPT - 1}", -1.0) == pytest.approx(TURNS_KEPT - 1, abs=0.01)
     assert shares.lane_turn("late", -1.0) == pytest.approx(5000.0, abs=0.01)
+    # exactly TURNS_KEPT tenants are all kept; one more drops what is not ahead of now,
+    # a turn at now itself included
+    full = Shares()
+    for i in range(TURNS_KEPT - 1):
+        full.served(f"t{i}", end=float(i), now=0.0, restart=-1.0)
+    full.served("now", end=500.0, now=0.0, restart=-1.0)
+    assert full.lane_turn("t0", -1.0) != -1.0  # TURNS_KEPT of them: none forgotten
+    full.served("more", end=9000.0, now=500.0, restart=-1.0)
+    assert full.lane_turn("now", -1.0) == -1.0 and full.lane_turn("t0", -1.0) == -1.0
