@@ -173,12 +173,11 @@ def test_a_tenants_next_turn_is_when_its_last_batch_ends_or_its_weights_share_of
 
 def test_a_tenants_turn_at_its_edges() -> None:
     shares = Shares()
-    shares.served("t", end=12.0, now=10.0, restart=0.0)
-    shares.served("t", end=30.0, now=20.0, restart=12.0)  # its last turn is the restart: kept
-    assert shares.lane_turn("t", 0.0) == pytest.approx(30.0, abs=1e-3)
     shares.tenants = {"t": 2.0}
-    shares.served("t", end=50.0, now=40.0, restart=0.0)  # weight 2: half the way from 30
-    assert shares.lane_turn("t", 0.0) == pytest.approx(40.0, abs=1e-3)
+    shares.served("t", end=12.0, now=10.0, restart=0.0)  # weight 2: half the way from now
+    assert shares.lane_turn("t", 0.0) == pytest.approx(11.0, abs=1e-3)
+    shares.served("t", end=31.0, now=20.0, restart=11.0)  # its last turn is the restart: kept
+    assert shares.lane_turn("t", 0.0) == pytest.approx(21.0, abs=1e-3)  # not 20 + 11 / 2
 
 
 def test_tenants_turns_are_forgotten_once_past_when_there_are_many() -> None:
