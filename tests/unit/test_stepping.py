@@ -4,6 +4,7 @@ prefix cache, and the StepServing API run inline."""
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
@@ -14,6 +15,7 @@ from queueserve.errors import RedisCommandError, RedisUnavailable
 from queueserve.worker.pipeline.batching import Request, Slice
 from queueserve.worker.stepping.executor import StepExecutor
 from queueserve.worker.stepping.joins import (
+    RESERVE_FOR_S,
     CallerWatch,
     Limits,
     Scheduler,
@@ -338,3 +340,104 @@ def test_a_redelivery_the_stepper_cannot_count_is_logged_and_the_stepper_goes_on
     executor.serving = SimpleNamespace(name="gen")  # type: ignore[assignment]
     executor._count_delivery(SimpleNamespace(stream="s", entry_id=b"1-0"))  # type: ignore[arg-type]
     assert "could not count a redelivery" in caplog.text
+
+
+# --- the queue's side of tenants (written for the mutants of joins.py that survived) ----------
+
+
+def measured(q: StepQueue, budget: int = 10) -> None:
+    for w in q.waiting:
+        w.budget, w.prompt = budget, 2
+
+
+def test_the_queue_takes_in_tenants_turn_with_their_weights_and_books_what_left() -> None:
+    q = StepQueue(capacity=8)
+    q.shares.tenants = {"heavy": 3.0}
+    for i, tenant in enumerate(["light", "light", "light", "heavy", "heavy", "heavy"]):
+        request = Request(f"{i}-0".encode(), "s", i, "inbox", 0.0, 1)
+        q.add(f"K\x1f{tenant}", Slice(request, 0, [i]), 10.0)
+    measured(q)
+    assert q.waiting[0].tenant == "light" and q.waiting[0].arrived == 10.0
+    assert q.read_marks() == ["~heavy=3.0"]  # (not full: the weights alone)
+    s = Scheduler(replace(LIMITS, max_slots=4))
+    taken = q.take(s, now=10.5)
+    # light first (the earlier head, both at 0 running), then heavy's three while its 1/3 a
+    # sequence per join stays below light's 1: 4 slots, light 1 and heavy 3
+    assert [w.tenant for w in taken] == ["light", "heavy", "heavy", "heavy"]
+    assert (q.buffered, q.departed, q.arrived) == (2, 4, 6)
+    assert [w.tenant for w in q.waiting] == ["light", "light"]
+    assert s.tenants == {"light": 1, "heavy": 3} and (s.slots, s.tokens) == (4, 40)
+
+
+def test_the_queue_forgets_a_tenant_that_sent_nothing_for_a_while_and_keeps_it_a_slot_before() -> (
+    None
+):
+    def queue_at(now: float) -> tuple[StepQueue, Scheduler]:
+        q = StepQueue(capacity=8)
+        for i in range(9):
+            request = Request(f"{i}-0".encode(), "s", i, "inbox", 0.0, 1)
+            q.add("K\x1fflood", Slice(request, 0, [i]), now)
+        q.sent["quiet"] = now - RESERVE_FOR_S  # exactly RESERVE_FOR_S ago: still active
+        measured(q)
+        return q, Scheduler(LIMITS)
+
+    q, s = queue_at(100.0)
+    assert len(q.take(s, now=100.0)) == 7  # a slot kept for quiet
+    assert set(q.sent) == {"flood", "quiet"}
+    q, s = queue_at(100.0)
+    assert len(q.take(s, now=100.001)) == 8  # quiet sent nothing for longer: forgotten
+    assert set(q.sent) == {"flood"}
+    lone = StepQueue(capacity=8)
+    lone.sent["old"] = -1e9  # the only tenant seen: nothing to keep a slot for, never pruned
+    assert lone.take(Scheduler(LIMITS), now=0.0) == [] and lone.sent == {"old": -1e9}
+
+
+def test_the_queue_splits_only_raw_requests_larger_than_the_slots() -> None:
+    q = StepQueue(capacity=4)
+    q.add("K\x1ft", Slice(Request(b"1-0", "s", 1, "inbox", 0.0, 4), 0, [0, 1, 2, 3]), 7.0)
+    assert [w.slots for w in q.waiting] == [4] and q.sent == {"t": 7.0}
+    q.add("K\x1fu", Slice(Request(b"2-0", "s", 2, "inbox", 0.0, 5), 0, list(range(5))), 8.0)
+    assert [(w.slots, w.tenant, w.arrived) for w in q.waiting] == [
+        (4, "t", 7.0), (4, "u", 8.0), (1, "u", 8.0)
+    ]  # fmt: skip
+    assert (q.timeout, q.departed) == (0.0, 0)
+
+
+def test_joined_and_left_book_alone_tokens_and_tenants() -> None:
+    s = Scheduler(LIMITS)
+    a, b = waiting(2, budget=30, alone=True), waiting(1, budget=20, alone=True)
+    s.joined(a)
+    s.joined(b)
+    assert (s.slots, s.tokens, s.alone, s.tenants) == (3, 50, 3, {None: 3})
+    s.left(a)
+    assert (s.slots, s.tokens, s.alone, s.tenants) == (1, 20, 1, {None: 1})
+
+
+def test_the_slots_kept_free_are_a_quarter_of_the_slots_rounded_down() -> None:
+    s = Scheduler(replace(LIMITS, max_slots=6))  # 6 // 4 = 1 slot kept, however many wait
+    queue = deque(lane("f") for _ in range(9))
+    assert len(s.admit(queue, {}, ["f", "x", "y"])) == 5
+
+
+def test_a_join_fills_the_token_budgets_exactly_and_takes_the_next_in_turn() -> None:
+    s = Scheduler(LIMITS)
+    exact = deque([waiting(1, budget=60), waiting(1, budget=40), waiting(1, budget=1)])
+    assert [w.budget for w in s.admit(exact)] == [60, 40]  # 100 of max_batch_tokens=100
+    t = Scheduler(LIMITS)
+    prompts = deque([waiting(1, prompt=38), waiting(1, prompt=2), waiting(1, prompt=1)])
+    assert [w.prompt for w in t.admit(prompts)] == [38, 2]  # 40 of max_prefill_tokens=40
+    # a request that does not fit stops the join, even when an idle tenant could use a slot
+    u = Scheduler(LIMITS)
+    big = deque([lane("a", 8), lane("b")])
+    assert [w.slots for w in u.admit(big, {}, ["a", "b"])] == []
+
+
+def test_requests_of_no_tenant_take_turns_with_a_tenants_at_weight_1() -> None:
+    s = Scheduler(LIMITS)
+    s.admit(deque([waiting(1), lane("t")]))  # one each running
+    for _ in range(3):
+        s.stepped()
+    queue = deque([waiting(1), waiting(1), lane("t"), lane("t")])
+    assert [w.tenant for w in s.in_turn(queue, {"t": 1.0})] == [None, "t", None, "t"]
+    # weight 2: t's one running counts as 1/2, so t goes first, then they alternate
+    assert [w.tenant for w in s.in_turn(queue, {"t": 2.0})] == ["t", None, "t", None]
