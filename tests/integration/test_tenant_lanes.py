@@ -93,34 +93,51 @@ def slow_echo(items: list[Any]) -> list[Any]:
     return items
 
 
-def test_tenants_share_a_busy_key_by_their_weights(
-    start_worker: StartWorker, redis_client: redis.Redis, redis_url: str, prefix: str
-) -> None:
-    # Given weights as a gateway writes them (heavy 4, light 1) and a worker of a serving
-    # that holds its first batch
-    redis_client.hset(f"{prefix}:tenants", mapping={"heavy": "4", "light": "1"})
+def backlogs_run(
+    start_worker: StartWorker,
+    url: str,
+    prefix: str,
+    backlogs: list[tuple[list[str], str, str]],
+) -> list[tuple[str, list[str]]]:
+    """The batches a worker ran of ``backlogs`` ((items, batch key, tenant) each), all queued
+    while its first batch was held, so that they compete from the start."""
     serving = Recording(slow_echo, name="shared", batch_size=10, batch_timeout=0)
     serving.hold()
     start_worker(serving)
-    with qs.Client(redis_url, prefix=prefix) as client:
+    with qs.Client(url, prefix=prefix) as client:
         first = client.submit(serving, ["first"], batch_key="other")
         wait_until(lambda: len(serving.batches) == 1, "the first batch running, held")
-        # When both tenants queue a backlog of the same key, and the worker goes on
-        tickets = [
-            client.submit(serving, [f"{t}:{i}" for i in range(600)], batch_key=KEY, tenant=t)
-            for t in ("light", "heavy")
-        ]
+        tickets = [client.submit(serving, i, batch_key=k, tenant=t) for i, k, t in backlogs]
         serving.release()
         assert first.result(60) == ["first"]
         for ticket in tickets:
             ticket.result(60)
+    return serving.batches[1:]
+
+
+def while_both(order: list[str], a: str, b: str) -> list[str]:
+    """``order`` while both ``a`` and ``b`` had work (the first 10 batches left out: the
+    reads' start)."""
+    last = min(len(order) - 1 - order[::-1].index(t) for t in (a, b))
+    return order[10 : last + 1]
+
+
+def test_tenants_share_a_busy_key_by_their_weights(
+    start_worker: StartWorker, redis_client: redis.Redis, redis_url: str, prefix: str
+) -> None:
+    # Given weights as a gateway writes them (heavy 4, light 1)
+    redis_client.hset(f"{prefix}:tenants", mapping={"heavy": "4", "light": "1"})
+    # When both tenants queue a backlog of the same key
+    ran = backlogs_run(
+        start_worker,
+        redis_url,
+        prefix,
+        [([f"{t}:{i}" for i in range(600)], KEY, t) for t in ("light", "heavy")],
+    )
     # Then while both had work, heavy ran about 4 batches to light's 1 (test_weights.py's
     # weight-4 keys read 3.3-3.8x, unweighted 1x), its key the batch key alone
-    ran = [(key, tenant_of(items)) for key, items in serving.batches[1:]]
     assert {key for key, _ in ran} == {KEY}
-    order = [tenant for _, tenant in ran]
-    last_heavy = len(order) - 1 - order[::-1].index("heavy")
-    window = order[10 : last_heavy + 1]
+    window = while_both([tenant_of(items) for _, items in ran], "heavy", "light")
     heavy, light = window.count("heavy"), window.count("light")
     assert light > 0 and 2.5 <= heavy / light <= 5.0, (heavy, light)
 
@@ -128,36 +145,16 @@ def test_tenants_share_a_busy_key_by_their_weights(
 def test_a_tenant_spread_over_many_keys_gets_one_tenants_share(
     start_worker: StartWorker, redis_url: str, prefix: str
 ) -> None:
-    # Given a worker of a serving that holds its first batch
-    serving = Recording(slow_echo, name="spread", batch_size=10, batch_timeout=0)
-    serving.hold()
-    start_worker(serving)
-    with qs.Client(redis_url, prefix=prefix) as client:
-        first = client.submit(serving, ["first"], batch_key="other")
-        wait_until(lambda: len(serving.batches) == 1, "the first batch running, held")
-        # When one tenant queues a backlog over four batch keys, another over one
-        tickets = [
-            client.submit(
-                serving, [f"wide:{k}:{i}" for i in range(300)], batch_key=k, tenant="wide"
-            )
-            for k in ("a", "b", "c", "d")
-        ]
-        tickets.append(
-            client.submit(
-                serving, [f"narrow:{i}" for i in range(600)], batch_key="a", tenant="narrow"
-            )
-        )
-        serving.release()
-        assert first.result(60) == ["first"]
-        for ticket in tickets:
-            ticket.result(60)
+    # When one tenant queues a backlog over four batch keys, another over one
+    wide = [([f"wide:{k}:{i}" for i in range(300)], k, "wide") for k in ("a", "b", "c", "d")]
+    narrow = ([f"narrow:{i}" for i in range(600)], "a", "narrow")
+    ran = backlogs_run(start_worker, redis_url, prefix, [*wide, narrow])
     # Then while both had work they ran about as many batches each (fair across tenants
     # before keys; by keys, wide would have run 4 to narrow's 1)
-    order = [tenant_of(items) for _, items in serving.batches[1:]]
-    last_narrow = len(order) - 1 - order[::-1].index("narrow")
-    window = order[10 : min(last_narrow, len(order) - 1 - order[::-1].index("wide")) + 1]
-    wide, narrow = window.count("wide"), window.count("narrow")
-    assert narrow > 0 and 0.6 <= wide / narrow <= 1.6, (wide, narrow, "".join(t[0] for t in order))
+    order = [tenant_of(items) for _, items in ran]
+    window = while_both(order, "wide", "narrow")
+    wide_n, narrow_n = window.count("wide"), window.count("narrow")
+    assert narrow_n > 0 and 0.6 <= wide_n / narrow_n <= 1.6, (wide_n, narrow_n, order)
 
 
 def test_a_worker_reads_the_tenants_weights_checked_and_bounded(
