@@ -1,7 +1,7 @@
 """Mutation testing of one module with the tests that claim it (docs/testing.md).
 
     scripts/mutation MODULE TEST [TEST ...] [--rev REV] [--overlay PATH] [--max-children N]
-    scripts/mutation queueserve/gateway/auth.py tests/unit/test_mutants_auth.py \\
+    scripts/mutation queueserve/door/auth.py tests/unit/test_mutants_auth.py \\
         tests/integration/test_gateway_auth_bytes.py
 
 1. A copy of the tree: a detached git worktree of REV (HEAD) in a temporary folder, so neither
@@ -115,7 +115,7 @@ class Verdicts:
 
 
 def function_of(mutant: str) -> str:
-    """'Token.allows' for 'queueserve.gateway.auth.xǁTokenǁallows__mutmut_3', 'refused' for
+    """'Token.allows' for 'queueserve.door.auth.xǁTokenǁallows__mutmut_3', 'refused' for
     '....x_refused__mutmut_1': the function as the source names it."""
     mangled = mutant.partition("__mutmut_")[0].rpartition(".")[2]
     if mangled.startswith("xǁ"):
@@ -576,7 +576,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         prog="scripts/mutation",
         description="mutmut over one module with the tests that claim it, in a copy of the tree",
     )
-    parser.add_argument("module", help="the file to mutate, e.g. queueserve/gateway/auth.py")
+    parser.add_argument("module", help="the file to mutate, e.g. queueserve/door/auth.py")
     parser.add_argument("tests", nargs="+", help="the test files (or node ids) that claim it")
     parser.add_argument("--rev", default="HEAD", help="the commit to copy (default: HEAD)")
     parser.add_argument(

@@ -29,17 +29,22 @@ from starlette.routing import Route
 from queueserve.broker.fleet import Fleet
 from queueserve.dashboard.board import MAX_SERVINGS, Board, Snapshots
 from queueserve.dashboard.exporter import exposition
-from queueserve.gateway.app import api_error, client_gone, http_error
-from queueserve.gateway.auth import Token, refused
-from queueserve.gateway.body import JSON, parse
-from queueserve.gateway.core import MAX_NAME
-from queueserve.gateway.crosssite import WriteRule
-from queueserve.gateway.errors import ApiError, ClientGone, error_response
+from queueserve.door.auth import Token, refused
+from queueserve.door.body import JSON, parse
+from queueserve.door.crosssite import WriteRule
+from queueserve.door.errors import (
+    ApiError,
+    ClientGone,
+    api_error,
+    client_gone,
+    error_response,
+    http_error,
+)
 from queueserve.ops.deadletter import DeadLetters
 from queueserve.options.servers import DashboardOptions
 from queueserve.settings import Settings
 from queueserve.wire.options import parse_assignments
-from queueserve.wire.protocol import Keys
+from queueserve.wire.protocol import MAX_SERVING_NAME, Keys
 
 ALLOW_ORIGIN = f"--allow-origin ({DashboardOptions.variable('allow_origin')})"  # what sets it
 
@@ -122,7 +127,7 @@ class Views:
         return FileResponse(STATIC / "dashboard.js", media_type="text/javascript")
 
     # Changes: the token, then a page of the dashboard's own origin (or one allowed) sending
-    # JSON (gateway/crosssite.py): another site's page cannot make a browser replay or drop.
+    # JSON (door/crosssite.py): another site's page cannot make a browser replay or drop.
     writes = WriteRule(setting=ALLOW_ORIGIN)
 
     def _may_write(self, request: Request) -> None:
@@ -204,11 +209,11 @@ def overview_query(request: Request) -> tuple[int, str]:
             f"got {text!r:.50}",
         )
     name_filter = query.get("filter", "")
-    if len(name_filter) > MAX_NAME:
+    if len(name_filter) > MAX_SERVING_NAME:
         raise ApiError(
             400,
             "bad_request",
-            f"filter must be at most {MAX_NAME} characters, got {len(name_filter)}",
+            f"filter must be at most {MAX_SERVING_NAME} characters, got {len(name_filter)}",
         )
     return int(text), name_filter
 
@@ -229,7 +234,7 @@ async def _declared(board: Board, name: str) -> str:
     """``name`` when a worker declared that serving (its meta hash holds the codec, as every
     declaration does: one HGETALL, not a scan of the prefix's servings); 404 otherwise."""
     try:
-        keys = Keys(board.prefix, name) if len(name) <= MAX_NAME else None
+        keys = Keys(board.prefix, name) if len(name) <= MAX_SERVING_NAME else None
     except ValueError:  # a name no serving can have
         keys = None
     if keys is None or "codec" not in await run_in_threadpool(board.fleet.meta, keys):

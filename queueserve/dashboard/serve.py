@@ -9,7 +9,8 @@ import logging
 import uvicorn
 
 from queueserve.dashboard.app import create_app
-from queueserve.gateway.connections import (
+from queueserve.door.connections import (
+    TESTED_UVICORN,
     ConnectionGuard,
     GuardedHttp,
     describe,
@@ -17,7 +18,6 @@ from queueserve.gateway.connections import (
     guarded,
     limits_of,
 )
-from queueserve.gateway.serve import TESTED_UVICORN
 from queueserve.options.servers import DashboardOptions
 
 log = logging.getLogger("queueserve.dashboard")

@@ -18,11 +18,19 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from queueserve.client.aio import AsyncClient
+from queueserve.door.body import JSON
+from queueserve.door.crosssite import WriteRule, WriteRuleMiddleware
+from queueserve.door.errors import (
+    ApiError,
+    ClientGone,
+    api_error,
+    client_gone,
+    error_response,
+    http_error,
+    internal,
+)
 from queueserve.gateway import jobs, openai_api, servings
-from queueserve.gateway.body import JSON
 from queueserve.gateway.core import Gateway
-from queueserve.gateway.crosssite import WriteRule, WriteRuleMiddleware
-from queueserve.gateway.errors import ApiError, ClientGone, error_response, internal
 from queueserve.gateway.fast import FastDispatch, GatewayApp
 from queueserve.gateway.metrics import HttpMetrics
 from queueserve.gateway.tenants import TenantAuth, Tenants
@@ -154,34 +162,6 @@ def _reload_on_sighup(tenants: Tenants, gw: Gateway) -> bool:
         log.warning("gateway: SIGHUP will not reload the tenants file here: %s", e)
         return False
     return True
-
-
-async def api_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, ApiError)
-    return error_response(exc)
-
-
-async def client_gone(request: Request, exc: Exception) -> Response:
-    """A client that left, or was closed by its body's deadline (connections.py), before its
-    body arrived whole: nothing was submitted, and nobody reads this (the metrics count it);
-    not an error of the server's, to log with a traceback."""
-    return error_response(
-        ApiError(499, "client_closed_request", "the HTTP client left before its body arrived")
-    )
-
-
-async def http_error(request: Request, exc: Exception) -> Response:
-    """Starlette's own 404 and 405, in the gateway's error shape."""
-    assert isinstance(exc, HTTPException)
-    kind = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-    return error_response(
-        ApiError(
-            exc.status_code,
-            kind,
-            f"{exc.detail}: {request.method} {request.url.path[:200]}",
-            dict(exc.headers or {}),
-        )
-    )
 
 
 async def internal_error(request: Request, exc: Exception) -> Response:

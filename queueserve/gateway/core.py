@@ -12,8 +12,8 @@ from typing import Any, cast
 from starlette.types import Receive
 
 from queueserve.client.aio import AsyncClient, AsyncTicket, declare_tenants
+from queueserve.door.errors import ApiError, bad_request, from_queueserve
 from queueserve.errors import QueueServeError
-from queueserve.gateway.errors import ApiError, bad_request, from_queueserve
 from queueserve.gateway.job_ids import JobIds
 from queueserve.gateway.quotas import Quotas
 from queueserve.gateway.tenants import ANONYMOUS, DEFAULT, Tenant, Tenants

@@ -19,11 +19,11 @@ import time
 from starlette.applications import Starlette
 from starlette.types import Message, Receive, Scope, Send
 
-from queueserve.gateway.auth import refused
-from queueserve.gateway.body import dumps, idempotency_key, receive_body, validated
+from queueserve.door.auth import refused
+from queueserve.door.body import dumps, idempotency_key, receive_body, validated
+from queueserve.door.crosssite import WriteRule
+from queueserve.door.errors import ApiError, ClientGone, error_response, internal
 from queueserve.gateway.core import Gateway
-from queueserve.gateway.crosssite import WriteRule
-from queueserve.gateway.errors import ApiError, ClientGone, error_response, internal
 from queueserve.gateway.metrics import HttpMetrics
 from queueserve.gateway.paths import route_path
 from queueserve.gateway.servings import Dispatch

@@ -18,10 +18,10 @@ from starlette.routing import Route
 
 from queueserve.client.aio import AsyncTicket
 from queueserve.client.jobs import AsyncJob
+from queueserve.door.body import JSON, NoBool, idempotency_key, parse
+from queueserve.door.errors import ApiError, bad_request, from_queueserve, item_error
 from queueserve.errors import Cancelled, QueueServeError, Timeout
-from queueserve.gateway.body import JSON, NoBool, idempotency_key, parse
 from queueserve.gateway.core import Gateway
-from queueserve.gateway.errors import ApiError, bad_request, from_queueserve, item_error
 from queueserve.gateway.servings import Options, encoded
 from queueserve.gateway.sse import disconnected
 from queueserve.gateway.tenants import caller

@@ -28,9 +28,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from queueserve.gateway.body import JSON, NoBool, parse
+from queueserve.door.body import JSON, NoBool, parse
+from queueserve.door.errors import ApiError, bad_request, error_body
 from queueserve.gateway.core import Gateway
-from queueserve.gateway.errors import ApiError, bad_request, error_body
 from queueserve.gateway.servings import Options, encoded
 from queueserve.gateway.sse import EventStream, frame
 from queueserve.gateway.tenants import caller

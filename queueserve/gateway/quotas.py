@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from queueserve.gateway.errors import ApiError
+from queueserve.door.errors import ApiError
 from queueserve.gateway.tenants import Tenant
 
 

@@ -10,17 +10,21 @@ from typing import Any
 import uvicorn
 
 from queueserve.broker.urls import redact_url
+from queueserve.door.connections import (
+    TESTED_UVICORN,
+    ConnectionGuard,
+    describe,
+    fitted,
+    guarded,
+    limits_of,
+)
 from queueserve.gateway.app import create_app
-from queueserve.gateway.connections import ConnectionGuard, describe, fitted, guarded, limits_of
 from queueserve.gateway.tenants import Tenants
 from queueserve.options.servers import GatewayOptions
 from queueserve.settings import Settings
 
 log = logging.getLogger("queueserve.gateway")
 
-# writes.py and dispatch_http.py build on uvicorn's HTTP protocol classes, which are not its
-# public API: the releases they were tested with (constraints.txt pins the one the tests run).
-TESTED_UVICORN = ("0.54",)
 YOUNG_GC_THRESHOLD = 50_000
 TOKEN_ENV = GatewayOptions.variable("token")  # a token in argv shows in `ps`; the environment not
 TENANTS_ENV = GatewayOptions.variable("tenants")

@@ -12,10 +12,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from queueserve.door.body import JSON, NoBool, idempotency_key, parse
+from queueserve.door.errors import ApiError, bad_request, item_error
 from queueserve.errors import QueueServeError
-from queueserve.gateway.body import JSON, NoBool, idempotency_key, parse
 from queueserve.gateway.core import Gateway
-from queueserve.gateway.errors import ApiError, bad_request, item_error
 from queueserve.gateway.sse import EventStream, frame
 from queueserve.gateway.tenants import caller
 from queueserve.hooks import Event, Hook, Output, Restart

@@ -16,15 +16,15 @@ from typing import Any
 
 from starlette.types import Receive, Scope, Send
 
-from queueserve.errors import QueueServeError
-from queueserve.gateway.body import dumps
-from queueserve.gateway.errors import (
+from queueserve.door.body import dumps
+from queueserve.door.errors import (
     ApiError,
     ClientGone,
     error_body,
     error_response,
     from_queueserve,
 )
+from queueserve.errors import QueueServeError
 
 HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),

@@ -30,8 +30,8 @@ from typing import Annotated, Any
 import pydantic
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from queueserve.gateway.auth import OPEN_PATHS, presented_token, refused
-from queueserve.gateway.errors import error_response
+from queueserve.door.auth import OPEN_PATHS, presented_token, refused
+from queueserve.door.errors import error_response
 from queueserve.gateway.paths import route_path
 from queueserve.wire.protocol import MAX_PRIORITY, TENANT_NAME
 

@@ -16,7 +16,7 @@ from typing import Any
 
 # uvicorn's httptools protocol (the C parser uvicorn[standard] installs) with the connection
 # guard (connections.py); without httptools this import fails and serve.py runs uvicorn's own
-from queueserve.gateway.connections import GuardedHttp
+from queueserve.door.connections import GuardedHttp
 
 
 class TurnWrites:

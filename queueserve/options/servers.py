@@ -71,7 +71,7 @@ def _per_client(default: int) -> Any:
 
 class ServerOptions(BaseModel):
     """What both servers take: where they listen, their token, their connections' deadlines
-    and caps (queueserve/gateway/connections.py), the browser origins that may write besides
+    and caps (queueserve/door/connections.py), the browser origins that may write besides
     their own (crosssite.py), their log level."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)

@@ -118,7 +118,7 @@ HOSTILE_HEADERS: list[dict[str, str]] = [
     {"x-forwarded-for": "1.2.3.4, ::1"},
     {"content-encoding": "gzip"},
 ]
-# Writes a page on another site could make a browser send (gateway/crosssite.py): a body of
+# Writes a page on another site could make a browser send (door/crosssite.py): a body of
 # another type is 415, a foreign origin 403, on every route that writes (POST, DELETE).
 HOSTILE_TYPES: list[str] = [
     "text/plain",

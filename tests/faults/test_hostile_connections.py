@@ -3,7 +3,7 @@
 sockets from several loopback addresses (127.0.0.1 floods, 127.0.0.2 and 127.0.0.3 are
 others).
 
-Before the connection guard (gateway/connections.py), a connection that never finished its
+Before the connection guard (door/connections.py), a connection that never finished its
 request head was never closed: 3,000 held for 30 s, 0 closed, and at about 20,000 the gateway
 ran out of file descriptors and failed every request.
 """

@@ -2,7 +2,7 @@
 Content-Type"): a real ``queueserve gateway`` without a token (the documented default on
 127.0.0.1) and a real ``queueserve dashboard``, each in front of a real worker.
 
-Before the rule (gateway/crosssite.py), a ``text/plain`` ``no-cors`` POST from a page on another
+Before the rule (door/crosssite.py), a ``text/plain`` ``no-cors`` POST from a page on another
 origin, which a browser sends without asking first, submitted a job: its body was parsed as
 JSON whatever its Content-Type.
 """

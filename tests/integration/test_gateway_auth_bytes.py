@@ -1,6 +1,6 @@
 """The gateway's bearer token, checked byte for byte on every route (docs/gateway.md, "Auth").
 
-The rule (queueserve/gateway/auth.py, ``Token.allows``): the first Authorization header's
+The rule (queueserve/door/auth.py, ``Token.allows``): the first Authorization header's
 value, less the whitespace around it (RFC 9110 section 5.5: not part of a field value; h11
 strips it, httptools keeps a trailing one), is the scheme ``Bearer`` in any case (RFC 9110
 section 11.1, RFC 6750 section 2.1), one space, and the token exactly. Each near miss of the
@@ -32,8 +32,8 @@ import pytest
 import redis
 from starlette.middleware.base import BaseHTTPMiddleware
 
+from queueserve.door.auth import Token
 from queueserve.gateway import create_app
-from queueserve.gateway.auth import Token
 from tests.support.gateway_app import GatewayProc, gateway_stack
 from tests.support.redis_server import prefixed_client
 

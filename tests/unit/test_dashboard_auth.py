@@ -1,4 +1,4 @@
-"""The dashboard's changes need its token, checked by the gateway's ``Token`` (gateway/auth.py):
+"""The dashboard's changes need its token, checked by the gateway's ``Token`` (door/auth.py):
 refused with 401 without it, 403 on a read-only dashboard. Every request here is answered
 before Redis is asked anything (the URL's port has no server)."""
 

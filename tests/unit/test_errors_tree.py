@@ -13,10 +13,10 @@ from tests.unit.test_layout import module_files
 
 def public_exceptions() -> dict[str, type[BaseException]]:
     """Exception classes defined (not imported) in queueserve's modules, by name, but for
-    private ones (a leading underscore) and the gateway's (HTTP errors of its own API)."""
+    private ones (a leading underscore) and the HTTP servers' (errors of their own API, door/)."""
     found: dict[str, type[BaseException]] = {}
     for name in module_files(REPO, "queueserve"):
-        if name.startswith("queueserve.gateway") or name.endswith("__main__"):
+        if name.startswith(("queueserve.gateway", "queueserve.door")) or name.endswith("__main__"):
             continue
         module = importlib.import_module(name)
         for attr, value in vars(module).items():

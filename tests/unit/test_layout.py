@@ -228,6 +228,11 @@ def layout_problems(root: Path, package: str) -> dict[str, list[str]]:
         "messages": _messages_outside_wire(root, modules, p),
         "client->producer": _producer_side_only(imports, p),
         "boundary": _reaching_into_the_broker(root, modules, p),
+        "dashboard->gateway": reaching(
+            f"{p}.dashboard",
+            [f"{p}.gateway"],
+            "the dashboard shares the HTTP door with the gateway (door/), not its modules",
+        ),
     }
 
 
@@ -351,6 +356,9 @@ CLEAN = {
     "pkg/client/sync.py": "from pkg.broker.producer import KEY\nfrom ..wire import protocol\n",
     "pkg/worker/run.py": "from pkg.broker import consumer\nfrom pkg.wire.protocol import KEY\n",
     "pkg/ops/cli.py": "from pkg.worker.run import KEY\nfrom pkg.client.sync import KEY as K\n",
+    "pkg/door/auth.py": "TOKEN = 't'\n",
+    "pkg/gateway/app.py": "from pkg.door.auth import TOKEN\nfrom pkg.client.sync import KEY\n",
+    "pkg/dashboard/app.py": "from pkg.door.auth import TOKEN\n",
 }
 
 
@@ -365,6 +373,7 @@ def test_a_package_that_keeps_every_rule_has_no_problems(tmp_path: Path) -> None
         "client->producer": [],
         "messages": [],
         "boundary": [],
+        "dashboard->gateway": [],
     }
 
 
@@ -465,6 +474,12 @@ def test_a_package_that_keeps_every_rule_has_no_problems(tmp_path: Path) -> None
             "pkg/worker/run.py",
             "def f(b):\n    b.redis.get('k')\n",
             "pkg/worker/run.py:2",
+        ),
+        (
+            "dashboard->gateway",
+            "pkg/dashboard/app.py",
+            "from pkg.gateway.app import TOKEN\n",
+            "pkg/dashboard/app.py:1",
         ),
     ],
 )

@@ -1,5 +1,5 @@
 """What the gateway's token check promises beyond tests/integration/test_gateway_auth_bytes.py,
-each written for a mutant of queueserve/gateway/auth.py that survived it (docs/testing.md):
+each written for a mutant of queueserve/door/auth.py that survived it (docs/testing.md):
 only a space or a tab around the header's value is trimmed (RFC 9110's OWS, not Python's idea
 of whitespace, and no other character), a token may hold a space, the empty token is refused
 with what to do, and the 401 says what docs/http.md shows.
@@ -14,8 +14,8 @@ from typing import Any
 import httpx
 import pytest
 
+from queueserve.door.auth import Token
 from queueserve.gateway import create_app
-from queueserve.gateway.auth import Token
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "Tok3n-Secret.value_X9"

@@ -30,8 +30,8 @@ def load_script() -> ModuleType:
 mutation = load_script()
 
 DIFF = """\
---- queueserve/gateway/auth.py
-+++ queueserve/gateway/auth.py
+--- queueserve/door/auth.py
++++ queueserve/door/auth.py
 @@ -1,4 +1,4 @@
  def allows(self, scope: Scope) -> bool:
 -    given = next(v for k, v in scope["headers"])
@@ -41,13 +41,13 @@ DIFF = """\
 
 
 def test_a_mutant_is_named_by_its_function_as_the_source_names_it() -> None:
-    assert mutation.function_of("queueserve.gateway.auth.xǁTokenǁallows__mutmut_11") == (
+    assert mutation.function_of("queueserve.door.auth.xǁTokenǁallows__mutmut_11") == (
         "Token.allows"
     )
-    assert mutation.function_of("queueserve.gateway.auth.xǁTokenǁ__init____mutmut_3") == (
+    assert mutation.function_of("queueserve.door.auth.xǁTokenǁ__init____mutmut_3") == (
         "Token.__init__"
     )
-    assert mutation.function_of("queueserve.gateway.auth.x_refused__mutmut_16") == "refused"
+    assert mutation.function_of("queueserve.door.auth.x_refused__mutmut_16") == "refused"
     assert mutation.function_of("tasks.paged_kv.x_x_y__mutmut_2") == "x_y"
 
 

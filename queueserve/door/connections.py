@@ -53,6 +53,12 @@ TIMEOUT_408 = (
 FD_RESERVE = 64  # descriptors kept for Redis, logs and the listening socket
 
 
+# GuardedHttp (here) and the gateway's writes.py and dispatch_http.py build on uvicorn's HTTP
+# protocol classes, which are not its public API: the releases they were tested with
+# (constraints.txt pins the one the tests run).
+TESTED_UVICORN = ("0.54",)
+
+
 @dataclass(frozen=True)
 class Limits:
     """What a server's connections may do: its options of these names (``limits_of``; their

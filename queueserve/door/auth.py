@@ -14,7 +14,7 @@ import hmac
 
 from starlette.types import Scope
 
-from queueserve.gateway.errors import ApiError
+from queueserve.door.errors import ApiError
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 

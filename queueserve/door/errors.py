@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from starlette.responses import JSONResponse
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 
 from queueserve.errors import (
     BadRequest,
@@ -98,3 +100,32 @@ def item_error(error: QueueServeError) -> dict[str, Any]:
 
 def error_response(error: ApiError) -> JSONResponse:
     return JSONResponse(error_body(error), status_code=error.status, headers=error.headers)
+
+
+# Exception handlers both servers install (Starlette's exception_handlers)
+async def api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ApiError)
+    return error_response(exc)
+
+
+async def client_gone(request: Request, exc: Exception) -> Response:
+    """A client that left, or was closed by its body's deadline (connections.py), before its
+    body arrived whole: nothing was submitted, and nobody reads this (the metrics count it);
+    not an error of the server's, to log with a traceback."""
+    return error_response(
+        ApiError(499, "client_closed_request", "the HTTP client left before its body arrived")
+    )
+
+
+async def http_error(request: Request, exc: Exception) -> Response:
+    """Starlette's own 404 and 405, in the gateway's error shape."""
+    assert isinstance(exc, HTTPException)
+    kind = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+    return error_response(
+        ApiError(
+            exc.status_code,
+            kind,
+            f"{exc.detail}: {request.method} {request.url.path[:200]}",
+            dict(exc.headers or {}),
+        )
+    )
