@@ -7,7 +7,7 @@ so the ratios of docs/design.md §8 compare like with like on a shared, noisy ma
 
 1. ``baseline``: the hand-written loop of ``bench/baseline.py``; 8 caller threads, each sending
    windows of 512 items as one XADD pipeline and waiting for each item. This is the reference
-   of the single-item budget (>= 0.8x).
+   of the single-item budget (submit window >= 1.0x, issue 39).
 2. ``single-item``: the no-op serving ``bench.servings:noop`` (batch_size 256, batch_timeout 0)
    in a ``queueserve worker`` process; in this process one ``qs.Client`` and
    ``submit-window``: 8 threads, each submitting 512 one-item tickets, then collecting them;
@@ -68,11 +68,15 @@ PREFIX = "qsbench"
 SERVING = "noop"
 BASELINE_STREAM = "bl:stream"
 
-BUDGET_SINGLE_RATIO = 0.8
-BUDGET_KEEP_RATIO = 0.7  # submit with keep (a job) against plain submit, same shape
-BUDGET_PACKED = 500_000
-BUDGET_RT_P50_MS = 0.4  # issue 16 (docs/design.md §9); §8 had 0.5 / 1.5
-BUDGET_RT_P99_MS = 1.0
+# Issue 39's targets (docs/design.md §8), each against the loop's figure in the same run: the
+# machines are shared, so an absolute time says more about the neighbours than the code.
+BUDGET_SUBMIT_RATIO = 1.0  # submit window, x the hand-written loop
+BUDGET_DISPATCH_RATIO = 0.8  # dispatch from 64 threads, x the loop in that shape
+BUDGET_ASYNC_RATIO = 1.0  # dispatch from 64 coroutines, x the redis.asyncio loop in that shape
+BUDGET_KEEP_RATIO = 0.85  # submit with keep (a job) against plain submit, same shape
+BUDGET_PACKED = 550_000
+BUDGET_RT_P50_RATIO = 1.3  # an idle dispatch's round trip, x the loop's XADD + BLPOP
+BUDGET_RT_P99_RATIO = 1.2
 PROFILE_RATE = 250
 SECTIONS = ("single", "packed", "rt")
 T = TypeVar("T")
@@ -516,27 +520,31 @@ def checks(out: dict[str, Any], max_in_flight: tuple[int, ...]) -> dict[str, boo
     """docs/design.md §8 budgets, for the sections that ran."""
     ok: dict[str, bool] = {}
     if "baseline" in out:
-        ok[f"single item qs_submit_window >= {BUDGET_SINGLE_RATIO}x baseline"] = (
-            out["qs_submit_window"]["ratio_to_baseline"] >= BUDGET_SINGLE_RATIO
+        ok[f"submit window >= {BUDGET_SUBMIT_RATIO}x the loop"] = (
+            out["qs_submit_window"]["ratio_to_baseline"] >= BUDGET_SUBMIT_RATIO
         )
-        ok[f"submit with keep >= {BUDGET_KEEP_RATIO}x submit (issue 26)"] = (
+        ok[f"submit with keep >= {BUDGET_KEEP_RATIO}x submit"] = (
             out["qs_submit_keep_window"]["ratio_to_submit"] >= BUDGET_KEEP_RATIO
         )
         # 64 blocking callers keep 64 requests in flight, the windowed loop 4,096: the
-        # dispatch shape is held to the loop in that same shape.
-        for shape in ("dispatch_64", "dispatch_async_64"):
-            ok[f"single item qs_{shape} >= {BUDGET_SINGLE_RATIO}x baseline_{shape}"] = (
-                out[f"qs_{shape}"][f"ratio_to_baseline_{shape}"] >= BUDGET_SINGLE_RATIO
+        # dispatch shapes are held to the loop in that same shape.
+        for shape, budget in (
+            ("dispatch_64", BUDGET_DISPATCH_RATIO),
+            ("dispatch_async_64", BUDGET_ASYNC_RATIO),
+        ):
+            ok[f"qs_{shape} >= {budget}x the loop in its shape"] = (
+                out[f"qs_{shape}"][f"ratio_to_baseline_{shape}"] >= budget
             )
     if "qs_map_256_mif16" in out:
         best = max(out[f"qs_map_256_mif{m}"]["median"] for m in max_in_flight)
-        ok["packed (default max_in_flight) >= 500k/s"] = (
+        ok[f"packed (default max_in_flight) >= {BUDGET_PACKED:,}/s"] = (
             out["qs_map_256_mif16"]["median"] >= BUDGET_PACKED
         )
-        ok["packed (best max_in_flight) >= 500k/s"] = best >= BUDGET_PACKED
+        ok[f"packed (best max_in_flight) >= {BUDGET_PACKED:,}/s"] = best >= BUDGET_PACKED
     if "rt_qs" in out:
-        ok[f"round trip p50 <= {BUDGET_RT_P50_MS} ms"] = out["rt_qs"]["p50_ms"] <= BUDGET_RT_P50_MS
-        ok[f"round trip p99 <= {BUDGET_RT_P99_MS} ms"] = out["rt_qs"]["p99_ms"] <= BUDGET_RT_P99_MS
+        for q, budget in (("p50", BUDGET_RT_P50_RATIO), ("p99", BUDGET_RT_P99_RATIO)):
+            ratio = out["rt_qs"][f"{q}_ms"] / out["rt_baseline"][f"{q}_ms"]
+            ok[f"round trip {q} <= {budget}x the loop's ({ratio:.2f}x)"] = ratio <= budget
     return ok
 
 
@@ -626,7 +634,7 @@ def table(out: dict[str, Any], ok: dict[str, bool], max_in_flight: tuple[int, ..
                 f"  {label:<22} {r['p50_ms']:6.3f}  {r['p90_ms']:6.3f}"
                 f"  {r['p99_ms']:6.3f}  {r['p99.9_ms']:6.3f}"
             )
-    lines.append("budgets (docs/design.md §8)")
+    lines.append("budgets (docs/design.md §8, issue 39)")
     lines += [f"  [{'ok' if passed else 'MISS'}] {name}" for name, passed in ok.items()]
     return "\n".join(lines)
 
