@@ -5,8 +5,13 @@ A batch *acquires* its key's state before it runs (loading it if it is not held:
 preparation stage, off the device's thread) and *releases* it once it ran. A state acquired and
 not yet released is pinned: it is never evicted, so a batch in flight never loses its model.
 Room for a key is made before its load, by evicting unpinned states from the least recently
-used on, each handed to ``unload_key`` once it left; when every state held is pinned, the load
-waits for a batch to finish. Two batches of one key share one load.
+used on, but those of keys whose work waits here to run (``wanted``: read, or taken and not yet
+on the device) last, each handed to ``unload_key`` once it left; when every state held is
+pinned, the load waits for a batch to finish. Two batches of one key share one load. At most
+``max_loading`` keys load at once (a quarter of ``max_loaded_keys``, at least 1), so the loads
+in progress never take the room of the states used most: with every preparer loading, a state
+would be evicted as soon as its batch ran (the reads load one key at a time too:
+worker/pipeline/affinity.py).
 
 Bytes: a state is measured once loaded (``state_bytes``). Room is made before a load for as
 many bytes as that key's state took last time (for a key never loaded here, the largest state
@@ -27,7 +32,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,6 +108,8 @@ class KeyStates:
         self._size = size
         self.max_keys = max_keys
         self.max_bytes = max_bytes  # 0: no bound
+        # Loads at once, a quarter of the room: the rest keeps the states used most recently
+        self.max_loading = max(1, max_keys // 4)
         self.events = events or KeyEvents()
         self.name = name
         self._cond = threading.Condition()
@@ -113,6 +120,9 @@ class KeyStates:
         self._largest = 0
         self.bytes = 0  # of the states held
         self.mean_load_s = 0.0  # a moving average of load_key's time
+        self.loaded: frozenset[str] = frozenset()  # the keys held, as last changed (no lock)
+        # The keys whose batches wait here to run (read, not yet on the device): needed next
+        self.wanted: Callable[[], Collection[str]] = frozenset
 
     @classmethod
     def of(cls, serving: Any, events: KeyEvents | None = None) -> KeyStates:
@@ -135,6 +145,7 @@ class KeyStates:
     def acquire(self, key: str) -> Any:
         """``key``'s state, pinned until ``release(key)``: loaded first when not held (the
         caller's thread runs the load). Raises KeyLoadError when it cannot be had."""
+        wanted = frozenset() if key in self._held else self.wanted()  # (a hint: no lock)
         with self._cond:
             while True:
                 held = self._held.get(key)
@@ -143,10 +154,10 @@ class KeyStates:
                     self._held.move_to_end(key)
                     self.events.used(True, len(self._held))
                     return held.state
-                if key not in self._loading:
+                if key not in self._loading and len(self._loading) < self.max_loading:
                     self._check_backoff(key)
                     reserve = self._sizes.get(key, self._largest)
-                    evicted = self._make_room(reserve, len(self._loading) + 1)
+                    evicted = self._make_room(reserve, len(self._loading) + 1, wanted)
                     if evicted is not None:
                         self._loading[key] = reserve
                         break
@@ -179,7 +190,9 @@ class KeyStates:
                 ]
             )
 
-    def _make_room(self, reserve: int, loading: int) -> list[tuple[str, Any]] | None:
+    def _make_room(
+        self, reserve: int, loading: int, wanted: Collection[str] = frozenset()
+    ) -> list[tuple[str, Any]] | None:
         """Evict unpinned states, least recently used first, until ``loading`` keys more and
         ``reserve`` bytes more fit (caller holds the lock); the evicted (key, state) pairs, for
         the caller to unload after the lock, or None when pinned states leave no room yet
@@ -190,9 +203,10 @@ class KeyStates:
         if over_keys <= 0 and over_bytes <= 0:
             return []
         chosen: list[str] = []
-        for key, held in self._held.items():
+        for key in evict_order(self._held, wanted):
             if over_keys <= 0 and over_bytes <= 0:
                 break
+            held = self._held[key]
             if held.pins == 0:
                 chosen.append(key)
                 over_keys -= 1
@@ -205,6 +219,7 @@ class KeyStates:
 
     def _evict(self, key: str) -> tuple[str, Any]:
         held = self._held.pop(key)
+        self.loaded = frozenset(self._held)
         self.bytes -= held.size
         return key, held.state
 
@@ -251,6 +266,7 @@ class KeyStates:
                 if evicted is not None:
                     del self._loading[key]
                     self._held[key] = _Held(state, size, pins=1)
+                    self.loaded = frozenset(self._held)
                     self.bytes += size
                     self._sizes[key] = size
                     self._largest = max(self._largest, size)
@@ -281,6 +297,13 @@ class KeyStates:
             e,
             backoff,
         )
+
+
+def evict_order(held: Iterable[str], wanted: Collection[str]) -> list[str]:
+    """The order the states of ``held`` (least recently used first) are evicted in: least
+    recently used first, but the keys of ``wanted`` (work for them waits here) last, as the
+    offline optimum evicts the state needed furthest ahead."""
+    return sorted(held, key=lambda key: key in wanted)
 
 
 @contextlib.contextmanager

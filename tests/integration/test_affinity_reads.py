@@ -1,6 +1,7 @@
 """read.lua chooses as worker/pipeline/affinity.py's ``read_order`` does: the same table
 (tests/unit/test_affinity.py), run on the ready set of a real Redis through the marks a
-partition of a serving with load_key sends ('!<lean ms>', '@<key>', '^<key>')."""
+partition of a serving with load_key sends ('!<lean ms>', '@<key>', '^<key>', '*'), and '-<key>'
+for work the worker holds."""
 
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ def marks_of(r: Row) -> list[str]:
         f"!{r.lean_ms}",
         *(f"@{k}" for k in sorted(r.here)),
         *(f"^{k}" for k in sorted(r.elsewhere - r.here)),
+        *(["*"] if r.may_load else []),
+        *(["-other"] if r.holds_work else []),  # (some work of a key not ready here)
     ]
 
 

@@ -109,6 +109,20 @@ def test_a_key_with_a_batch_in_flight_is_never_evicted(
     check_evictions(serving)
 
 
+def test_a_partition_loads_a_quarter_of_its_room_at_once_whatever_its_preparers(
+    start_worker: StartWorker, client: qs.Client
+) -> None:
+    # Given room for 4 states (so one load at a time) and three preparers, loads of 30 ms
+    serving = Keyed(batch_size=2, max_loaded_keys=4, prepare_concurrency=3, load_s=0.03)
+    start_worker(serving, max_concurrent_batches=2)
+    # When requests of 8 keys come interleaved, each key loaded more than once
+    answered_from_their_keys(client, [f"m{i}" for i in range(8)], 6)
+    # Then no two loads ran at once (three preparers would have loaded three keys at once,
+    # evicting the states in use as soon as their batches ran), and each answer is its key's
+    assert len(serving.loads) > 8 and serving.most_loading == [1], serving.loads
+    check_evictions(serving)
+
+
 def test_a_load_that_raises_fails_that_keys_requests_alone_and_is_tried_again(
     start_worker: StartWorker, client: qs.Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:

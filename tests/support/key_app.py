@@ -60,6 +60,8 @@ class Keyed(qs.Serving):
         self.live: list[Model] = []
         # (the worker runs a copy of the serving: what it counts lives in shared objects)
         self.most = {"live": 0, "bytes": 0}
+        self.loading: list[str] = []  # keys whose load_key runs now
+        self.most_loading = [0]  # the most loads that ran at once
         self.running: list[str] = []  # keys of the batches in handle_batch now
         self.problems: list[str] = []
         self.gate = threading.Event()
@@ -75,8 +77,11 @@ class Keyed(qs.Serving):
                 self.fail[key] -= 1
                 self.failed.append(key)
                 raise FileNotFoundError(f"no model for {key}")
+            self.loading.append(key)
+            self.most_loading[0] = max(self.most_loading[0], len(self.loading))
         time.sleep(self.load_s)  # a model's weights being read
         with self.lock:
+            self.loading.remove(key)
             model = Model(key, next(self._count), self.state_size)
             self.live.append(model)
             self.most["live"] = max(self.most["live"], len(self.live))

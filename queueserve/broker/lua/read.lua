@@ -23,12 +23,15 @@
 --           '=<batch key>=<weight>': the key's weight (batch_key_weights; 1 when not named);
 --           '~<tenant>=<weight>': a tenant's weight (P:tenants): a tenant's lane of a key
 --           ('<batch key>\31<tenant>', wire/tenants.py) has its key's weight times its tenant's
---           '!<ms>': the lean (a serving with load_key, worker/pipeline/affinity.py): a key
---           this worker holds no state of is read as if ranked that many ms later; one that
---           another worker holds ('^<batch key>') is left to it until it waited two leans
---           past its rank, then read as if ranked two leans later; one it holds ('@<batch
---           key>') and a quiet key's lead as ranked (reads follow what is loaded, each key's
---           wait bounded: at most two leans past its turn)
+--           '!<ms>': the lean (a serving with load_key, worker/pipeline/affinity.py): keys this
+--           worker holds the state of ('@<batch key>') and quiet keys' leads are read as
+--           ranked; every other key costs a load and is deferred: one no worker holds is
+--           ranked that many ms later, one another worker holds ('^<batch key>') is left to
+--           it until it waited two leans past its rank, then ranked two leans later. One
+--           deferred key is read, after the others, the first by leaned rank, and only with
+--           '*' (the worker may load a key now): once that rank is past, or at once if it is
+--           the only one, this read took nothing else and the worker holds no work ('-' or
+--           full marks)
 -- Keys the worker holds work of are read after the others, whatever their rank: what it holds
 -- of them runs in their turn anyway, and reading more of them first would spend the room on
 -- work that only waits, while a key that became ready later (a quiet one) waits a read more.
@@ -59,7 +62,7 @@ local step = tonumber(ARGV[3])
 local budget = tonumber(ARGV[4])
 local per_key = tonumber(ARGV[5])
 local full, held, new_only, weights, tenant_weights = {}, {}, false, {}, {}
-local here, elsewhere, lean = {}, {}, 0
+local here, elsewhere, lean, may_load = {}, {}, 0, false
 for i = 8, #ARGV do
   local mark, key = string.sub(ARGV[i], 1, 1), string.sub(ARGV[i], 2)
   if mark == '-' then held[key] = true elseif mark == '+' then new_only = true
@@ -74,6 +77,7 @@ for i = 8, #ARGV do
   elseif mark == '@' then here[key] = true
   elseif mark == '^' then elsewhere[key] = true
   elseif mark == '!' then lean = math.max(0, tonumber(key) or 0)
+  elseif mark == '*' and key == '' then may_load = true
   else full[key] = tonumber(mark) end
 end
 local weighted = next(weights) ~= nil or next(tenant_weights) ~= nil
@@ -247,26 +251,12 @@ local function passes_urgent_work(priority)
 end
 local ranked = {}  -- score, member of leading keys whose lead would pass more urgent work
 -- Keys the lean defers (no state here: 1, held elsewhere: 2), each list in rank order, as
--- {member, priority, key, new, score, score + lean}; taken once a key ranked later is taken
--- (merged by their leaned ranks), or after the ready keys were all looked at
+-- {member, priority, key, new, score, score + lean}: one of them is read after the others
 local deferred, next_of = {{}, {}}, {1, 1}
 local function lean_of(key)
   local base = string.match(key, '^(.*)\31[A-Za-z0-9][A-Za-z0-9_.%-]*$') or key
   if here[base] then return 0 elseif elsewhere[base] then return 2 end
   return 1
-end
-local function take_deferred(limit)
-  while budget > 0 do
-    local best, from
-    for c = 1, 2 do
-      local m = deferred[c][next_of[c]]
-      if m and m[6] <= limit and (not best or m[6] < best[6] or m[6] == best[6] and m[5] < best[5])
-      then best, from = m, c end
-    end
-    if not best then return end
-    next_of[from] = next_of[from] + 1
-    take(best[1], best[2], best[3], best[4], best[5])
-  end
 end
 local start = 0
 while budget > 0 do
@@ -297,14 +287,30 @@ while budget > 0 do
         local list = deferred[class]
         list[#list + 1] = {member, priority, key, new, score, score + class * lean}
       elseif budget > 0 then
-        take_deferred(score)
-        if budget > 0 then take(member, priority, key, new, score) end
+        take(member, priority, key, new, score)
       end
     end
   end
   if new_only then break end
 end
-take_deferred(math.huge)
+-- Of the keys the lean defers, one is read, and only when the worker may load a key ('*':
+-- fewer keys than it loads at once wait for a load there): the one whose leaned rank is first,
+-- once that rank is past; or at once if it is the only one, this read took nothing else and
+-- the worker holds no work (a lone key on an idle worker gathers nothing by waiting). The
+-- others wait in Redis, gathering items (counted as skipped: the worker reads again soon).
+local function first_deferred()
+  local a, b = deferred[1][next_of[1]], deferred[2][next_of[2]]
+  if a and (not b or a[6] <= b[6]) then return a, 1 end
+  return b, 2
+end
+local m, from = first_deferred()
+local deferred_n = #deferred[1] + #deferred[2]
+local idle = deferred_n == 1 and #out == 5 and next(held) == nil and next(full) == nil
+if may_load and m and budget > 0 and (m[6] <= now or idle) then
+  next_of[from] = next_of[from] + 1
+  take(m[1], m[2], m[3], m[4], m[5])
+end
+out[2] = out[2] + deferred_n - next_of[1] - next_of[2] + 2
 for _, m in ipairs(later) do
   if budget <= 0 then break end
   take(m[1], m[2], m[3], m[4], m[5])

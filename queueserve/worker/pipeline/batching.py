@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -179,7 +179,7 @@ class Assembler:
         self.timeout = timeout
         self.age_per_priority = age_per_priority
         self.shares = Shares()  # batch keys' and tenants' weights
-        self.affinity_marks: list[str] = []  # what keys' states are held where (affinity.py)
+        self.affinity_marks: Iterable[str] = ()  # what keys' states are held where (affinity.py)
         self.batch_times = BatchTimes()  # what batches take here (the executors measure)
         self.latency: LatencyPlan | None = None  # when max_latency is set
         # The clock passed in is monotonic; entry ids (when a request was enqueued) are unix

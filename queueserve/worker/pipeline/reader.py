@@ -268,7 +268,7 @@ class Reader:
                 # whole batch, reading again finds nothing until a batch is taken.
                 self._wait_while_full({keys.batch_key_of(s) for s, _ in read.entries})
         elif read.skipped:  # work waits only on keys we hold a full batch of
-            self._wait_while_full({mark[1:] for mark in marks if mark[0] not in "-=~@^!"})
+            self._wait_while_full({mark[1:] for mark in marks if mark[0] not in "-=~@^!*"})
         elif self.lease.lends:
             # A blocking read that timed out: an idle executor takes the next one.
             with self.cond:

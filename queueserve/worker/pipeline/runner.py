@@ -40,6 +40,7 @@ from queueserve.serving import Partition, Serving
 from queueserve.steps import StepServing
 from queueserve.wire import protocol as P
 from queueserve.wire.codec import get_codec
+from queueserve.wire.tenants import split_lane
 from queueserve.worker.middleware import Middleware
 from queueserve.worker.pipeline.affinity import HELD_FIELD, Affinity
 from queueserve.worker.pipeline.batching import Assembler, Slice, TakenBatch
@@ -152,13 +153,9 @@ class ServingRunner:
             self.stages.batch_times = self.assembler.batch_times
         self.affinity: Affinity | None = None  # with load_key: reads follow what is loaded
         if self.stages.states is not None and isinstance(self.assembler, Assembler):
-            states, assembler = self.stages.states, self.assembler
-            self.affinity = Affinity(
-                states.held,
-                lambda: states.mean_load_s,
-                lambda marks: setattr(assembler, "affinity_marks", marks),
+            self.affinity = follow_loads(
+                self.stages, self.assembler, self.ledger.cond, lambda: self.serving.batch_size
             )
-            self.stages.on_states = self.affinity.refresh
 
     @property
     def redis_threads(self) -> int:
@@ -358,6 +355,36 @@ class ServingRunner:
             if wake_id is not None and pending is None:
                 lease.give_back(wake_id)
         return pending
+
+
+def follow_loads(
+    stages: Stages, assembler: Assembler, cond: threading.Condition, batch_size: Callable[[], int]
+) -> Affinity:
+    """Reads that follow what is loaded, for a serving with load_key (affinity.py): the marks
+    of the keys ``stages`` holds into ``assembler``'s reads, '*' while fewer of the keys whose
+    work waits here wait for a load than the partition loads at once; and those keys' states
+    evicted last."""
+    states = stages.states
+    assert states is not None
+    waiting = functools.partial(waiting_keys, assembler, cond, stages)
+    affinity = Affinity(
+        states.held,
+        lambda: states.mean_load_s,
+        lambda marks: setattr(assembler, "affinity_marks", marks),
+        batch_size,
+        lambda: len(waiting() - states.loaded) < states.max_loading,  # (at each read)
+    )
+    stages.on_states = affinity.refresh
+    states.wanted = waiting
+    return affinity
+
+
+def waiting_keys(assembler: Assembler, cond: threading.Condition, stages: Stages) -> set[str]:
+    """The batch keys whose work waits here to run (a serving with load_key): read and not
+    yet taken (``cond``: the ledger's), or taken and not yet on the device."""
+    with cond:
+        keys = {split_lane(key)[0] for key in assembler.queues}
+    return keys | stages.keys_ahead()
 
 
 def cache_limit(serving: Serving) -> int:

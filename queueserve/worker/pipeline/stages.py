@@ -209,6 +209,11 @@ class Stages:
             self.serving, batch.items(), batch.key, self.partition, state=staged.state
         )
 
+    def keys_ahead(self) -> set[str]:
+        """The batch keys of the batches taken and not yet on the device."""
+        with self._cond:
+            return {split_lane(key)[0] for key in self._lines}
+
     # -- device ------------------------------------------------------------------------------
     def device_loop(self) -> None:
         """One device thread: run batches until nothing is left, then tell the replier."""
