@@ -20,6 +20,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 from queueserve.serving import Partition, Serving
@@ -98,149 +99,128 @@ class PrometheusMiddleware(Middleware):
     ) -> None:
         pc = _prometheus()
         kw = {} if registry is None else {"registry": registry}
+        # one registry for all (a test's own, or the default)
+        histogram, counter, gauge = (partial(m, **kw) for m in (pc.Histogram, pc.Counter, pc.Gauge))
         self.key_label = KeyLabels(declared, key_labels)
-        self.batch_size = pc.Histogram(
+        self.batch_size = histogram(
             "queueserve_batch_size",
             "Items per executed batch",
             ["serving", "key"],
             buckets=_SIZE_BUCKETS,
-            **kw,
         )
-        self.utilization = pc.Histogram(
+        self.utilization = histogram(
             "queueserve_batch_utilization",
             "Batch size / batch_size capacity",
             ["serving"],
             buckets=_RATIO_BUCKETS,
-            **kw,
         )
-        self.wait = pc.Histogram(
+        self.wait = histogram(
             "queueserve_batch_wait_seconds",
             "From a batch's first item to its execution",
             ["serving"],
             buckets=_TIME_BUCKETS,
-            **kw,
         )
-        self.execution = pc.Histogram(
+        self.execution = histogram(
             "queueserve_batch_execution_seconds",
             "Time in the batch function",
             ["serving"],
             buckets=_TIME_BUCKETS,
-            **kw,
         )
-        self.busy = pc.Counter(
+        self.busy = counter(
             "queueserve_partition_busy_seconds",
             "Seconds a partition spent executing batches",
             ["serving", "partition"],
-            **kw,
         )
-        self.items = pc.Counter("queueserve_items", "Items answered", ["serving"], **kw)
-        self.tenant_items = pc.Counter(
+        self.items = counter("queueserve_items", "Items answered", ["serving"])
+        self.tenant_items = counter(
             "queueserve_tenant_items",
             "Items taken into batches, by the tenant their request names (a gateway's)",
             ["serving", "tenant"],
-            **kw,
         )
         self.tenant_label = KeyLabels((), TENANT_LABELS)
-        self.requests = pc.Counter(
-            "queueserve_requests", "Requests answered completely", ["serving"], **kw
+        self.requests = counter("queueserve_requests", "Requests answered completely", ["serving"])
+        self.errors = counter(
+            "queueserve_errors", "Items answered with an error, by kind", ["serving", "kind"]
         )
-        self.errors = pc.Counter(
-            "queueserve_errors", "Items answered with an error, by kind", ["serving", "kind"], **kw
+        self.redeliveries = counter(
+            "queueserve_redeliveries", "Entries reclaimed from dead consumers", ["serving"]
         )
-        self.redeliveries = pc.Counter(
-            "queueserve_redeliveries", "Entries reclaimed from dead consumers", ["serving"], **kw
-        )
-        self.step_slots = pc.Histogram(
+        self.step_slots = histogram(
             "queueserve_step_slots",
             "Sequences decoded per step of a step serving",
             ["serving"],
             buckets=_SIZE_BUCKETS,
-            **kw,
         )
-        self.generated = pc.Counter(
-            "queueserve_generated_tokens", "Outputs produced by step servings", ["serving"], **kw
+        self.generated = counter(
+            "queueserve_generated_tokens", "Outputs produced by step servings", ["serving"]
         )
-        self.prefill_tokens = pc.Counter(
+        self.prefill_tokens = counter(
             "queueserve_prefill_tokens",
             "Prompt tokens prefilled (prefix-cache hits excluded)",
             ["serving"],
-            **kw,
         )
-        self.prefill_seconds = pc.Counter(
-            "queueserve_prefill_seconds",
-            "Seconds step servings spent in prefill",
-            ["serving"],
-            **kw,
+        self.prefill_seconds = counter(
+            "queueserve_prefill_seconds", "Seconds step servings spent in prefill", ["serving"]
         )
-        self.cache_lookups = pc.Counter(
+        self.cache_lookups = counter(
             "queueserve_prefix_cache_lookups",
             "Prefix-cache lookups, by result (hit, miss)",
             ["serving", "result"],
-            **kw,
         )
-        self.cache_saved = pc.Counter(
+        self.cache_saved = counter(
             "queueserve_prefix_cache_saved_tokens",
             "Prompt tokens not prefilled thanks to the prefix cache",
             ["serving"],
-            **kw,
         )
-        self.dead_letters = pc.Counter(
-            "queueserve_dead_letters", "Entries moved to the dead-letter stream", ["serving"], **kw
+        self.dead_letters = counter(
+            "queueserve_dead_letters", "Entries moved to the dead-letter stream", ["serving"]
         )
-        self.cache = pc.Gauge(
+        self.cache = gauge(
             "queueserve_result_cache",
             "The result cache's counts in Redis, every worker's and client's: hits, misses, "
             "stored, bytes, too_big (read at each heartbeat)",
             ["serving", "count"],
-            **kw,
         )
-        self.redis_failures = pc.Counter(
+        self.redis_failures = counter(
             "queueserve_redis_errors",
             "Failed Redis attempts of a partition's loops (each retried with backoff)",
             ["partition"],
-            **kw,
         )
-        self.queue_time = pc.Histogram(
+        self.queue_time = histogram(
             "queueserve_queue_time_seconds",
             "From a request's enqueue (its stream entry id, Redis's clock) to its first batch",
             ["serving"],
             buckets=_LATENCY_BUCKETS,
-            **kw,
         )
-        self.end_to_end = pc.Histogram(
+        self.end_to_end = histogram(
             "queueserve_end_to_end_seconds",
             "From a request's enqueue (Redis's clock) to its last answer written",
             ["serving"],
             buckets=_LATENCY_BUCKETS,
-            **kw,
         )
-        self.first_output = pc.Histogram(
+        self.first_output = histogram(
             "queueserve_time_to_first_output_seconds",
             "Step servings: from a request's enqueue to its first output",
             ["serving"],
             buckets=_LATENCY_BUCKETS,
-            **kw,
         )
-        self.per_output = pc.Histogram(
+        self.per_output = histogram(
             "queueserve_time_per_output_seconds",
             "Step servings: a decode step that produced outputs (the time between outputs)",
             ["serving"],
             buckets=_TIME_BUCKETS,
-            **kw,
         )
 
-        self.model = pc.Gauge(
+        self.model = gauge(
             "queueserve_batch_model_seconds",
             "max_latency set: learned batch time a + b*n (term a: per batch, b: per item or "
             "cost unit)",
             ["serving", "partition", "term"],
-            **kw,
         )
-        self.slack = pc.Gauge(
+        self.slack = gauge(
             "queueserve_latency_slack_seconds",
             "max_latency set: the last batch's max_latency less its oldest item's wait and run",
             ["serving", "partition"],
-            **kw,
         )
         self.key_states = KeyStateMetrics(pc, kw)  # servings with load_key
 
