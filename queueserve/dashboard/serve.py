@@ -17,6 +17,7 @@ from queueserve.door.connections import (
     fitted,
     guarded,
     limits_of,
+    run,
 )
 from queueserve.options.servers import DashboardOptions
 
@@ -64,15 +65,5 @@ def serve_dashboard(options: DashboardOptions, redis_url: str | None, prefix: st
             uvicorn.__version__,
             ", ".join(TESTED_UVICORN),
         )
-    # uvicorn logs the address it bound (with --port 0, the port it was given) at INFO.
-    uvicorn.run(
-        app,
-        host=options.host,
-        port=options.port,
-        log_level=options.log_level.lower(),
-        access_log=False,
-        lifespan="on",
-        timeout_keep_alive=max(1, round(limits.keep_alive_timeout)),
-        http=http,
-    )
+    run(app, options, limits, http)
     return 0

@@ -36,9 +36,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from queueserve.options.servers import ServerOptions
+from queueserve.options.servers import DashboardOptions, GatewayOptions, ServerOptions
 
 log = logging.getLogger(__name__)
 
@@ -317,6 +318,27 @@ def describe(limits: Limits) -> str:
     )
 
 
+def run(
+    app: Any, options: GatewayOptions | DashboardOptions, limits: Limits, http: Any, **more: Any
+) -> None:
+    """``uvicorn.run`` as both servers run it, until SIGTERM: ``options``' address and log
+    level, no access log, the app's lifespan, uvicorn's keep-alive timer at ``limits``' (it
+    runs only where uvicorn's own protocol does, without the guard), ``http`` the protocol
+    (``guarded``'s, else "auto"); ``more``: a server's own settings."""
+    # uvicorn logs the address it bound (with --port 0, the port it was given) at INFO.
+    uvicorn.run(
+        app,
+        host=options.host,
+        port=options.port,
+        log_level=options.log_level.lower(),
+        access_log=False,
+        lifespan="on",
+        timeout_keep_alive=max(1, round(limits.keep_alive_timeout)),
+        http=http,
+        **more,
+    )
+
+
 __all__: Sequence[str] = (
     "ConnectionGuard",
     "GuardedHttp",
@@ -325,4 +347,5 @@ __all__: Sequence[str] = (
     "fitted",
     "guarded",
     "limits_of",
+    "run",
 )

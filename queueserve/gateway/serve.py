@@ -17,6 +17,7 @@ from queueserve.door.connections import (
     fitted,
     guarded,
     limits_of,
+    run,
 )
 from queueserve.gateway.app import create_app
 from queueserve.gateway.tenants import Tenants
@@ -133,27 +134,20 @@ def serve_gateway(
     # walking and promoting them: 9% of the CPU per request (bench/gateway.py). Cycles made
     # per request are still collected, a few thousand requests later.
     gc.set_threshold(YOUNG_GC_THRESHOLD, 20, 20)
-    # uvicorn logs the address it bound (with --port 0, the port it was given) at INFO.
-    uvicorn.run(
+    run(
         app,
-        host=options.host,
-        port=options.port,
-        log_level=options.log_level.lower(),
-        access_log=False,
-        lifespan="on",
+        options,
+        limits,
+        # uvicorn's own protocol (httptools when installed, as uvicorn[standard] does; uvloop
+        # is uvicorn's default loop then), writing each response in one send (writes.py),
+        # and answering POST .../dispatch without uvicorn's ASGI cycle (dispatch_http.py).
+        http_protocol(ConnectionGuard(limits, "gateway")),
         # annotated int, used as seconds by asyncio.wait_for: a fraction is kept
-        timeout_graceful_shutdown=options.shutdown_timeout,  # type: ignore[arg-type]
-        # The guard's deadlines and caps (connections.py); uvicorn's own keep-alive timer
-        # only where its own protocol runs.
-        timeout_keep_alive=max(1, round(limits.keep_alive_timeout)),
+        timeout_graceful_shutdown=options.shutdown_timeout,
         # X-Forwarded-* rewrite the client's address, which the gateway never uses: a layer
         # less per request.
         proxy_headers=False,
         # "server: uvicorn" on every response: bytes and header checks per request, for nothing.
         server_header=False,
-        # uvicorn's own protocol (httptools when installed, as uvicorn[standard] does; uvloop
-        # is uvicorn's default loop then), writing each response in one send (writes.py),
-        # and answering POST .../dispatch without uvicorn's ASGI cycle (dispatch_http.py).
-        http=http_protocol(ConnectionGuard(limits, "gateway")),
     )
     return 0
