@@ -94,17 +94,18 @@ def prepare_isolated(
     except Exception as e:
         if len(items) == 1 or serving.on_error == "fail":
             return [Part(start, len(items), error=error_body(e))]
-        log.debug(
-            "serving %s key %s: preparing a batch of %d raised %r; bisecting",
-            serving.name,
-            key,
-            len(items),
-            e,
-        )
-        mid = len(items) // 2
+        mid = _bisecting("preparing a batch", serving, key, items, e)
         return prepare_isolated(
             serving, items[:mid], key, partition, start, state
         ) + prepare_isolated(serving, items[mid:], key, partition, start + mid, state)
+
+
+def _bisecting(what: str, serving: Serving, key: str, items: list[Any], e: Exception) -> int:
+    """Where a failing batch is cut in two (each half then runs alone), logged."""
+    log.debug(
+        "serving %s key %s: %s of %d raised %r; bisecting", serving.name, key, what, len(items), e
+    )
+    return len(items) // 2
 
 
 def run_isolated(
@@ -149,15 +150,9 @@ def run_isolated(
                 partition.index,
                 len(items),
             )
+            mid = len(items) // 2
         else:
-            log.debug(
-                "serving %s key %s: batch of %d raised %r; bisecting",
-                serving.name,
-                key,
-                len(items),
-                e,
-            )
-        mid = len(items) // 2
+            mid = _bisecting("a batch", serving, key, items, e)
         return run_isolated(
             serving, items[:mid], key, partition, drive, start, state=state
         ) + run_isolated(serving, items[mid:], key, partition, drive, start + mid, state=state)
