@@ -49,6 +49,18 @@ Level = Annotated[str, checked_by(_level)]
 Seconds = Annotated[float, duration()]
 
 
+Port = Annotated[int, count(0, 65535)]
+
+
+def _port(default: int) -> Any:
+    return Field(default, description="port (0: any free one)")
+
+
+def _token(what: str) -> Any:
+    # a flag's value shows in ps; a variable's does not
+    return Field(None, description=f"{what}; prefer the variable: arguments show in ps")
+
+
 def _keep_alive(default: float) -> Any:
     return Field(default, description="close a kept-alive connection idle this long")
 
@@ -120,12 +132,8 @@ class GatewayOptions(ServerOptions):
 
     ENV: ClassVar[str] = "QUEUESERVE_GATEWAY_"
 
-    port: Annotated[int, count(0, 65535)] = Field(8000, description="port (0: any free one)")
-    token: str | None = Field(
-        None,
-        description="require 'Authorization: Bearer TOKEN' (none: no auth); prefer the "
-        "variable: arguments show in ps",
-    )
+    port: Port = _port(8000)
+    token: str | None = _token("require 'Authorization: Bearer TOKEN' (none: no auth)")
     tenants: str | None = Field(
         None,
         description="a TOML file of tenants, each with its token, weight, max_queued and "
@@ -151,11 +159,9 @@ class DashboardOptions(ServerOptions):
 
     ENV: ClassVar[str] = "QUEUESERVE_DASHBOARD_"
 
-    port: Annotated[int, count(0, 65535)] = Field(8100, description="port (0: any free one)")
-    token: str | None = Field(
-        None,
-        description="needed for replay, drop and config set (none: the page is read-only); "
-        "prefer the variable: arguments show in ps",
+    port: Port = _port(8100)
+    token: str | None = _token(
+        "needed for replay, drop and config set (none: the page is read-only)"
     )
     read_token: str | None = Field(
         None,
