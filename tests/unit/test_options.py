@@ -15,6 +15,7 @@ import queueserve as qs
 from queueserve.ops.cli import build_parser
 from queueserve.ops.server_flags import flag_of
 from queueserve.options.servers import SERVERS, DashboardOptions, GatewayOptions
+from queueserve.options.serving import ServingOptions, StepOptions
 from queueserve.options.units import parse_bytes
 from queueserve.worker.options import OTHER_VARIABLES, WorkerOptions, unknown_variables
 from tests.support.helpers import REPO
@@ -194,6 +195,19 @@ def test_byte_sizes_have_one_parser() -> None:
 def test_every_worker_option_is_a_worker_keyword() -> None:
     keywords = inspect.signature(qs.Worker).parameters
     assert set(WorkerOptions.model_fields) <= set(keywords)
+
+
+def test_the_serving_keywords_and_attributes_are_its_options() -> None:
+    """qs.Serving's keywords and typed attributes name ServingOptions' fields and nothing
+    else but its batch function's parts; qs.StepServing's add StepOptions' (the keyword list
+    stays written out, for static checks and help(), so this holds it to the options)."""
+    not_options = {"self", "fn", "name", "prepare", "finish", "cost", "batch_key", "input_model"}
+    keywords = set(inspect.signature(qs.Serving.__init__).parameters) - not_options
+    assert keywords == set(ServingOptions.model_fields)
+    typed = set(qs.Serving.__annotations__) - {"name", "cost", "batch_key", "input_model"}
+    assert typed == set(ServingOptions.model_fields)
+    step = set(inspect.signature(qs.StepServing.__init__).parameters) - {"self", "options"}
+    assert step == set(StepOptions.model_fields) == set(qs.StepServing.__annotations__)
 
 
 def test_the_options_package_does_no_io() -> None:
