@@ -10,11 +10,13 @@ one private ``redis-server``, in one run. Throughput is the requests over the ti
 last answer:
 
 - ``cached``: the feature: an LRU of 4 models per partition (max_loaded_keys=4), reads that
-  follow what is loaded;
+  follow what is loaded and charge a key its load (a key not held gathers requests for its
+  lean, and partitions load such keys one at a time);
 - ``per_batch``: (a) the model loaded for every batch;
 - ``static``: (b) key i served only by partition i mod P (P servings of one partition each,
   with the same LRU of 4);
-- ``ideal``: every model preloaded (where memory allows): device time alone.
+- ``ideal``: every model preloaded (where memory allows): device time alone (no ``load_key``,
+  so keys take turns by batch, however few items each brings).
 
 For each: items/s, loads, p50/p99 round trip per popularity decile (the keys by rank: decile
 0 is the 4 most popular, decile 9 the 3 least), and (c) the offline optimum of loads for a
