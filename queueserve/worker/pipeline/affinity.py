@@ -88,7 +88,9 @@ def read_order(
 class Affinity:
     """One serving's partition: the keys it holds (``held``, from its key states), those its
     other partitions hold (``follow``, after each heartbeat) and read.lua's marks of both,
-    handed to ``publish`` (the assembler's ``affinity_marks``) whenever either changes."""
+    handed to ``publish`` (the assembler's ``affinity_marks``) whenever either changes; the
+    lean from ``load_s`` (the mean load) and ``batch_size``; '*' at each read that
+    ``may_load`` allows."""
 
     def __init__(
         self,
