@@ -30,7 +30,9 @@ states to keep while it prefills (``Resume.keep``) and starts from the one it is
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Hashable, Sequence
+import contextlib
+import threading
+from collections.abc import Callable, Generator, Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
 from types import EllipsisType
 from typing import Any
@@ -38,6 +40,24 @@ from typing import Any
 from queueserve.hooks import END, NO_OUTPUT
 from queueserve.options.serving import StepOptions, resolve
 from queueserve.serving import Batch, Serving
+
+_calling = threading.local()  # .states: id(serving) -> its key's state, around each call
+
+
+@contextlib.contextmanager
+def keyed(serving: StepServing, state: Any) -> Iterator[None]:
+    """Run the block with ``serving.key_state`` set to ``state`` in this thread (the step
+    executor around each call of one key's sequences; ``handle_batch`` in inline runs)."""
+    states: dict[int, Any] = _calling.__dict__.setdefault("states", {})
+    outer = states.get(id(serving))
+    states[id(serving)] = state
+    try:
+        yield
+    finally:
+        if outer is None:
+            del states[id(serving)]
+        else:
+            states[id(serving)] = outer
 
 
 @dataclass(slots=True)
@@ -81,6 +101,15 @@ class StepServing(Serving):
       its states;
     - ``result(state, outputs)``: an item's answer (default: the list of its outputs);
     - ``tokens(item) -> (prompt, most generated)``: what the item costs the token budgets.
+
+    Many models (docs/usage.md, "Many models behind one serving"): a step serving may define
+    ``load_key(key)`` (and ``unload_key``, ``state_bytes``, ``max_loaded_keys``,
+    ``max_loaded_bytes``) as a ``qs.Serving`` does. Each ``prefill``/``prefill_from``,
+    ``decode`` and ``result`` call then runs the sequences of one batch key, and
+    ``self.key_state`` is what ``load_key`` returned for that key (a key with a sequence
+    running or joining is never evicted; a key is loaded off the step loop while other keys'
+    sequences step on). ``tokens`` and ``prompt_tokens`` measure a request before its key is
+    loaded: ``key_state`` is None there, as it is in every call without ``load_key``.
 
     Options (class attributes or keyword arguments; defaults in brackets):
 
@@ -155,6 +184,29 @@ class StepServing(Serving):
             )
         vars(self).update(step)
 
+    @property
+    def key_state(self) -> Any:
+        """What ``load_key`` returned for the batch key whose sequences the current
+        ``prefill``, ``prefill_from``, ``decode`` or ``result`` call runs (None outside those
+        calls, and without ``load_key``).
+
+        >>> class Adapters(qs.StepServing):
+        ...     max_loaded_keys = 2
+        ...     def load_key(self, key):
+        ...         return {"step": len(key)}  # a model, an adapter...
+        ...     def prefill(self, items):
+        ...         return [{"left": n} for n in items]
+        ...     def decode(self, states):
+        ...         out = []
+        ...         for s in states:
+        ...             s["left"] -= self.key_state["step"]
+        ...             out.append(qs.END if s["left"] < 0 else s["left"])
+        ...         return out
+        >>> Adapters(batch_key=lambda item: "ab").inline(5)
+        [3, 1]
+        """
+        return getattr(_calling, "states", {}).get(id(self))
+
     # -- what a subclass defines -------------------------------------------------------------
     def prefill(self, items: list[Any]) -> list[Any]:
         """States for joining ``items``, one per item (the prompt read, nothing generated)."""
@@ -226,19 +278,21 @@ class StepServing(Serving):
 
     def handle_batch(self, batch: Batch) -> list[Any]:
         """Run ``batch`` statically to its end and return each item's ``result`` (what
-        ``inline``/``inline_many`` give; workers run the continuous executor instead)."""
+        ``inline``/``inline_many`` give; workers run the continuous executor instead), with
+        ``key_state`` set to ``batch.state``."""
         outputs: list[list[Any]] = [[] for _ in batch]
-        steps = self.static_steps(list(batch))
-        while True:
-            try:
-                row = next(steps)
-            except StopIteration as done:
-                states: list[Any] = done.value
-                break
-            for i, out in enumerate(row):
-                if out is not END and out is not NO_OUTPUT:
-                    outputs[i].append(out)
-        return [self.result(s, o) for s, o in zip(states, outputs, strict=True)]
+        with keyed(self, batch.state):
+            steps = self.static_steps(list(batch))
+            while True:
+                try:
+                    row = next(steps)
+                except StopIteration as done:
+                    states: list[Any] = done.value
+                    break
+                for i, out in enumerate(row):
+                    if out is not END and out is not NO_OUTPUT:
+                        outputs[i].append(out)
+            return [self.result(s, o) for s, o in zip(states, outputs, strict=True)]
 
     def options(self) -> dict[str, Any]:
         return {

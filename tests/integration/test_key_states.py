@@ -218,25 +218,3 @@ def test_loads_evictions_and_hits_are_counted_in_the_metrics(
     assert metric_sample(text, "queueserve_keys_held", partition="0", **name) == 2
     assert metric_sample(text, "queueserve_key_load_seconds_count", **name) == 3
     assert serving.unloads[0].key == "b"
-
-
-class StepsWithModels(qs.StepServing):
-    name = "steps"
-
-    def prefill(self, items: list[Any]) -> list[Any]:
-        return items
-
-    def decode(self, states: list[Any]) -> list[Any]:
-        return [qs.END for _ in states]
-
-    def load_key(self, key: str) -> str:
-        return key
-
-
-def test_a_step_serving_with_load_key_is_refused_at_start_not_served_without_its_states(
-    start_worker: StartWorker,
-) -> None:
-    # (its steps run on the step executor, which loads no key state: batch.state would be
-    # None in every step)
-    with pytest.raises(TypeError, match="a StepServing does not take load_key yet"):
-        start_worker(StepsWithModels())

@@ -35,7 +35,6 @@ from queueserve.broker.held import held_elsewhere
 from queueserve.broker.reads import PendingRead
 from queueserve.broker.replies import CacheWrites
 from queueserve.broker.retry import RedisFailure, Retry
-from queueserve.key_states import has_key_states
 from queueserve.serving import Partition, Serving
 from queueserve.steps import StepServing
 from queueserve.wire import protocol as P
@@ -77,12 +76,6 @@ class ServingRunner:
         on_fatal: Callable[[], None] = lambda: None,
     ) -> None:
         self.on_fatal = on_fatal
-        if isinstance(serving, StepServing) and has_key_states(serving):
-            raise TypeError(
-                f"serving {serving.name!r}: a StepServing does not take load_key yet (its steps "
-                "run on the step executor, which loads no key state); serve the models as a "
-                "qs.Serving, or load them in setup()"
-            )
         # Our own copy: run-time config changes it, and the caller's object stays as it was.
         self.serving = serving = copy.copy(serving)
         self.middleware = middleware or Middleware()
@@ -151,6 +144,8 @@ class ServingRunner:
         )
         if isinstance(self.assembler, Assembler):
             self.stages.batch_times = self.assembler.batch_times
+        if self.stepper is not None and self.stages.states is not None:
+            self.stepper.hold(self.stages.states)  # load_key: the steps run with key states
         self.affinity: Affinity | None = None  # with load_key: reads follow what is loaded
         if self.stages.states is not None and isinstance(self.assembler, Assembler):
             self.affinity = follow_loads(

@@ -5,6 +5,7 @@ and leave a running set between decode steps.
 - ``executor``: the executor thread of a step serving, a cycle per step;
 - ``calls``: what the executor calls of the serving (measure, prefill, decode, answer);
 - ``callers``: streaming callers that went away;
+- ``key_loads``: with ``load_key``, the keys' states the running set holds, and their loads;
 - ``prefix_cache``: prompt-prefix states, resumed by later prompts (pure logic).
 
 The batch pipeline (worker/pipeline/) reads, decodes and replies for both kinds of serving; a

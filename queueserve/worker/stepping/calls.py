@@ -6,7 +6,7 @@ failures isolated to their culprits, a step's output events and a finished reque
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +18,7 @@ from queueserve.wire.event import output_event
 from queueserve.worker.pipeline.batch_context import event_rows
 from queueserve.worker.pipeline.batching import Request
 from queueserve.worker.pipeline.execute import Row, _free_device_memory, is_out_of_memory
-from queueserve.worker.stepping.joins import StepRecord, Waiting, split_runs
+from queueserve.worker.stepping.joins import Limits, StepRecord, Waiting, split_runs, too_large
 from queueserve.worker.stepping.prefix_cache import PrefixCache
 
 log = logging.getLogger(__name__)
@@ -90,6 +90,34 @@ class StepCalls:
             w.prompts = [self._prompt(item) for item in w.piece.items]
         w.budget, w.prompt = budget, prompt
 
+    def measure_all(
+        self, waiting: list[Waiting], limits: Limits
+    ) -> tuple[list[Row], list[Waiting]]:
+        """``measure`` each slice (outside the lock: serving code): the rows answering those
+        whose items cannot be measured, or that can never fit, with BadRequest, and those."""
+        rows: list[Row] = []
+        bad: list[Waiting] = []
+        for w in waiting:
+            try:
+                self.measure(w)
+                reason = too_large(w, limits)
+                if reason is not None:
+                    raise ValueError(reason)
+            except Exception as e:  # serving code, or what it returned: this request's error
+                body = error_body(e, P.ERR_BAD_REQUEST)
+                rows.append((w.piece.request, w.piece.offset, w.slots, P.ERROR, body))
+                bad.append(w)
+        return rows, bad
+
+    def look_up(self, waiting: Iterable[Waiting], trie: Callable[[str], str]) -> None:
+        """What the prefix cache covers of each waiting prompt, looked up again whenever the
+        cache changed; ``trie``: whose entries a request's key may use (key_loads.py)."""
+        cache = self.cache
+        assert cache is not None
+        for w in waiting:
+            if w.measured and w.looked != cache.version:
+                w.cached, w.looked = self.cached_tokens(w, trie(w.key)), cache.version
+
     def _call(self, method: str, item: Any) -> Any:
         try:
             return getattr(self.serving, method)(item)
@@ -115,24 +143,24 @@ class StepCalls:
             ) from None
         return key
 
-    def cached_tokens(self, w: Waiting) -> int:
+    def cached_tokens(self, w: Waiting, key: str = "") -> int:
         assert self.cache is not None and w.prompts is not None
-        return sum(self.cache.lookup(tokens)[0] for tokens in w.prompts if tokens)
+        return sum(self.cache.lookup(tokens, key)[0] for tokens in w.prompts if tokens)
 
-    def offered(self, resumes: list[Resume]) -> None:
+    def offered(self, resumes: list[Resume], key: str = "") -> None:
         """Put the states offered with ``Resume.keep`` (in prefill, or in decode while a
-        sequence reads its prompt there) into the cache."""
+        sequence reads its prompt there) into ``key``'s trie of the cache."""
         for r in resumes:
             if r.kept:
                 if self.cache is not None:
                     for length, state, nbytes in r.kept:
-                        self.cache.put(r.tokens, length, state, nbytes)
+                        self.cache.put(r.tokens, length, state, nbytes, key)
                 r.kept.clear()
 
-    def resume(self, tokens: tuple[Hashable, ...], record: Tally) -> Resume:
+    def resume(self, tokens: tuple[Hashable, ...], record: Tally, key: str = "") -> Resume:
         if self.cache is None or not tokens:
             return Resume(tokens)
-        start, state = self.cache.lookup(tokens)
+        start, state = self.cache.lookup(tokens, key)
         if start:
             record.cache_hits += 1
             record.cache_saved_tokens += start

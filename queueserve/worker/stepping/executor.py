@@ -14,6 +14,10 @@ Each cycle, between two decode steps:
    take the prefix states that decode offered (a serving may read prompts inside its decode
    steps), and answer every request whose items all ended.
 
+With ``load_key`` (stepping/key_loads.py), each call runs with its key's state
+(``serving.key_state``); a key is pinned while its sequences run or join, a key not held is
+loaded by a loader thread while the others step on, and its requests join once it is there.
+
 Rows go to the runner's replier like a batch executor's, so replies, acks and events travel the
 usual way. A failed prefill or decode answers the sequences of that call with the error — after
 bisecting to find the culprit under ``on_error="isolate"`` — and the others go on.
@@ -31,10 +35,11 @@ from typing import Any
 from queueserve.broker.consumer import Consumer
 from queueserve.broker.retry import RedisFailure
 from queueserve.hooks import END, NO_OUTPUT
+from queueserve.key_states import KeyStates
 from queueserve.serving import Partition, Serving
 from queueserve.steps import StepServing
 from queueserve.wire import protocol as P
-from queueserve.wire.error import EXPIRED_GENERATING, error_body
+from queueserve.wire.error import EXPIRED_GENERATING
 from queueserve.wire.tenants import split_lane
 from queueserve.worker.middleware import Middleware
 from queueserve.worker.pipeline.batching import Request
@@ -48,8 +53,8 @@ from queueserve.worker.stepping.joins import (
     Scheduler,
     StepQueue,
     Waiting,
-    too_large,
 )
+from queueserve.worker.stepping.key_loads import KeyLoads, Keys
 from queueserve.worker.stepping.prefix_cache import PrefixCache
 
 log = logging.getLogger(__name__)
@@ -90,10 +95,16 @@ class StepExecutor:
         self.cache = PrefixCache(serving.prefix_cache_bytes) if serving.prefix_cache_bytes else None
         self.calls = StepCalls(serving, self.cache)
         self.callers = GoneCallers(serving.name, broker, serving.caller_gone_after)
+        self.keys = Keys()  # with load_key: KeyLoads (hold())
         # _withdraw looks at every request only when something may leave: a cancel, a caller
         # gone, the earliest deadline it saw passed, or a request arrived since.
         self._next_deadline = 0.0
         self._arrived_seen = -1
+
+    def hold(self, states: KeyStates) -> None:
+        """Run the steps with the batch keys' states of ``states`` (the partition's LRU of a
+        serving with load_key): pinned while their sequences run or join, loaded off the loop."""
+        self.keys = KeyLoads(states, self.cond, self.serving.name, self.cache)
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self) -> None:
@@ -101,14 +112,22 @@ class StepExecutor:
             while self._cycle():
                 pass
         finally:
+            self.keys.stop()
             self.outbox.put(None)
+
+    def _idle(self) -> bool:
+        """Wait until something runs or may join (caller holds cond); False once nothing will."""
+        while not self.running and (not self.queue.waiting or self.keys.loading(self.queue)):
+            if not self.queue.waiting and not self.reading():
+                return False
+            if not self.cond.wait(IDLE_WAIT_S) and self.queue.waiting:
+                break  # a load takes a while: look at what waits for it meanwhile
+        return True
 
     def _cycle(self) -> bool:
         with self.cond:
-            while not self.running and not self.queue.waiting:
-                if not self.reading():
-                    return False
-                self.cond.wait(IDLE_WAIT_S)
+            if not self._idle():
+                return False
             watched = self.callers.watched(self.running, self.queue.waiting)
             departed = self.queue.departed
         gone = self.callers.gone(watched)
@@ -118,15 +137,16 @@ class StepExecutor:
             unmeasured = [w for w in self.queue.waiting if not w.measured]
         rows += self._measure(unmeasured)
         with self.cond:
+            failed, release = self.keys.follow(self.queue, self.running)
+            rows += failed
             if self.cache is not None:
-                for w in self.queue.waiting:
-                    if w.measured and w.looked != self.cache.version:
-                        w.cached, w.looked = self.calls.cached_tokens(w), self.cache.version
+                self.calls.look_up(self.queue.waiting, self.keys.trie)
             joiners = self.queue.take(self.scheduler, time.monotonic())
             if self.queue.departed != departed:
                 # Room for the reader (waiting while a running set's worth waits). Only then:
                 # a reader woken for nothing reads Redis again, a round trip per step.
                 self.cond.notify_all()
+        self.keys.release(release)  # (outside cond: the LRU's lock is taken under none)
         if rows:
             self.outbox.put(rows)
         record = Tally(left=left)
@@ -204,29 +224,8 @@ class StepExecutor:
 
     # -- measuring and joining -----------------------------------------------------------------
     def _measure(self, waiting: list[Waiting]) -> list[Row]:
-        """Set each slice's budget, prompt size and prompt tokens (outside the lock: serving
-        code); a slice whose items cannot be measured, or that can never fit, is answered
-        with BadRequest and removed."""
-        rows: list[Row] = []
-        bad: list[Waiting] = []
-        limits = self.scheduler.limits
-        for w in waiting:
-            try:
-                self.calls.measure(w)
-                reason = too_large(w, limits)
-                if reason is not None:
-                    raise ValueError(reason)
-            except Exception as e:  # serving code, or what it returned: this request's error
-                rows.append(
-                    (
-                        w.piece.request,
-                        w.piece.offset,
-                        w.slots,
-                        P.ERROR,
-                        error_body(e, P.ERR_BAD_REQUEST),
-                    )
-                )
-                bad.append(w)
+        """Measure newly waiting slices; those that cannot be, or never fit, are answered."""
+        rows, bad = self.calls.measure_all(waiting, self.scheduler.limits)
         if bad:
             with self.cond:
                 self.queue.remove(bad)
@@ -253,18 +252,20 @@ class StepExecutor:
     def _prefill(self, key: str, group: list[Waiting], record: Tally) -> list[Row]:
         items = [item for w in group for item in w.piece.items]
         prompts = [p for w in group for p in (w.prompts or [()] * w.slots)]
-        resumes = [self.calls.resume(tokens, record) for tokens in prompts]
-        outcomes = self.calls.isolated(
-            lambda pos: self.serving.prefill_from(
-                [items[i] for i in pos], [resumes[i] for i in pos]
-            ),
-            list(range(len(items))),
-            "prefill",
-            key,
-        )
+        ckey = self.keys.trie(key)
+        resumes = [self.calls.resume(tokens, record, ckey) for tokens in prompts]
+        with self.keys.calling(self.serving, key):
+            outcomes = self.calls.isolated(
+                lambda pos: self.serving.prefill_from(
+                    [items[i] for i in pos], [resumes[i] for i in pos]
+                ),
+                list(range(len(items))),
+                "prefill",
+                key,
+            )
         record.joined += len(items)
         record.prefill_tokens += sum(w.prompt for w in group) - sum(r.start for r in resumes)
-        self.calls.offered(resumes)
+        self.calls.offered(resumes, ckey)
         rows: list[Row] = []
         pos = 0
         for w in group:
@@ -294,7 +295,8 @@ class StepExecutor:
     def _finish(self, m: Member) -> list[Row]:
         """The answer of a slice whose items all ended, which leaves the running set."""
         self._leave(m)
-        return self.calls.answer(m)
+        with self.keys.calling(self.serving, m.key):
+            return self.calls.answer(m)
 
     # -- one decode step -----------------------------------------------------------------------
     def _step(self, record: Tally) -> list[Row]:
@@ -330,9 +332,10 @@ class StepExecutor:
         self.middleware.batch_opened(self.serving, key, self.partition, pieces)
         self.middleware.batch_started(self.serving, key, self.partition, len(seqs), 0.0)
         call_started = time.perf_counter()
-        outcomes = self.calls.isolated(
-            partial(self.calls.decode, seqs), list(range(len(seqs))), "decode", key
-        )
+        with self.keys.calling(self.serving, key):
+            outcomes = self.calls.isolated(
+                partial(self.calls.decode, seqs), list(range(len(seqs))), "decode", key
+            )
         call_seconds = time.perf_counter() - call_started
         self.middleware.batch_finished(self.serving, key, self.partition, len(seqs), call_seconds)
         record.slots += len(seqs)
@@ -355,5 +358,5 @@ class StepExecutor:
         record.reading += reading
         record.prefill_seconds += call_seconds * reading / len(seqs)
         if self.cache is not None:
-            self.calls.offered([m.resumes[i] for m, i in seqs])
+            self.calls.offered([m.resumes[i] for m, i in seqs], self.keys.trie(key))
         return self.calls.events(seqs, outcomes)

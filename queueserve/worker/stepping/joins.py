@@ -91,6 +91,7 @@ class Waiting:
     cached: int = 0  # prompt tokens the prefix cache covers (as of the last look)
     looked: int = -1  # the cache's version at that look
     prompts: list[tuple[Any, ...]] | None = None  # per item: its prompt_tokens, () for none
+    ready: bool = True  # with load_key: its key's state is held (stepping/key_loads.py)
 
     @property
     def measured(self) -> bool:
@@ -217,6 +218,12 @@ def _remove(waiting: deque[Waiting], taken: list[Waiting]) -> None:
     waiting.extend(staying)
 
 
+def _ready(waiting: Iterable[Waiting]) -> Iterable[Waiting]:
+    """``waiting`` but the requests whose key's state is being loaded: the others need not wait
+    for it (stepping/key_loads.py)."""
+    return (w for w in waiting if w.ready)
+
+
 def too_large(w: Waiting, limits: Limits) -> str | None:
     """Why ``w`` can never join (even an empty running set), or None."""
     if w.slots > limits.max_slots:
@@ -266,7 +273,7 @@ class Scheduler:
         slots, tokens, prefill = self.slots, self.tokens, 0
         idle = {t for t in active if t not in self.tenants}  # (one tenant: none or itself)
         newcomer = False  # a tenant with nothing running joins: no waiting for a wave
-        for w in self.in_turn(waiting, weights or {}):
+        for w in _ready(self.in_turn(waiting, weights or {})):
             if not w.measured:
                 break
             if w.piece.request.alone:

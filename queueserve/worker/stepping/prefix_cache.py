@@ -6,6 +6,11 @@ a state, so a request resumes there and only the rest of its prompt is computed.
 bounded by the bytes of the states it holds (the serving says how big each is) and drops the
 least recently used first; a node left with no state and no children is pruned. Pure logic, no
 I/O: one partition's executor thread owns it.
+
+Each batch key of a serving with ``load_key`` has a trie of its own (``key``; "" for every
+request of a serving without one): a prefix state is computed by one key's model, so it is
+never served to another key's sequence, and ``drop_key`` lets a key's entries go with its
+state (stepping/key_loads.py).
 """
 
 from __future__ import annotations
@@ -36,15 +41,22 @@ class PrefixCache:
         self.capacity = capacity
         self.nbytes = 0
         self.version = 0  # changes whenever what a lookup can find changes
-        self._root = _Node(None, None, 0)
+        self._root = _Node(None, None, 0)  # key ""'s
+        self._roots: dict[str, _Node] = {"": self._root}
         self._lru: OrderedDict[int, _Node] = OrderedDict()  # id(node) -> node, oldest first
 
     def __len__(self) -> int:
         return len(self._lru)
 
-    def lookup(self, tokens: Sequence[Hashable]) -> tuple[int, Any]:
-        """(length, state) of the longest cached prefix of ``tokens``; (0, None) if none."""
-        node = self._root
+    def keys(self) -> set[str]:
+        """The batch keys with a trie (those that held entries since their last drop)."""
+        return set(self._roots) - {""}
+
+    def lookup(self, tokens: Sequence[Hashable], key: str = "") -> tuple[int, Any]:
+        """(length, state) of ``key``'s longest cached prefix of ``tokens``; (0, None) if none."""
+        node = self._roots.get(key)
+        if node is None:
+            return 0, None
         best: _Node | None = None
         for token in tokens:
             child = node.children.get(token)
@@ -58,15 +70,19 @@ class PrefixCache:
         self._lru.move_to_end(id(best))
         return best.depth, best.state
 
-    def put(self, tokens: Sequence[Hashable], length: int, state: Any, nbytes: int) -> bool:
-        """Keep ``state`` as the state after ``tokens[:length]``; False when it cannot be kept
-        (larger than the whole cache). A prefix already cached is only marked as recent."""
+    def put(
+        self, tokens: Sequence[Hashable], length: int, state: Any, nbytes: int, key: str = ""
+    ) -> bool:
+        """Keep ``state`` as ``key``'s state after ``tokens[:length]``; False when it cannot be
+        kept (larger than the whole cache). A prefix already cached is only marked as recent."""
         if length <= 0 or length > len(tokens):
             raise ValueError(f"prefix length {length} is outside the {len(tokens)} tokens given")
         if nbytes > self.capacity:
             return False
         nbytes = max(1, nbytes)  # a held state is marked by nbytes > 0
-        node = self._root
+        node = self._roots.get(key)
+        if node is None:
+            node = self._roots[key] = _Node(None, None, 0)
         for token in tokens[:length]:
             child = node.children.get(token)
             if child is None:
@@ -91,3 +107,20 @@ class PrefixCache:
         while node.parent is not None and not node.children and not node.nbytes:
             del node.parent.children[node.token]
             node = node.parent
+
+    def drop_key(self, key: str) -> int:
+        """Drop every entry of ``key`` (its state left the partition); how many there were."""
+        root = self._roots.pop(key, None) if key else None
+        if root is None:
+            return 0
+        dropped, stack = 0, [root]
+        while stack:
+            node = stack.pop()
+            stack.extend(node.children.values())
+            if node.nbytes:
+                del self._lru[id(node)]
+                self.nbytes -= node.nbytes
+                dropped += 1
+        if dropped:
+            self.version += 1
+        return dropped
