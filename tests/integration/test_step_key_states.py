@@ -138,6 +138,7 @@ def test_a_request_leaving_releases_its_key_cancelled_or_expired(
     assert [m.key for m in serving.unloads] == ["a"]
     # And the same for a request that expires while it runs
     expiring = send(client, "c", {"n": 1, "hold": True}, timeout=1.0)
+    wait_until(lambda: steps_of(serving, "c")() > 0, "c running")
     d = send(client, "d", {"n": 1})
     with pytest.raises(qs.Timeout):
         expiring.result(WAIT_S)
