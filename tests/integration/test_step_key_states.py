@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+import redis
 
 import queueserve as qs
 from queueserve import key_states
@@ -220,3 +221,23 @@ def test_loads_evictions_and_uses_are_counted_in_the_metrics(
     assert metric_sample(text, "queueserve_key_state_uses_total", result="miss", **name) == 3
     assert metric_sample(text, "queueserve_keys_held", partition="0", **name) == 2
     assert serving.unloads[0].key == "b"
+
+
+def test_a_partitions_heartbeat_names_the_keys_it_holds(
+    start_worker: StartWorker, client: qs.Client, redis_client: redis.Redis, prefix: str
+) -> None:
+    # Given a step serving holding 2 states at most, which ran keys a, b, then c
+    serving = KeyedSteps(max_loaded_keys=2)
+    start_worker(serving)
+    for key in ("a", "b", "c"):
+        assert ask(client, key, {"n": 1}) == f"{key}/1"
+
+    def held() -> list[str] | None:
+        for name in redis_client.scan_iter(f"{prefix}:*", _type="hash"):
+            value = redis_client.hget(name, "held:ksteps")
+            if value is not None:
+                return sorted(value.decode().split("\n"))
+        return None
+
+    # Then its heartbeat record says it holds b and c (a was evicted), as the dashboard shows
+    wait_until(lambda: held() == ["b", "c"], "the keys held in the heartbeat")

@@ -226,10 +226,12 @@ class ServingRunner:
 
     def held_field(self) -> dict[str, str]:
         """The keys whose state this serving holds here, for the partition's heartbeat record
-        (affinity.py); nothing without load_key."""
-        if self.affinity is None:
-            return {}
-        return {HELD_FIELD + self.serving.name: "\n".join(self.affinity.held())}
+        (affinity.py; a step serving's, for the dashboard); nothing without load_key."""
+        if self.affinity is not None:
+            return {HELD_FIELD + self.serving.name: "\n".join(self.affinity.held())}
+        if self.stepper is not None and self.stages.states is not None:
+            return {HELD_FIELD + self.serving.name: "\n".join(self.stages.states.held())}
+        return {}
 
     def follow_holders(self) -> None:
         """Learn which keys the serving's other partitions hold (after each heartbeat)."""
