@@ -54,7 +54,7 @@ from typing import Any
 import redis
 
 import queueserve as qs
-from queueserve.wire.protocol import key_slot, shard_tags
+from queueserve.wire.shards import key_slot, shard_tags
 from tests.support.redis_topologies import Cluster, redis_cluster, sentinel_set
 
 from ._harness import spawn_module, stop_process

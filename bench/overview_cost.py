@@ -35,7 +35,7 @@ import redis
 
 from bench._harness import RedisServer, free_port, percentile, spawn_module, stop_process
 from queueserve.broker.producer import Producer
-from queueserve.wire.protocol import Keys, inbox_key, servings_key
+from queueserve.wire.keys import Keys, inbox_key, servings_key
 
 PREFIX = "qsbench"
 SERVING = "embed"

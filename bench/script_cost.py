@@ -27,7 +27,7 @@ import redis
 from queueserve.broker.consumer import Consumer
 from queueserve.broker.producer import Producer
 from queueserve.wire.codec import get_codec
-from queueserve.wire.protocol import Keys, inbox_key
+from queueserve.wire.keys import Keys, inbox_key
 from queueserve.wire.request import encode_request
 
 from ._harness import RedisServer

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from queueserve.errors import QueueServeError
-from queueserve.wire.protocol import BATCHED, RESULTS, STEPS
+from queueserve.wire.kinds import BATCHED, RESULTS, STEPS
 
 
 class BatchResultError(QueueServeError):

@@ -16,7 +16,7 @@ from queueserve.key_states import KeyStates, has_key_states, holding
 from queueserve.options.serving import KeyWeights, OnError, ServingOptions, followers, resolve
 from queueserve.results import BatchResults
 from queueserve.wire.key_rules import META_FIELD, LengthBuckets
-from queueserve.wire.protocol import Keys
+from queueserve.wire.keys import Keys
 from queueserve.wire.request import FIELDS
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -16,7 +16,6 @@ from queueserve.broker.common import (
     StreamEntries,
     add_listing,
     declared_names,
-    declared_pattern,
     listing,
     register_servings,
     text,
@@ -25,15 +24,16 @@ from queueserve.broker.common import (
 from queueserve.broker.core import BrokerCore
 from queueserve.broker.errors import raise_but_wrong_type, redis_errors
 from queueserve.options.serving import followers
-from queueserve.wire.protocol import (
+from queueserve.wire.keys import (
     GROUP,
     MAX_LISTED_SERVINGS,
-    MAX_PRIORITY,
-    PRIORITY_AGE_MS,
     Keys,
-    check_shards,
     is_serving_name,
+    serving_of,
+    tagged_pattern,
 )
+from queueserve.wire.priority import MAX_PRIORITY, PRIORITY_AGE_MS
+from queueserve.wire.shards import check_shards
 
 log = logging.getLogger(__name__)
 
@@ -236,7 +236,7 @@ class Admin(BrokerCore):
         predate the registry), and return their names. Each is listed as refreshed now, and
         leaves the listings SERVINGS_FORGET_S later unless a worker refreshes it."""
         with redis_errors(self.url):
-            scanned = self.redis.scan_iter(match=declared_pattern(prefix), count=1000)
+            scanned = self.redis.scan_iter(match=tagged_pattern(prefix, "meta"), count=1000)
             names = [n for n in declared_names(scanned) if is_serving_name(n)]
         declared = self.declared([Keys(prefix, n) for n in names])
         found = [n for n, ok in zip(names, declared, strict=True) if ok]
@@ -254,10 +254,9 @@ class Admin(BrokerCore):
         known = set(declared)
         candidates = []
         with redis_errors(self.url):
-            for key in self.redis.scan_iter(match=f"{prefix}:{{*}}:queued", count=500):
-                name = text(key, "replace")
-                serving = name[name.index("{") + 1 : name.rindex("}")]
-                if "#" not in serving and serving not in known:
+            for key in self.redis.scan_iter(match=tagged_pattern(prefix, "queued"), count=500):
+                serving = serving_of(text(key, "replace"))
+                if serving is not None and serving not in known:
                     candidates.append((serving, key))
             pipe = self.redis.pipeline(transaction=False)
             for _, key in candidates:

@@ -45,7 +45,7 @@ from queueserve.broker.retry import Outage
 from queueserve.broker.tenants import AsyncTenants
 from queueserve.broker.urls import redact_url
 from queueserve.errors import NotReplicated, QueueServeError, RedisUnavailable
-from queueserve.wire.protocol import Keys
+from queueserve.wire.keys import Keys
 
 
 class _HiredisPacking:

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from queueserve.broker.core import BrokerCore
 from queueserve.broker.errors import redis_errors
 from queueserve.wire.cache import stats
-from queueserve.wire.protocol import Keys
+from queueserve.wire.keys import Keys
 
 
 def cache_counts(broker: BrokerCore, shards: Sequence[Keys]) -> dict[str, int]:

@@ -19,15 +19,16 @@ from redis.exceptions import NoScriptError
 from queueserve.broker.urls import redact_url
 from queueserve.wire.cache import lookup_spec
 from queueserve.wire.jobs import placings
-from queueserve.wire.once import once_spec
-from queueserve.wire.protocol import (
+from queueserve.wire.keys import (
     GROUP,
     MAX_LISTED_SERVINGS,
-    PRIORITY_AGE_MS,
     Keys,
     is_serving_name,
+    serving_of,
     servings_key,
 )
+from queueserve.wire.once import once_spec
+from queueserve.wire.priority import PRIORITY_AGE_MS
 from queueserve.wire.timing import DURABLE_WAIT_MS, SERVINGS_FORGET_S
 
 StreamEntries = list[tuple[bytes, dict[bytes, bytes]]]
@@ -260,18 +261,10 @@ def pubsub_data(message: Mapping[str, Any] | None) -> tuple[bool, bytes | None]:
     return False, message["data"] if message["type"] == "message" else None
 
 
-def declared_pattern(prefix: str) -> str:
-    """SCAN pattern of the meta hashes workers declare servings in (``Keys.meta``)."""
-    return f"{prefix}:{{*}}:meta"
-
-
 def declared_names(keys: Iterable[bytes | str]) -> list[str]:
     """Serving names from meta hash keys; a shard's (``S#i``) is its serving's already."""
-    names = set()
-    for key in keys:
-        name = text(key, "replace")
-        names.add(name[name.index("{") + 1 : name.rindex("}")])
-    return sorted(name for name in names if "#" not in name)
+    names = {serving_of(text(key, "replace")) for key in keys}
+    return sorted(name for name in names if name is not None)
 
 
 # --- the servings registry (P:servings): what every listing of servings reads ----------------

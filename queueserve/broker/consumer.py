@@ -24,7 +24,9 @@ from queueserve.broker.connect import is_cluster
 from queueserve.broker.core import Subscription, no_group
 from queueserve.broker.errors import error_code, raise_but_wrong_type, redis_errors
 from queueserve.broker.replies import Replies
-from queueserve.wire.protocol import GROUP, MAX_PACK_REQUESTS, PRIORITY_AGE_MS, Keys, worker_key
+from queueserve.wire.keys import GROUP, Keys, worker_key
+from queueserve.wire.priority import PRIORITY_AGE_MS
+from queueserve.wire.protocol import MAX_PACK_REQUESTS
 
 
 class DeadLetter(NamedTuple):

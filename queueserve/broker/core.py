@@ -29,7 +29,7 @@ from queueserve.broker.errors import error_code, redis_errors
 from queueserve.broker.retry import Outage
 from queueserve.broker.urls import redact_url
 from queueserve.errors import RedisUnavailable
-from queueserve.wire.protocol import Keys, tenants_key
+from queueserve.wire.keys import Keys, tenants_key
 from queueserve.wire.tenants import MAX_TENANT_WEIGHTS, parse_weights
 
 IDLE_CLOSE_S = 10.0  # a connection not needed this long is closed (close_idle)

@@ -20,7 +20,7 @@ from queueserve.broker.connect import is_cluster
 from queueserve.broker.errors import redis_errors, translate
 from queueserve.errors import QueueServeError
 from queueserve.wire.jobs import LIVE_TTL_MS, MAX_KEEP_MS
-from queueserve.wire.protocol import GROUP, Keys
+from queueserve.wire.keys import GROUP, Keys
 
 log = logging.getLogger(__name__)
 

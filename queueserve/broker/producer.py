@@ -35,7 +35,7 @@ from queueserve.broker.core import BrokerCore
 from queueserve.broker.errors import raise_but_wrong_type, redis_errors
 from queueserve.broker.jobs import JobAt, Jobs
 from queueserve.errors import NotReplicated, QueueServeError
-from queueserve.wire.protocol import Keys
+from queueserve.wire.keys import Keys
 
 
 class Producer(BrokerCore):

@@ -18,7 +18,8 @@ from queueserve.broker.common import StreamEntries, names, text
 from queueserve.broker.core import BrokerCore
 from queueserve.broker.errors import redis_errors
 from queueserve.broker.wakes import IDLE_ROUNDS, WakeWatch
-from queueserve.wire.protocol import GROUP, PRIORITY_AGE_MS, Keys
+from queueserve.wire.keys import GROUP, Keys
+from queueserve.wire.priority import PRIORITY_AGE_MS
 
 log = logging.getLogger(__name__)
 

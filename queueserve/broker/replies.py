@@ -19,7 +19,7 @@ from queueserve.broker.urls import redact_url
 from queueserve.errors import RedisUnavailable
 from queueserve.wire.cache import STATS_TTL_MS
 from queueserve.wire.jobs import MAX_JOB_BYTES
-from queueserve.wire.protocol import Keys
+from queueserve.wire.keys import Keys
 from queueserve.wire.timing import DURABLE_WAIT_MS
 
 log = logging.getLogger(__name__)

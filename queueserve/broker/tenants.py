@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from queueserve.broker.errors import redis_errors
-from queueserve.wire.protocol import tenants_key
+from queueserve.wire.keys import tenants_key
 from queueserve.wire.tenants import encode_weights
 
 

@@ -28,7 +28,8 @@ from queueserve.client.targets import Target, stream_parts
 from queueserve.client.windows import MapWindow, StreamPacer
 from queueserve.errors import Cancelled, Timeout
 from queueserve.hooks import Event
-from queueserve.wire import protocol as P
+from queueserve.wire.keys import job_id_key
+from queueserve.wire.priority import check_priority
 from queueserve.wire.timing import RECONNECT_WITHIN_S
 
 
@@ -118,7 +119,7 @@ class AsyncClient(AsyncSending):
         if self._closed:
             raise self._closed_error("AsyncClient")
         timeout = self._timeout_for(timeout)
-        priority = P.check_priority(priority)
+        priority = check_priority(priority)
         target = await self._target(serving)
         items = items if isinstance(items, list) else list(items)
         parts, keep_ms, onces = call_plan(target, items, batch_key, keep, idempotency_key)
@@ -198,7 +199,7 @@ class AsyncClient(AsyncSending):
     ) -> AsyncIterator[Event]:
         """``Client.stream`` for asyncio: ``async for event in client.stream(...)``."""
         timeout = self._timeout_for(timeout)
-        priority = P.check_priority(priority)
+        priority = check_priority(priority)
         target = await self._target(serving)
         todo = deque(stream_parts(target, list(items), batch_key))
         await self._ensure_events()  # subscribed before anything is enqueued
@@ -335,7 +336,7 @@ class AsyncClient(AsyncSending):
 async def job_id_secret(client: AsyncClient) -> bytes:
     """The prefix's key for the job ids gateways hand out (queueserve/gateway/job_ids.py):
     random bytes in Redis, made by the first process that asks."""
-    return await client._broker.jobs.secret(P.job_id_key(client.prefix))
+    return await client._broker.jobs.secret(job_id_key(client.prefix))
 
 
 async def declare_tenants(client: AsyncClient, weights: Mapping[str, float]) -> None:

@@ -37,11 +37,11 @@ from queueserve.errors import (
 from queueserve.serving import Serving
 from queueserve.settings import Settings, check_prefix, check_redis_url, check_timeout
 from queueserve.tracing import reads_trace, trace_fields
-from queueserve.wire import protocol as P
 from queueserve.wire.codec import get_codec
+from queueserve.wire.keys import Keys, events_channel, inbox_key
 from queueserve.wire.options import declared_rule, parse_declared
 from queueserve.wire.request import encode_request
-from queueserve.wire.tenants import lane_key
+from queueserve.wire.tenants import check_tenant, lane_key
 from queueserve.wire.timing import ALIVE_WITHIN_S, RECONNECT_WITHIN_S
 
 log = logging.getLogger("queueserve.client")
@@ -70,13 +70,13 @@ class BaseClient:
         self._default_timeout = settings.default_timeout
         self._unserved = UnservedWatch(self.url, self.prefix)
         self.client_id = uuid.uuid4().hex[:16]
-        self._inbox = P.inbox_key(self.prefix, self.client_id)
+        self._inbox = inbox_key(self.prefix, self.client_id)
         self._table = CallTable()
-        self._events_channel = P.events_channel(self.prefix, self.client_id)
+        self._events_channel = events_channel(self.prefix, self.client_id)
         self._targets: dict[str, Target] = {}
         # Key names per serving name: a serving object's call makes a new Target, whose keys
         # would otherwise be built again (some twenty strings) and kept by the call in flight.
-        self._keys: dict[str, P.Keys] = {}
+        self._keys: dict[str, Keys] = {}
         self._spreads: dict[str, ShardSpread] = {}
         # Servings whose workers declared they read trace context (tracing.py), by name
         self._traced: dict[str, bool] = {}
@@ -99,7 +99,7 @@ class BaseClient:
     def _closed_error(self, kind: str) -> QueueServeError:
         return QueueServeError(f"this client is closed; create a new qs.{kind}")
 
-    def _meta_keys(self, serving: ServingRef) -> P.Keys | None:
+    def _meta_keys(self, serving: ServingRef) -> Keys | None:
         """Keys whose meta hash to read before ``remember``: None when a serving object (or
         a cached name) says all there is to know."""
         if isinstance(serving, str):
@@ -108,7 +108,7 @@ class BaseClient:
             return self._keys_of(serving.name)  # read once, for the trace gate
         return None
 
-    def _undeclared(self, keys: P.Keys | None, meta: dict[str, str]) -> bool:
+    def _undeclared(self, keys: Keys | None, meta: dict[str, str]) -> bool:
         """Whether a serving named by a string has no meta hash (no worker ever declared it)
         and this client does not wait for workers: the call fails with ``_unknown``."""
         return keys is not None and not meta and not self._wait_for_worker
@@ -116,10 +116,10 @@ class BaseClient:
     def _unknown(self, name: str, known: list[str]) -> UnknownServing:
         return UnknownServing(unknown_serving_message(name, known, self.prefix, self._shown_url))
 
-    def _keys_of(self, name: str) -> P.Keys:
+    def _keys_of(self, name: str) -> Keys:
         keys = self._keys.get(name)
         if keys is None:
-            keys = self._keys[name] = P.Keys(self.prefix, name)
+            keys = self._keys[name] = Keys(self.prefix, name)
         return keys
 
     def _request(
@@ -138,7 +138,7 @@ class BaseClient:
         ``keep_ms`` it is a job, whose answer its record keeps too (wire/jobs.py); ``tenant``
         (a tenant's name, checked here) travels in its header to the worker, and its batch key
         is the tenant's lane (wire/tenants.py)."""
-        key = part.batch_key if tenant is None else lane_key(part.batch_key, P.check_tenant(tenant))
+        key = part.batch_key if tenant is None else lane_key(part.batch_key, check_tenant(tenant))
         call = self._table.new(len(part.items), target.keys, key, priority)
         call.deadline = deadline
         fields: dict[str, Any] | None = trace_fields() if target.traced else None
@@ -272,7 +272,7 @@ class BaseClient:
     def _cached(self, serving: ServingRef) -> Target | None:
         return self._targets.get(serving) if isinstance(serving, str) else None
 
-    def _last_shard(self, keys: P.Keys | None, meta: dict[str, str]) -> P.Keys | None:
+    def _last_shard(self, keys: Keys | None, meta: dict[str, str]) -> Keys | None:
         """When ``meta`` claims more than one shard, the keys of the last one: workers declare
         the count there too, and ``remember`` needs that hash (``confirmation``) to trust it."""
         count = claimed_shards(meta)
@@ -323,7 +323,7 @@ class BaseClient:
                 self._traced[name] = known
         return known
 
-    def _spread(self, keys: P.Keys, count: int) -> ShardSpread:
+    def _spread(self, keys: Keys, count: int) -> ShardSpread:
         """This client's ShardSpread of a serving (one per shard count it was told)."""
         spread = self._spreads.get(keys.name)
         if spread is None or len(spread.shards) != count:

@@ -15,7 +15,7 @@ from queueserve.client.once import mark_keyed
 from queueserve.client.outgoing import Outgoing
 from queueserve.client.targets import Part, Target
 from queueserve.wire import cache as C
-from queueserve.wire import protocol as P
+from queueserve.wire.keys import Keys
 
 # broker/common.py's CacheAt: index, the item's cache entry, its digest (16 bytes)
 CacheAt = tuple[int, str, bytes]
@@ -90,7 +90,7 @@ def declared_cache(declared: dict[str, Any]) -> tuple[float | None, str | None]:
     return declared.get("cache_ttl"), declared.get("cache_version")
 
 
-def caches_at(keys: P.Keys, group: list[Outgoing]) -> list[CacheAt]:
+def caches_at(keys: Keys, group: list[Outgoing]) -> list[CacheAt]:
     """The cached requests of one enqueue script call (its group, on shard ``keys``)."""
     found: list[CacheAt] = []
     for i, out in enumerate(group):

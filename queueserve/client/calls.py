@@ -15,12 +15,13 @@ from typing import Any
 
 from queueserve.errors import Cancelled, QueueServeError, RedisUnavailable
 from queueserve.results import unbatch
-from queueserve.wire import protocol as P
 from queueserve.wire.cache import answer as cache_answer
 from queueserve.wire.cache import bad_value_message
 from queueserve.wire.codec import Codec, MsgpackCodec
 from queueserve.wire.error import raised
 from queueserve.wire.event import event_problem, parse_events
+from queueserve.wire.keys import Keys
+from queueserve.wire.kinds import ERROR, RESULTS
 from queueserve.wire.reply import parse_reply
 
 MSGPACK_TAG = MsgpackCodec.tag
@@ -55,7 +56,7 @@ class Call:
         "state",
     )
 
-    def __init__(self, rid: int, n: int, keys: P.Keys, batch_key: str, priority: int = 0) -> None:
+    def __init__(self, rid: int, n: int, keys: Keys, batch_key: str, priority: int = 0) -> None:
         self.rid = rid
         self.n = n
         self.keys = keys
@@ -73,7 +74,7 @@ class Call:
         self.state = "pending"  # pending -> done | cancelled
         self.on_done: Callable[[Call], None] | None = None
         self.on_event: Callable[[int, list[Any]], None] | None = None  # streamed requests
-        self.kind = P.RESULTS  # of the last slice applied (STEPS: a generator's answer)
+        self.kind = RESULTS  # of the last slice applied (STEPS: a generator's answer)
         self.events_total = 0  # events published before the answer (streamed requests)
         self.run = 0  # the run that answered: 0 its first, else a replay's token (events.py)
         self.keep_ms = 0  # a job's keep (wire/jobs.py): its answer is kept in Redis too
@@ -167,7 +168,7 @@ class CallTable:
     def accept(self, codec: Codec) -> None:
         self._accepted.add(codec.tag)
 
-    def new(self, n: int, keys: P.Keys, batch_key: str, priority: int = 0) -> Call:
+    def new(self, n: int, keys: Keys, batch_key: str, priority: int = 0) -> Call:
         call = Call(next(self._ids), n, keys, batch_key, priority)
         self.calls[call.rid] = call
         return call
@@ -179,7 +180,7 @@ class CallTable:
             call = calls.get(rid)
             if call is None:  # finished already (a duplicate), cancelled, or not ours
                 continue
-            if kind == P.ERROR:
+            if kind == ERROR:
                 values = [raised(body)] * count
             else:
                 values = unbatch(kind, body)

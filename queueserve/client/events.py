@@ -23,7 +23,7 @@ from typing import Any
 from queueserve.client.calls import Call
 from queueserve.errors import QueueServeError
 from queueserve.hooks import Event, Hook, Output, Restart
-from queueserve.wire import protocol as P
+from queueserve.wire.kinds import STEPS
 
 
 class RequestStream:
@@ -76,7 +76,7 @@ class RequestStream:
         if call.error is not None:
             return ready + [self._event(b) for b in held], call.error
         error = next((r for r in call.results if isinstance(r, QueueServeError)), None)
-        if call.kind == P.STEPS:
+        if call.kind == STEPS:
             # Steps held behind a gap would come out of order: every step not yet yielded is
             # rebuilt from the answer instead, in step order.
             ready += [self._event(b) for b in held if b[0] == "h"]

@@ -17,11 +17,11 @@ from queueserve.client.calls import Call, CallTable, outcome
 from queueserve.errors import Cancelled, QueueServeError, Timeout
 from queueserve.hooks import Hook
 from queueserve.wire import jobs as J
-from queueserve.wire import protocol as P
 from queueserve.wire.codec import get_codec
+from queueserve.wire.keys import Keys, inbox_key
 
 # A job's call is never sent: its keys are never used, only its results.
-_UNSENT = P.Keys("qs", "job")
+_UNSENT = Keys("qs", "job")
 _FIRST_POLL_S, _MOST_POLL_S = 0.005, 0.25
 DEFAULT_KEEP_MS = 60_000  # what a cancel keeps a record whose keep is unreadable
 
@@ -45,7 +45,7 @@ class _Reading:
         self._prefix = prefix
         self._rid = int(rid)
         # the inbox its client sent it with: its entry names it (cancel.lua checks)
-        self._inbox = P.inbox_key(prefix, job_id.rsplit("-", 1)[0])
+        self._inbox = inbox_key(prefix, job_id.rsplit("-", 1)[0])
         self._accepted = {get_codec("msgpack").tag}
         if trusted_codec is not None:
             self._accepted.add(get_codec(trusted_codec).tag)
@@ -138,7 +138,7 @@ class _Reading:
             "(status 'expired'), it was forgotten, or it never existed"
         )
 
-    def _keys(self, record: J.JobRecord) -> tuple[P.Keys, str] | None:
+    def _keys(self, record: J.JobRecord) -> tuple[Keys, str] | None:
         """The keys of the shard its entry waits in, and the stream; None when the record
         names none (a worker answered before its client recorded where it waited)."""
         stream = record.stream
@@ -146,7 +146,7 @@ class _Reading:
             return None
         try:
             tag = stream[len(self._prefix) + 2 : stream.index("}")]
-            keys = P.Keys(self._prefix, record.serving, tag=tag)
+            keys = Keys(self._prefix, record.serving, tag=tag)
             keys.parse_stream(stream)
         except ValueError as e:
             raise QueueServeError(

@@ -18,8 +18,8 @@ from queueserve.client.targets import Part, Target, in_batches, plan
 from queueserve.errors import IdempotencyConflict, QueueServeError
 from queueserve.options.serving import ServingOptions
 from queueserve.wire import once as O
-from queueserve.wire import protocol as P
 from queueserve.wire.jobs import check_job_id
+from queueserve.wire.keys import Keys
 from queueserve.wire.tenants import lane_key
 
 IdempotencyKey = str | Callable[[Any], str]
@@ -113,7 +113,7 @@ def call_plan(
     return in_batches(target, parts, job=keep_ms > 0), keep_ms, onces
 
 
-def onces_at(client_id: str, keys: P.Keys, group: list[Outgoing]) -> list[OnceAt]:
+def onces_at(client_id: str, keys: Keys, group: list[Outgoing]) -> list[OnceAt]:
     """The keyed requests of one enqueue script call (its group, on shard ``keys``)."""
     found: list[OnceAt] = []
     for i, out in enumerate(group):

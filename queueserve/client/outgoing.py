@@ -10,9 +10,9 @@ from typing import Any, NamedTuple
 from queueserve.client.calls import Call, CallTable
 from queueserve.client.targets import Target
 from queueserve.errors import QueueFull
-from queueserve.wire import protocol as P
 from queueserve.wire.cache import HIT
 from queueserve.wire.cache import shard_of as shard_of_item
+from queueserve.wire.keys import Keys
 from queueserve.wire.once import shard_of_key
 from queueserve.wire.timing import RECONNECT_WITHIN_S
 
@@ -76,7 +76,7 @@ def send_window(batch: list[Outgoing]) -> float:
 
 def enqueue_groups(
     batch: list[Outgoing],
-) -> Iterator[tuple[list[Outgoing], P.Keys, list[Any], int, bool, list[tuple[int, int]]]]:
+) -> Iterator[tuple[list[Outgoing], Keys, list[Any], int, bool, list[tuple[int, int]]]]:
     """Per serving and shard: the requests of ``batch``, the keys of the shard they go to,
     enqueue arguments, max_queue (per shard), whether the enqueue must wait for a replica,
     and the runs of requests of one call among them (admitted together or not at all).
@@ -102,7 +102,7 @@ def enqueue_groups(
             yield outs, shard, requests, target.max_queue, target.durable, together
 
 
-def _by_shard(target: Target, group: list[Outgoing]) -> list[tuple[P.Keys, list[Outgoing]]]:
+def _by_shard(target: Target, group: list[Outgoing]) -> list[tuple[Keys, list[Outgoing]]]:
     """One send's requests of a serving by the shard they go to; with one shard (the common
     case) all to its keys, without per-request work on the client's hot path. The requests
     of one call (``Call.group``) go to one shard, where they are admitted together."""
@@ -119,7 +119,7 @@ def _by_shard(target: Target, group: list[Outgoing]) -> list[tuple[P.Keys, list[
             calls[-1].append(out)
         else:
             calls.append([out])
-    per_shard: dict[int, tuple[P.Keys, list[Outgoing]]] = {}
+    per_shard: dict[int, tuple[Keys, list[Outgoing]]] = {}
     sizes = [sum(o.call.n for o in outs) for outs in calls]
     for outs, shard in zip(calls, target.place(sizes), strict=True):
         once = outs[0].call.once

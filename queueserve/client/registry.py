@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from queueserve.broker.aio import AsyncProducer
 from queueserve.broker.urls import redact_url
-from queueserve.wire.protocol import Keys
+from queueserve.wire.keys import Keys
 
 
 class AsyncRegistry:

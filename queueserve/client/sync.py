@@ -29,7 +29,7 @@ from queueserve.client.waiting import Waiting
 from queueserve.client.windows import MapWindow, StreamPacer
 from queueserve.errors import Cancelled, QueueServeError, Timeout
 from queueserve.hooks import Event
-from queueserve.wire import protocol as P
+from queueserve.wire.priority import check_priority
 
 
 class Client(Waiting):
@@ -165,7 +165,7 @@ class Client(Waiting):
         if self._closed:
             raise self._closed_error("Client")
         timeout = self._timeout_for(timeout)
-        priority = P.check_priority(priority)
+        priority = check_priority(priority)
         target = self._target(serving)
         items = items if isinstance(items, list) else list(items)
         parts, keep_ms, onces = call_plan(target, items, batch_key, keep, idempotency_key)
@@ -241,7 +241,7 @@ class Client(Waiting):
         input order across requests. Items go as requests of at most batch_size (never split).
         An error is raised after the events that preceded it."""
         timeout = self._timeout_for(timeout)
-        priority = P.check_priority(priority)
+        priority = check_priority(priority)
         target = self._target(serving)
         todo = deque(stream_parts(target, list(items), batch_key))
         self._ensure_events()  # subscribed before anything is enqueued

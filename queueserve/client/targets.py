@@ -12,9 +12,10 @@ from typing import Any
 
 from queueserve.errors import BadRequest
 from queueserve.serving import Serving
-from queueserve.wire import protocol as P
 from queueserve.wire.codec import Codec
 from queueserve.wire.key_rules import LengthBuckets
+from queueserve.wire.keys import Keys
+from queueserve.wire.shards import check_shards
 
 log = logging.getLogger("queueserve.client")
 
@@ -37,7 +38,7 @@ class ShardSpread:
     to SPLIT_SEND_ABOVE items stays one script call on one shard; a larger one costs one
     script call per shard, which its own size dwarfs."""
 
-    def __init__(self, keys: P.Keys, count: int) -> None:
+    def __init__(self, keys: Keys, count: int) -> None:
         self.shards = keys.sharded(count)
         self.sent = [0] * count
         self._turn = random.randrange(count)
@@ -62,7 +63,7 @@ class ShardSpread:
 class Target:
     """Where and how requests to one serving go."""
 
-    keys: P.Keys
+    keys: Keys
     codec: Codec
     serving: Serving | None  # given when the caller passed the Serving object
     max_queue: int  # admission limit to use until a worker has declared the serving
@@ -87,10 +88,10 @@ class Target:
     spread: ShardSpread | None = None
 
     @property
-    def shards(self) -> list[P.Keys]:
+    def shards(self) -> list[Keys]:
         return self.spread.shards if self.spread is not None else []
 
-    def place(self, sizes: list[int]) -> list[P.Keys]:
+    def place(self, sizes: list[int]) -> list[Keys]:
         """The shard of each request of one send (``ShardSpread.place``)."""
         if self.spread is None or len(self.spread.shards) <= 1:
             return [self.keys] * len(sizes)
@@ -125,12 +126,12 @@ def claimed_shards(meta: dict[str, str]) -> int:
     """The shard count ``meta`` claims, unchecked but for being one (``remember`` logs a bad
     one); 1 when it claims none."""
     try:
-        return P.check_shards(int(meta.get("shards") or 1))
+        return check_shards(int(meta.get("shards") or 1))
     except ValueError:
         return 1
 
 
-def confirmed_shards(keys: P.Keys, count: int, confirmation: dict[str, str]) -> int:
+def confirmed_shards(keys: Keys, count: int, confirmation: dict[str, str]) -> int:
     """``count`` when the last shard's meta hash says the same; else 1, with a warning.
 
     A count that no worker declared would send requests to shards no worker reads, where

@@ -43,8 +43,8 @@ from queueserve.door.errors import (
 from queueserve.ops.deadletter import DeadLetters
 from queueserve.options.servers import DashboardOptions
 from queueserve.settings import Settings
+from queueserve.wire.keys import MAX_SERVING_NAME, Keys
 from queueserve.wire.options import parse_assignments
-from queueserve.wire.protocol import MAX_SERVING_NAME, Keys
 
 ALLOW_ORIGIN = f"--allow-origin ({DashboardOptions.variable('allow_origin')})"  # what sets it
 

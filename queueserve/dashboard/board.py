@@ -32,7 +32,7 @@ from queueserve.errors import RedisCommandError
 from queueserve.ops.deadletter import DeadLetters
 from queueserve.options.serving import ServingOptions, StepOptions
 from queueserve.wire.figures import HELD_FIELD, Figures, field_of, held_keys, parse
-from queueserve.wire.protocol import Keys
+from queueserve.wire.keys import Keys
 from queueserve.wire.timing import ALIVE_WITHIN_S
 
 MAX_SERVINGS = 100

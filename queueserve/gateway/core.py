@@ -19,7 +19,7 @@ from queueserve.gateway.quotas import Quotas
 from queueserve.gateway.tenants import ANONYMOUS, DEFAULT, Tenant, Tenants
 from queueserve.gateway.watch import Watches
 from queueserve.hooks import Event
-from queueserve.wire.protocol import Keys
+from queueserve.wire.keys import Keys
 
 log = logging.getLogger(__name__)
 

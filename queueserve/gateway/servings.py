@@ -19,7 +19,7 @@ from queueserve.gateway.core import Gateway
 from queueserve.gateway.sse import EventStream, frame
 from queueserve.gateway.tenants import caller
 from queueserve.hooks import Event, Hook, Output, Restart
-from queueserve.wire.protocol import MAX_PRIORITY
+from queueserve.wire.priority import MAX_PRIORITY
 
 
 class Options(BaseModel):

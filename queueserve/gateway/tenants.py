@@ -33,7 +33,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from queueserve.door.auth import OPEN_PATHS, presented_token, refused
 from queueserve.door.errors import error_response
 from queueserve.gateway.paths import route_path
-from queueserve.wire.protocol import MAX_PRIORITY, TENANT_NAME
+from queueserve.wire.priority import MAX_PRIORITY
+from queueserve.wire.tenants import TENANT_NAME
 
 log = logging.getLogger(__name__)
 

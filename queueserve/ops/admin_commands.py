@@ -12,8 +12,8 @@ from queueserve.broker.admin import Admin
 from queueserve.broker.urls import redact_url
 from queueserve.ops.deadletter import DeadLetters
 from queueserve.settings import Settings
+from queueserve.wire.keys import Keys, is_serving_name
 from queueserve.wire.options import parse_assignments
-from queueserve.wire.protocol import Keys, is_serving_name
 from queueserve.worker.worker import EXIT_ERROR, EXIT_OK, EXIT_USAGE
 
 

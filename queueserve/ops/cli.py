@@ -28,8 +28,8 @@ from queueserve.options.servers import DashboardOptions, GatewayOptions
 from queueserve.options.units import parse_duration, problem
 from queueserve.serving import Serving
 from queueserve.settings import Settings, check_prefix, check_redis_url
+from queueserve.wire.keys import Keys
 from queueserve.wire.options import OPTIONS
-from queueserve.wire.protocol import Keys
 from queueserve.wire.timing import ALIVE_WITHIN_S
 from queueserve.worker import logs
 from queueserve.worker.loading import ServingNotFound, load_servings

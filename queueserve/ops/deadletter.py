@@ -11,8 +11,9 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from queueserve.broker.admin import Admin
-from queueserve.wire import protocol as P
 from queueserve.wire.codec import MsgpackCodec
+from queueserve.wire.keys import Keys, is_events_channel, is_inbox
+from queueserve.wire.protocol import H_CODEC, H_COUNT, H_REPLY_TO, MAX_PACK_REQUESTS
 from queueserve.wire.request import (
     check_msgpack_items,
     header_events,
@@ -45,7 +46,7 @@ class DeadLetters:
 
     def __init__(self, broker: Admin, prefix: str, serving: str) -> None:
         self.broker = broker
-        self.keys = P.Keys(prefix, serving)
+        self.keys = Keys(prefix, serving)
         self.shards = broker.shards(self.keys)
 
     def records(self, limit: int = 100) -> list[DeadLetter]:
@@ -58,7 +59,7 @@ class DeadLetters:
         found = self._range(keys, entry_id, entry_id, 1)
         return found[0] if found else None
 
-    def _locate(self, dead_id: str) -> tuple[P.Keys, str]:
+    def _locate(self, dead_id: str) -> tuple[Keys, str]:
         entry_id, at, shard = dead_id.partition("@")
         if not at:
             return self.keys, dead_id
@@ -69,7 +70,7 @@ class DeadLetters:
             )
         return self.shards[int(shard)], entry_id
 
-    def _range(self, keys: P.Keys, start: str, end: str, limit: int) -> list[DeadLetter]:
+    def _range(self, keys: Keys, start: str, end: str, limit: int) -> list[DeadLetter]:
         suffix = f"@{keys.shard}" if keys.shard else ""
         return [
             _record(entry_id, fields, suffix)
@@ -126,7 +127,7 @@ class DeadLetters:
         return self.broker.drop_dead_letter(keys, entry_id)
 
 
-def _checked(keys: P.Keys, record: DeadLetter) -> list[tuple[bytes, bytes, int]]:
+def _checked(keys: Keys, record: DeadLetter) -> list[tuple[bytes, bytes, int]]:
     """(header with its deadline cleared, payload, item count) of each request the record
     holds, once each is a request this shard's workers would run and answer; else ValueError.
 
@@ -154,28 +155,28 @@ def _requests_of(record: DeadLetter) -> list[tuple[bytes, bytes | None]]:
     if record.pack is None:
         raise ValueError("it has no request header ('field:h') and no pack ('field:k')")
     members = pack_members({b"k": record.pack})
-    if len(members) > P.MAX_PACK_REQUESTS:
+    if len(members) > MAX_PACK_REQUESTS:
         raise ValueError(
             f"its pack holds {len(members)} requests, more than any pack enqueue.lua writes "
-            f"({P.MAX_PACK_REQUESTS})"
+            f"({MAX_PACK_REQUESTS})"
         )
     return [(m[b"h"], m[b"p"]) for m in members]
 
 
 def _replayable(
-    keys: P.Keys, priority: int, raw_header: bytes, payload: bytes | None
+    keys: Keys, priority: int, raw_header: bytes, payload: bytes | None
 ) -> tuple[bytes, bytes, int]:
     """One request as replay.lua takes it; ValueError saying which field a worker would
     refuse, or which disagrees with the rest of the record."""
     header = parse_header(raw_header)
-    count, reply_to, codec = header[P.H_COUNT], header[P.H_REPLY_TO], header[P.H_CODEC]
+    count, reply_to, codec = header[H_COUNT], header[H_REPLY_TO], header[H_CODEC]
     events = header_events(header)
-    if not P.is_inbox(keys.prefix, reply_to):
+    if not is_inbox(keys.prefix, reply_to):
         raise ValueError(
             f"its reply address {reply_to!r:.100} is not an inbox of prefix "
             f"{keys.prefix!r} ({keys.prefix}:inbox:<client id>)"
         )
-    if events and not P.is_events_channel(keys.prefix, events):
+    if events and not is_events_channel(keys.prefix, events):
         raise ValueError(
             f"its events channel {events!r:.100} is not a client channel of "
             f"prefix {keys.prefix!r} ({keys.prefix}:events:<client id>)"

@@ -12,7 +12,7 @@ import time
 
 from queueserve.broker.admin import Admin, KeyStats, by_priority
 from queueserve.settings import Settings
-from queueserve.wire.protocol import Keys
+from queueserve.wire.keys import Keys
 from queueserve.wire.timing import ALIVE_WITHIN_S
 
 HEADER = (

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationErr
 from queueserve.options.units import Flag, checked_by, count, duration, number, problem
 from queueserve.wire.cache import check_version
 from queueserve.wire.codec import get_codec
-from queueserve.wire.protocol import check_shards
+from queueserve.wire.shards import check_shards
 from queueserve.wire.timing import CALLER_GONE_AFTER_S
 
 MAX_BATCH_SIZE = 10**9

@@ -3,7 +3,7 @@ succeeded, and enqueue.lua answers a repeat of the item from it (docs/usage.md, 
 cache"; docs/guarantees.md, "Cached results").
 
 An item is cached as a request of its own (a client of a caching serving sends each item as
-one), under a key named by its digest (protocol.py's layout), in the slot of the shard it went
+one), under a key named by its digest (wire/keys.py's layout), in the slot of the shard it went
 to::
 
     P:{S}:cached:<digest hex>    string   <digest (16 bytes)><codec tag><codec's [kind, body]>
@@ -39,8 +39,8 @@ from typing import Any, Final
 import msgpack
 
 from queueserve.results import unbatch
-from queueserve.wire import protocol as P
 from queueserve.wire.codec import Codec, codec_for_tag
+from queueserve.wire.kinds import BATCHED, RESULTS
 
 DIGEST_BYTES: Final = 16
 HIT: Final = b"*"  # enqueue.lua's answer of a cached request found: HIT + the value's tail
@@ -48,7 +48,7 @@ MAX_VERSION_BYTES: Final = 200
 STATS_TTL_MS: Final = 7 * 86400 * 1000  # the stats live a week past the last count
 STATS: Final = ("hits", "misses", "stored", "bytes", "too_big")
 # The kinds of a reply row that are a result (an error, a drop or an event is never cached)
-CACHED_KINDS: Final = frozenset((P.RESULTS, P.BATCHED))
+CACHED_KINDS: Final = frozenset((RESULTS, BATCHED))
 
 
 def check_version(version: object) -> str:

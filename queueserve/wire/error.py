@@ -11,15 +11,15 @@ import traceback
 from typing import Final
 
 from queueserve.errors import BadRequest, DeadLettered, QueueServeError, RemoteError, Timeout
-from queueserve.wire import protocol as P
+from queueserve.wire.kinds import ERR_BAD_REQUEST, ERR_DEAD_LETTER, ERR_REMOTE, ERR_TIMEOUT
 
 ErrorBody = list[str]
 
 # kind -> the exception a client raises for it (a kind not here raises RemoteError).
 RAISED: Final[dict[str, type[QueueServeError]]] = {
-    P.ERR_TIMEOUT: Timeout,
-    P.ERR_BAD_REQUEST: BadRequest,
-    P.ERR_DEAD_LETTER: DeadLettered,
+    ERR_TIMEOUT: Timeout,
+    ERR_BAD_REQUEST: BadRequest,
+    ERR_DEAD_LETTER: DeadLettered,
 }
 
 # A request whose deadline passed before its batch ran, or before it finished generating.
@@ -27,23 +27,23 @@ EXPIRED: Final[ErrorBody] = [
     "Timeout",
     "the request's deadline passed before its batch ran",
     "",
-    P.ERR_TIMEOUT,
+    ERR_TIMEOUT,
 ]
 EXPIRED_GENERATING: Final[ErrorBody] = [
     "Timeout",
     "the request's deadline passed before it finished generating",
     "",
-    P.ERR_TIMEOUT,
+    ERR_TIMEOUT,
 ]
 
 
-def error_body(exc: BaseException, kind: str = P.ERR_REMOTE) -> ErrorBody:
+def error_body(exc: BaseException, kind: str = ERR_REMOTE) -> ErrorBody:
     """An exception raised in the worker, with its traceback, as the caller will get it."""
     tb = "".join(traceback.format_exception(exc))
     return [type(exc).__qualname__, str(exc), tb, kind]
 
 
-def bad_request(reason: str, kind: str = P.ERR_BAD_REQUEST) -> ErrorBody:
+def bad_request(reason: str, kind: str = ERR_BAD_REQUEST) -> ErrorBody:
     """A request the worker refused before running it: the caller raises BadRequest (or, for
     ``kind`` ERR_TIMEOUT, Timeout: a request that expired before a worker took it)."""
     return ["BadRequest", reason, "", kind]
@@ -51,7 +51,7 @@ def bad_request(reason: str, kind: str = P.ERR_BAD_REQUEST) -> ErrorBody:
 
 def dead_lettered(message: str) -> ErrorBody:
     """A request moved to the dead-letter stream (the caller raises DeadLettered)."""
-    return ["DeadLettered", message, "", P.ERR_DEAD_LETTER]
+    return ["DeadLettered", message, "", ERR_DEAD_LETTER]
 
 
 def raised(body: ErrorBody) -> QueueServeError:

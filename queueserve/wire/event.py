@@ -17,8 +17,8 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
-from queueserve.wire import protocol as P
 from queueserve.wire.codec import Codec, loads_tagged
+from queueserve.wire.kinds import RESULTS
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +28,7 @@ def hook_event(name: str, payload: Any, start: int, size: int) -> list[Any]:
 
 
 def output_event(values: list[Any], first: int) -> list[Any]:
-    return ["o", P.RESULTS, values, first, len(values)]
+    return ["o", RESULTS, values, first, len(values)]
 
 
 def restart_event(run: int) -> list[Any]:

@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Final
 
-from queueserve.wire import protocol as P
+from queueserve.wire.kinds import ERR_DEAD_LETTER, ERR_REMOTE
 
 HELD_FIELD: Final = "held:"  # + serving name: the record's field of the keys held
 HELD_SHOWN: Final = 16  # keys of a partition the dashboard names (the rest: counted)
@@ -58,7 +58,7 @@ LATENCY_BOUNDS: Final = (
     600,
 )
 BUCKETS: Final = len(LATENCY_BOUNDS) + 1  # the last: past the last bound
-FAILURE_KINDS: Final = frozenset({P.ERR_REMOTE, P.ERR_DEAD_LETTER})
+FAILURE_KINDS: Final = frozenset({ERR_REMOTE, ERR_DEAD_LETTER})
 FIELD_PREFIX: Final = "figures:"
 MAX_TEXT: Final = 1000
 _MAX_DIGITS: Final = 18

@@ -6,7 +6,7 @@ A request sent with ``keep`` carries one optional header field (wire/request.py)
 the request's inbox (``P:inbox:<client id>``) and request id, so the header carries no id.
 
 Records live in groups: the jobs of 64 consecutive request ids of one client share one hash,
-``P:jobs:<client id>:<request id // 64>`` (protocol.py's layout), so a send or a reply touches
+``P:jobs:<client id>:<request id // 64>`` (wire/keys.py's layout), so a send or a reply touches
 one key for a run of jobs, and Redis does a few commands per group instead of several per job
 (issue 26: what a job costs is Redis's work per command and per key). For job ``r`` (its
 request id, in decimal) the group holds::
@@ -45,7 +45,7 @@ from typing import Any, Final
 import msgpack
 
 from queueserve.wire.codec import Codec, loads_tagged
-from queueserve.wire.protocol import CLIENT_ID, split_inbox
+from queueserve.wire.keys import CLIENT_ID, split_inbox
 
 QUEUED, RUNNING, DONE, FAILED, CANCELLED, EXPIRED = (
     "queued",

@@ -1,7 +1,7 @@
 """Idempotency keys: a request sent with ``idempotency_key=`` runs once per key and serving
 while the key's record lives (docs/guarantees.md, "Once per key").
 
-The record is one string, ``P:{S}:once:<key>`` (protocol.py's layout), in the slot of the
+The record is one string, ``P:{S}:once:<key>`` (wire/keys.py's layout), in the slot of the
 shard the request goes to::
 
     <digest>:<job id>

@@ -17,7 +17,7 @@ from typing import Any
 from queueserve.options.serving import RUNTIME, ServingOptions, validated
 from queueserve.options.units import from_text
 from queueserve.wire.key_rules import META_FIELD, LengthBuckets
-from queueserve.wire.protocol import Keys
+from queueserve.wire.keys import Keys
 
 log = logging.getLogger(__name__)
 _REPORTED: set[tuple[str, str, str]] = set()  # (hash, field, value) already logged

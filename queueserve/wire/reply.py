@@ -14,9 +14,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from queueserve.wire import protocol as P
 from queueserve.wire.codec import Codec, loads_tagged
 from queueserve.wire.error import error_body
+from queueserve.wire.kinds import BATCHED, ERR_REMOTE, ERROR
 
 log = logging.getLogger(__name__)
 
@@ -82,25 +82,25 @@ class ReplyEncoder:
                 f"max_reply_bytes={self.limit + 1}: return smaller results, or raise "
                 "max_reply_bytes (Redis refuses values over 512 MiB)"
             )
-        if kind == P.ERROR:  # an error too large to send: send it without its traceback
+        if kind == ERROR:  # an error too large to send: send it without its traceback
             remote_type, message, _tb, error_kind = body
             return [
                 rid,
                 offset,
                 1,
-                P.ERROR,
+                ERROR,
                 [remote_type, message[:10_000], "", error_kind],
                 *events_total,
             ]
-        self.errors[P.ERR_REMOTE] = self.errors.get(P.ERR_REMOTE, 0) + 1
+        self.errors[ERR_REMOTE] = self.errors.get(ERR_REMOTE, 0) + 1
         log.warning("%s", problem)
-        return [rid, offset, 1, P.ERROR, error_body(problem), *events_total]
+        return [rid, offset, 1, ERROR, error_body(problem), *events_total]
 
 
 def _cut(kind: int, body: Any, start: int, end: int) -> Any:
     """Items ``start:end`` of a reply body (a list, or arrays whose first axis is the items)."""
-    if kind == P.ERROR:
+    if kind == ERROR:
         return body
-    if kind == P.BATCHED and isinstance(body, dict):
+    if kind == BATCHED and isinstance(body, dict):
         return {name: value[start:end] for name, value in body.items()}
     return body[start:end]

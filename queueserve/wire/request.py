@@ -24,14 +24,15 @@ from typing import Any, Final
 
 import msgpack
 
-from queueserve.wire import protocol as P
 from queueserve.wire.codec import Codec, pack_plain
 from queueserve.wire.jobs import check_keep_ms
+from queueserve.wire.priority import check_priority
+from queueserve.wire.protocol import H_DEADLINE, H_EVENTS, H_PRIORITY, WIRE_VERSION
 
 # Optional header fields the project knows of (the map may carry others: they are ignored).
 FIELDS: Final = ("trace", "job_keep", "tenant")
 _MAX_FIELDS = 64  # a map is a stranger's: its size is bounded like everything else read
-_VERSION: Final = P.WIRE_VERSION
+_VERSION: Final = WIRE_VERSION
 _unpackb = msgpack.unpackb
 
 
@@ -48,7 +49,7 @@ def encode_request(
     """(header, payload) of one request. ``fields``: optional header fields; send them only to
     workers that read them (docs/architecture.md, "Wire versions")."""
     header = [
-        P.WIRE_VERSION,
+        WIRE_VERSION,
         rid,
         len(items),
         reply_to,
@@ -66,7 +67,7 @@ def encode_request(
 
 def parse_header(raw: bytes) -> list[Any]:
     """A request header, checked; ValueError saying what is wrong with it. Its addresses are
-    checked by the caller (``P.is_inbox``, ``P.is_events_channel``): they depend on the prefix.
+    checked by the caller (``is_inbox``, ``is_events_channel``): they depend on the prefix.
     The worker's one-pass decode and its full decode both read headers with this."""
     # On every request's path: indexes, not unpacking into new lists.
     try:
@@ -91,7 +92,7 @@ def parse_header(raw: bytes) -> list[Any]:
     ):
         raise ValueError(f"header fields have wrong types: {header!r:.200}")
     if size > 7:
-        P.check_priority(header[7])
+        check_priority(header[7])
         if size > 8:
             _check_fields(header[8])
     return header
@@ -120,12 +121,12 @@ def job_keep(fields: dict[str, Any] | None) -> int:
 
 def header_events(header: list[Any]) -> str:
     """The events channel a checked header names, or ""."""
-    events: str = header[P.H_EVENTS] if len(header) > P.H_EVENTS else ""
+    events: str = header[H_EVENTS] if len(header) > H_EVENTS else ""
     return events
 
 
 def header_priority(header: list[Any]) -> int:
-    priority: int = header[P.H_PRIORITY] if len(header) > P.H_PRIORITY else 0
+    priority: int = header[H_PRIORITY] if len(header) > H_PRIORITY else 0
     return priority
 
 
@@ -155,7 +156,7 @@ def check_msgpack_items(payload: bytes, count: int) -> None:
 
 def without_deadline(header: list[Any]) -> bytes:
     """A checked header encoded again with no deadline (a dead letter replayed)."""
-    return pack_plain([*header[: P.H_DEADLINE], 0, *header[P.H_DEADLINE + 1 :]])
+    return pack_plain([*header[:H_DEADLINE], 0, *header[H_DEADLINE + 1 :]])
 
 
 def pack_members(fields: dict[bytes, bytes]) -> list[dict[bytes, bytes]]:

@@ -1,5 +1,5 @@
 """Redis Cluster hash tags of a serving's shards: pure functions of the name and count, which
-every client and worker computes alike (protocol.py's layout: ``{S}``, ``{S#i}``, ``{S#i.k}``)."""
+every client and worker computes alike (wire/keys.py's layout: ``{S}``, ``{S#i}``, ``{S#i.k}``)."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ tenant's lanes (read.lua, worker/pipeline/batching.py and shares.py), by the ten
 The batch function is handed K alone (``split_lane``); a batch a lane cannot fill is filled
 from other tenants' lanes of K.
 
-**Weights.** ``P:tenants`` (protocol.py) maps a tenant's name to its weight, as the gateways'
+**Weights.** ``P:tenants`` (wire/keys.py) maps a tenant's name to its weight, as the gateways'
 tenants files give it (gateway/tenants.py writes it at start and on SIGHUP). Anyone may write
 the hash: a worker takes fields that are a tenant's name with a decimal weight in (0, 1000],
 at most MAX_TENANT_WEIGHTS of them, and weight 1 for every other tenant.
@@ -19,7 +19,20 @@ import re
 from collections.abc import Mapping
 from typing import Final
 
-from queueserve.wire.protocol import TENANT_NAME
+# A tenant's name (header field "tenant"; the gateway's tenants file): short, and safe in a
+# log line or a metric label.
+TENANT_NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+def check_tenant(tenant: object) -> str:
+    """``tenant`` if it is a tenant's name, else ValueError saying what one is."""
+    if type(tenant) is str and TENANT_NAME.fullmatch(tenant):
+        return tenant
+    raise ValueError(
+        "tenant must be 1 to 64 letters, digits, '_', '-' or '.', starting with a letter or "
+        f"digit, got {tenant!r:.80}"
+    )
+
 
 LANE: Final = "\x1f"  # between a batch key and its tenant; read from the right
 MAX_TENANT_WEIGHTS: Final = 1000

@@ -26,7 +26,7 @@ from typing import Any
 from queueserve.serving import Partition, Serving
 from queueserve.steps import StepServing
 from queueserve.wire.figures import LATENCY_BOUNDS
-from queueserve.wire.protocol import TENANT_NAME
+from queueserve.wire.tenants import TENANT_NAME
 from queueserve.worker.key_metrics import KeyStateMetrics
 from queueserve.worker.middleware import Middleware
 from queueserve.worker.stepping.joins import StepRecord

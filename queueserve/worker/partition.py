@@ -17,7 +17,7 @@ from queueserve.broker.consumer import Consumer
 from queueserve.broker.retry import RedisFailure, Retry
 from queueserve.errors import QueueServeError, RedisCommandError, RedisUnavailable
 from queueserve.serving import Partition, Serving
-from queueserve.wire import protocol as P
+from queueserve.wire.keys import Keys
 from queueserve.wire.timing import HEARTBEAT_EVERY_S, HEARTBEAT_TTL_MS
 from queueserve.worker.figures import ServingFigures
 from queueserve.worker.middleware import Middleware, Middlewares
@@ -249,7 +249,7 @@ class PartitionHost:
         self.stop_reading()
         self._stopped.set()
 
-    def _keys(self) -> list[P.Keys]:
+    def _keys(self) -> list[Keys]:
         return [r.keys for r in self.runners]
 
     def _ride_out(self, step: Callable[[], None]) -> None:
@@ -282,7 +282,7 @@ class PartitionHost:
                 counts = cache_counts(self.broker, runner.shards)
                 self.middleware.cache_counts(runner.serving, counts)
 
-    def _clear_junk(self, keys: P.Keys) -> None:
+    def _clear_junk(self, keys: Keys) -> None:
         """A bookkeeping key of another type (anyone may write one) would fail the first
         heartbeat or declaration of every worker that starts: deleted, and said."""
         for junk in self.broker.clear_junk_bookkeeping(keys):

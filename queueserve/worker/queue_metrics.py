@@ -17,13 +17,13 @@ from typing import Any
 
 from queueserve.broker.admin import Admin, StreamDepth
 from queueserve.errors import RedisCommandError, RedisUnavailable
-from queueserve.wire import protocol as P
+from queueserve.wire.keys import Keys
 from queueserve.worker.metrics import KEY_LABELS, OTHER_KEY, _prometheus
 
 log = logging.getLogger(__name__)
 
 # What a scrape reads: the queues, the per-priority counts, the dead letters (Admin's rows)
-_Read = tuple[list[StreamDepth], list[tuple[P.Keys, int, dict[int, int]]], list[tuple[P.Keys, int]]]
+_Read = tuple[list[StreamDepth], list[tuple[Keys, int, dict[int, int]]], list[tuple[Keys, int]]]
 
 
 def _labelled_keys(
@@ -55,7 +55,7 @@ class QueueCollector:
         key_labels: int = KEY_LABELS,
     ) -> None:
         self.broker = broker
-        self.keys = [P.Keys(prefix, s) for s in servings]
+        self.keys = [Keys(prefix, s) for s in servings]
         self.declared = tuple(declared)
         self.key_labels = key_labels
         self._said: set[tuple[str, str]] = set()  # (serving, error) logged: few, by serving
@@ -109,7 +109,7 @@ class QueueCollector:
             dead.add_metric([name], n)
         yield from (queued, dead)
 
-    def _read(self, keys_list: Sequence[P.Keys]) -> _Read:
+    def _read(self, keys_list: Sequence[Keys]) -> _Read:
         """The queues, per-priority counts and dead letters of these servings' shards."""
         shards = [s for keys in keys_list for s in self.broker.shards(keys)]
         return (
@@ -122,8 +122,8 @@ class QueueCollector:
         """``_read`` serving by serving, without those whose keys Redis refuses to read (one
         of another type: anyone may write one), each said in the log once."""
         streams: list[StreamDepth] = []
-        by_priority: list[tuple[P.Keys, int, dict[int, int]]] = []
-        dead_letters: list[tuple[P.Keys, int]] = []
+        by_priority: list[tuple[Keys, int, dict[int, int]]] = []
+        dead_letters: list[tuple[Keys, int]] = []
         for keys in self.keys:
             try:
                 found = self._read([keys])

@@ -155,7 +155,7 @@ class Supervisor:
 
     def all_registered(self, broker: Any, worker: Any) -> bool:
         """Every running partition has sent a heartbeat for every serving (readiness)."""
-        from queueserve.wire.protocol import Keys
+        from queueserve.wire.keys import Keys
         from queueserve.wire.timing import ALIVE_WITHIN_S
 
         pids = [s.process.pid for s in self._slots if s.process is not None]

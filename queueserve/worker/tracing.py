@@ -20,7 +20,7 @@ from opentelemetry import context, trace
 from queueserve import tracing
 from queueserve.serving import Partition, Serving
 from queueserve.steps import StepServing
-from queueserve.wire.protocol import TENANT_NAME
+from queueserve.wire.tenants import TENANT_NAME
 from queueserve.worker.middleware import Middleware
 
 if TYPE_CHECKING:

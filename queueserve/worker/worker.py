@@ -18,7 +18,7 @@ from queueserve.broker.urls import redact_url
 from queueserve.errors import RedisUnavailable
 from queueserve.serving import Partition, Serving
 from queueserve.settings import Settings, check_prefix, check_redis_url
-from queueserve.wire.protocol import Keys
+from queueserve.wire.keys import Keys
 from queueserve.wire.timing import HEARTBEAT_TTL_MS
 from queueserve.worker.config import ServingSource, WorkerConfig
 from queueserve.worker.metrics_server import (

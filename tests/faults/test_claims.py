@@ -13,7 +13,7 @@ from typing import Any
 
 import redis
 
-from queueserve.wire.protocol import GROUP
+from queueserve.wire.keys import GROUP
 from tests.support.broker import RedisBroker
 from tests.support.helpers import stream_key, wait_until
 

@@ -25,7 +25,7 @@ import redis
 
 from queueserve.dashboard import create_app
 from queueserve.wire.figures import field_of
-from queueserve.wire.protocol import Keys, worker_key
+from queueserve.wire.keys import Keys, worker_key
 from tests.faults.fuzz.surfaces import dashboard_reads
 from tests.faults.fuzz.values import FAMILIES
 from tests.faults.test_gateway_fuzz import (

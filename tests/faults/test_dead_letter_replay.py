@@ -14,7 +14,7 @@ import msgpack
 import redis
 
 import queueserve as qs
-from queueserve.wire.protocol import Keys
+from queueserve.wire.keys import Keys
 from tests.support.fault_app import RawInbox, header, worker_env
 from tests.support.helpers import REPO, stream_key, wait_until
 

@@ -15,7 +15,7 @@ import pytest
 import redis
 
 import queueserve as qs
-from queueserve.wire.protocol import Keys
+from queueserve.wire.keys import Keys
 from tests.support.broker import RedisBroker
 from tests.support.fault_app import RawInbox, header
 from tests.support.helpers import wait_until

@@ -16,7 +16,7 @@ import redis
 import queueserve as qs
 from queueserve.wire import jobs as J
 from queueserve.wire.codec import get_codec
-from queueserve.wire.protocol import Keys, inbox_key
+from queueserve.wire.keys import Keys, inbox_key
 from queueserve.wire.request import encode_request
 from tests.support.broker import RedisBroker
 from tests.support.fault_app import RawInbox

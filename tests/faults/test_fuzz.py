@@ -6,7 +6,7 @@ A real worker process (two partitions, four servings: tests/faults/fuzz/app.py; 
 read, a metrics port) serves sync and async clients, bursts that travel as packs, calls from a
 caller's span, a generator serving's stream and a step serving, while the fuzzer writes values
 of every family (values.py) through every attack of every surface (surfaces.py: one per kind of
-``wire/protocol.py``'s LAYOUT, field of a request entry, optional header field and HTTP server
+``wire/keys.py``'s LAYOUT, field of a request entry, optional header field and HTTP server
 of the worker). Every 2 s the operator's commands run, the dashboard's overview is read and the
 metrics port is scraped, among the slow clients the fuzzer holds. Then it checks: every valid
 request answered once, with its own result, and run once; no thread died and no partition
@@ -41,7 +41,7 @@ from queueserve.broker.fleet import Fleet
 from queueserve.dashboard.board import Board
 from queueserve.dashboard.exporter import exposition
 from queueserve.ops import cli
-from queueserve.wire import protocol as P
+from queueserve.wire.keys import Keys, events_channel, inbox_key, worker_key
 from tests.faults.fuzz import app
 from tests.faults.fuzz.surfaces import (
     SURFACES,
@@ -280,7 +280,7 @@ def fuzz(
     AssertionError names the seed, the last values written and what the worker logged."""
     # Given a worker serving every serving from both partitions
     for name in SERVINGS:
-        keys = P.Keys(prefix, name)
+        keys = Keys(prefix, name)
         wait_until(
             lambda k=keys: r.zcard(k.workers) >= 2 and r.hexists(k.meta, "codec"),  # type: ignore[misc]
             f"both partitions serving {name}",
@@ -298,7 +298,7 @@ def fuzz(
     target = Target(r, prefix, random.Random(seed + 1), url, metrics_port=metrics_port)
     # What a live worker's heartbeat writes to its record: each field is attacked
     consumer = target.consumers()[0]
-    target.record_fields = set(r.hkeys(P.worker_key(prefix, consumer)))
+    target.record_fields = set(r.hkeys(worker_key(prefix, consumer)))
     fuzzer = Fuzzer(target, steps, seed)
     try:
         tally = attack_under_traffic(worker, fuzzer, seconds)
@@ -321,8 +321,8 @@ def attack_under_traffic(worker: WorkerProc, fuzzer: Fuzzer, seconds: float) -> 
     meta = {n: target.r.hgetall(target.keys(n).meta) for n in SERVINGS}
 
     def learn(client_id: str) -> None:
-        target.inboxes.append(P.inbox_key(target.prefix, client_id))
-        target.channels.append(P.events_channel(target.prefix, client_id))
+        target.inboxes.append(inbox_key(target.prefix, client_id))
+        target.channels.append(events_channel(target.prefix, client_id))
 
     traffic = Traffic(target.url, target.prefix, fuzzer.seed, learn)
     traffic.start()
@@ -410,8 +410,8 @@ def settled_memory(r: redis.Redis, prefix: str, baseline: int) -> int:
     the last junk entry."""
     kept = [
         f"{prefix}:fuzz:exec",
-        P.inbox_key(prefix, "fuzzjunk"),
-        *(P.Keys(prefix, n).dead for n in SERVINGS),
+        inbox_key(prefix, "fuzzjunk"),
+        *(Keys(prefix, n).dead for n in SERVINGS),
     ]
 
     def over() -> int:

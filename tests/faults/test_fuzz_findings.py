@@ -14,7 +14,7 @@ import redis
 
 import queueserve as qs
 from queueserve.broker.consumer import Consumer
-from queueserve.wire import protocol as P
+from queueserve.wire.keys import GROUP, Keys
 from queueserve.wire.timing import DEAD_AFTER_S
 from tests.support.fault_app import RawInbox, header
 from tests.support.helpers import wait_until
@@ -38,7 +38,7 @@ def test_junk_ready_marks_and_a_stream_of_another_type_do_not_stop_a_servings_re
     serving = echo("rdy")
     start_worker(serving)
     assert client.dispatch(serving, "before", timeout=WAIT_S) == "before"
-    keys = P.Keys(prefix, "rdy")
+    keys = Keys(prefix, "rdy")
     redis_client.set(keys.stream("wt", 3), "a string where a stream belongs")
     junk = [b"x", b"", b"0nosuch", b"3wt", b"\xff\xfe"]
     redis_client.zadd(keys.ready, dict.fromkeys(junk, -1e18))
@@ -56,9 +56,9 @@ def test_junk_ready_marks_and_a_stream_of_another_type_do_not_stop_a_servings_re
 def _held_by_a_dead_consumer(r: redis.Redis, stream: bytes | str, fields: dict[str, Any]) -> None:
     """An entry that consumer "gone" read and never acked (it died), in a stream the worker
     watches for such entries (the active set)."""
-    r.xgroup_create(stream, P.GROUP, id="0", mkstream=True)
+    r.xgroup_create(stream, GROUP, id="0", mkstream=True)
     r.xadd(stream, fields)
-    r.xreadgroup(P.GROUP, "gone", {stream: ">"}, count=1)
+    r.xreadgroup(GROUP, "gone", {stream: ">"}, count=1)
 
 
 def test_names_that_are_not_utf8_in_the_active_and_workers_sets_are_skipped(
@@ -69,7 +69,7 @@ def test_names_that_are_not_utf8_in_the_active_and_workers_sets_are_skipped(
     # Given a worker, a request held by a consumer that died, and members of the active and
     # workers sets that are not UTF-8 (names queueserve never writes; anyone may ZADD them)
     worker = start_worker(echo("utf"))
-    keys = P.Keys(prefix, "utf")
+    keys = Keys(prefix, "utf")
     inbox = RawInbox(redis_client, prefix)
     stream = keys.stream("held")
     _held_by_a_dead_consumer(
@@ -98,7 +98,7 @@ def test_requests_in_a_stream_whose_name_is_not_utf8_are_dead_lettered_and_the_r
     # client sends one; anyone may XADD it), marked ready as enqueue.lua would mark it
     serving = echo("nonutf")
     worker = start_worker(serving)
-    keys = P.Keys(prefix, "nonutf")
+    keys = Keys(prefix, "nonutf")
     inbox = RawInbox(redis_client, prefix)
     stream = keys.stream("").encode() + b"\xff\xfe"
     redis_client.xadd(stream, {"h": header(5, 1, inbox.key), "p": bytes(msgpack.packb(["x"]))})
@@ -144,7 +144,7 @@ def test_a_read_taken_in_slowly_is_not_claimed_back_by_its_own_worker_and_run_tw
 
     # Then it ran once: the worker's reclaim did not take it back as "pending without its
     # knowing" while the read that brought it was still being taken in (it ran twice)
-    stream = P.Keys(prefix, "slowin").stream("default")
+    stream = Keys(prefix, "slowin").stream("default")
     wait_until(lambda: redis_client.xlen(stream) == 0, "every entry acked")
     assert runs["slow"] == 1, runs
 
@@ -157,12 +157,12 @@ def test_a_request_read_by_a_consumer_named_in_junk_is_reclaimed_and_answered(
     # Given a worker, and a request that a consumer of the group whose name is not UTF-8 read
     # and never acked (anyone may XREADGROUP), in a stream the worker watches
     worker = start_worker(echo("thief"))
-    keys = P.Keys(prefix, "thief")
+    keys = Keys(prefix, "thief")
     inbox = RawInbox(redis_client, prefix)
     stream = keys.stream("held")
-    redis_client.xgroup_create(stream, P.GROUP, id="0", mkstream=True)
+    redis_client.xgroup_create(stream, GROUP, id="0", mkstream=True)
     redis_client.xadd(stream, {"h": header(9, 1, inbox.key), "p": bytes(msgpack.packb(["x"]))})
-    redis_client.xreadgroup(P.GROUP, b"\xff\xfe-thief", {stream: ">"}, count=1)
+    redis_client.xreadgroup(GROUP, b"\xff\xfe-thief", {stream: ">"}, count=1)
     redis_client.zadd(keys.active, {stream: int(time.time() * 1000)})
 
     # When reclaim looks at it, then the request is taken from that dead consumer and answered
@@ -179,12 +179,12 @@ def test_consumers_of_a_missing_stream_or_a_key_of_another_type_are_none(
 ) -> None:
     # Given what a junk member of the active set names: no key, a hash, a stream whose group
     # has a consumer named in bytes that are not UTF-8
-    keys = P.Keys(prefix, "gone")
+    keys = Keys(prefix, "gone")
     redis_client.hset(keys.meta, "codec", "msgpack")
     stream = keys.stream("held")
-    redis_client.xgroup_create(stream, P.GROUP, id="0", mkstream=True)
+    redis_client.xgroup_create(stream, GROUP, id="0", mkstream=True)
     redis_client.xadd(stream, {"h": b"junk"})
-    redis_client.xreadgroup(P.GROUP, b"\xff-junk", {stream: ">"}, count=1)
+    redis_client.xreadgroup(GROUP, b"\xff-junk", {stream: ">"}, count=1)
     broker = Consumer(redis_url)
     try:
         # Then the worker's forget_dead_consumers finds no consumers where there is no
@@ -194,10 +194,10 @@ def test_consumers_of_a_missing_stream_or_a_key_of_another_type_are_none(
         assert broker.consumers(keys.meta) == []
         ((name, pending, _),) = broker.consumers(stream)
         assert pending == 1 and name.encode("utf-8", "surrogateescape") == b"\xff-junk"
-        held = redis_client.xpending_range(stream, P.GROUP, "-", "+", 10)
-        redis_client.xack(stream, P.GROUP, *[p["message_id"] for p in held])
+        held = redis_client.xpending_range(stream, GROUP, "-", "+", 10)
+        redis_client.xack(stream, GROUP, *[p["message_id"] for p in held])
         broker.forget_consumer(stream, name)
-        assert redis_client.xinfo_consumers(stream, P.GROUP) == []
+        assert redis_client.xinfo_consumers(stream, GROUP) == []
     finally:
         broker.close()
 
@@ -210,7 +210,7 @@ def test_junk_in_the_admission_counters_is_reset_by_the_ack_and_the_reply_goes_o
     # Given a worker, and an admitted request whose key's depth field someone overwrote with
     # what is not a count
     start_worker(echo("counts"))
-    keys = P.Keys(prefix, "counts")
+    keys = Keys(prefix, "counts")
     inbox = RawInbox(redis_client, prefix)
     redis_client.set(keys.queued, 1)
     redis_client.hset(keys.depth, "default", "junk")
@@ -249,7 +249,7 @@ def test_a_depth_field_holding_no_count_is_reset_by_the_enqueue_and_the_request_
 
     serving = qs.Serving(run, name="depthjunk", batch_size=8, batch_timeout=0)
     start_worker(serving)
-    keys = P.Keys(prefix, "depthjunk")
+    keys = Keys(prefix, "depthjunk")
     redis_client.hset(keys.depth, "default", "junk")
 
     # When a caller dispatches, then it is answered, the request ran once and the counters end

@@ -16,8 +16,8 @@ import pytest
 import redis
 
 import queueserve as qs
-from queueserve.wire import protocol as P
 from queueserve.wire.codec import MsgpackCodec
+from queueserve.wire.kinds import BATCHED, ERR_REMOTE, ERROR, EVENT, RESULTS
 from queueserve.worker.pipeline.batching import Request
 from queueserve.worker.pipeline.replies import compose
 from tests.support.fault_app import RawInbox, header
@@ -251,9 +251,9 @@ def test_replies_are_cut_under_max_reply_bytes_and_an_oversize_item_fails_alone(
     big = b"x" * 3000
     out = compose(
         rows(
-            (P.RESULTS, [big, big, big]),
-            (P.RESULTS, [big, b"y" * 20_000]),
-            (P.BATCHED, {"v": np.zeros((4, 200), np.float32)}),
+            (RESULTS, [big, big, big]),
+            (RESULTS, [big, b"y" * 20_000]),
+            (BATCHED, {"v": np.zeros((4, 200), np.float32)}),
         ),
         CODEC,
         8192,
@@ -263,22 +263,22 @@ def test_replies_are_cut_under_max_reply_bytes_and_an_oversize_item_fails_alone(
     got: dict[tuple[int, int], Any] = {}
     for rid, offset, count, kind, body in decoded(messages):
         for i in range(count):
-            value = body if kind == P.ERROR else (body["v"][i] if kind == P.BATCHED else body[i])
+            value = body if kind == ERROR else (body["v"][i] if kind == BATCHED else body[i])
             got[(rid, offset + i)] = (kind, value)
-    assert [got[(1, i)] for i in range(3)] == [(P.RESULTS, big)] * 3
-    assert got[(2, 0)] == (P.RESULTS, big)
+    assert [got[(1, i)] for i in range(3)] == [(RESULTS, big)] * 3
+    assert got[(2, 0)] == (RESULTS, big)
     kind, error = got[(2, 1)]
-    assert kind == P.ERROR and "over the serving's max_reply_bytes=8192" in error[1]
-    assert all(got[(3, i)][0] == P.BATCHED for i in range(4))
-    assert out.errors == {P.ERR_REMOTE: 1}
+    assert kind == ERROR and "over the serving's max_reply_bytes=8192" in error[1]
+    assert all(got[(3, i)][0] == BATCHED for i in range(4))
+    assert out.errors == {ERR_REMOTE: 1}
 
 
 def test_an_unencodable_result_fails_its_item_alone() -> None:
-    out = compose(rows((P.RESULTS, [1, object(), 3])), CODEC, 1 << 20)
+    out = compose(rows((RESULTS, [1, object(), 3])), CODEC, 1 << 20)
     by_offset = {}
     for _, offset, count, kind, body in decoded(out.messages["qs:inbox:c"]):
         for i in range(count):
-            by_offset[offset + i] = body if kind == P.ERROR else body[i]
+            by_offset[offset + i] = body if kind == ERROR else body[i]
     assert by_offset[0] == 1 and by_offset[2] == 3
     assert "cannot be encoded with codec 'msgpack'" in by_offset[1][1]
 
@@ -286,7 +286,7 @@ def test_an_unencodable_result_fails_its_item_alone() -> None:
 def test_events_go_one_message_per_client_and_alone_when_together_they_would_not_fit() -> None:
     def event(rid: int, channel: str, value: Any) -> Any:
         request = Request(b"1-0", "s", rid, "qs:inbox:c", 0.0, 1, channel, True)
-        return (request, 0, 0, P.EVENT, ["o", P.RESULTS, [value], 0, 1])
+        return (request, 0, 0, EVENT, ["o", RESULTS, [value], 0, 1])
 
     # One client's events of a step: one message, a list of them, in order; another client's
     # single event: alone, in the form of a single event
@@ -296,8 +296,8 @@ def test_events_go_one_message_per_client_and_alone_when_together_they_would_not
         1 << 20,
     )
     assert [(channel, CODEC.loads(data[1:])) for channel, data in out.events] == [
-        ("qs:events:a", [[1, 0, "o", P.RESULTS, ["x"], 0, 1], [3, 0, "o", P.RESULTS, ["z"], 0, 1]]),
-        ("qs:events:b", [2, 0, "o", P.RESULTS, ["y"], 0, 1]),
+        ("qs:events:a", [[1, 0, "o", RESULTS, ["x"], 0, 1], [3, 0, "o", RESULTS, ["z"], 0, 1]]),
+        ("qs:events:b", [2, 0, "o", RESULTS, ["y"], 0, 1]),
     ]
     # Events that would pass max_reply_bytes together go one by one; one too large alone, or
     # that the codec cannot carry, is dropped, and the others still go
@@ -509,7 +509,7 @@ def test_a_client_naming_a_serving_never_takes_pickle_from_redis(
     assert client.dispatch("plain", "first", timeout=WAIT_S) == "first"
     _Boom.ran.clear()
     inbox = f"{prefix}:inbox:{client.client_id}"
-    redis_client.rpush(inbox, b"p" + pickle.dumps([[1, 0, 1, P.RESULTS, [_Boom()]]]))
+    redis_client.rpush(inbox, b"p" + pickle.dumps([[1, 0, 1, RESULTS, [_Boom()]]]))
     assert client.dispatch("plain", "second", timeout=WAIT_S) == "second"
     assert _Boom.ran == []
 

@@ -18,7 +18,7 @@ import queueserve as qs
 from queueserve.broker.jobs import Jobs
 from queueserve.wire.codec import get_codec
 from queueserve.wire.jobs import group_key, job_place, job_writes
-from queueserve.wire.protocol import Keys
+from queueserve.wire.keys import Keys
 from queueserve.wire.request import encode_request
 from tests.support.broker import RedisBroker
 from tests.support.fault_app import RawInbox, Workers

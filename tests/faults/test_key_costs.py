@@ -20,7 +20,8 @@ import redis
 import queueserve as qs
 from queueserve.broker.reads import SWEEP_KEYS
 from queueserve.ops.cli import main as cli_main
-from queueserve.wire import protocol as P
+from queueserve.wire.keys import GROUP, Keys
+from queueserve.wire.priority import MAX_PRIORITY
 from queueserve.worker.metrics_server import MAX_CONNECTIONS
 from tests.support.fault_app import RawInbox, header
 from tests.support.helpers import wait_until
@@ -34,7 +35,7 @@ def echo(name: str, **options: Any) -> qs.Serving:
     return qs.Serving(lambda xs: list(xs), name=name, batch_size=8, batch_timeout=0, **options)
 
 
-def seed_idle_keys(r: redis.Redis, keys: P.Keys, count: int, last_ms: int) -> list[str]:
+def seed_idle_keys(r: redis.Redis, keys: Keys, count: int, last_ms: int) -> list[str]:
     """``count`` batch keys as a served-and-answered request leaves them: known in ``seen``
     (last enqueued about ``last_ms``, unix ms), an empty stream with its consumer group,
     nothing ready, active or queued."""
@@ -42,7 +43,7 @@ def seed_idle_keys(r: redis.Redis, keys: P.Keys, count: int, last_ms: int) -> li
     pipe = r.pipeline(transaction=False)
     for i, name in enumerate(names):
         pipe.zadd(keys.seen, {name: last_ms + i})
-        pipe.xgroup_create(keys.stream(name), P.GROUP, "0", mkstream=True)
+        pipe.xgroup_create(keys.stream(name), GROUP, "0", mkstream=True)
     pipe.execute()
     return names
 
@@ -103,7 +104,7 @@ def test_a_sweep_over_20000_idle_keys_looks_at_a_bounded_slice_of_them(
     prefix: str,
 ) -> None:
     # Given 20,000 known idle batch keys and a worker serving them
-    keys = P.Keys(prefix, "idle")
+    keys = Keys(prefix, "idle")
     seed_idle_keys(private_redis, keys, 20_000, now_ms())
     _, client = served(echo("idle"))
     assert client.dispatch("idle", 1, timeout=WAIT_S) == 1
@@ -120,7 +121,7 @@ def test_a_sweep_over_20000_idle_keys_looks_at_a_bounded_slice_of_them(
     # SWEEP_KEYS keys and the declared one; room is left for a few more sweeps on a slow
     # machine), not at all 20,000 (one such sweep is 200,000 XLENs)
     looks = command_calls(private_redis, "xlen")
-    assert 0 < looks <= 10 * (SWEEP_KEYS + 1) * (P.MAX_PRIORITY + 1), looks
+    assert 0 < looks <= 10 * (SWEEP_KEYS + 1) * (MAX_PRIORITY + 1), looks
 
 
 def test_an_entry_written_without_enqueue_to_a_known_idle_key_is_found_by_the_pass(
@@ -129,7 +130,7 @@ def test_an_entry_written_without_enqueue_to_a_known_idle_key_is_found_by_the_pa
     prefix: str,
 ) -> None:
     # Given 3 x SWEEP_KEYS known idle keys, and a worker serving them
-    keys = P.Keys(prefix, "plain")
+    keys = Keys(prefix, "plain")
     names = seed_idle_keys(private_redis, keys, 3 * SWEEP_KEYS, now_ms())
     _, client = served(echo("plain"))
     assert client.dispatch("plain", 1, timeout=WAIT_S) == 1
@@ -153,7 +154,7 @@ def test_idle_keys_are_forgotten_a_slice_at_a_time_and_a_forgotten_key_serves_ag
     prefix: str,
 ) -> None:
     # Given 2 x SWEEP_KEYS + 1 keys idle for long, and a serving that forgets keys idle 1 s
-    keys = P.Keys(prefix, "forget")
+    keys = Keys(prefix, "forget")
     seed_idle_keys(private_redis, keys, 2 * SWEEP_KEYS + 1, now_ms() - 3_600_000)
     _, client = served(echo("forget", key_idle_ttl="1s"))
 
@@ -173,7 +174,7 @@ def test_stats_over_20000_idle_keys_read_the_keys_with_work_and_the_latest_idle_
 ) -> None:
     # Given 20,000 known idle keys and one request waiting on key "busy" (no worker runs; the
     # serving declared as a worker would)
-    keys = P.Keys(prefix, "st")
+    keys = Keys(prefix, "st")
     private_redis.hset(keys.meta, "codec", "msgpack")
     private_redis.zadd(keys.servings, {"st": now_ms()})
     seed_idle_keys(private_redis, keys, 20_000, now_ms() - 60_000)
@@ -210,7 +211,7 @@ def test_stats_over_20000_idle_keys_read_the_keys_with_work_and_the_latest_idle_
     assert "and 19981 more known batch keys, idle (not shown)" in lines[-1]
     assert by_priority.splitlines()[1].split()[:3] == ["st", "0", "2"]  # priority 0: 2 items
     looks = command_calls(private_redis, "xinfo|groups")
-    assert 0 < looks <= 2 * 20 * (P.MAX_PRIORITY + 1), looks
+    assert 0 < looks <= 2 * 20 * (MAX_PRIORITY + 1), looks
 
 
 # --- metrics ----------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from queueserve.wire import protocol as P
+from queueserve.wire.keys import Keys
 from queueserve.worker.metrics_server import MAX_CONNECTIONS
 from tests.faults.fuzz.surfaces import (
     HTTP_ATTACKS,
@@ -110,7 +110,7 @@ def test_a_servings_key_of_another_type_leaves_the_others_gauges_and_the_probes_
     worker: WorkerProc, redis_client: redis.Redis, prefix: str, port: int
 ) -> None:
     # Given a worker of two servings, whose dead letters are counted in its gauges
-    plain, victim = P.Keys(prefix, "fz"), P.Keys(prefix, "fzx")
+    plain, victim = Keys(prefix, "fz"), Keys(prefix, "fzx")
 
     # When one serving's dead-letter stream and workers set are made strings (anyone may)
     redis_client.set(victim.dead, "wrong type")

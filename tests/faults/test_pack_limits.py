@@ -13,7 +13,8 @@ import redis
 
 import queueserve as qs
 from queueserve.broker.consumer import Consumer, DeadLetter
-from queueserve.wire.protocol import MAX_PACK_REQUESTS, Keys
+from queueserve.wire.keys import Keys
+from queueserve.wire.protocol import MAX_PACK_REQUESTS
 from tests.support.broker import RedisBroker
 from tests.support.fault_app import RawInbox, header
 from tests.support.helpers import REPO, stream_key, wait_until

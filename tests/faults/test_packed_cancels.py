@@ -26,7 +26,7 @@ import queueserve as qs
 from queueserve.wire import jobs as J
 from queueserve.wire.codec import get_codec
 from queueserve.wire.event import parse_events
-from queueserve.wire.protocol import Keys, events_channel, inbox_key
+from queueserve.wire.keys import Keys, events_channel, inbox_key
 from tests.support.broker import RedisBroker
 from tests.support.fault_app import RawInbox
 from tests.support.helpers import stream_key, wait_until

@@ -13,7 +13,8 @@ import redis
 
 import queueserve as qs
 from queueserve.ops.deadletter import DeadLetters
-from queueserve.wire.protocol import ERROR, Keys
+from queueserve.wire.keys import Keys
+from queueserve.wire.kinds import ERROR
 from tests.support.broker import RedisBroker
 from tests.support.fault_app import RawInbox, Workers, header, serving_consumer
 from tests.support.helpers import stream_key, wait_until

@@ -15,7 +15,7 @@ import pytest
 import redis
 
 import queueserve as qs
-from queueserve.wire.protocol import Keys
+from queueserve.wire.keys import Keys
 from queueserve.worker.partition import YOUNG_COLLECTION_AFTER
 from queueserve.worker.supervisor import EXIT_CRASH_LOOP, resolve_partitions
 from tests.support.helpers import REPO, child_env, wait_until

@@ -19,7 +19,7 @@ import pytest
 import redis
 
 import queueserve as qs
-from queueserve.wire.protocol import Keys
+from queueserve.wire.keys import Keys
 from queueserve.worker.watchdog import EXIT_THREAD_DIED
 from tests.support.fault_app import WorkerProc, serving_consumer
 from tests.support.helpers import WAIT_S, wait_until

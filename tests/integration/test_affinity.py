@@ -11,7 +11,7 @@ from collections.abc import Callable
 import redis
 
 import queueserve as qs
-from queueserve.wire.protocol import Keys, worker_key
+from queueserve.wire.keys import Keys, worker_key
 from queueserve.worker.pipeline.batching import Assembler
 from tests.support.helpers import WAIT_S, wait_until
 from tests.support.key_app import Keyed

@@ -12,7 +12,7 @@ import redis
 
 from queueserve.broker.common import text
 from queueserve.wire.codec import get_codec
-from queueserve.wire.protocol import Keys, inbox_key
+from queueserve.wire.keys import Keys, inbox_key
 from queueserve.wire.request import encode_request
 from tests.support.broker import RedisBroker
 from tests.unit.test_affinity import TABLE, Row

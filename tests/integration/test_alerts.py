@@ -21,7 +21,7 @@ import redis
 import yaml
 
 import queueserve as qs
-from queueserve.wire.protocol import Keys
+from queueserve.wire.keys import Keys
 from tests.integration.test_grafana import _get, prometheus, query  # noqa: F401
 from tests.support.dashboard_proc import DashboardProc
 from tests.support.fault_app import WorkerProc, header

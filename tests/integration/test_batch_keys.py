@@ -15,7 +15,8 @@ import pytest
 import redis
 
 import queueserve as qs
-from queueserve.wire.protocol import H_PRIORITY, Keys
+from queueserve.wire.keys import Keys
+from queueserve.wire.protocol import H_PRIORITY
 from tests.support.broker import RedisBroker
 from tests.support.fault_app import Workers, serving_consumer
 from tests.support.helpers import wait_until

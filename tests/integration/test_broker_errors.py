@@ -21,7 +21,7 @@ from queueserve.broker.aio import AsyncProducer
 from queueserve.broker.errors import redis_errors, translate
 from queueserve.broker.retry import Outage, Retry
 from queueserve.broker.urls import redact_url
-from queueserve.wire import protocol as P
+from queueserve.wire.keys import Keys
 from tests.support.broker import RedisBroker
 from tests.support.helpers import wait_until
 from tests.support.redis_server import free_port
@@ -126,7 +126,7 @@ def test_wrongtype_from_a_real_redis_is_a_command_error_sync_and_async(
     redis_url: str, redis_client: redis.Redis, prefix: str
 ) -> None:
     # (a meta key of another type reads as no declaration: test_redis_values.py)
-    keys = P.Keys(prefix, "sq")
+    keys = Keys(prefix, "sq")
     redis_client.set(keys.config, "not a hash")
     redis_client.set(keys.workers, "not a sorted set")
     broker = RedisBroker(redis_url)
@@ -163,7 +163,7 @@ def test_noperm_from_a_real_redis_is_a_command_error(
         broker = RedisBroker(url)
         try:
             with pytest.raises(qs.RedisCommandError, match=r"NOPERM|no permissions") as caught:
-                broker.declare(P.Keys(prefix, "sq"), {"batch_size": 4})
+                broker.declare(Keys(prefix, "sq"), {"batch_size": 4})
             assert ":pw@" not in str(caught.value) and ":***@" in str(caught.value)
         finally:
             broker.close()

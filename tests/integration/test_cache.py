@@ -14,7 +14,7 @@ import pytest
 import redis
 
 import queueserve as qs
-from queueserve.wire.protocol import Keys
+from queueserve.wire.keys import Keys
 from queueserve.worker.middleware import Middleware
 from tests.support.helpers import WAIT_S, items_waiting, wait_until
 from tests.support.servings import Recording, tag_items

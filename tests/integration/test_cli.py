@@ -22,7 +22,7 @@ import pytest
 import redis
 
 import queueserve as qs
-from queueserve.wire.protocol import GROUP, Keys
+from queueserve.wire.keys import GROUP, Keys
 from tests.support.helpers import REPO, child_env, wait_until
 from tests.support.redis_server import free_port
 

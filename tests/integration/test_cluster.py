@@ -26,8 +26,9 @@ import queueserve as qs
 from queueserve.broker.connect import parse_url
 from queueserve.broker.jobs import Jobs
 from queueserve.wire.jobs import group_key, job_place
+from queueserve.wire.keys import GROUP, Keys
 from queueserve.wire.once import shard_of_key
-from queueserve.wire.protocol import GROUP, Keys, key_slot, shard_tags
+from queueserve.wire.shards import key_slot, shard_tags
 from tests.support.broker import RedisBroker
 from tests.support.callers import Caller
 from tests.support.helpers import wait_until

@@ -22,7 +22,7 @@ from selenium.webdriver.common.keys import Keys as Key
 from selenium.webdriver.remote.webdriver import WebDriver
 
 import queueserve as qs
-from queueserve.wire.protocol import Keys
+from queueserve.wire.keys import Keys
 from tests.support.dashboard_proc import DashboardProc, chromium, dashboard_over_a_worker
 from tests.support.fault_app import RawInbox, header
 from tests.support.helpers import stream_key, wait_until

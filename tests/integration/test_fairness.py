@@ -20,7 +20,7 @@ import queueserve as qs
 from queueserve.broker.common import text
 from queueserve.broker.reads import ReadOutcome
 from queueserve.wire.codec import get_codec
-from queueserve.wire.protocol import Keys, inbox_key
+from queueserve.wire.keys import Keys, inbox_key
 from queueserve.wire.request import encode_request
 from tests.support.broker import RedisBroker
 from tests.support.helpers import WAIT_S, wait_until

@@ -16,11 +16,11 @@ import fakeredis
 import redis
 
 from queueserve.ops.deadletter import DeadLetters
-from queueserve.wire import protocol as P
+from queueserve.wire.keys import GROUP, Keys
 from tests.support.broker import RedisBroker
 
 
-def key_stats(broker: RedisBroker, keys: P.Keys) -> list[tuple[Any, ...]]:
+def key_stats(broker: RedisBroker, keys: Keys) -> list[tuple[Any, ...]]:
     """Per-key stats without the oldest item's age (it depends on when each run happens)."""
     return [
         (s.key, s.queued_items, s.last_seen_ms, s.waiting, s.pending, s.read)
@@ -31,7 +31,7 @@ def key_stats(broker: RedisBroker, keys: P.Keys) -> list[tuple[Any, ...]]:
 def answers(r: redis.Redis, prefix: str) -> dict[str, Any]:
     """What the operator-facing broker calls answer, step by step through one scenario."""
     broker = RedisBroker("redis://compared", client=r)
-    keys = P.Keys(prefix, "square")
+    keys = Keys(prefix, "square")
     out: dict[str, Any] = {}
     broker.declare(keys, {"batch_size": 8, "max_queue": 100})
     for batch_key in ("default", "big"):
@@ -45,7 +45,7 @@ def answers(r: redis.Redis, prefix: str) -> dict[str, Any]:
 
     read = broker.read("w1", [stream], 3, 0)
     out["read"] = [len(entries) for _, entries in read]
-    r.xack(stream, P.GROUP, ids[0])
+    r.xack(stream, GROUP, ids[0])
     r.xdel(stream, ids[0])  # answered: acked and deleted, as ack.lua does
     out["after ack"] = key_stats(broker, keys)
     r.xdel(stream, ids[4])  # cancelled before anyone read it: Redis loses count of the lag
@@ -72,10 +72,10 @@ def answers(r: redis.Redis, prefix: str) -> dict[str, Any]:
     broker.set_config(keys, {"batch_size": 16})
     out["config"] = broker.config(keys)
     out["meta"] = broker.meta(keys)
-    out["no streams"] = key_stats(broker, P.Keys(prefix, "nothing"))
-    r.zadd(P.Keys(prefix, "ghost").seen, {"default": 1})  # a key seen, its stream never made
-    out["no stream"] = key_stats(broker, P.Keys(prefix, "ghost"))
-    out["no stream depth"] = [row[1:] for row in broker.queue_depths([P.Keys(prefix, "ghost")])]
+    out["no streams"] = key_stats(broker, Keys(prefix, "nothing"))
+    r.zadd(Keys(prefix, "ghost").seen, {"default": 1})  # a key seen, its stream never made
+    out["no stream"] = key_stats(broker, Keys(prefix, "ghost"))
+    out["no stream depth"] = [row[1:] for row in broker.queue_depths([Keys(prefix, "ghost")])]
     return out
 
 

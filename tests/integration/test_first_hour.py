@@ -26,7 +26,7 @@ import queueserve as qs
 import queueserve.client.unserved as client_unserved
 from queueserve.settings import Settings, check_redis_url, redact_url
 from queueserve.wire.codec import get_codec
-from queueserve.wire.protocol import Keys, servings_key
+from queueserve.wire.keys import Keys, servings_key
 from tests.support.helpers import REPO, WAIT_S, child_env, wait_until
 from tests.support.redis_server import free_port
 

@@ -28,7 +28,7 @@ import redis
 
 import queueserve as qs
 from queueserve.errors import RemoteError
-from queueserve.wire.protocol import Keys
+from queueserve.wire.keys import Keys
 from tests.integration.test_cli import Spawn, WorkerProcess, run_cli, spawn  # noqa: F401
 from tests.support.first_hour_worker_app import MISSING_MODEL
 from tests.support.helpers import WAIT_S, child_env, wait_until

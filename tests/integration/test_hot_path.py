@@ -19,7 +19,7 @@ from queueserve.broker.consumer import Consumer
 from queueserve.broker.reads import PendingRead, ReadOutcome
 from queueserve.errors import RedisUnavailable
 from queueserve.wire.codec import get_codec
-from queueserve.wire.protocol import GROUP, Keys, inbox_key
+from queueserve.wire.keys import GROUP, Keys, inbox_key
 from queueserve.wire.request import encode_request
 from queueserve.worker.pipeline import lease as lease_module
 from queueserve.worker.pipeline.reader import Reader

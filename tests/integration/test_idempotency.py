@@ -12,7 +12,7 @@ import pytest
 import redis
 
 import queueserve as qs
-from queueserve.wire.protocol import Keys
+from queueserve.wire.keys import Keys
 from tests.support.helpers import WAIT_S, wait_until
 from tests.support.servings import Recording, tag_items
 

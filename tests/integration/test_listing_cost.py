@@ -53,7 +53,7 @@ def own(redis_tmp_server: RedisServer) -> Iterator[redis.Redis]:
 
 
 def servings_key(prefix: str) -> str:
-    return f"{prefix}:servings"  # wire/protocol.py's servings_key
+    return f"{prefix}:servings"  # wire/keys.py's servings_key
 
 
 def score(r: redis.Redis, prefix: str, serving: str) -> float | None:

@@ -26,7 +26,7 @@ from queueserve.broker.consumer import Consumer
 from queueserve.broker.errors import translate
 from queueserve.broker.reads import ReadOutcome, WakeRead
 from queueserve.broker.retry import Retry
-from queueserve.wire.protocol import Keys
+from queueserve.wire.keys import Keys
 from tests.support.broker import RedisBroker
 from tests.support.fault_app import RawInbox, WorkerProc, header
 from tests.support.helpers import WAIT_S, wait_until

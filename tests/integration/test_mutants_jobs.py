@@ -22,7 +22,7 @@ import queueserve as qs
 from queueserve.client import jobs as client_jobs
 from queueserve.wire import jobs as J
 from queueserve.wire.codec import get_codec
-from queueserve.wire.protocol import Keys
+from queueserve.wire.keys import Keys
 from queueserve.wire.request import encode_request
 from tests.support.broker import RedisBroker
 from tests.support.fault_app import RawInbox

@@ -21,7 +21,7 @@ import httpx
 import pytest
 import redis
 
-from queueserve.wire.protocol import Keys
+from queueserve.wire.keys import Keys
 from tests.support.fault_app import WorkerProc
 from tests.support.gateway_app import GatewayProc, gateway_stack
 from tests.support.helpers import pending_requests, stream_key, wait_until

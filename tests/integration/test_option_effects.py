@@ -32,7 +32,7 @@ import redis
 import queueserve as qs
 from queueserve.broker import common, replies
 from queueserve.options.serving import RUNTIME, ServingOptions
-from queueserve.wire.protocol import GROUP, Keys
+from queueserve.wire.keys import GROUP, Keys
 from tests.support.helpers import (
     REPO,
     WAIT_S,

@@ -22,7 +22,7 @@ from queueserve.dashboard.board import Board
 from queueserve.ops import stats
 from queueserve.wire.codec import get_codec
 from queueserve.wire.jobs import placings
-from queueserve.wire.protocol import Keys
+from queueserve.wire.keys import Keys
 from queueserve.wire.request import encode_request
 from tests.support.broker import RedisBroker
 from tests.support.fault_app import RawInbox

@@ -105,7 +105,7 @@ def test_durable_enqueue_without_a_replica_tells_the_caller(tmp_path: Any) -> No
 
 def test_a_durable_enqueue_whose_master_turns_replica_meanwhile_is_retried(tmp_path: Any) -> None:
     # Given a durable enqueue waiting (WAIT 1) on a master that has no replica
-    from queueserve.wire.protocol import Keys
+    from queueserve.wire.keys import Keys
     from tests.support.broker import RedisBroker
     from tests.support.redis_server import start_redis_server
 

@@ -20,8 +20,10 @@ import redis
 import queueserve as qs
 from queueserve.client.calls import Call
 from queueserve.client.events import RequestStream
-from queueserve.wire import protocol as P
 from queueserve.wire.codec import MsgpackCodec, codec_for_tag
+from queueserve.wire.keys import Keys, events_channel, inbox_key
+from queueserve.wire.kinds import ERR_BAD_REQUEST, ERROR, RESULTS, STEPS
+from queueserve.wire.protocol import WIRE_VERSION
 from tests.support.callers import Caller
 from tests.support.helpers import REPO, WAIT_S, child_env, items_waiting, stream_key, wait_until
 from tests.support.stream_app import Hooks, Steps, step_value
@@ -162,7 +164,7 @@ def test_hooks_not_listed_are_never_sent(
     # Given a serving that emits start, secret and done but lists only start and done
     serving = Hooks(name="hooked", batch_size=4, batch_timeout=0, hooks=["start", "done"])
     start_worker(serving)
-    channel = P.events_channel(prefix, client.client_id)
+    channel = events_channel(prefix, client.client_id)
     tap = EventTap(redis_client, [channel])
     try:
         events = list(client.stream(serving, ["a", "b"], timeout=30))
@@ -216,7 +218,7 @@ def test_with_two_partitions_a_later_request_finishing_first_still_streams_after
             stderr=subprocess.STDOUT,
         )
     try:
-        workers_key = P.Keys(prefix, "ordered").workers
+        workers_key = Keys(prefix, "ordered").workers
         wait_until(lambda: redis_client.zcard(workers_key) == 2, what="both partitions up")
 
         # When one caller streams 8 items (two requests of 4) by the serving's name
@@ -225,7 +227,7 @@ def test_with_two_partitions_a_later_request_finishing_first_still_streams_after
         wait_until(
             lambda: redis_client.llen(f"{prefix}:rec:done") == 1, what="the second batch to run"
         )
-        inbox = P.inbox_key(prefix, client.client_id)
+        inbox = inbox_key(prefix, client.client_id)
         wait_until(
             lambda: pending("ordered") == 1 and redis_client.llen(inbox) == 0,
             what="the second request's answer to reach the client",
@@ -305,7 +307,7 @@ def test_the_events_one_batch_makes_for_one_client_travel_as_one_message(
     # Given three one-item streams of one client, held to run in one batch of a hook serving
     serving = Hooks(name="hooked", batch_size=6, batch_timeout=0, gated=True)
     worker = start_worker(serving)
-    channel = P.events_channel(prefix, client.client_id)
+    channel = events_channel(prefix, client.client_id)
     tap = EventTap(redis_client, [channel])
     try:
         blocker = client.submit(serving, ["blocker"], timeout=30)
@@ -347,11 +349,11 @@ def test_forged_events_on_a_clients_channel_are_dropped_and_its_stream_goes_on(
 
     # When someone publishes malformed events for its request on the client's channel: alone,
     # in a list of events, and next to a list's events for nobody
-    channel = P.events_channel(prefix, client.client_id)
+    channel = events_channel(prefix, client.client_id)
     forged = [
         [rid, "1", "h", "done", 1, 0, 1],  # a sequence number that is not one
-        [rid, 1, "o", P.RESULTS, "not a list", 0, 1],
-        [rid, 1, "o", P.RESULTS, ["x"], 5, 1],  # an item the request does not have
+        [rid, 1, "o", RESULTS, "not a list", 0, 1],
+        [rid, 1, "o", RESULTS, ["x"], 5, 1],  # an item the request does not have
         [rid, 1, "h"],
         [[rid, -1, "h", "done", 1, 0, 1], [], 7, [None, 1]],
         [],
@@ -465,12 +467,12 @@ def test_a_worker_refuses_an_oversized_request_that_must_run_whole(
     # Given a worker for a serving of batch_size 4
     serving = Hooks(name="hooked", batch_size=4, batch_timeout=0, hooks=hooks)
     start_worker(serving)
-    keys = P.Keys(prefix, "hooked")
+    keys = Keys(prefix, "hooked")
 
     # When a request of 5 items is written to the stream by hand (no client checks), with an
     # event channel in its header (7 fields) or to a hook serving without one (6 fields)
     inbox = f"{prefix}:inbox:by-hand"
-    header = [P.WIRE_VERSION, 77, 5, inbox, 0, "msgpack"]
+    header = [WIRE_VERSION, 77, 5, inbox, 0, "msgpack"]
     if with_events:
         header.append(f"{prefix}:events:by-hand")
     redis_client.incrby(keys.queued, 5)
@@ -485,8 +487,8 @@ def test_a_worker_refuses_an_oversized_request_that_must_run_whole(
     message = cast(bytes, reply[1])
     [row] = codec_for_tag(message[0]).loads(message[1:])
     rid, offset, count, kind, body = row[:5]
-    assert (rid, offset, count, kind) == (77, 0, 5, P.ERROR)
-    assert body[3] == P.ERR_BAD_REQUEST
+    assert (rid, offset, count, kind) == (77, 0, 5, ERROR)
+    assert body[3] == ERR_BAD_REQUEST
     assert "5 items, more than batch_size=4" in body[1]
     wait_until(lambda: redis_client.xlen(keys.stream("default")) == 0, what="the entry acked")
     assert serving.record.batches == []
@@ -628,8 +630,8 @@ def test_a_caller_that_stops_iterating_is_dropped_from_later_steps(
     serving = Steps(name="steps", batch_size=2, batch_timeout=30, gated=True)
     start_worker(serving)
     quitter_client, stayer_client = make_client(), make_client()
-    quitter_channel = P.events_channel(prefix, quitter_client.client_id)
-    stayer_channel = P.events_channel(prefix, stayer_client.client_id)
+    quitter_channel = events_channel(prefix, quitter_client.client_id)
+    stayer_channel = events_channel(prefix, stayer_client.client_id)
     tap = EventTap(redis_client, [quitter_channel, stayer_channel])
     try:
         quitter = Caller(quitter_client, serving, ["a:10"], stop_after=1)
@@ -655,7 +657,7 @@ def test_a_caller_that_stops_iterating_is_dropped_from_later_steps(
         assert stayer.join()[-1] == qs.Output(["b:20#19"], 0, 1)
         tap.wait_for(
             "the last step on the wire",
-            lambda: ["o", P.RESULTS, ["b:20#19"], 0, 1] in tap.bodies(stayer_channel),
+            lambda: ["o", RESULTS, ["b:20#19"], 0, 1] in tap.bodies(stayer_channel),
         )
         # and the quitter was dropped before its item's end, with no step published after it
         quitter_steps = [b[2][0] for b in tap.bodies(quitter_channel)]
@@ -710,7 +712,7 @@ def test_closing_a_stream_drops_its_running_later_request_from_the_steps_to_come
     # executors), both held before their second step, and a subscriber on the caller's channel
     serving = Steps(name="steps", batch_size=1, batch_timeout=0, gated=True)
     runner = worker_runner(start_worker(serving, max_concurrent_batches=2))
-    channel = P.events_channel(prefix, client.client_id)
+    channel = events_channel(prefix, client.client_id)
     tap = EventTap(redis_client, [channel])
     try:
         caller = Caller(client, serving, ["a:10", "b:10"], stop_after=1)
@@ -766,16 +768,16 @@ def hook(name: str, payload: Any, start: int, size: int) -> list[Any]:
 
 
 def step(values: list[Any], first: int) -> list[Any]:
-    return ["o", P.RESULTS, values, first, len(values)]
+    return ["o", RESULTS, values, first, len(values)]
 
 
 def answered(
     results: list[Any],
-    kind: int = P.STEPS,
+    kind: int = STEPS,
     events_total: int = 0,
     error: qs.QueueServeError | None = None,
 ) -> Call:
-    call = Call(1, len(results), P.Keys("qs", "steps"), "default")
+    call = Call(1, len(results), Keys("qs", "steps"), "default")
     call.results, call.kind, call.events_total, call.error = results, kind, events_total, error
     return call
 
@@ -829,7 +831,7 @@ def test_a_step_lost_between_two_that_arrived_is_rebuilt_in_its_place() -> None:
 
 
 def test_a_lost_hook_is_simply_absent_and_the_result_still_comes() -> None:
-    rs = RequestStream(answered(["r:a", "r:b"], kind=P.RESULTS, events_total=2), offset=3)
+    rs = RequestStream(answered(["r:a", "r:b"], kind=RESULTS, events_total=2), offset=3)
     assert rs.add(1, hook("done", 2, 0, 2)) == []  # seq 0 (the start hook) was lost
 
     events, error = rs.complete()
@@ -840,7 +842,7 @@ def test_a_lost_hook_is_simply_absent_and_the_result_still_comes() -> None:
 
 def test_an_error_answer_comes_after_the_events_received() -> None:
     failed = qs.RemoteError("ValueError", "boom")
-    rs = RequestStream(answered([failed], kind=P.RESULTS, events_total=1), offset=0)
+    rs = RequestStream(answered([failed], kind=RESULTS, events_total=1), offset=0)
     assert rs.add(0, hook("start", None, 0, 1)) == [qs.Hook("start", None, 0, 1)]
 
     assert rs.complete() == ([], failed)

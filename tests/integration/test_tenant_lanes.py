@@ -17,7 +17,7 @@ import pytest
 import redis
 
 import queueserve as qs
-from queueserve.wire.protocol import Keys
+from queueserve.wire.keys import Keys
 from queueserve.wire.tenants import MAX_TENANT_WEIGHTS
 from tests.support.broker import RedisBroker
 from tests.support.fault_app import WorkerProc

@@ -22,7 +22,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
 from opentelemetry.trace import Tracer
 
 import queueserve as qs
-from queueserve.wire import protocol as P
+from queueserve.wire.keys import Keys
+from queueserve.wire.protocol import H_FIELDS
 from queueserve.wire.request import parse_header
 from tests.support.fault_app import WorkerProc
 from tests.support.helpers import REPO, child_env, entry_headers, wait_until
@@ -78,7 +79,7 @@ def test_a_batch_span_links_to_the_span_of_every_request_in_it(
     # Given a worker process of a serving that runs once three requests wait
     tracer, _ = producer
     worker = traced_worker("traced")
-    keys = P.Keys(prefix, "traced")
+    keys = Keys(prefix, "traced")
     wait_until(lambda: redis_client.hget(keys.meta, "header_fields"), "the declaration")
 
     # When three callers each send one item from a span of their own
@@ -127,7 +128,7 @@ def test_each_step_of_a_step_serving_has_a_span_linked_to_its_sequences(
 ) -> None:
     tracer, _ = producer
     worker = traced_worker("countdown")
-    keys = P.Keys(prefix, "countdown")
+    keys = Keys(prefix, "countdown")
     wait_until(lambda: redis_client.hget(keys.meta, "header_fields"), "the declaration")
 
     with qs.Client(redis_url, prefix=prefix) as client, tracer.start_as_current_span("g") as span:
@@ -141,7 +142,7 @@ def test_each_step_of_a_step_serving_has_a_span_linked_to_its_sequences(
     assert all(s["attributes"]["queueserve.batch.size"] == 1 for s in steps())
 
 
-def headers_sent(redis_client: redis.Redis, keys: P.Keys) -> list[list[Any]]:
+def headers_sent(redis_client: redis.Redis, keys: Keys) -> list[list[Any]]:
     stream = keys.stream("default")
     return [
         parse_header(h) for _, fields in redis_client.xrange(stream) for h in entry_headers(fields)
@@ -159,7 +160,7 @@ def test_trace_context_goes_only_to_servings_whose_workers_read_it(
     # Given a serving declared as workers of a version before the optional fields declare it
     # (no header_fields: such workers refuse a header carrying the map), or as this one does
     tracer, _ = producer
-    keys = P.Keys(prefix, "gated")
+    keys = Keys(prefix, "gated")
     meta = {"codec": "msgpack", "batch_size": "8"}
     if declared is not None:
         meta["header_fields"] = declared
@@ -177,7 +178,7 @@ def test_trace_context_goes_only_to_servings_whose_workers_read_it(
         trace_id, span_id = hex_ids(span)
         flags = int(span.get_span_context().trace_flags)
         expected = {"trace": f"00-{trace_id}-{span_id}-{flags:02x}"}
-        assert [h[P.H_FIELDS] for h in headers] == [expected, expected]
+        assert [h[H_FIELDS] for h in headers] == [expected, expected]
     else:
         assert all(len(h) == 6 for h in headers), headers  # byte for byte the old header
 
@@ -185,7 +186,7 @@ def test_trace_context_goes_only_to_servings_whose_workers_read_it(
 def test_no_span_current_sends_no_fields(
     redis_url: str, prefix: str, redis_client: redis.Redis
 ) -> None:
-    keys = P.Keys(prefix, "gated")
+    keys = Keys(prefix, "gated")
     redis_client.hset(keys.meta, mapping={"codec": "msgpack", "header_fields": "trace"})
     with qs.Client(redis_url, prefix=prefix) as client:
         client.submit("gated", [1])

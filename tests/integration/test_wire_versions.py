@@ -12,8 +12,9 @@ import pytest
 import redis
 
 import queueserve as qs
-from queueserve.wire import protocol as P
 from queueserve.wire.codec import get_codec
+from queueserve.wire.keys import Keys, events_channel, inbox_key
+from queueserve.wire.kinds import RESULTS
 from queueserve.wire.reply import parse_reply
 from queueserve.wire.request import encode_request
 from queueserve.worker.pipeline import decode
@@ -33,7 +34,7 @@ def answers(redis_client: redis.Redis, inbox: str, count: int) -> dict[int, list
         popped = redis_client.blpop([inbox], timeout=1)
         if popped is not None:
             for rid, _offset, _count, kind, body, *_ in parse_reply(popped[1], {MSGPACK.tag}):
-                assert kind == P.RESULTS, body
+                assert kind == RESULTS, body
                 got[rid] = body
         return len(got) == count
 
@@ -41,7 +42,7 @@ def answers(redis_client: redis.Redis, inbox: str, count: int) -> dict[int, list
     return got
 
 
-def no_dead_letters(redis_client: redis.Redis, keys: P.Keys) -> None:
+def no_dead_letters(redis_client: redis.Redis, keys: Keys) -> None:
     assert redis_client.xlen(keys.dead) == 0, redis_client.xrange(keys.dead)
 
 
@@ -50,9 +51,9 @@ def test_entries_of_old_clients_and_entries_with_optional_fields_are_answered(
 ) -> None:
     # Given a worker of this version
     start_worker(Recording(tag_items, name="mixed", batch_size=8, batch_timeout=0))
-    keys = P.Keys(prefix, "mixed")
-    inbox = P.inbox_key(prefix, "oldclient")
-    events = P.events_channel(prefix, "oldclient")
+    keys = Keys(prefix, "mixed")
+    inbox = inbox_key(prefix, "oldclient")
+    events = events_channel(prefix, "oldclient")
     wait_until(lambda: redis_client.exists(keys.meta), "the worker's declaration")
 
     # When clients of the old version write entries of each header shape they wrote, and a
@@ -105,4 +106,4 @@ def test_a_client_of_this_version_is_answered_by_a_worker_reading_headers_the_ol
 
     # Then all are answered, and nothing was dead-lettered
     assert (one, many) == ("r:x", ["r:y", "r:z"])
-    no_dead_letters(redis_client, P.Keys(prefix, "old"))
+    no_dead_letters(redis_client, Keys(prefix, "old"))

@@ -8,7 +8,7 @@ import redis
 
 import queueserve as qs
 from queueserve.wire.codec import get_codec
-from queueserve.wire.protocol import GROUP, Keys, inbox_key
+from queueserve.wire.keys import GROUP, Keys, inbox_key
 from queueserve.wire.request import encode_request
 
 

@@ -40,7 +40,7 @@ import redis
 
 import queueserve as qs
 from queueserve.ops import cli
-from queueserve.wire.protocol import Keys
+from queueserve.wire.keys import Keys
 from queueserve.worker.options import ENV_PREFIX, WorkerOptions
 from tests.integration.test_cli import Spawn, spawn  # noqa: F401
 from tests.support.fault_app import RawInbox, header

@@ -16,7 +16,7 @@ from queueserve.broker.core import no_group
 from queueserve.broker.errors import redis_errors
 from queueserve.broker.producer import Producer
 from queueserve.broker.urls import redact_url
-from queueserve.wire.protocol import GROUP
+from queueserve.wire.keys import GROUP
 
 log = logging.getLogger(__name__)
 

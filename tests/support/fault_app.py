@@ -26,7 +26,7 @@ import redis
 
 import queueserve as qs
 from queueserve.wire.codec import codec_for_tag
-from queueserve.wire.protocol import ERROR
+from queueserve.wire.kinds import ERROR
 from tests.support.helpers import REPO, child_env, wait_until
 
 T = TypeVar("T")

@@ -11,7 +11,7 @@ import msgpack
 import redis
 
 from queueserve.broker.producer import Producer
-from queueserve.wire.protocol import Keys, inbox_key
+from queueserve.wire.keys import Keys, inbox_key
 
 CHUNK = 1000  # requests (one per batch key) per enqueue.lua call
 

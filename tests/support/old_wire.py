@@ -8,8 +8,9 @@ from typing import Any
 
 import msgpack
 
-from queueserve.wire import protocol as P
 from queueserve.wire.codec import Codec
+from queueserve.wire.priority import check_priority
+from queueserve.wire.protocol import H_EVENTS, H_PRIORITY, H_VERSION, WIRE_VERSION
 
 
 def old_encode_request(
@@ -23,7 +24,7 @@ def old_encode_request(
 ) -> tuple[bytes, bytes]:
     """What a client of the old version XADDs as ``h`` and ``p``."""
     fields = [
-        P.WIRE_VERSION,
+        WIRE_VERSION,
         rid,
         len(items),
         reply_to,
@@ -46,10 +47,10 @@ def old_parse_header(raw: bytes) -> list[Any]:
         raise ValueError(f"header is not msgpack: {e}") from None
     if not isinstance(header, list) or len(header) not in (6, 7, 8):
         raise ValueError(f"header must be a list of 6 to 8 fields, got {header!r:.200}")
-    if header[P.H_VERSION] != P.WIRE_VERSION:
-        raise ValueError(f"wire version {header[P.H_VERSION]!r} is not supported")
+    if header[H_VERSION] != WIRE_VERSION:
+        raise ValueError(f"wire version {header[H_VERSION]!r} is not supported")
     rid, n, reply_to, deadline = header[1:5]
-    events = header[P.H_EVENTS] if len(header) > P.H_EVENTS else ""
+    events = header[H_EVENTS] if len(header) > H_EVENTS else ""
     if not (
         isinstance(rid, int)
         and isinstance(n, int)
@@ -59,8 +60,8 @@ def old_parse_header(raw: bytes) -> list[Any]:
         and isinstance(events, str)
     ):
         raise ValueError(f"header fields have wrong types: {header!r:.200}")
-    if len(header) > P.H_PRIORITY:
-        P.check_priority(header[P.H_PRIORITY])
+    if len(header) > H_PRIORITY:
+        check_priority(header[H_PRIORITY])
     return header
 
 

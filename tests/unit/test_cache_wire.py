@@ -12,8 +12,8 @@ import pytest
 
 from queueserve.options.serving import ServingOptions
 from queueserve.wire import cache as C
-from queueserve.wire import protocol as P
 from queueserve.wire.codec import MsgpackCodec, PickleCodec
+from queueserve.wire.kinds import BATCHED, ERROR, RESULTS
 
 
 def test_the_digest_is_the_documented_blake2b_of_version_key_and_payload() -> None:
@@ -29,8 +29,8 @@ def test_a_value_answers_with_the_result_it_was_written_with() -> None:
     codec = MsgpackCodec()
     digest = C.digest("", "default", b"p")
     for kind, body, want in [
-        (P.RESULTS, ["r:a"], "r:a"),
-        (P.BATCHED, np.arange(3, dtype=np.float32).reshape(1, 3), None),
+        (RESULTS, ["r:a"], "r:a"),
+        (BATCHED, np.arange(3, dtype=np.float32).reshape(1, 3), None),
     ]:
         value = C.value(digest, codec, kind, body)
         assert value[:16] == digest and value[16] == codec.tag
@@ -48,8 +48,8 @@ def test_a_value_answers_with_the_result_it_was_written_with() -> None:
         (b"", "codec"),
         (bytes((PickleCodec().tag,)) + b"anything", "codec"),  # never unpickled
         (b"m\xc1", "decode"),
-        (b"m" + msgpack.packb([P.ERROR, ["x"]]), "result"),
-        (b"m" + msgpack.packb([P.RESULTS, ["a", "b"]]), "2 results"),
+        (b"m" + msgpack.packb([ERROR, ["x"]]), "result"),
+        (b"m" + msgpack.packb([RESULTS, ["a", "b"]]), "2 results"),
         (b"m" + msgpack.packb({"kind": 0}), "result"),
     ],
 )

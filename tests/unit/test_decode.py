@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 import queueserve as qs
-from queueserve.wire import protocol as P
 from queueserve.wire.codec import get_codec
+from queueserve.wire.kinds import ERR_BAD_REQUEST, ERR_TIMEOUT
+from queueserve.wire.protocol import WIRE_VERSION
 from queueserve.wire.request import encode_request
 from queueserve.worker.pipeline.decode import Accepted, Rejected, decode_entry
 
@@ -31,7 +32,7 @@ SERVING = qs.Serving(echo, name="echo", batch_size=4)
 
 
 def header(
-    version: Any = P.WIRE_VERSION,
+    version: Any = WIRE_VERSION,
     rid: Any = 7,
     n: Any = 2,
     reply_to: Any = INBOX,
@@ -153,7 +154,7 @@ def test_unreadable_headers_are_rejected_with_no_one_to_answer(
 ) -> None:
     result = rejected(decode(fields(h, MSGPACK.dumps([1, 2]))))
     assert result.request is None
-    assert result.kind == P.ERR_BAD_REQUEST
+    assert result.kind == ERR_BAD_REQUEST
     assert "malformed entry" in result.reason
     assert reason in result.reason
 
@@ -161,10 +162,10 @@ def test_unreadable_headers_are_rejected_with_no_one_to_answer(
 @pytest.mark.parametrize("version", [0, 2, 99, "1", None])
 def test_other_wire_versions_are_rejected_naming_both_versions(version: Any) -> None:
     result = rejected(decode(fields(header(version=version), MSGPACK.dumps([1, 2]))))
-    assert result.kind == P.ERR_BAD_REQUEST
+    assert result.kind == ERR_BAD_REQUEST
     assert "wire version" in result.reason
     assert repr(version) in result.reason
-    assert str(P.WIRE_VERSION) in result.reason
+    assert str(WIRE_VERSION) in result.reason
 
 
 def test_reasons_of_huge_garbage_headers_stay_short() -> None:
@@ -173,7 +174,7 @@ def test_reasons_of_huge_garbage_headers_stay_short() -> None:
 
 
 # -- readable headers: the caller is answered --------------------------------------------------
-def _answerable(result: Accepted | Rejected, kind: str = P.ERR_BAD_REQUEST) -> Rejected:
+def _answerable(result: Accepted | Rejected, kind: str = ERR_BAD_REQUEST) -> Rejected:
     r = rejected(result)
     assert r.kind == kind
     assert r.request is not None
@@ -244,7 +245,7 @@ def test_a_msgpack_request_to_a_pickle_serving_is_answered() -> None:
 def test_an_expired_deadline_is_answered_with_a_timeout() -> None:
     past_ms = int((time.time() - 5) * 1000)
     r = _answerable(
-        decode(fields(header(deadline_ms=past_ms), MSGPACK.dumps([1, 2]))), kind=P.ERR_TIMEOUT
+        decode(fields(header(deadline_ms=past_ms), MSGPACK.dumps([1, 2]))), kind=ERR_TIMEOUT
     )
     assert "deadline" in r.reason
     assert r.request is not None
@@ -253,7 +254,7 @@ def test_an_expired_deadline_is_answered_with_a_timeout() -> None:
 
 def test_an_expired_deadline_wins_over_an_undecodable_payload() -> None:
     """Work for a caller who left is dropped before the payload is even decoded."""
-    r = _answerable(decode(fields(header(deadline_ms=1), b"\xc1")), kind=P.ERR_TIMEOUT)
+    r = _answerable(decode(fields(header(deadline_ms=1), b"\xc1")), kind=ERR_TIMEOUT)
     assert "deadline" in r.reason
 
 

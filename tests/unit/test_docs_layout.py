@@ -8,10 +8,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from queueserve.wire.protocol import LAYOUT
+from queueserve.wire.keys import LAYOUT
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
-# a layout kind kept only to adopt what writers before wire 1 left (protocol.py's layout): no
+# a layout kind kept only to adopt what writers before wire 1 left (wire/keys.py's layout): no
 # reader of the docs needs it
 LEGACY = {"keys"}
 

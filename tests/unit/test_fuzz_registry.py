@@ -1,7 +1,8 @@
 """The fuzzer's registry (tests/faults/fuzz/surfaces.py) covers everything a stranger can write
-that queueserve reads: a key, channel or entry field added to ``wire/protocol.py``, an optional
-header field added to ``wire/request.py`` or an HTTP server added to the worker without a fuzz
-entry fails here, and so does a layout table in its docstring that LAYOUT no longer matches.
+that queueserve reads: a key or channel added to ``wire/keys.py``, an entry field added to
+``wire/protocol.py``, an optional header field added to ``wire/request.py`` or an HTTP server
+added to the worker without a fuzz entry fails here, and so does a layout table in keys.py's
+docstring that LAYOUT no longer matches.
 The fields of the meta and config hashes and of a worker's record are not listed by hand in the
 fuzzer: these tests check that it attacks every field a worker declares, every option the model
 has, and every field of a worker's record the dashboard reads, a field added later included.
@@ -23,16 +24,19 @@ from queueserve import tracing
 from queueserve.dashboard import board
 from queueserve.options import serving as model
 from queueserve.options.serving import RUNTIME, ServingOptions
+from queueserve.wire import keys as key_layout
 from queueserve.wire import options as wire_options
-from queueserve.wire import protocol as P
+from queueserve.wire import protocol
 from queueserve.wire.figures import field_of
 from queueserve.wire.key_rules import META_FIELD as KEY_RULE
+from queueserve.wire.keys import LAYOUT, Keys
+from queueserve.wire.protocol import ENTRY_FIELDS
 from queueserve.wire.request import FIELDS
 from tests.faults.fuzz import surfaces
 from tests.faults.fuzz.surfaces import SURFACES, Target
 from tests.faults.fuzz.values import FAMILIES, WRONG_TYPE
 
-PACKAGE = Path(P.__file__).resolve().parents[1]
+PACKAGE = Path(protocol.__file__).resolve().parents[1]
 LUA = PACKAGE / "broker" / "lua"
 
 # A row of the docstring's table: "    P:{S}:in:K        stream   requests of ..."
@@ -47,14 +51,14 @@ _XADD = re.compile(r"'XADD',[^\n]*(?:,\n[^\n]*)*")
 
 
 def documented_layout() -> list[tuple[str, str]]:
-    assert P.__doc__ is not None
-    return _ROW.findall(P.__doc__)
+    assert key_layout.__doc__ is not None
+    return _ROW.findall(key_layout.__doc__)
 
 
 def documented_entry_fields() -> set[str]:
     """The fields the docstring gives a request or pack entry."""
-    assert P.__doc__ is not None
-    return set(_ENTRY_FIELD.findall(P.__doc__))
+    assert protocol.__doc__ is not None
+    return set(_ENTRY_FIELD.findall(protocol.__doc__))
 
 
 def lua_entry_fields() -> set[str]:
@@ -79,19 +83,19 @@ def http_servers() -> set[str]:
 
 
 def test_the_docstring_table_and_layout_name_the_same_keys_and_types() -> None:
-    assert documented_layout() == list(P.LAYOUT)
+    assert documented_layout() == list(LAYOUT)
 
 
 def test_every_key_name_keys_builds_is_a_layout_kind() -> None:
-    keys = P.Keys("P", "S")
+    keys = Keys("P", "S")
     built = {
         name
-        for name in P.Keys.__slots__
+        for name in Keys.__slots__
         if not name.startswith("_")
         and isinstance(getattr(keys, name), str)
         and getattr(keys, name).startswith("P:{S}:")
     }
-    assert built <= dict(P.LAYOUT).keys(), built - dict(P.LAYOUT).keys()
+    assert built <= dict(LAYOUT).keys(), built - dict(LAYOUT).keys()
 
 
 def test_the_entry_fields_read_from_the_docstring_and_the_scripts_are_found() -> None:
@@ -102,9 +106,9 @@ def test_the_entry_fields_read_from_the_docstring_and_the_scripts_are_found() ->
 
 
 def test_every_layout_kind_entry_field_header_field_and_http_server_has_a_fuzz_surface() -> None:
-    entry_fields = {*P.ENTRY_FIELDS, *documented_entry_fields(), *lua_entry_fields()}
+    entry_fields = {*ENTRY_FIELDS, *documented_entry_fields(), *lua_entry_fields()}
     wanted = [
-        *(kind for kind, _ in P.LAYOUT),
+        *(kind for kind, _ in LAYOUT),
         *(f"entry.{f}" for f in sorted(entry_fields)),
         *(f"header.{name}" for name in FIELDS),
         *sorted(http_servers()),
@@ -240,4 +244,4 @@ def test_values_a_reader_takes_go_in_spoilt_and_codec_only_on_the_victim() -> No
     assert "codec" not in written_by(surfaces.meta_field, b"msgpack")
     r = _Hashes()
     surfaces.meta_codec(Target(r, "P", random.Random(0)), b"pickle")  # type: ignore[arg-type]
-    assert r.written == [(P.Keys("P", surfaces.VICTIM).meta, "codec", b"pickle")]
+    assert r.written == [(Keys("P", surfaces.VICTIM).meta, "codec", b"pickle")]

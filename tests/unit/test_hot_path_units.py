@@ -12,9 +12,9 @@ import pytest
 
 import queueserve as qs
 from queueserve.client.calls import Call
-from queueserve.wire import protocol as P
 from queueserve.wire.codec import get_codec
-from queueserve.wire.protocol import Keys
+from queueserve.wire.keys import Keys
+from queueserve.wire.protocol import WIRE_VERSION
 from queueserve.worker.pipeline.decode import Accepted, Rejected, decode_entry, decode_plain
 from queueserve.worker.pipeline.replies import ReplyQueue
 
@@ -91,7 +91,7 @@ def packed(*header: Any) -> bytes:
     return bytes(msgpack.packb(list(header)))
 
 
-GOOD_H = packed(P.WIRE_VERSION, 7, 2, INBOX, 0, "msgpack")
+GOOD_H = packed(WIRE_VERSION, 7, 2, INBOX, 0, "msgpack")
 GOOD_P = bytes(msgpack.packb(["a", "b"]))
 ENTRIES: dict[str, dict[bytes, bytes]] = {
     "valid": {b"h": GOOD_H, b"p": GOOD_P, b"a": b"2"},

@@ -10,16 +10,17 @@ import msgpack
 
 import queueserve as qs
 from queueserve.broker.consumer import Consumer
-from queueserve.wire import protocol as P
 from queueserve.wire.codec import get_codec
+from queueserve.wire.keys import Keys, inbox_key
+from queueserve.wire.kinds import ERR_DEAD_LETTER, ERROR
 from queueserve.wire.request import encode_request
 from queueserve.worker.middleware import Middleware
 from queueserve.worker.pipeline.intake import Entry, Intake
 
 MSGPACK = get_codec("msgpack")
-KEYS = P.Keys("qs", "echo")
+KEYS = Keys("qs", "echo")
 STREAM = KEYS.stream("default")
-INBOX = P.inbox_key("qs", "abc")
+INBOX = inbox_key("qs", "abc")
 
 
 class NoBroker:
@@ -73,7 +74,7 @@ def test_every_decision_is_returned_and_nothing_is_written() -> None:
     assert "malformed pack" in decided.dead[1].records[0]["reason"]
     # the caller of the dead-lettered request is told (the replier acks it after)
     [(dead_request, _, _, kind, body)] = decided.rows
-    assert (dead_request.rid, kind, body[3]) == (4, P.ERROR, P.ERR_DEAD_LETTER)
+    assert (dead_request.rid, kind, body[3]) == (4, ERROR, ERR_DEAD_LETTER)
 
 
 def test_a_pack_that_split_lua_refuses_becomes_a_dead_letter_of_the_whole_pack() -> None:

@@ -9,8 +9,8 @@ from typing import Any
 
 import msgpack
 
-from queueserve.wire import protocol as P
 from queueserve.wire.codec import MsgpackCodec
+from queueserve.wire.kinds import RESULTS
 from queueserve.worker.pipeline.batching import Request
 from queueserve.worker.pipeline.replies import MAX_SHARED_BYTES, compose
 
@@ -24,7 +24,7 @@ def job_rows(*results: Any) -> list[Any]:
         request = Request(b"1-0", "s", rid, INBOX, 0.0, 1, "", False)
         request.remaining = 1
         request.fields = {"job_keep": 60_000}
-        out.append((request, 0, 1, P.RESULTS, [result]))
+        out.append((request, 0, 1, RESULTS, [result]))
     return out
 
 

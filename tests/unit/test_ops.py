@@ -26,7 +26,8 @@ import redis
 from queueserve.ops import stats
 from queueserve.ops.cli import main
 from queueserve.ops.deadletter import DeadLetters
-from queueserve.wire import protocol as P
+from queueserve.wire.keys import Keys
+from queueserve.wire.protocol import H_ID
 from queueserve.worker.worker import EXIT_ERROR, EXIT_OK, EXIT_USAGE
 from tests.support.broker import RedisBroker
 from tests.support.helpers import REPO
@@ -47,7 +48,7 @@ def cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
     return code, out, err
 
 
-def enqueue(broker: RedisBroker, keys: P.Keys, batch_key: str, n: int) -> list[bytes]:
+def enqueue(broker: RedisBroker, keys: Keys, batch_key: str, n: int) -> list[bytes]:
     """``n`` one-item request entries on one stream, with the bookkeeping enqueue.lua keeps
     (the key's last-seen time, queued items per key and priority, and in all), and a group
     already made."""
@@ -112,7 +113,7 @@ def test_stats_shows_waiting_pending_lag_throughput_workers_and_dead_letters(
 ) -> None:
     # Given a serving with 6 requests on "default" (2 read by a live worker), 1 on "big",
     # and one request the worker dead-lettered
-    keys = P.Keys(PREFIX, "square")
+    keys = Keys(PREFIX, "square")
     broker.declare(keys, {"batch_size": 8})
     ids = enqueue(broker, keys, "default", 6)
     enqueue(broker, keys, "big", 1)
@@ -147,7 +148,7 @@ def test_stats_counts_what_is_left_after_an_unread_entry_is_deleted(
 ) -> None:
     # Given an entry deleted (and its item released) before any worker read it, as a
     # cancelled request is
-    keys = P.Keys(PREFIX, "square")
+    keys = Keys(PREFIX, "square")
     broker.declare(keys, {"batch_size": 8})
     ids = enqueue(broker, keys, "default", 3)
     broker.redis.xdel(keys.stream("default"), ids[1])
@@ -167,8 +168,8 @@ def test_stats_lists_every_declared_serving_and_says_when_there_is_none(
     assert cli(capsys, "stats") == (EXIT_OK, f"no servings under prefix {PREFIX!r}\n", "")
 
     for name in ("cube", "square"):
-        broker.declare(P.Keys(PREFIX, name), {"batch_size": 8})
-    broker.declare(P.Keys("otherprefix", "elsewhere"), {"batch_size": 8})
+        broker.declare(Keys(PREFIX, name), {"batch_size": 8})
+    broker.declare(Keys("otherprefix", "elsewhere"), {"batch_size": 8})
     code, out, _ = cli(capsys, "stats")
 
     # a serving with no stream yet still gets a row, with dashes for the key
@@ -185,8 +186,8 @@ def test_stats_lists_the_declared_servings_without_a_scan_and_names_the_undeclar
 ) -> None:
     # Given two declared servings, and items waiting on a name no worker declared
     for name in ("cube", "square"):
-        broker.declare(P.Keys(PREFIX, name), {"batch_size": 8})
-    broker.redis.set(P.Keys(PREFIX, "sqaure").queued, 3)
+        broker.declare(Keys(PREFIX, name), {"batch_size": 8})
+    broker.redis.set(Keys(PREFIX, "sqaure").queued, 3)
     scans: list[str] = []
     scan_iter = redis.Redis.scan_iter
 
@@ -215,7 +216,7 @@ def test_stats_lists_the_declared_servings_without_a_scan_and_names_the_undeclar
 def test_config_set_stores_overrides_and_shows_them_beside_the_declared_options(
     broker: RedisBroker, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    keys = P.Keys(PREFIX, "sizes")
+    keys = Keys(PREFIX, "sizes")
     broker.declare(keys, {"batch_size": 8, "batch_timeout": 0.01, "max_queue": 100})
 
     code, out, _ = cli(capsys, "config", "set", "sizes", "batch_size=16", "batch_timeout=5ms")
@@ -245,7 +246,7 @@ def test_config_set_stores_overrides_and_shows_them_beside_the_declared_options(
 def test_config_set_refuses_bad_assignments_and_changes_nothing(
     broker: RedisBroker, capsys: pytest.CaptureFixture[str], assignment: str, says: str
 ) -> None:
-    keys = P.Keys(PREFIX, "sizes")
+    keys = Keys(PREFIX, "sizes")
     broker.declare(keys, {"batch_size": 8})
 
     code, _, err = cli(capsys, "config", "set", "sizes", "max_queue=5", assignment)
@@ -267,7 +268,7 @@ def test_config_set_without_assignments_is_a_usage_error(
 # --- queueserve dead-letter list|drop ------------------------------------------------------
 
 
-def dead_lettered(broker: RedisBroker, keys: P.Keys, reasons: list[str]) -> list[str]:
+def dead_lettered(broker: RedisBroker, keys: Keys, reasons: list[str]) -> list[str]:
     """Requests read by a worker and dead-lettered the way the worker does it; their ids."""
     broker.declare(keys, {"batch_size": 8})  # as the worker serving it did
     entry_ids = enqueue(broker, keys, "default", len(reasons))
@@ -287,7 +288,7 @@ def dead_lettered(broker: RedisBroker, keys: P.Keys, reasons: list[str]) -> list
 def test_dead_letters_keep_where_they_came_from_and_the_request_as_sent(
     broker: RedisBroker,
 ) -> None:
-    keys = P.Keys(PREFIX, "crasher")
+    keys = Keys(PREFIX, "crasher")
     dead_lettered(broker, keys, ["killed its workers"])
     (record,) = DeadLetters(broker, PREFIX, "crasher").records()
     assert (record.stream, record.reason, record.deliveries) == (
@@ -296,7 +297,7 @@ def test_dead_letters_keep_where_they_came_from_and_the_request_as_sent(
         4,
     )
     assert record.entry_id.count("-") == 1 and record.at_ms > 0
-    assert msgpack.unpackb(record.header)[P.H_ID] == 7 and record.payload == b"payload"
+    assert msgpack.unpackb(record.header)[H_ID] == 7 and record.payload == b"payload"
     # dead-lettering acked and deleted the entry: it waits for nobody any more
     assert broker.redis.xlen(keys.stream("default")) == 0
     assert broker.pending_consumers(keys.stream("default")) == []
@@ -305,7 +306,7 @@ def test_dead_letters_keep_where_they_came_from_and_the_request_as_sent(
 def test_dead_letter_list_prints_id_origin_deliveries_and_reason_up_to_the_limit(
     broker: RedisBroker, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    keys = P.Keys(PREFIX, "crasher")
+    keys = Keys(PREFIX, "crasher")
     ids = dead_lettered(broker, keys, ["first reason", "second reason", "third reason"])
 
     code, out, _ = cli(capsys, "dead-letter", "list", "crasher", "--limit", "2")
@@ -320,7 +321,7 @@ def test_dead_letter_list_prints_id_origin_deliveries_and_reason_up_to_the_limit
 def test_dead_letter_drop_removes_the_named_ones_or_all(
     broker: RedisBroker, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    keys = P.Keys(PREFIX, "crasher")
+    keys = Keys(PREFIX, "crasher")
     ids = dead_lettered(broker, keys, ["a", "b", "c"])
 
     assert cli(capsys, "dead-letter", "drop", "crasher", ids[1]) == (
@@ -342,7 +343,7 @@ def test_dead_letter_drop_removes_the_named_ones_or_all(
 def test_dead_letter_drop_takes_ids_or_all_but_not_both(
     broker: RedisBroker, capsys: pytest.CaptureFixture[str], args: list[str]
 ) -> None:
-    ids = dead_lettered(broker, P.Keys(PREFIX, "crasher"), ["kept"])
+    ids = dead_lettered(broker, Keys(PREFIX, "crasher"), ["kept"])
     code, _, err = cli(capsys, "dead-letter", "drop", "crasher", *args)
     assert code == EXIT_USAGE
     assert "takes dead-letter ids or --all" in err

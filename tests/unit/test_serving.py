@@ -13,7 +13,7 @@ import torch
 import queueserve as qs
 from queueserve.options.units import parse_duration
 from queueserve.results import BatchResultError, BatchResults, unbatch
-from queueserve.wire.protocol import BATCHED, RESULTS
+from queueserve.wire.kinds import BATCHED, RESULTS
 
 
 def square(xs: list[int]) -> list[int]:

@@ -9,20 +9,21 @@ from typing import Any
 import queueserve as qs
 from queueserve.client.calls import Call
 from queueserve.client.events import RequestStream
-from queueserve.wire import protocol as P
+from queueserve.wire.keys import Keys
+from queueserve.wire.kinds import RESULTS, STEPS
 
 T = 77  # a replay's run token
 
 
 def stream() -> RequestStream:
-    return RequestStream(Call(1, 1, P.Keys("qs", "gen"), "default"), offset=0)
+    return RequestStream(Call(1, 1, Keys("qs", "gen"), "default"), offset=0)
 
 
 def step(value: Any, run: int = 0) -> list[Any]:
-    return ["o", P.RESULTS, [value], 0, 1, *([run] if run else [])]
+    return ["o", RESULTS, [value], 0, 1, *([run] if run else [])]
 
 
-def answer(rs: RequestStream, result: Any, run: int, events: int, kind: int = P.STEPS) -> None:
+def answer(rs: RequestStream, result: Any, run: int, events: int, kind: int = STEPS) -> None:
     call = rs.call
     call.kind, call.run, call.events_total = kind, run, events
     call.apply(0, [result])
@@ -75,7 +76,7 @@ def test_a_replay_before_anything_was_shown_needs_no_restart() -> None:
 def test_a_final_answer_from_another_run_restarts_the_stream_before_it() -> None:
     rs = stream()
     shown = rs.add(0, step("a0"))
-    answer(rs, {"text": "b"}, T, 5, kind=P.RESULTS)
+    answer(rs, {"text": "b"}, T, 5, kind=RESULTS)
     ready, _ = rs.complete()
     assert shown + ready == [
         qs.Output(["a0"], 0, 1),

@@ -11,7 +11,7 @@ import pytest
 import queueserve as qs
 from queueserve.client import async_sending, waiting
 from queueserve.client.calls import Call
-from queueserve.wire.protocol import Keys
+from queueserve.wire.keys import Keys
 
 UNREACHABLE = "redis://127.0.0.1:1/0"  # never connected to: nothing here sends
 

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 from queueserve.errors import BadRequest, DeadLettered, RemoteError, Timeout
-from queueserve.wire import protocol as P
 from queueserve.wire.cancel import parse_cancel
 from queueserve.wire.codec import CODECS, get_codec, pack_plain
 from queueserve.wire.error import (
@@ -30,6 +29,16 @@ from queueserve.wire.event import (
     parse_events,
     restart_event,
 )
+from queueserve.wire.kinds import (
+    BATCHED,
+    ERR_BAD_REQUEST,
+    ERR_REMOTE,
+    ERR_TIMEOUT,
+    ERROR,
+    RESULTS,
+    STEPS,
+)
+from queueserve.wire.protocol import H_DEADLINE, H_FIELDS, WIRE_VERSION
 from queueserve.wire.reply import ReplyEncoder, parse_reply
 from queueserve.wire.request import (
     decode_items,
@@ -65,13 +74,13 @@ def test_a_request_reads_back_as_it_was_sent(
         c, 41, ["a", 2, None], INBOX, 1_700_000_000.5, events, priority, fields
     )
     header = parse_header(raw)
-    assert header[:6] == [P.WIRE_VERSION, 41, 3, INBOX, 1_700_000_000_500, codec]
+    assert header[:6] == [WIRE_VERSION, 41, 3, INBOX, 1_700_000_000_500, codec]
     assert header_events(header) == events
     assert header_priority(header) == priority
-    assert (header[P.H_FIELDS] if len(header) > P.H_FIELDS else None) == fields
+    assert (header[H_FIELDS] if len(header) > H_FIELDS else None) == fields
     assert decode_items(c, payload, 3) == ["a", 2, None]
     replayed = parse_header(without_deadline(header))
-    assert replayed[P.H_DEADLINE] == 0 and replayed[:4] == header[:4]
+    assert replayed[H_DEADLINE] == 0 and replayed[:4] == header[:4]
 
 
 @pytest.mark.parametrize(
@@ -111,10 +120,10 @@ def test_an_old_worker_refuses_a_header_with_fields_which_is_why_clients_wait_fo
 
 def test_reply_rows_read_back_as_encoded_by_both_versions_of_the_client() -> None:
     rows = [
-        [1, 0, 2, P.RESULTS, ["x", {"k": 1}]],
-        [2, 3, 1, P.BATCHED, np.arange(3, dtype=np.int16).reshape(1, 3)],
-        [3, 0, 1, P.ERROR, error_body(ValueError("boom"))],
-        [4, 0, 1, P.STEPS, [["s1", "s2"]], 2, 77],
+        [1, 0, 2, RESULTS, ["x", {"k": 1}]],
+        [2, 3, 1, BATCHED, np.arange(3, dtype=np.int16).reshape(1, 3)],
+        [3, 0, 1, ERROR, error_body(ValueError("boom"))],
+        [4, 0, 1, STEPS, [["s1", "s2"]], 2, 77],
     ]
     errors: dict[str, int] = {}
     [message] = ReplyEncoder(MSGPACK, bytes((MSGPACK.tag,)), 1 << 20, errors).messages(rows)
@@ -128,12 +137,12 @@ def test_reply_rows_read_back_as_encoded_by_both_versions_of_the_client() -> Non
 
 def test_a_reply_over_the_limit_is_cut_and_its_oversized_item_answered_with_an_error() -> None:
     errors: dict[str, int] = {}
-    rows = [[1, 0, 2, P.RESULTS, ["small", "x" * 500]]]
+    rows = [[1, 0, 2, RESULTS, ["small", "x" * 500]]]
     messages = ReplyEncoder(MSGPACK, bytes((MSGPACK.tag,)), 200, errors).messages(rows)
     read = [row for m in messages for row in parse_reply(m, {MSGPACK.tag})]
-    assert read[0][:5] == [1, 0, 1, P.RESULTS, ["small"]]
-    assert read[1][:4] == [1, 1, 1, P.ERROR] and "max_reply_bytes" in read[1][4][1]
-    assert errors == {P.ERR_REMOTE: 1}
+    assert read[0][:5] == [1, 0, 1, RESULTS, ["small"]]
+    assert read[1][:4] == [1, 1, 1, ERROR] and "max_reply_bytes" in read[1][4][1]
+    assert errors == {ERR_REMOTE: 1}
 
 
 def test_a_reply_in_a_codec_the_client_never_chose_is_refused() -> None:
@@ -149,16 +158,16 @@ def test_a_reply_in_a_codec_the_client_never_chose_is_refused() -> None:
         (EXPIRED, Timeout, "before its batch ran"),
         (EXPIRED_GENERATING, Timeout, "before it finished generating"),
         (bad_request("no such thing"), BadRequest, "no such thing"),
-        (bad_request("too late", P.ERR_TIMEOUT), Timeout, "too late"),
+        (bad_request("too late", ERR_TIMEOUT), Timeout, "too late"),
         (dead_lettered("moved"), DeadLettered, "moved"),
-        (error_body(ValueError("v"), P.ERR_BAD_REQUEST), BadRequest, "v"),
+        (error_body(ValueError("v"), ERR_BAD_REQUEST), BadRequest, "v"),
     ],
 )
 def test_each_error_kind_is_raised_by_the_client_as_the_table_says(
     body: list[str], raises: type[Exception], message: str
 ) -> None:
     [row] = parse_reply(
-        ReplyEncoder(MSGPACK, b"m", 1 << 20, {}).messages([[1, 0, 1, P.ERROR, body]])[0],
+        ReplyEncoder(MSGPACK, b"m", 1 << 20, {}).messages([[1, 0, 1, ERROR, body]])[0],
         {MSGPACK.tag},
     )
     error = raised(row[4])

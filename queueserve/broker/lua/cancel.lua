@@ -29,7 +29,7 @@
 -- KEYS[6] (MAX_WITHDRAWN fields, anyone may write them) is pruned of fields that name no
 -- queued pack of this serving; still full, nothing is recorded and it returns 0.
 local MAX_PACK_REQUESTS = 1024  -- protocol.MAX_PACK_REQUESTS
-local MAX_WITHDRAWN = 10000  -- protocol.MAX_WITHDRAWN
+local MAX_WITHDRAWN = 10000  -- keys.MAX_WITHDRAWN (wire/keys.py)
 local function owned(header)  -- the request's header (msgpack, written by anyone) names it
   local ok, h = pcall(cmsgpack.unpack, header)
   if not ok or type(h) ~= 'table' then return false end

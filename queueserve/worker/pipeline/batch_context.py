@@ -24,10 +24,10 @@ from typing import Any
 
 from queueserve.hooks import END, NO_OUTPUT
 from queueserve.results import BatchResults
-from queueserve.wire import protocol as P
 from queueserve.wire.cancel import CancelKey
 from queueserve.wire.error import error_body
 from queueserve.wire.event import hook_event, output_event, restart_event
+from queueserve.wire.kinds import DROP, EVENT, JOB_HOOK, STEPS
 from queueserve.worker.pipeline.batching import Request, Slice
 from queueserve.worker.pipeline.execute import Row, Segment
 from queueserve.worker.pipeline.ledger import cancel_key
@@ -69,7 +69,7 @@ class BatchContext:
             elif s.request.fields is not None and "job_keep" in s.request.fields:
                 # a job's progress keeps its last hook event (wire/jobs.py, field r.h)
                 body = hook_event(name, payload, start, len(s.items))
-                rows.append((s.request, 0, 0, P.JOB_HOOK, body))
+                rows.append((s.request, 0, 0, JOB_HOOK, body))
         if rows:
             self.sink(rows)
 
@@ -86,10 +86,10 @@ class BatchContext:
         except Exception as e:
             error = error_body(e)
             return [
-                (i, 1, BatchResults([values[i]], 1, self.serving, P.STEPS) if ended[i] else error)
+                (i, 1, BatchResults([values[i]], 1, self.serving, STEPS) if ended[i] else error)
                 for i in range(size)
             ]
-        return [(0, size, BatchResults(values, size, self.serving, P.STEPS))]
+        return [(0, size, BatchResults(values, size, self.serving, STEPS))]
 
     def _step(self, step: Any, size: int, values: list[list[Any]], ended: list[bool]) -> None:
         items = BatchResults(step, size, self.serving).as_list()
@@ -100,7 +100,7 @@ class BatchContext:
                 continue
             if self.cancelled and cancel_key(request) in self.cancelled:  # its caller left
                 self.finished.add(id(request))
-                rows.append((request, s.offset, len(s.items), P.DROP, None))
+                rows.append((request, s.offset, len(s.items), DROP, None))
                 continue
             rows += self._slice_step(s, start, items, values, ended)
         if rows:
@@ -122,7 +122,7 @@ class BatchContext:
             ended[i] = ended[i] or items[i] is END
         if all(ended[start:end]):
             self.finished.add(id(request))
-            rows.append((request, s.offset, len(s.items), P.STEPS, values[start:end]))
+            rows.append((request, s.offset, len(s.items), STEPS, values[start:end]))
         return rows
 
     def unfinished(self) -> list[Slice]:
@@ -166,4 +166,4 @@ def event_rows(request: Request, body: list[Any]) -> list[Row]:
 def _numbered(request: Request, body: list[Any]) -> Row:
     seq = request.events_sent
     request.events_sent += 1
-    return (request, seq, 0, P.EVENT, body)
+    return (request, seq, 0, EVENT, body)

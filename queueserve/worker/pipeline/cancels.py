@@ -13,8 +13,8 @@ import threading
 from queueserve.broker.consumer import Consumer
 from queueserve.broker.core import Subscription
 from queueserve.broker.retry import Retry
-from queueserve.wire import protocol as P
 from queueserve.wire.cancel import parse_cancel
+from queueserve.wire.keys import Keys
 from queueserve.worker.pipeline.ledger import Ledger
 
 log = logging.getLogger(__name__)
@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 class CancelListener:
     """Subscribes to the cancel channels of a serving's shards and hands cancels to the ledger."""
 
-    def __init__(self, name: str, broker: Consumer, shards: list[P.Keys], ledger: Ledger) -> None:
+    def __init__(self, name: str, broker: Consumer, shards: list[Keys], ledger: Ledger) -> None:
         self.name = name
         self.broker = broker
         self.shards = shards

@@ -31,7 +31,7 @@ from collections.abc import Mapping
 
 from queueserve.broker.consumer import Consumer
 from queueserve.serving import Serving
-from queueserve.wire import protocol as P
+from queueserve.wire.keys import Keys
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ SAID_MAX = 1000  # (field, value) pairs already logged, kept at most (forged val
 class Declaration:
     """What one partition declared for a serving, and the pass that keeps Redis saying it."""
 
-    def __init__(self, serving: Serving, broker: Consumer, shards: list[P.Keys]) -> None:
+    def __init__(self, serving: Serving, broker: Consumer, shards: list[Keys]) -> None:
         self.serving = serving  # the runner's copy: run-time config changes what it declares
         self.broker = broker
         self.keys = shards[0]
@@ -72,7 +72,7 @@ class Declaration:
             written += self._write(self.last, last, self.confirmed)
         return written
 
-    def _write(self, keys: P.Keys, found: dict[str, str] | None, want: dict[str, str]) -> int:
+    def _write(self, keys: Keys, found: dict[str, str] | None, want: dict[str, str]) -> int:
         """Write the fields of ``want`` that ``found`` (None: a key of another type) lacks or
         holds otherwise."""
         if found is None or not found:
@@ -89,7 +89,7 @@ class Declaration:
         self.broker.declare(keys, wrong)
         return len(wrong)
 
-    def _say(self, keys: P.Keys, name: str, found: str | None, value: str = "a hash") -> None:
+    def _say(self, keys: Keys, name: str, found: str | None, value: str = "a hash") -> None:
         said = (keys.meta, name, (found or "")[:80])
         if said in self._said:
             return

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from queueserve.serving import Serving
-from queueserve.wire import protocol as P
 from queueserve.wire.codec import Codec
+from queueserve.wire.keys import is_events_channel, is_inbox
+from queueserve.wire.kinds import ERR_BAD_REQUEST, ERR_TIMEOUT
 from queueserve.wire.protocol import (
     H_CODEC,
     H_COUNT,
@@ -103,19 +104,19 @@ def _refusal(
 ) -> tuple[str, str] | None:
     """(reason, error kind) when the header alone rules the request out."""
     if request.deadline and request.deadline <= now:
-        return "the request's deadline passed before a worker took it", P.ERR_TIMEOUT
+        return "the request's deadline passed before a worker took it", ERR_TIMEOUT
     if request.no_split and request.n > serving.batch_size:
         return (
             f"serving {serving.name!r} streams events, so a request always runs in one batch; "
             f"this one has {request.n} items, more than batch_size={serving.batch_size}: send "
             f"at most {serving.batch_size} items per request (client.stream does)",
-            P.ERR_BAD_REQUEST,
+            ERR_BAD_REQUEST,
         )
     if codec_name != codec.name:
         return (
             f"serving {serving.name!r} accepts codec {codec.name!r}, the request used "
             f"{codec_name!r}; send with the serving's codec",
-            P.ERR_BAD_REQUEST,
+            ERR_BAD_REQUEST,
         )
     return None
 
@@ -136,17 +137,17 @@ def decode_entry(
     try:
         header = _header(fields)
     except Exception as e:
-        return Rejected(entry_id, stream, f"malformed entry: {e}", P.ERR_BAD_REQUEST, None)
+        return Rejected(entry_id, stream, f"malformed entry: {e}", ERR_BAD_REQUEST, None)
     rid, n, reply_to, deadline_ms, codec_name = header[H_ID : H_CODEC + 1]
     if not _valid_inbox(prefix, reply_to, inboxes):
         reason = (
             f"malformed entry: reply address {reply_to!r:.100} is not an inbox of prefix "
             f"{prefix!r} ({prefix}:inbox:<client id>); only queueserve clients may enqueue"
         )
-        return Rejected(entry_id, stream, reason, P.ERR_BAD_REQUEST, None)
+        return Rejected(entry_id, stream, reason, ERR_BAD_REQUEST, None)
     events = header_events(header)
     no_split = bool(events) or serving.hooks is not None
-    bad_events = bool(events) and not P.is_events_channel(prefix, events)
+    bad_events = bool(events) and not is_events_channel(prefix, events)
     request = Request(
         entry_id,
         stream,
@@ -172,7 +173,7 @@ def decode_entry(
     try:
         items = decode_items(codec, payload, n)  # type: ignore[arg-type]  # _payload_refusal
     except ValueError as e:
-        return Rejected(entry_id, stream, str(e), P.ERR_BAD_REQUEST, request)
+        return Rejected(entry_id, stream, str(e), ERR_BAD_REQUEST, request)
     if serving.cost is None and serving.input_model is None:  # the common case
         return Accepted(request, [Slice(request, 0, items)], [])
     accepted = _slices(serving, request, items)
@@ -182,14 +183,14 @@ def decode_entry(
             f"this one costs {weight:g}, more than the capacity (batch_size="
             f"{serving.batch_size}): send fewer items per request"
         )
-        return Rejected(entry_id, stream, reason, P.ERR_BAD_REQUEST, request)
+        return Rejected(entry_id, stream, reason, ERR_BAD_REQUEST, request)
     return accepted
 
 
 def _valid_inbox(prefix: str, reply_to: str, known: set[str] | None) -> bool:
     if known is not None and reply_to in known:
         return True
-    if not P.is_inbox(prefix, reply_to):
+    if not is_inbox(prefix, reply_to):
         return False
     if known is not None:
         if len(known) >= _KNOWN_INBOXES:  # forged addresses must not grow it for ever
@@ -200,13 +201,13 @@ def _valid_inbox(prefix: str, reply_to: str, known: set[str] | None) -> bool:
 
 def _payload_refusal(serving: Serving, payload: bytes | None) -> tuple[str, str] | None:
     if payload is None:
-        return "entry has no 'p' (payload) field", P.ERR_BAD_REQUEST
+        return "entry has no 'p' (payload) field", ERR_BAD_REQUEST
     if len(payload) > serving.max_payload_bytes:
         return (
             f"payload of {len(payload)} bytes is over max_payload_bytes="
             f"{serving.max_payload_bytes} of serving {serving.name!r}; send fewer or smaller "
             "items",
-            P.ERR_BAD_REQUEST,
+            ERR_BAD_REQUEST,
         )
     return None
 
@@ -235,13 +236,13 @@ def _address_refusal(
         return (
             f"malformed entry: events channel {events!r:.100} is not a client channel of prefix "
             f"{prefix!r} ({prefix}:events:<client id>)",
-            P.ERR_BAD_REQUEST,
+            ERR_BAD_REQUEST,
         )
     if admitted is None:
         return (
             "malformed entry: its admission count ('a') is not an integer between 0 and its "
             "item count; only queueserve clients may enqueue",
-            P.ERR_BAD_REQUEST,
+            ERR_BAD_REQUEST,
         )
     return None
 

@@ -11,8 +11,8 @@ from typing import Any
 
 from queueserve.results import BatchResultError, BatchResults
 from queueserve.serving import Batch, Partition, Serving
-from queueserve.wire import protocol as P
 from queueserve.wire.error import error_body
+from queueserve.wire.kinds import ERROR
 from queueserve.wire.tenants import split_lane
 from queueserve.worker.pipeline.batching import Request, Slice
 
@@ -186,7 +186,7 @@ def rows_for(slices: list[Slice], segments: list[Done]) -> list[Row]:
             if lo >= hi:
                 continue
             if isinstance(outcome, list):
-                rows.append((s.request, s.offset + lo - a, hi - lo, P.ERROR, outcome))
+                rows.append((s.request, s.offset + lo - a, hi - lo, ERROR, outcome))
             else:
                 kind, body = outcome.body(lo - seg_start, hi - lo)
                 rows.append((s.request, s.offset + lo - a, hi - lo, kind, body))
@@ -194,4 +194,4 @@ def rows_for(slices: list[Slice], segments: list[Done]) -> list[Row]:
 
 
 def error_rows(slices: list[Slice], body: list[str]) -> list[Row]:
-    return [(s.request, s.offset, len(s.items), P.ERROR, body) for s in slices]
+    return [(s.request, s.offset, len(s.items), ERROR, body) for s in slices]

@@ -22,11 +22,13 @@ from dataclasses import dataclass, field
 
 from queueserve.broker.consumer import Consumer, DeadLetter
 from queueserve.serving import Serving
-from queueserve.wire import protocol as P
 from queueserve.wire.cache import digest as cache_digest
 from queueserve.wire.cancel import parse_withdrawn
 from queueserve.wire.codec import Codec
 from queueserve.wire.error import bad_request, dead_lettered, error_body
+from queueserve.wire.keys import Keys
+from queueserve.wire.kinds import DROP, ERR_BAD_REQUEST, ERROR
+from queueserve.wire.protocol import H_ID, MAX_PACK_REQUESTS
 from queueserve.wire.request import pack_members, parse_header
 from queueserve.worker.middleware import Middleware
 from queueserve.worker.pipeline.batching import Pack, Request, Slice
@@ -69,7 +71,7 @@ class Intake:
 
     serving: Serving
     codec: Codec
-    keys: P.Keys
+    keys: Keys
     broker: Consumer
     consumer: str
     middleware: Middleware
@@ -149,12 +151,12 @@ class Intake:
         except ValueError as e:
             out.dead.append(self._rejected_pack(entry, str(e)))
             return
-        if len(members) > P.MAX_PACK_REQUESTS:  # enqueue.lua never writes one: forged
+        if len(members) > MAX_PACK_REQUESTS:  # enqueue.lua never writes one: forged
             out.dead.append(
                 self._rejected_pack(
                     entry,
                     f"it holds {len(members)} requests, more than the "
-                    f"{P.MAX_PACK_REQUESTS} of any pack a client sends",
+                    f"{MAX_PACK_REQUESTS} of any pack a client sends",
                 )
             )
             return
@@ -224,7 +226,7 @@ class Intake:
         is answered by nothing (a DROP row counts it done), and its items are released with
         the pack's ack, as its pack-mates' are."""
         try:
-            if parse_header(fields[b"h"])[P.H_ID] not in withdrawn:
+            if parse_header(fields[b"h"])[H_ID] not in withdrawn:
                 return False
         except Exception:  # (decoding it says what is wrong)
             return False
@@ -242,7 +244,7 @@ class Intake:
         if request is None:
             return False
         _join(request, pack)
-        out.rows.append((request, 0, request.n, P.DROP, None))
+        out.rows.append((request, 0, request.n, DROP, None))
         return True
 
     def _orphans(
@@ -284,7 +286,7 @@ class Intake:
         return self._rejected_pack(
             entry,
             "split.lua could not read its 'k' field as a list of "
-            f"at most {P.MAX_PACK_REQUESTS} requests",
+            f"at most {MAX_PACK_REQUESTS} requests",
         )
 
     def _unanswerable(self, entry: Entry, reason: str) -> DeadLetter:
@@ -312,9 +314,7 @@ class Intake:
             entry.stream,
             rejected.reason,
         )
-        out.rows.append(
-            (request, 0, request.n, P.ERROR, bad_request(rejected.reason, rejected.kind))
-        )
+        out.rows.append((request, 0, request.n, ERROR, bad_request(rejected.reason, rejected.kind)))
 
     def _dead_letter(self, entry: Entry, decoded: Accepted | Rejected, out: Decisions) -> None:
         reason = (
@@ -346,7 +346,7 @@ class Intake:
         out.dead.append(DeadLetter(entry.stream, entry.entry_id, [record], False))
         # the replier answers, then acks and releases its items
         message = f"{reason}; it was moved to the dead-letter stream {dead}"
-        out.rows.append((request, 0, request.n, P.ERROR, dead_lettered(message)))
+        out.rows.append((request, 0, request.n, ERROR, dead_lettered(message)))
 
 
 def mark_cached(
@@ -366,7 +366,7 @@ def mark_cached(
 def _item_errors(decoded: Accepted) -> list[Row]:
     """A BadRequest row for each item of an accepted request that its checks refused."""
     return [
-        (decoded.request, offset, 1, P.ERROR, error_body(ValueError(reason), P.ERR_BAD_REQUEST))
+        (decoded.request, offset, 1, ERROR, error_body(ValueError(reason), ERR_BAD_REQUEST))
         for offset, reason in decoded.rejected_items
     ]
 

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from queueserve.broker.consumer import Consumer
 from queueserve.broker.reads import PendingRead, ReadOutcome, WakeRead
 from queueserve.broker.retry import RedisFailure
-from queueserve.wire import protocol as P
+from queueserve.wire.keys import Keys
 from queueserve.wire.timing import RECLAIM_EVERY_S
 from queueserve.worker.pipeline.batching import Assembler
 from queueserve.worker.stepping.joins import StepQueue
@@ -43,7 +43,7 @@ class ReadLease:
         cond: threading.Condition,
         assembler: Assembler | StepQueue,
         broker: Consumer,
-        keys: P.Keys,
+        keys: Keys,
         consumer: str,
         *,
         lends: bool,

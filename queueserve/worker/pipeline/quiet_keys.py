@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 
 from queueserve.broker.consumer import Consumer
 from queueserve.broker.reads import ReadOutcome, WakeRead
-from queueserve.wire import protocol as P
+from queueserve.wire.keys import Keys
 from queueserve.worker.pipeline.batching import Assembler
 from queueserve.worker.pipeline.lease import READ_BLOCK_MS
 from queueserve.worker.stepping.joins import StepQueue
@@ -44,7 +44,7 @@ class QuietKeyWatch:
         self._executors = executors
         self.seen: dict[int, bytes] = {}  # per shard: the wake id its last read returned
 
-    def block_ms(self, keys: P.Keys) -> int:
+    def block_ms(self, keys: Keys) -> int:
         """How long a watch of ``keys``'s shard may block (caller holds cond): 0 when there is
         no watch to make (batches too quick, no read of the shard yet to wait after, or a
         watch's batch over the look-ahead waiting already)."""
@@ -60,7 +60,7 @@ class QuietKeyWatch:
         return max(1, min(READ_BLOCK_MS, int(batch_s * 500)))
 
     def read(
-        self, keys: P.Keys, block_ms: int, per_key: int, marks: Sequence[str], age_ms: int
+        self, keys: Keys, block_ms: int, per_key: int, marks: Sequence[str], age_ms: int
     ) -> ReadOutcome:
         after = self.seen[keys.shard]
         watch = WakeRead(after, block_ms, self.consumer, per_key, per_key, [*marks, "+"], age_ms)

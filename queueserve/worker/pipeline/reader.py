@@ -21,7 +21,7 @@ from queueserve.broker.consumer import Consumer
 from queueserve.broker.reads import ReadOutcome, WakeRead
 from queueserve.broker.retry import RedisFailure, Retry
 from queueserve.serving import Serving
-from queueserve.wire import protocol as P
+from queueserve.wire.keys import Keys
 from queueserve.wire.options import parse_overrides
 from queueserve.wire.timing import FORGET_EVERY_S, RECLAIM_EVERY_S
 from queueserve.worker.pipeline.batching import Assembler
@@ -52,7 +52,7 @@ class Reader:
         self,
         serving: Serving,
         broker: Consumer,
-        shards: list[P.Keys],
+        shards: list[Keys],
         consumer: str,
         intake: Intake,
         ledger: Ledger,
@@ -109,7 +109,7 @@ class Reader:
             self.cond.notify_all()
         self.lease.reader_wake.set()
 
-    def loop(self, keys: P.Keys) -> None:
+    def loop(self, keys: Keys) -> None:
         """One shard's reader thread, until the partition stops."""
         shard = f" shard {keys.shard}" if len(self.shards) > 1 else ""
         retry = Retry(self.broker.outage, f"serving {self.serving.name}{shard} reader")
@@ -136,7 +136,7 @@ class Reader:
             self.ended = self._readers_left == 0
             self.cond.notify_all()
 
-    def _housekeeping(self, due: dict[str, float], keys: P.Keys) -> None:
+    def _housekeeping(self, due: dict[str, float], keys: Keys) -> None:
         # Each job's next time is set first: one Redis keeps refusing never stands between
         # the read loop (which rides the error out) and its reads.
         now = time.monotonic()
@@ -214,7 +214,7 @@ class Reader:
             assembler.weights = serving.batch_key_weights
             assembler.plan_latency(serving.max_latency)
 
-    def _read_once(self, keys: P.Keys) -> None:
+    def _read_once(self, keys: Keys) -> None:
         lease = self.lease
         if lease.lends and lease.reader_waits():
             return
@@ -254,7 +254,7 @@ class Reader:
                     self.cond.notify_all()  # another shard's reader may wait for this room
         self._after_read(keys, read, marks)
 
-    def _after_read(self, keys: P.Keys, read: ReadOutcome, marks: list[str]) -> None:
+    def _after_read(self, keys: Keys, read: ReadOutcome, marks: list[str]) -> None:
         """What the reader does next: block for new work, wait for a batch to be taken, or
         leave its blocking read to an idle executor."""
         if read.entries:
@@ -275,7 +275,7 @@ class Reader:
                 self.lease.drained(keys.shard, read.wake_id)
                 self.cond.notify_all()
 
-    def _read(self, keys: P.Keys, budget: int, per_key: int, marks: list[str]) -> ReadOutcome:
+    def _read(self, keys: Keys, budget: int, per_key: int, marks: list[str]) -> ReadOutcome:
         """What is ready of this shard; when the last read drained it (or nothing is ready),
         block on the wake stream and read in the same round trip."""
         drained_at = self.lease.drained_at

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from queueserve.broker.consumer import Consumer
 from queueserve.serving import Serving
-from queueserve.wire import protocol as P
+from queueserve.wire.keys import Keys
 from queueserve.wire.timing import CLAIM_IDLE_S, DEAD_AFTER_S
 from queueserve.worker.middleware import Middleware
 from queueserve.worker.pipeline.intake import Entry
@@ -24,7 +24,7 @@ class Reclaims:
     """Claims one serving's entries held by dead consumers or forgotten by this one."""
 
     serving: Serving
-    keys: P.Keys
+    keys: Keys
     broker: Consumer
     consumer: str
     middleware: Middleware

@@ -9,12 +9,12 @@ from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from queueserve.wire import protocol as P
 from queueserve.wire.cache import CACHED_KINDS
 from queueserve.wire.cache import value as cache_value
 from queueserve.wire.codec import Codec
 from queueserve.wire.event import encode_events
 from queueserve.wire.jobs import GROUP_SHIFT, encode_hook, inbox_group, job_writes
+from queueserve.wire.kinds import DROP, ERROR, EVENT, JOB_HOOK
 from queueserve.wire.reply import ReplyEncoder
 from queueserve.wire.request import job_keep
 from queueserve.worker.pipeline.execute import Row
@@ -128,17 +128,17 @@ def compose(rows: list[Row], codec: Codec, max_bytes: int, cache_max: int = 0) -
     errors: dict[str, int] = defaultdict(int)
     jobs: dict[tuple[str, int], _Group] = {}
     for request, offset, count, kind, body in rows:
-        if kind == P.EVENT:
+        if kind == EVENT:
             events.append((request.events, [request.rid, offset, *body]))
             continue
-        if kind == P.JOB_HOOK:
+        if kind == JOB_HOOK:
             _keep(jobs, request, None, encode_hook(codec, body))
             continue
         out.answered += count
-        if kind == P.DROP:
+        if kind == DROP:
             errors["cancelled"] += count
         else:
-            if kind == P.ERROR:
+            if kind == ERROR:
                 errors[body[3]] += count
             row = [request.rid, offset, count, kind, body]
             if request.events:
@@ -277,4 +277,4 @@ def _keep(
     job.rows.append(row)
     group.rows.append(row)
     job.items += row[2]
-    job.errored = job.errored or row[3] == P.ERROR
+    job.errored = job.errored or row[3] == ERROR

@@ -37,8 +37,8 @@ from queueserve.broker.replies import CacheWrites
 from queueserve.broker.retry import RedisFailure, Retry
 from queueserve.serving import Partition, Serving
 from queueserve.steps import StepServing
-from queueserve.wire import protocol as P
 from queueserve.wire.codec import get_codec
+from queueserve.wire.keys import Keys
 from queueserve.wire.tenants import split_lane
 from queueserve.worker.middleware import Middleware
 from queueserve.worker.pipeline.affinity import HELD_FIELD, Affinity
@@ -80,7 +80,7 @@ class ServingRunner:
         self.serving = serving = copy.copy(serving)
         self.middleware = middleware or Middleware()
         self.broker = broker
-        self.keys = P.Keys(prefix, serving.name)
+        self.keys = Keys(prefix, serving.name)
         self.shards = self.keys.sharded(serving.shards)  # shard 0 is self.keys
         self.consumer = consumer
         self.partition = partition

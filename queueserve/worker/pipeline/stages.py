@@ -37,8 +37,8 @@ from typing import Any
 from queueserve import hooks
 from queueserve.key_states import KeyEvents, KeyLoadError, KeyStates, has_key_states
 from queueserve.serving import Partition, Serving
-from queueserve.wire import protocol as P
 from queueserve.wire.error import EXPIRED
+from queueserve.wire.kinds import DROP
 from queueserve.wire.tenants import split_lane
 from queueserve.worker.logs import FailureLog, batch_scope
 from queueserve.worker.middleware import Middleware
@@ -350,7 +350,7 @@ class Stages:
 
     def _drop(self, slices: list[Slice]) -> None:
         if slices:
-            self._send([(s.request, s.offset, len(s.items), P.DROP, None) for s in slices])
+            self._send([(s.request, s.offset, len(s.items), DROP, None) for s in slices])
 
 
 class _Events(KeyEvents):

@@ -12,9 +12,9 @@ from typing import Any
 
 from queueserve.hooks import END, NO_OUTPUT
 from queueserve.steps import Resume, StepServing
-from queueserve.wire import protocol as P
 from queueserve.wire.error import error_body
 from queueserve.wire.event import output_event
+from queueserve.wire.kinds import ERR_BAD_REQUEST, ERROR, RESULTS, STEPS
 from queueserve.worker.pipeline.batch_context import event_rows
 from queueserve.worker.pipeline.batching import Request
 from queueserve.worker.pipeline.execute import Row, _free_device_memory, is_out_of_memory
@@ -104,8 +104,8 @@ class StepCalls:
                 if reason is not None:
                     raise ValueError(reason)
             except Exception as e:  # serving code, or what it returned: this request's error
-                body = error_body(e, P.ERR_BAD_REQUEST)
-                rows.append((w.piece.request, w.piece.offset, w.slots, P.ERROR, body))
+                body = error_body(e, ERR_BAD_REQUEST)
+                rows.append((w.piece.request, w.piece.offset, w.slots, ERROR, body))
                 bad.append(w)
         return rows, bad
 
@@ -209,7 +209,7 @@ class StepCalls:
         """The answer of a slice whose items all ended: runs of results, and the errors."""
         n = len(m.states)
         results: list[Any] = []
-        kind = P.RESULTS if self.custom_result else P.STEPS
+        kind = RESULTS if self.custom_result else STEPS
         for i in range(n):
             if m.errors[i] is not None:
                 results.append(None)
@@ -228,7 +228,7 @@ class StepCalls:
             rows.append((m.request, m.offset + start, len(run), kind, run))
         for i, error in enumerate(m.errors):
             if error is not None:
-                rows.append((m.request, m.offset + i, 1, P.ERROR, error))
+                rows.append((m.request, m.offset + i, 1, ERROR, error))
         return rows
 
     def isolated(

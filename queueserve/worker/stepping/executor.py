@@ -38,8 +38,8 @@ from queueserve.hooks import END, NO_OUTPUT
 from queueserve.key_states import KeyStates
 from queueserve.serving import Partition, Serving
 from queueserve.steps import StepServing
-from queueserve.wire import protocol as P
 from queueserve.wire.error import EXPIRED_GENERATING
+from queueserve.wire.kinds import DROP, ERROR
 from queueserve.wire.tenants import split_lane
 from queueserve.worker.middleware import Middleware
 from queueserve.worker.pipeline.batching import Request
@@ -194,10 +194,10 @@ class StepExecutor:
         def leaving(request: Request) -> tuple[int, Any] | None:
             """(kind, body) of the row that withdraws ``request``, or None: it stays."""
             if (cancelled and cancel_key(request) in cancelled) or request.events in gone_callers:
-                return P.DROP, None
+                return DROP, None
             if request.deadline:
                 if request.deadline <= now:
-                    return P.ERROR, EXPIRED_GENERATING
+                    return ERROR, EXPIRED_GENERATING
                 self._next_deadline = min(self._next_deadline, request.deadline)
             return None
 

@@ -29,8 +29,8 @@ from typing import Any
 
 from queueserve.key_states import KeyLoadError, KeyStates
 from queueserve.steps import StepServing, keyed
-from queueserve.wire import protocol as P
 from queueserve.wire.error import ErrorBody, error_body
+from queueserve.wire.kinds import ERROR
 from queueserve.wire.tenants import split_lane
 from queueserve.worker.pipeline.execute import Row
 from queueserve.worker.stepping.calls import Member
@@ -126,7 +126,7 @@ class KeyLoads(Keys):
             gone = [w for w in queue.waiting if split_lane(w.key)[0] in failed]
             for w in gone:
                 body = failed[split_lane(w.key)[0]]
-                rows.append((w.piece.request, w.piece.offset, w.slots, P.ERROR, body))
+                rows.append((w.piece.request, w.piece.offset, w.slots, ERROR, body))
             queue.remove(gone)
         if self.cache is not None:  # a key's entries go with its state
             for key in renewed | (self.cache.keys() - self.live()):

@@ -1,6 +1,6 @@
 """Every Redis key and channel queueserve reads, with the writers that attack it: the fuzzer's
 registry (tests/faults/test_fuzz.py runs it; tests/unit/test_fuzz_registry.py checks that each
-kind of ``wire/protocol.py``'s LAYOUT, each field of a request entry (ENTRY_FIELDS, and those
+kind of ``wire/keys.py``'s LAYOUT, each field of a request entry (ENTRY_FIELDS, and those
 the docstring and the Lua scripts write), each optional header field (``wire/request.py``'s
 FIELDS) and each HTTP server of the worker has an entry here).
 
@@ -38,11 +38,24 @@ from queueserve.dashboard import board
 from queueserve.errors import QueueServeError
 from queueserve.ops.deadletter import DeadLetters
 from queueserve.options import serving as model
-from queueserve.wire import protocol as P
 from queueserve.wire.jobs import group_key
 from queueserve.wire.key_rules import META_FIELD as KEY_RULE
 from queueserve.wire.key_rules import LengthBuckets
+from queueserve.wire.keys import (
+    GROUP,
+    LAYOUT,
+    MAX_SERVING_NAME,
+    Keys,
+    events_channel,
+    inbox_key,
+    job_id_key,
+    servings_key,
+    tenants_key,
+    worker_key,
+)
+from queueserve.wire.kinds import ERROR, RESULTS
 from queueserve.wire.options import parse_option
+from queueserve.wire.priority import MAX_PRIORITY
 from queueserve.worker.metrics_server import MAX_CONNECTIONS
 from queueserve.worker.pipeline.affinity import HELD_FIELD
 from tests.faults.fuzz import app
@@ -51,7 +64,7 @@ from tests.support.broker import RedisBroker
 
 VALID = ("fz", "fzs", "fzt")  # servings with valid traffic (tests/faults/fuzz/app.py)
 VICTIM = "fzx"
-TYPES = dict(P.LAYOUT)
+TYPES = dict(LAYOUT)
 
 
 @dataclass
@@ -108,17 +121,17 @@ class Target:
             if declared:
                 self.r.hset(self.keys(serving).meta, mapping=declared)  # type: ignore[arg-type]
 
-    def keys(self, serving: str = "fz") -> P.Keys:
-        return P.Keys(self.prefix, serving)
+    def keys(self, serving: str = "fz") -> Keys:
+        return Keys(self.prefix, serving)
 
     @property
-    def victim(self) -> P.Keys:
+    def victim(self) -> Keys:
         return self.keys(VICTIM)
 
     @property
     def junk_inbox(self) -> str:
         """Where forged entries with a well-formed header ask to be answered."""
-        return P.inbox_key(self.prefix, "fuzzjunk")
+        return inbox_key(self.prefix, "fuzzjunk")
 
     def header(self, **replace: Any) -> bytes:
         fields: list[Any] = [1, self.rng.randrange(1 << 40), 1, self.junk_inbox, 0, "msgpack"]
@@ -185,7 +198,7 @@ class Attack:
 
 @dataclass(frozen=True)
 class Surface:
-    # a kind of P.LAYOUT, "entry.<field>" for a field of a request entry, "header.<name>" for
+    # a kind of LAYOUT, "entry.<field>" for a field of a request entry, "header.<name>" for
     # an optional header field, "http.<module>" for an HTTP server of the worker
     kind: str
     reader: str  # who reads it, for reports
@@ -203,7 +216,7 @@ def _score(t: Target, value: bytes) -> float:
         return t.rng.choice((float("inf"), float("-inf"), 1e308, -1.0, 0.0))
 
 
-# --- request stream entries (every field of P.ENTRY_FIELDS) ------------------------------------
+# --- request stream entries (every field of ENTRY_FIELDS) ------------------------------------
 def _xadd(t: Target, fields: dict[Any, Any], priority: int) -> None:
     t.r.xadd(t.stream(priority), fields)
 
@@ -269,7 +282,7 @@ def entry_r(t: Target, value: bytes, priority: int = 0) -> None:
         member = [t.header(), _valid_payload(), b"1"]
         fields = {"a": b"1", "k": bytes(msgpack.packb([member])), "r": value}
     elif choice == 2:
-        events = P.events_channel(t.prefix, "fuzzjunk")
+        events = events_channel(t.prefix, "fuzzjunk")
         fields = {"h": t.header(f6=events), "p": _valid_payload(), "r": value}
     else:
         fields = {"r": value}
@@ -389,7 +402,7 @@ def any_entry(t: Target, value: bytes) -> None:
 
 
 def priority_entry(t: Target, value: bytes) -> None:
-    t.rng.choice(ENTRY_WRITERS)(t, value, t.rng.randrange(1, P.MAX_PRIORITY + 1))
+    t.rng.choice(ENTRY_WRITERS)(t, value, t.rng.randrange(1, MAX_PRIORITY + 1))
 
 
 def stream_of_wrong_type(t: Target) -> str:
@@ -433,8 +446,8 @@ def hostile_consumer(t: Target, value: bytes) -> None:
         t.created.add(stream)
         t.r.xadd(stream, {"h": t.header(), "p": _valid_payload()})
         with contextlib.suppress(redis.ResponseError):  # BUSYGROUP
-            t.r.xgroup_create(stream, P.GROUP, id="0")
-    t.r.xreadgroup(P.GROUP, value[:512] or b"?", {stream: ">"}, count=1)
+            t.r.xgroup_create(stream, GROUP, id="0")
+    t.r.xreadgroup(GROUP, value[:512] or b"?", {stream: ">"}, count=1)
     t.r.zadd(keys.active, {stream: int(t.r.time()[0]) * 1000})  # as a worker's read would
 
 
@@ -524,14 +537,14 @@ def tenants_field(t: Target, value: bytes) -> None:
     """A hostile weight for a tenant, or a field no tenant can be named: the workers read
     P:tenants with the run-time config, and a weight they take (a decimal up to 1000) only
     changes how lanes share service, so every valid request is still answered."""
-    key = P.tenants_key(t.prefix)
+    key = tenants_key(t.prefix)
     name = t.rng.choice(("fuzz-tenant", "bad name", "x" * 65, "\x1f", ""))
     t.r.hset(key, name, value)
     t.note(key, name)
 
 
 def job_id_key_value(t: Target, value: bytes) -> None:
-    key = P.job_id_key(t.prefix)
+    key = job_id_key(t.prefix)
     t.r.set(key, value)
     t.created.add(key)
 
@@ -690,19 +703,19 @@ def servings_member(t: Target, value: bytes) -> None:
     member = t.rng.choice(
         (
             value[:100_000] or b"?",
-            b"x" * (P.MAX_SERVING_NAME + 1),
+            b"x" * (MAX_SERVING_NAME + 1),
             b"a:b{c}#d",
             b"\xff\xfe",
             t.rng.choice(VALID).encode(),
         )
     )
-    _zadd(t, P.servings_key(t.prefix), member, value)
+    _zadd(t, servings_key(t.prefix), member, value)
 
 
 def servings_flood(t: Target, value: bytes) -> None:
     """2,000 entries at once, refreshed now: a read lists a bounded number of them."""
     now_ms = int(t.r.time()[0]) * 1000
-    key = P.servings_key(t.prefix)
+    key = servings_key(t.prefix)
     members = {b"fuzz-flood-%d-" % i + value[:32]: now_ms for i in range(2000)}
     t.r.zadd(key, members)  # type: ignore[arg-type]
     for member in members:
@@ -797,10 +810,10 @@ def _reply_junk(t: Target, value: bytes) -> bytes:
     rid = t.rng.choice((10**15 + t.rng.randrange(1000), -1, "x", None, 2**64 - 1))
     rows = t.rng.choice(
         (
-            [[rid, 0, 1, P.RESULTS, ["forged"]]],
+            [[rid, 0, 1, RESULTS, ["forged"]]],
             [[rid, hostile_object(t.rng), hostile_object(t.rng), hostile_object(t.rng), value]],
             hostile_object(t.rng),
-            [[rid, 0, 1, P.ERROR, hostile_object(t.rng)]],
+            [[rid, 0, 1, ERROR, hostile_object(t.rng)]],
         )
     )
     body = t.rng.choice((bytes(msgpack.packb(rows)), value))
@@ -826,7 +839,7 @@ def events_message(t: Target, value: bytes) -> None:
     rid = t.rng.choice((10**15, -1, "x", None))
     event = t.rng.choice(
         (
-            [rid, 0, "o", P.RESULTS, ["forged"], 0, 1],
+            [rid, 0, "o", RESULTS, ["forged"], 0, 1],
             [[rid, hostile_object(t.rng), "h", value, hostile_object(t.rng), 0, 1]],
             [rid, -1, "h", "start", value, 0, 10**9],
             hostile_object(t.rng),
@@ -876,7 +889,7 @@ def worker_record(t: Target, value: bytes) -> None:
     consumers = t.consumers()
     choice = t.rng.random()
     if consumers and choice < 0.4:
-        name = P.worker_key(t.prefix, t.rng.choice(consumers))
+        name = worker_key(t.prefix, t.rng.choice(consumers))
         field = t.rng.choice((*fields, value[:64] or b"?"))
         t.r.hset(name, field, value)
         if field not in t.record_fields:  # the next heartbeat rewrites its own
@@ -887,14 +900,14 @@ def worker_record(t: Target, value: bytes) -> None:
         keys = t.keys(t.rng.choice(VALID))
         t.r.zadd(keys.workers, {ghost: int(t.r.time()[0]) * 1000})
         t.note(keys.workers, ghost)
-        name = P.worker_key(t.prefix, ghost)
+        name = worker_key(t.prefix, ghost)
         shapes = (value[:64], b"-" + value[:20], b"99999999999999999999", b"")
         record = {f: t.rng.choice(shapes) for f in fields}
         record[t.rng.choice(fields)] = value  # one value whole: a 10 MB one is one
         t.r.hset(name, mapping=record)
         t.created.add(name)
         return
-    name = P.worker_key(t.prefix, "fuzz-" + value[:32].decode("latin-1"))
+    name = worker_key(t.prefix, "fuzz-" + value[:32].decode("latin-1"))
     t.r.hset(name, mapping={"heartbeat_ms": value, "pid": value, "servings": value})
     t.created.add(name)
 
@@ -902,8 +915,8 @@ def worker_record(t: Target, value: bytes) -> None:
 def live_worker_record(t: Target) -> str:
     consumers = t.consumers()
     if not consumers:
-        return P.worker_key(t.prefix, "fuzz-nobody")
-    return P.worker_key(t.prefix, t.rng.choice(consumers))
+        return worker_key(t.prefix, "fuzz-nobody")
+    return worker_key(t.prefix, t.rng.choice(consumers))
 
 
 def _job_fields(rid: int) -> tuple[bytes, ...]:
@@ -1297,7 +1310,7 @@ SURFACES: tuple[Surface, ...] = (
         (
             Attack("member", servings_member),
             Attack("flood", servings_flood),
-            _wrong_type("servings", lambda t: P.servings_key(t.prefix)),
+            _wrong_type("servings", lambda t: servings_key(t.prefix)),
         ),
     ),
     Surface(
@@ -1313,7 +1326,7 @@ SURFACES: tuple[Surface, ...] = (
         "workers: the reader's run-time config (tenants' weights; wire/tenants.py)",
         (
             Attack("field", tenants_field),
-            _wrong_type("tenants", lambda t: P.tenants_key(t.prefix)),
+            _wrong_type("tenants", lambda t: tenants_key(t.prefix)),
         ),
     ),
     Surface(
@@ -1321,7 +1334,7 @@ SURFACES: tuple[Surface, ...] = (
         "gateways: job ids (gateway/job_ids.py; tests/integration/test_gateway_tenants.py)",
         (
             Attack("value", job_id_key_value),
-            _wrong_type("jobkey", lambda t: P.job_id_key(t.prefix)),
+            _wrong_type("jobkey", lambda t: job_id_key(t.prefix)),
         ),
     ),
     Surface(

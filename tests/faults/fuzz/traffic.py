@@ -18,7 +18,7 @@ from typing import Any
 from opentelemetry.sdk.trace import TracerProvider
 
 import queueserve as qs
-from queueserve.wire import protocol as P
+from queueserve.wire.priority import MAX_PRIORITY
 from tests.faults.fuzz import app
 from tests.support.helpers import WAIT_S
 from tests.support.step_app import expected
@@ -127,7 +127,7 @@ class Traffic:
         try:
             with span or contextlib.nullcontext():
                 got = client.dispatch(
-                    "fz", item, timeout=WAIT_S, priority=rng.choice((0, 0, 5, P.MAX_PRIORITY))
+                    "fz", item, timeout=WAIT_S, priority=rng.choice((0, 0, 5, MAX_PRIORITY))
                 )
         except qs.QueueServeError as e:
             self.tally.failed(f"dispatch {item}", e)
