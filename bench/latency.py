@@ -34,7 +34,7 @@ import numpy as np
 import redis
 
 import queueserve as qs
-from queueserve.wire.options import parse_option
+from queueserve.options.stored import parse_option
 from tasks.embed import DIM, Embed
 
 from ._harness import RedisServer, percentile, spawn_module, stop_process, wait_until

@@ -34,12 +34,12 @@ from queueserve.errors import (
     RedisUnavailable,
     UnknownServing,
 )
+from queueserve.options.stored import declared_rule, parse_declared
 from queueserve.serving import Serving
 from queueserve.settings import Settings, check_prefix, check_redis_url, check_timeout
 from queueserve.tracing import reads_trace, trace_fields
 from queueserve.wire.codec import get_codec
 from queueserve.wire.keys import Keys, events_channel, inbox_key
-from queueserve.wire.options import declared_rule, parse_declared
 from queueserve.wire.request import encode_request
 from queueserve.wire.tenants import check_tenant, lane_key
 from queueserve.wire.timing import ALIVE_WITHIN_S, RECONNECT_WITHIN_S

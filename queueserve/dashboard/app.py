@@ -42,9 +42,9 @@ from queueserve.door.errors import (
 )
 from queueserve.ops.deadletter import DeadLetters
 from queueserve.options.servers import DashboardOptions
+from queueserve.options.stored import parse_assignments
 from queueserve.settings import Settings
 from queueserve.wire.keys import MAX_SERVING_NAME, Keys
-from queueserve.wire.options import parse_assignments
 
 ALLOW_ORIGIN = f"--allow-origin ({DashboardOptions.variable('allow_origin')})"  # what sets it
 

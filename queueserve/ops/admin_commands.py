@@ -11,9 +11,9 @@ from collections.abc import Sequence
 from queueserve.broker.admin import Admin
 from queueserve.broker.urls import redact_url
 from queueserve.ops.deadletter import DeadLetters
+from queueserve.options.stored import parse_assignments
 from queueserve.settings import Settings
 from queueserve.wire.keys import Keys, is_serving_name
-from queueserve.wire.options import parse_assignments
 from queueserve.worker.worker import EXIT_ERROR, EXIT_OK, EXIT_USAGE
 
 

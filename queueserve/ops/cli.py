@@ -25,11 +25,11 @@ from queueserve.ops.jobs import add_job_parser, job_command
 from queueserve.ops.server_flags import add_server_options, server_options
 from queueserve.ops.stats import stats_command
 from queueserve.options.servers import DashboardOptions, GatewayOptions
+from queueserve.options.stored import OPTIONS
 from queueserve.options.units import parse_duration, problem
 from queueserve.serving import Serving
 from queueserve.settings import Settings, check_prefix, check_redis_url
 from queueserve.wire.keys import Keys
-from queueserve.wire.options import OPTIONS
 from queueserve.wire.timing import ALIVE_WITHIN_S
 from queueserve.worker import logs
 from queueserve.worker.loading import ServingNotFound, load_servings

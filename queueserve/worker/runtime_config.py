@@ -3,7 +3,7 @@ batch_size=64``); workers pick them up within a second, without restart.
 
 Overrides live in the hash ``P:{S}:config`` (no TTL: they are configuration). Setting them also
 updates ``P:{S}:meta`` so clients see a new ``max_queue`` at once. Values are read through
-``wire/options.py`` (validated and bounded; a refused one is logged and ignored).
+``options/stored.py`` (validated and bounded; a refused one is logged and ignored).
 """
 
 from __future__ import annotations

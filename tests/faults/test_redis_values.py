@@ -19,8 +19,8 @@ import pytest
 import redis
 
 import queueserve as qs
+from queueserve.options.stored import parse_assignments, parse_declared
 from queueserve.wire.keys import Keys
-from queueserve.wire.options import parse_assignments, parse_declared
 from tests.support.helpers import REPO, child_env, stream_key, wait_until
 from tests.support.servings import Recording
 

@@ -13,7 +13,7 @@ import pytest
 import redis
 
 import queueserve as qs
-from queueserve.wire.options import parse_assignments
+from queueserve.options.stored import parse_assignments
 from tests.support.helpers import REPO, child_env, wait_until
 
 

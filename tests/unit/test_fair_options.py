@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 
 from queueserve.options.serving import ServingOptions, validated
-from queueserve.wire.options import parse_assignments
+from queueserve.options.stored import parse_assignments
 from queueserve.worker.pipeline.batching import Assembler, Request, Slice
 
 _ids = iter(range(1, 10**9))

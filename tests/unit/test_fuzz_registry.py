@@ -23,9 +23,9 @@ import queueserve as qs
 from queueserve import tracing
 from queueserve.dashboard import board
 from queueserve.options import serving as model
+from queueserve.options import stored as stored_options
 from queueserve.options.serving import RUNTIME, ServingOptions
 from queueserve.wire import keys as key_layout
-from queueserve.wire import options as wire_options
 from queueserve.wire import protocol
 from queueserve.wire.figures import field_of
 from queueserve.wire.key_rules import META_FIELD as KEY_RULE
@@ -152,10 +152,10 @@ def test_the_config_attack_covers_every_run_time_option_and_every_option() -> No
 
 
 def client_reads() -> set[str]:
-    """The meta fields something acts on: the options clients parse (wire/options.py), the
+    """The meta fields something acts on: the options clients parse (options/stored.py), the
     counts enqueue.lua reads, the optional header fields workers read, and the codec."""
     lua = set(re.findall(r"declared_count\('(\w+)'\)", (LUA / "enqueue.lua").read_text()))
-    return {*wire_options._DECLARED, *lua, tracing.HEADER_FIELDS, "codec", KEY_RULE}
+    return {*stored_options._DECLARED, *lua, tracing.HEADER_FIELDS, "codec", KEY_RULE}
 
 
 def test_each_meta_field_acted_on_is_attacked_and_parsed_by_the_model_or_special() -> None:
@@ -206,9 +206,9 @@ def test_an_option_added_to_the_model_is_attacked_in_both_hashes_without_an_edit
     class Wider(ServingOptions):
         fuzz_new: int = 7
 
-    for module in (sys.modules["queueserve.serving"], model, wire_options):
+    for module in (sys.modules["queueserve.serving"], model, stored_options):
         monkeypatch.setattr(module, "ServingOptions", Wider)
-    monkeypatch.setattr(wire_options, "_FIELDS", Wider.model_fields)
+    monkeypatch.setattr(stored_options, "_FIELDS", Wider.model_fields)
     monkeypatch.setattr(qs.Serving, "fuzz_new", 7, raising=False)
     monkeypatch.setattr(model, "RUNTIME", (*RUNTIME, "fuzz_new"))
 

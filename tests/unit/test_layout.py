@@ -10,6 +10,8 @@ written: at the top, inside a function, under ``if TYPE_CHECKING:``, or as
   queueserve/worker/: not directly, not through other modules;
 - queueserve/wire/ reaches nothing that does I/O (broker, client, worker, ops, redis, nor the
   standard library's sockets, processes or event loops);
+- queueserve/wire/ never reaches queueserve/options/: the options are checked against the
+  wire's facts (codecs, shard counts, timings), and read from Redis in options/stored.py;
 - nothing outside queueserve/wire/ builds or parses a message: no msgpack or pickle, no
   codec's ``dumps``/``loads``, none of wire/codec.py's message helpers;
 - queueserve/client/ imports of queueserve/broker/ name only the producer side (producer,
@@ -225,6 +227,11 @@ def layout_problems(root: Path, package: str) -> dict[str, list[str]]:
             [f"{p}.broker", f"{p}.client", f"{p}.worker", f"{p}.ops", "redis", *IO_MODULES],
             "wire/ holds names and formats only and must do no I/O",
         ),
+        "wire->options": reaching(
+            f"{p}.wire",
+            [f"{p}.options"],
+            "options/ depends on wire/, not the reverse: put what both need in wire/",
+        ),
         "messages": _messages_outside_wire(root, modules, p),
         "client->producer": _producer_side_only(imports, p),
         "boundary": _reaching_into_the_broker(root, modules, p),
@@ -358,7 +365,8 @@ CLEAN = {
     "pkg/ops/cli.py": "from pkg.worker.run import KEY\nfrom pkg.client.sync import KEY as K\n",
     "pkg/door/auth.py": "TOKEN = 't'\n",
     "pkg/gateway/app.py": "from pkg.door.auth import TOKEN\nfrom pkg.client.sync import KEY\n",
-    "pkg/dashboard/app.py": "from pkg.door.auth import TOKEN\n",
+    "pkg/dashboard/app.py": "from pkg.door.auth import TOKEN\nfrom pkg.options import serving\n",
+    "pkg/options/serving.py": "from pkg.wire.protocol import KEY\n",
 }
 
 
@@ -370,6 +378,7 @@ def test_a_package_that_keeps_every_rule_has_no_problems(tmp_path: Path) -> None
         "worker->client": [],
         "client->worker": [],
         "wire": [],
+        "wire->options": [],
         "client->producer": [],
         "messages": [],
         "boundary": [],
@@ -448,6 +457,18 @@ def test_a_package_that_keeps_every_rule_has_no_problems(tmp_path: Path) -> None
             "pkg/client/aio.py:1",
         ),
         ("wire", "pkg/wire/codec.py", "import redis\n", "pkg/wire/codec.py:1"),
+        (
+            "wire->options",
+            "pkg/wire/codec.py",
+            "from pkg.options.serving import KEY\n",
+            "pkg/wire/codec.py:1",
+        ),
+        (
+            "wire->options",
+            "pkg/wire/codec.py",
+            "from pkg.dashboard import app\n",
+            "pkg.wire.codec -> pkg.dashboard.app -> pkg.options.serving",
+        ),
         ("wire", "pkg/wire/codec.py", "import socket\n", "pkg/wire/codec.py:1"),
         ("messages", "pkg/worker/run.py", "import msgpack\n", "pkg/worker/run.py:1"),
         ("messages", "pkg/client/sync.py", "from pickle import loads\n", "pkg/client/sync.py:1"),

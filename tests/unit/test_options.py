@@ -231,7 +231,7 @@ def test_the_options_package_does_no_io() -> None:
         "steps.py",
         "worker/options.py",
         "worker/worker.py",
-        "wire/options.py",
+        "options/stored.py",
         "ops/cli.py",
         "settings.py",
     ],

@@ -5,7 +5,7 @@ else (docs/guarantees.md, "Values read from Redis").
 Anyone who can write to Redis can write the meta hash, and what is there is acted on:
 ``enqueue.lua`` admits against its ``max_queue`` and packs up to its ``pack_items`` on every
 call, and a client that names a serving takes its codec, limits and shard count from it. The
-model (``wire/options.py``) refuses values no worker would declare, but a forged value the model
+model (``options/stored.py``) refuses values no worker would declare, but a forged value the model
 takes (``max_queue=1``) would stand until a worker restarted. So once a second (the shard-0
 reader's config pass, ``reader.CONFIG_EVERY_S``) each partition reads the hash back and writes
 the fields that differ from what it declared: one round trip per serving, whatever the number of

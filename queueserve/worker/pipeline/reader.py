@@ -20,9 +20,9 @@ from collections.abc import Callable
 from queueserve.broker.consumer import Consumer
 from queueserve.broker.reads import ReadOutcome, WakeRead
 from queueserve.broker.retry import RedisFailure, Retry
+from queueserve.options.stored import parse_overrides
 from queueserve.serving import Serving
 from queueserve.wire.keys import Keys
-from queueserve.wire.options import parse_overrides
 from queueserve.wire.timing import FORGET_EVERY_S, RECLAIM_EVERY_S
 from queueserve.worker.pipeline.batching import Assembler
 from queueserve.worker.pipeline.declaration import Declaration

@@ -38,6 +38,7 @@ from queueserve.dashboard import board
 from queueserve.errors import QueueServeError
 from queueserve.ops.deadletter import DeadLetters
 from queueserve.options import serving as model
+from queueserve.options.stored import parse_option
 from queueserve.wire.jobs import group_key
 from queueserve.wire.key_rules import META_FIELD as KEY_RULE
 from queueserve.wire.key_rules import LengthBuckets
@@ -54,7 +55,6 @@ from queueserve.wire.keys import (
     worker_key,
 )
 from queueserve.wire.kinds import ERROR, RESULTS
-from queueserve.wire.options import parse_option
 from queueserve.wire.priority import MAX_PRIORITY
 from queueserve.worker.metrics_server import MAX_CONNECTIONS
 from queueserve.worker.pipeline.affinity import HELD_FIELD
