@@ -19,7 +19,7 @@ from typing import Any
 
 from bench.script_cost import Broker, N, on_private_redis, redis_cpu
 from queueserve.wire.codec import get_codec
-from queueserve.wire.jobs import inbox_group, job_writes
+from queueserve.wire.job_record import inbox_group, job_writes
 from queueserve.wire.keys import Keys, inbox_key
 from queueserve.wire.reply import ReplyEncoder
 from queueserve.wire.request import encode_request

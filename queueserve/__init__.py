@@ -6,7 +6,7 @@
 9
 """
 
-from queueserve.client.aio import AsyncClient, AsyncTicket
+from queueserve.client.async_client import AsyncClient, AsyncTicket
 from queueserve.client.sync import Client
 from queueserve.client.ticket import Ticket
 from queueserve.errors import (

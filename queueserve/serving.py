@@ -13,7 +13,13 @@ from pydantic import BaseModel, ValidationError
 from queueserve import hooks
 from queueserve.hooks import END, NO_OUTPUT
 from queueserve.key_states import KeyStates, has_key_states, holding
-from queueserve.options.serving import KeyWeights, OnError, ServingOptions, followers, resolve
+from queueserve.options.serving_options import (
+    KeyWeights,
+    OnError,
+    ServingOptions,
+    followers,
+    resolve,
+)
 from queueserve.results import BatchResults
 from queueserve.wire.key_rules import META_FIELD, LengthBuckets
 from queueserve.wire.keys import Keys
@@ -97,7 +103,7 @@ class Serving:
     array([2., 2., 2.])
     """
 
-    # The options, with their defaults and bounds, are declared in options/serving.py
+    # The options, with their defaults and bounds, are declared in options/serving_options.py
     # (ServingOptions); a subclass may set any of them as a class attribute.
     name: str = ""
     batch_size: int
@@ -343,7 +349,7 @@ class Serving:
             "cost": self.cost is not None,
             "hooks": ",".join(sorted(self.hooks)) if self.hooks is not None else "",
             "streaming": self.hooks is not None,
-            **followers(own),  # pack_items: the batch_size (options/serving.py)
+            **followers(own),  # pack_items: the batch_size (options/serving_options.py)
             # They read the header's optional fields: clients send trace context only then
             # (docs/architecture.md, "Wire versions").
             "header_fields": ",".join(FIELDS),

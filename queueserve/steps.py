@@ -38,7 +38,7 @@ from types import EllipsisType
 from typing import Any
 
 from queueserve.hooks import END, NO_OUTPUT
-from queueserve.options.serving import StepOptions, resolve
+from queueserve.options.serving_options import StepOptions, resolve
 from queueserve.serving import Batch, Serving
 
 _calling = threading.local()  # .states: id(serving) -> its key's state, around each call
@@ -139,7 +139,7 @@ class StepServing(Serving):
     culprit, so decode must compute a step before it changes any state.
     """
 
-    # Defaults and bounds: StepOptions in options/serving.py.
+    # Defaults and bounds: StepOptions in options/serving_options.py.
     max_slots: int
     max_batch_tokens: int
     max_prefill_tokens: int

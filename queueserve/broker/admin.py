@@ -22,8 +22,8 @@ from queueserve.broker.common import (
     texts,
 )
 from queueserve.broker.core import BrokerCore
-from queueserve.broker.errors import raise_but_wrong_type, redis_errors
-from queueserve.options.serving import followers
+from queueserve.broker.redis_errors import raise_but_wrong_type, redis_errors
+from queueserve.options.serving_options import followers
 from queueserve.wire.keys import (
     GROUP,
     MAX_LISTED_SERVINGS,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from queueserve.broker.core import BrokerCore
-from queueserve.broker.errors import redis_errors
+from queueserve.broker.redis_errors import redis_errors
 from queueserve.wire.cache import stats
 from queueserve.wire.keys import Keys
 

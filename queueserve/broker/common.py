@@ -18,7 +18,7 @@ from redis.exceptions import NoScriptError
 
 from queueserve.broker.urls import redact_url
 from queueserve.wire.cache import lookup_spec
-from queueserve.wire.jobs import placings
+from queueserve.wire.job_record import placings
 from queueserve.wire.keys import (
     GROUP,
     MAX_LISTED_SERVINGS,
@@ -110,7 +110,7 @@ def enqueue_arguments(
     """KEYS and ARGV of enqueue.lua for these requests: each stream's batch key and priority
     once, then four values per request (the first of ``together`` requests with its item
     count as 'N:R': admitted with the R-1 after it or refused with them); then, for ``jobs``
-    (broker/jobs.py's JobAt), their record groups' keys and what enqueue.lua writes there
+    (broker/job_store.py's JobAt), their record groups' keys and what enqueue.lua writes there
     (not on a cluster: the groups are in other slots); ``again``: the send was tried before,
     so a job's field may be there already, or ended; ``onces``: the keyed requests, whose
     records enqueue.lua reads and writes (after the groups' keys); ``caches``: the cached

@@ -49,7 +49,7 @@ DEFAULT_POOL_SIZE = 100  # redis-py's connections per pool (per node on a cluste
 
 
 class _PoolExhausted(MaxConnectionsError):
-    """redis-py's pool limit error, carrying the limit, which broker/errors.py names in the
+    """redis-py's pool limit error, carrying the limit, which broker/redis_errors.py names in the
     ``ConnectionPoolExhausted`` it makes of it (redis-py's own error names none)."""
 
     def __init__(self, limit: int) -> None:

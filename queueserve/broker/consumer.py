@@ -22,7 +22,7 @@ from queueserve.broker.common import (
 )
 from queueserve.broker.connect import is_cluster
 from queueserve.broker.core import Subscription, no_group
-from queueserve.broker.errors import error_code, raise_but_wrong_type, redis_errors
+from queueserve.broker.redis_errors import error_code, raise_but_wrong_type, redis_errors
 from queueserve.broker.replies import Replies
 from queueserve.wire.keys import GROUP, Keys, worker_key
 from queueserve.wire.priority import PRIORITY_AGE_MS

@@ -25,7 +25,7 @@ from queueserve.broker.connect import (
     connect,
     is_cluster,
 )
-from queueserve.broker.errors import error_code, redis_errors
+from queueserve.broker.redis_errors import error_code, redis_errors
 from queueserve.broker.retry import Outage
 from queueserve.broker.urls import redact_url
 from queueserve.errors import RedisUnavailable

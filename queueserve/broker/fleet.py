@@ -12,7 +12,7 @@ from typing import Any, cast
 
 from queueserve.broker.admin import Admin, StreamDepth, _entry_ms, _streams_with_work, hash_count
 from queueserve.broker.common import names, text
-from queueserve.broker.errors import raise_but_wrong_type, redis_errors
+from queueserve.broker.redis_errors import raise_but_wrong_type, redis_errors
 from queueserve.wire.keys import GROUP, Keys, worker_key
 from queueserve.wire.shards import check_shards
 from queueserve.wire.timing import ALIVE_WITHIN_S

@@ -8,7 +8,7 @@ from typing import cast
 
 from queueserve.broker.common import since_ms, text
 from queueserve.broker.consumer import Consumer
-from queueserve.broker.errors import redis_errors
+from queueserve.broker.redis_errors import redis_errors
 from queueserve.wire.keys import Keys, worker_key
 from queueserve.wire.timing import DEAD_AFTER_S
 

@@ -1,7 +1,7 @@
 """The producer side: what a client does with Redis (enqueue, cancel, read its inbox).
 
-``AsyncProducer`` (broker/aio.py) has the same methods for asyncio; both send the commands
-``broker.common`` builds.
+``AsyncProducer`` (broker/async_producer.py) has the same methods for asyncio; both send the
+commands ``broker.common`` builds.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from queueserve.broker.common import (
     not_replicated_message,
 )
 from queueserve.broker.core import BrokerCore
-from queueserve.broker.errors import raise_but_wrong_type, redis_errors
-from queueserve.broker.jobs import JobAt, Jobs
+from queueserve.broker.job_store import JobAt, Jobs
+from queueserve.broker.redis_errors import raise_but_wrong_type, redis_errors
 from queueserve.errors import NotReplicated, QueueServeError
 from queueserve.wire.keys import Keys
 
@@ -65,7 +65,7 @@ class Producer(BrokerCore):
         Returns the limit in force, the queued item count after admission, and per request its
         stream entry id, or 0 when it was rejected for max_queue. ``durable`` waits until a
         replica holds them too (NotReplicated when none did within DURABLE_WAIT_MS). ``jobs``:
-        the requests that are jobs, whose records are written with them (broker/jobs.py).
+        the requests that are jobs, whose records are written with them (broker/job_store.py).
         ``together``: runs of requests of one call, admitted whole or refused whole.
         """
         if jobs and self.jobs.cluster:

@@ -16,7 +16,7 @@ from redis.exceptions import NoScriptError
 from queueserve.broker import raw
 from queueserve.broker.common import StreamEntries, names, text
 from queueserve.broker.core import BrokerCore
-from queueserve.broker.errors import redis_errors
+from queueserve.broker.redis_errors import redis_errors
 from queueserve.broker.wakes import IDLE_ROUNDS, WakeWatch
 from queueserve.wire.keys import GROUP, Keys
 from queueserve.wire.priority import PRIORITY_AGE_MS

@@ -13,12 +13,12 @@ from redis.exceptions import NoScriptError
 from queueserve.broker import raw
 from queueserve.broker.common import ack_arguments
 from queueserve.broker.connect import is_cluster
-from queueserve.broker.errors import redis_errors
 from queueserve.broker.reads import PendingRead, Reads, WakeRead
+from queueserve.broker.redis_errors import redis_errors
 from queueserve.broker.urls import redact_url
 from queueserve.errors import RedisUnavailable
 from queueserve.wire.cache import STATS_TTL_MS
-from queueserve.wire.jobs import MAX_JOB_BYTES
+from queueserve.wire.job_record import MAX_JOB_BYTES
 from queueserve.wire.keys import Keys
 from queueserve.wire.timing import DURABLE_WAIT_MS
 
@@ -60,7 +60,7 @@ def _drop_job_failures(out: list[Any], job_writes: range) -> None:
 
 
 # What one round trip keeps of one record group's jobs: the group's key and job.lua's
-# arguments for it after the limit (wire/jobs.py's job_writes).
+# arguments for it after the limit (wire/job_record.py's job_writes).
 GroupWrite = tuple[str, tuple[bytes, str, str]]
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from queueserve.broker.errors import redis_errors
+from queueserve.broker.redis_errors import redis_errors
 from queueserve.wire.keys import tenants_key
 from queueserve.wire.tenants import encode_weights
 

@@ -37,7 +37,7 @@ from redis.exceptions import NoScriptError
 
 from queueserve.broker import raw
 from queueserve.broker.common import load_script
-from queueserve.broker.errors import redis_errors
+from queueserve.broker.redis_errors import redis_errors
 from queueserve.broker.retry import Outage, RedisFailure, Retry
 
 log = logging.getLogger(__name__)

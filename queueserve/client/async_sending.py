@@ -11,14 +11,14 @@ import itertools
 import time
 from typing import Any
 
-from queueserve.broker.aio import AsyncProducer
+from queueserve.broker.async_producer import AsyncProducer
 from queueserve.broker.retry import Retry
 from queueserve.client.base import BaseClient, timeout_message
 from queueserve.client.caching import caches_at
 from queueserve.client.calls import Call, check_placed, unsent
 from queueserve.client.following import AsyncFollowers
-from queueserve.client.job_records import job_place_of, jobs_at
-from queueserve.client.jobs import AsyncJob
+from queueserve.client.job_handles import AsyncJob
+from queueserve.client.job_sends import job_place_of, jobs_at
 from queueserve.client.once import answered, onces_at
 from queueserve.client.outgoing import Outgoing, admitted, enqueue_groups, send_window
 from queueserve.client.targets import Target

@@ -135,7 +135,7 @@ class BaseClient:
     ) -> Outgoing:
         """A new call for ``part``, encoded and checked; what the sender sends. Its answer
         goes to the client's inbox, or to ``reply_to`` (a caller's own inbox); with
-        ``keep_ms`` it is a job, whose answer its record keeps too (wire/jobs.py); ``tenant``
+        ``keep_ms`` it is a job, whose answer its record keeps too (wire/job_record.py); ``tenant``
         (a tenant's name, checked here) travels in its header to the worker, and its batch key
         is the tenant's lane (wire/tenants.py)."""
         key = part.batch_key if tenant is None else lane_key(part.batch_key, check_tenant(tenant))

@@ -77,7 +77,7 @@ class Call:
         self.kind = RESULTS  # of the last slice applied (STEPS: a generator's answer)
         self.events_total = 0  # events published before the answer (streamed requests)
         self.run = 0  # the run that answered: 0 its first, else a replay's token (events.py)
-        self.keep_ms = 0  # a job's keep (wire/jobs.py): its answer is kept in Redis too
+        self.keep_ms = 0  # a job's keep (wire/job_record.py): its answer is kept in Redis too
         # When its caller's call went as several requests: the first one's rid (they are
         # admitted together or not at all); 0 for a call of one request
         self.group = 0

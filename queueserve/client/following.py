@@ -1,5 +1,5 @@
 """Calls answered by another request's job: a keyed request whose key's first request was sent
-before (client/once.py) takes that request's answer from its job record (wire/jobs.py), read
+before (client/once.py) takes that request's answer from its job record (wire/job_record.py), read
 here until the job ends, by one thread (``Followers``) or task (``AsyncFollowers``) per client.
 
 Each round reads every followed job's record in one round trip, then the answers of those that
@@ -16,11 +16,11 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 
-from queueserve.broker.jobs import AsyncJobs, Jobs, Read
+from queueserve.broker.job_store import AsyncJobs, Jobs, Read
 from queueserve.client.calls import Call
-from queueserve.client.jobs import AsyncJob, Job
+from queueserve.client.job_handles import AsyncJob, Job
 from queueserve.errors import QueueServeError, RedisUnavailable
-from queueserve.wire.jobs import JobRecord
+from queueserve.wire.job_record import JobRecord
 
 log = logging.getLogger("queueserve.client")
 _FIRST_S, _MOST_S = 0.005, 0.25

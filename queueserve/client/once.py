@@ -1,7 +1,7 @@
 """Idempotency keys as clients send them (wire/once.py): the plan of a keyed call, the records
 its enqueue reads and writes, and what a keyed request answered from its key's record becomes.
 
-A keyed request is a job (client/job_records.py) that keeps its answer as long as its key's
+A keyed request is a job (client/job_sends.py) that keeps its answer as long as its key's
 record lives, so that a call of the same key from any process, sent while the first is queued,
 running or done, follows the first one's job (client/following.py) instead of running again.
 """
@@ -12,13 +12,13 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from queueserve.client.calls import Call, CallTable
-from queueserve.client.job_records import job_plan
+from queueserve.client.job_sends import job_plan
 from queueserve.client.outgoing import Outgoing
 from queueserve.client.targets import Part, Target, in_batches, plan
 from queueserve.errors import IdempotencyConflict, QueueServeError
-from queueserve.options.serving import ServingOptions
+from queueserve.options.serving_options import ServingOptions
 from queueserve.wire import once as O
-from queueserve.wire.jobs import check_job_id
+from queueserve.wire.job_record import check_job_id
 from queueserve.wire.keys import Keys
 from queueserve.wire.tenants import lane_key
 

@@ -5,7 +5,7 @@ reach Redis)."""
 
 from __future__ import annotations
 
-from queueserve.broker.aio import AsyncProducer
+from queueserve.broker.async_producer import AsyncProducer
 from queueserve.broker.urls import redact_url
 from queueserve.wire.keys import Keys
 

@@ -15,8 +15,8 @@ from queueserve.client.base import BaseClient
 from queueserve.client.caching import caches_at
 from queueserve.client.calls import Call
 from queueserve.client.following import Followers
-from queueserve.client.job_records import job_place_of, jobs_at
-from queueserve.client.jobs import Job
+from queueserve.client.job_handles import Job
+from queueserve.client.job_sends import job_place_of, jobs_at
 from queueserve.client.once import answered, onces_at
 from queueserve.client.outgoing import Outgoing, admitted, enqueue_groups, send_window
 from queueserve.errors import Cancelled, NotReplicated, QueueServeError

@@ -20,7 +20,7 @@ from queueserve.client.base import ServingRef
 from queueserve.client.caching import cached_plan
 from queueserve.client.calls import deadline_after
 from queueserve.client.events import RequestStream
-from queueserve.client.jobs import Job
+from queueserve.client.job_handles import Job
 from queueserve.client.once import IdempotencyKey, call_plan, map_key
 from queueserve.client.progress import ProgressCallback
 from queueserve.client.targets import Target, stream_parts

@@ -32,7 +32,7 @@ from queueserve.dashboard.exporter import exposition
 from queueserve.door.auth import Token, refused
 from queueserve.door.body import JSON, parse
 from queueserve.door.crosssite import WriteRule
-from queueserve.door.errors import (
+from queueserve.door.http_errors import (
     ApiError,
     ClientGone,
     api_error,

@@ -30,7 +30,7 @@ from queueserve.broker.urls import redact_url
 from queueserve.dashboard.health import Histories, Sample, max_latency_of, status
 from queueserve.errors import RedisCommandError
 from queueserve.ops.deadletter import DeadLetters
-from queueserve.options.serving import ServingOptions, StepOptions
+from queueserve.options.serving_options import ServingOptions, StepOptions
 from queueserve.wire.figures import HELD_FIELD, Figures, field_of, held_keys, parse
 from queueserve.wire.keys import Keys
 from queueserve.wire.timing import ALIVE_WITHIN_S

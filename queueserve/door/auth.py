@@ -14,7 +14,7 @@ import hmac
 
 from starlette.types import Scope
 
-from queueserve.door.errors import ApiError
+from queueserve.door.http_errors import ApiError
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 

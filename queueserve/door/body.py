@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope
 
-from queueserve.door.errors import ApiError, ClientGone, bad_request
+from queueserve.door.http_errors import ApiError, ClientGone, bad_request
 from queueserve.wire.once import check_key
 
 M = TypeVar("M", bound=pydantic.BaseModel)

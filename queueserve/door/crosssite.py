@@ -23,7 +23,7 @@ from collections.abc import Iterable
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from queueserve.door.errors import ApiError, error_response
+from queueserve.door.http_errors import ApiError, error_response
 
 WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 JSON = b"application/json"

@@ -17,10 +17,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from queueserve.client.aio import AsyncClient
+from queueserve.client.async_client import AsyncClient
 from queueserve.door.body import JSON
 from queueserve.door.crosssite import WriteRule, WriteRuleMiddleware
-from queueserve.door.errors import (
+from queueserve.door.http_errors import (
     ApiError,
     ClientGone,
     api_error,
@@ -29,7 +29,7 @@ from queueserve.door.errors import (
     http_error,
     internal,
 )
-from queueserve.gateway import jobs, openai_api, servings
+from queueserve.gateway import job_routes, openai_api, servings
 from queueserve.gateway.core import Gateway
 from queueserve.gateway.fast import FastDispatch, GatewayApp
 from queueserve.gateway.metrics import HttpMetrics
@@ -125,7 +125,7 @@ def create_app(
             Route("/readyz", readyz, methods=["GET"]),
             Route("/metrics", metrics.endpoint, methods=["GET"]),
             *servings.routes(gw),
-            *jobs.routes(gw),
+            *job_routes.routes(gw),
             *openai_api.routes(gw),
         ],
         middleware=middleware,

@@ -11,8 +11,8 @@ from typing import Any, cast
 
 from starlette.types import Receive
 
-from queueserve.client.aio import AsyncClient, AsyncTicket, declare_tenants
-from queueserve.door.errors import ApiError, bad_request, from_queueserve
+from queueserve.client.async_client import AsyncClient, AsyncTicket, declare_tenants
+from queueserve.door.http_errors import ApiError, bad_request, from_queueserve
 from queueserve.errors import QueueServeError
 from queueserve.gateway.job_ids import JobIds
 from queueserve.gateway.quotas import Quotas

@@ -22,7 +22,7 @@ from starlette.types import Message, Receive, Scope, Send
 from queueserve.door.auth import refused
 from queueserve.door.body import dumps, idempotency_key, receive_body, validated
 from queueserve.door.crosssite import WriteRule
-from queueserve.door.errors import ApiError, ClientGone, error_response, internal
+from queueserve.door.http_errors import ApiError, ClientGone, error_response, internal
 from queueserve.gateway.core import Gateway
 from queueserve.gateway.metrics import HttpMetrics
 from queueserve.gateway.paths import route_path

@@ -3,10 +3,10 @@
 An HTTP job id is ``<job id>.<tag>``: the client's job id (``<client id>-<number>``, which
 anyone can guess) and a tag, the first 16 bytes (128 bits) of HMAC-SHA256 over the tenant's
 name and that id, with a key every gateway of the prefix shares (``P:jobkey``: random bytes
-in Redis, made by the first gateway that asks; client/aio.py ``job_id_secret``). A tag cannot be
-made without the key, so an id cannot be guessed from another, and another tenant's id does
-not check out for the caller: its GET, cancel and DELETE answer 404, as an id that never
-existed does, and cost the same (no Redis read before the tag checks out).
+in Redis, made by the first gateway that asks; client/async_client.py ``job_id_secret``). A
+tag cannot be made without the key, so an id cannot be guessed from another, and another
+tenant's id does not check out for the caller: its GET, cancel and DELETE answer 404, as an id
+that never existed does, and cost the same (no Redis read before the tag checks out).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import base64
 import hashlib
 import hmac
 
-from queueserve.client.aio import AsyncClient, job_id_secret
+from queueserve.client.async_client import AsyncClient, job_id_secret
 from queueserve.gateway.tenants import Tenant
 
 TAG_BYTES = 16

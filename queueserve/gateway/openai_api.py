@@ -29,7 +29,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from queueserve.door.body import JSON, NoBool, parse
-from queueserve.door.errors import ApiError, bad_request, error_body
+from queueserve.door.http_errors import ApiError, bad_request, error_body
 from queueserve.gateway.core import Gateway
 from queueserve.gateway.servings import Options, encoded
 from queueserve.gateway.sse import EventStream, frame

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from queueserve.door.errors import ApiError
+from queueserve.door.http_errors import ApiError
 from queueserve.gateway.tenants import Tenant
 
 

@@ -13,7 +13,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from queueserve.door.body import JSON, NoBool, idempotency_key, parse
-from queueserve.door.errors import ApiError, bad_request, item_error
+from queueserve.door.http_errors import ApiError, bad_request, item_error
 from queueserve.errors import QueueServeError
 from queueserve.gateway.core import Gateway
 from queueserve.gateway.sse import EventStream, frame

@@ -17,7 +17,7 @@ from typing import Any
 from starlette.types import Receive, Scope, Send
 
 from queueserve.door.body import dumps
-from queueserve.door.errors import (
+from queueserve.door.http_errors import (
     ApiError,
     ClientGone,
     error_body,

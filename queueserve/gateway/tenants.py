@@ -31,7 +31,7 @@ import pydantic
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from queueserve.door.auth import OPEN_PATHS, presented_token, refused
-from queueserve.door.errors import error_response
+from queueserve.door.http_errors import error_response
 from queueserve.gateway.paths import route_path
 from queueserve.wire.priority import MAX_PRIORITY
 from queueserve.wire.tenants import TENANT_NAME

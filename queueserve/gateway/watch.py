@@ -15,7 +15,7 @@ from collections import deque
 
 from starlette.types import Receive
 
-from queueserve.client.aio import AsyncTicket
+from queueserve.client.async_client import AsyncTicket
 from queueserve.gateway.sse import disconnected
 
 WATCH_AFTER_S = 0.05

@@ -21,7 +21,7 @@ from queueserve.ops.admin_commands import (
     servings_command,
     unknown_servings,
 )
-from queueserve.ops.jobs import add_job_parser, job_command
+from queueserve.ops.job_commands import add_job_parser, job_command
 from queueserve.ops.server_flags import add_server_options, server_options
 from queueserve.ops.stats import stats_command
 from queueserve.options.servers import DashboardOptions, GatewayOptions

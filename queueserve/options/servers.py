@@ -16,7 +16,7 @@ from typing import Annotated, Any, ClassVar, Self
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from queueserve.options.serving import validated
+from queueserve.options.serving_options import validated
 from queueserve.options.units import checked_by, count, duration, from_text
 
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")

@@ -2,7 +2,7 @@
 at run time, ``queueserve config set``) and of the options clients act on in ``P:{S}:meta``.
 
 Both hashes are written by whoever can write to Redis, so every value read from them goes
-through the rules (and bounds) of ``qs.Serving``, ServingOptions in options/serving.py:
+through the rules (and bounds) of ``qs.Serving``, ServingOptions in options/serving_options.py:
 ``config set`` refuses what a worker would refuse, with the same message, and a worker or
 client that reads a value the model refuses logs it and goes on without it
 (docs/guarantees.md, "Values read from Redis").
@@ -14,7 +14,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from queueserve.options.serving import RUNTIME, ServingOptions, validated
+from queueserve.options.serving_options import RUNTIME, ServingOptions, validated
 from queueserve.options.units import from_text
 from queueserve.wire.key_rules import META_FIELD, LengthBuckets
 from queueserve.wire.keys import Keys

@@ -62,7 +62,7 @@ each with the keys below; ``meta``, ``config`` and ``workers`` are read from sha
                                gateway hands out unguessable and binds each to its tenant
                                (gateway/job_ids.py; made once by the first gateway, SET NX)
     P:jobs:C:G        hash     the records of client C's jobs with request ids G*64 to G*64+63:
-                               where each waits, its kept answers, how it ended (wire/jobs.py;
+                               where each waits, its kept answers, how it ended (wire/job_record.py;
                                TTL: a week while one is live, then the last keep of them)
 
 A key of a serving's shard 0 names its serving between the braces of its tag

@@ -8,7 +8,7 @@ shard the request goes to::
 
 ``digest`` is 32 hex digits, the BLAKE2b-128 of the request's batch key and encoded items
 (``request_digest``): what tells a retry (same items) from a reuse of the key for other items.
-``job id`` is the job the first request of the key became (wire/jobs.py): a keyed request is
+``job id`` is the job the first request of the key became (wire/job_record.py): a keyed request is
 a job, so any process follows its answer by that id. enqueue.lua reads the record and writes
 it in the script that enqueues the request, so two senders of one key never both enqueue;
 its TTL is the serving's ``idempotency_ttl``. A record costs its key's name and at most
@@ -32,7 +32,7 @@ from queueserve.wire.codec import pack_plain
 
 MAX_KEY_BYTES: Final = 200
 DIGEST_HEX: Final = 32
-# a digest, ':' and the longest job id (wire/jobs.py: 64 + '-' + 18 digits)
+# a digest, ':' and the longest job id (wire/job_record.py: 64 + '-' + 18 digits)
 RECORD_MAX_BYTES: Final = DIGEST_HEX + 1 + 64 + 1 + 18
 SAME, CONFLICT, FORGED = b"="[0], b"!"[0], b"?"[0]
 

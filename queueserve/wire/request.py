@@ -25,7 +25,7 @@ from typing import Any, Final
 import msgpack
 
 from queueserve.wire.codec import Codec, pack_plain
-from queueserve.wire.jobs import check_keep_ms
+from queueserve.wire.job_record import check_keep_ms
 from queueserve.wire.priority import check_priority
 from queueserve.wire.protocol import H_DEADLINE, H_EVENTS, H_PRIORITY, WIRE_VERSION
 

@@ -16,7 +16,7 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import EnvSettingsSource, SettingsError
 
 from queueserve.options.servers import SERVERS, Level
-from queueserve.options.serving import MAX_BATCH_SIZE, MAX_BATCH_TIMEOUT_S, validated
+from queueserve.options.serving_options import MAX_BATCH_SIZE, MAX_BATCH_TIMEOUT_S, validated
 from queueserve.options.units import ByteSize, checked_by, count, duration, from_text
 from queueserve.settings import Settings
 from queueserve.worker.logs import LogFormat

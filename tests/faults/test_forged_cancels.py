@@ -14,7 +14,7 @@ from typing import Any
 import redis
 
 import queueserve as qs
-from queueserve.wire import jobs as J
+from queueserve.wire import job_record as J
 from queueserve.wire.codec import get_codec
 from queueserve.wire.keys import Keys, inbox_key
 from queueserve.wire.request import encode_request

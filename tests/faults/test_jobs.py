@@ -15,9 +15,9 @@ import pytest
 import redis
 
 import queueserve as qs
-from queueserve.broker.jobs import Jobs
+from queueserve.broker.job_store import Jobs
 from queueserve.wire.codec import get_codec
-from queueserve.wire.jobs import group_key, job_place, job_writes
+from queueserve.wire.job_record import group_key, job_place, job_writes
 from queueserve.wire.keys import Keys
 from queueserve.wire.request import encode_request
 from tests.support.broker import RedisBroker
@@ -37,7 +37,8 @@ def other(redis_url: str, prefix: str) -> Iterator[qs.Client]:
 
 
 def record(r: redis.Redis, prefix: str, job_id: str) -> bytes | None:
-    """A job's own field in its record group (wire/jobs.py): where it waits, or how it ended."""
+    """A job's own field in its record group (wire/job_record.py): where it waits, or how it
+    ended."""
     return r.hget(*job_place(prefix, job_id))
 
 

@@ -23,7 +23,7 @@ import msgpack
 import redis
 
 import queueserve as qs
-from queueserve.wire import jobs as J
+from queueserve.wire import job_record as J
 from queueserve.wire.codec import get_codec
 from queueserve.wire.event import parse_events
 from queueserve.wire.keys import Keys, events_channel, inbox_key

@@ -17,8 +17,8 @@ import redis
 from redis._parsers.base import BaseParser
 
 import queueserve as qs
-from queueserve.broker.aio import AsyncProducer
-from queueserve.broker.errors import redis_errors, translate
+from queueserve.broker.async_producer import AsyncProducer
+from queueserve.broker.redis_errors import redis_errors, translate
 from queueserve.broker.retry import Outage, Retry
 from queueserve.broker.urls import redact_url
 from queueserve.wire.keys import Keys

@@ -24,8 +24,8 @@ import redis
 
 import queueserve as qs
 from queueserve.broker.connect import parse_url
-from queueserve.broker.jobs import Jobs
-from queueserve.wire.jobs import group_key, job_place
+from queueserve.broker.job_store import Jobs
+from queueserve.wire.job_record import group_key, job_place
 from queueserve.wire.keys import GROUP, Keys
 from queueserve.wire.once import shard_of_key
 from queueserve.wire.shards import key_slot, shard_tags

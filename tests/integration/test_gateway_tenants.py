@@ -27,7 +27,7 @@ import pytest
 import redis
 
 import queueserve as qs
-from queueserve.client.aio import job_id_secret
+from queueserve.client.async_client import job_id_secret
 from queueserve.wire.tenants import lane_key
 from tests.support.fault_app import WorkerProc
 from tests.support.gateway_app import GatewayProc, gateway_stack

@@ -23,8 +23,8 @@ from queueserve.broker import raw
 from queueserve.broker.channels import SharedSubscriptions
 from queueserve.broker.connect import allow_connections
 from queueserve.broker.consumer import Consumer
-from queueserve.broker.errors import translate
 from queueserve.broker.reads import ReadOutcome, WakeRead
+from queueserve.broker.redis_errors import translate
 from queueserve.broker.retry import Retry
 from queueserve.wire.keys import Keys
 from tests.support.broker import RedisBroker

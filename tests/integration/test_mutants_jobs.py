@@ -1,5 +1,5 @@
 """What a job promises its followers beyond tests/faults/test_jobs.py and test_forged_cancels.py,
-each written for a mutant of queueserve/client/jobs.py that survived them (docs/testing.md):
+each written for a mutant of queueserve/client/job_handles.py that survived them (docs/testing.md):
 ``result(timeout)`` waits that long and no longer, polling less often as it waits; a job is
 found and cancelled by its id in whatever stream it waits (a batch key holding '}', a shard
 other than the first) and whatever its client's id (the protocol lets other clients put '-' in
@@ -19,8 +19,8 @@ import pytest
 import redis
 
 import queueserve as qs
-from queueserve.client import jobs as client_jobs
-from queueserve.wire import jobs as J
+from queueserve.client import job_handles as client_jobs
+from queueserve.wire import job_record as J
 from queueserve.wire.codec import get_codec
 from queueserve.wire.keys import Keys
 from queueserve.wire.request import encode_request

@@ -31,7 +31,7 @@ import redis
 
 import queueserve as qs
 from queueserve.broker import common, replies
-from queueserve.options.serving import RUNTIME, ServingOptions
+from queueserve.options.serving_options import RUNTIME, ServingOptions
 from queueserve.wire.keys import GROUP, Keys
 from tests.support.helpers import (
     REPO,

@@ -21,7 +21,7 @@ from queueserve.broker.fleet import Fleet
 from queueserve.dashboard.board import Board
 from queueserve.ops import stats
 from queueserve.wire.codec import get_codec
-from queueserve.wire.jobs import placings
+from queueserve.wire.job_record import placings
 from queueserve.wire.keys import Keys
 from queueserve.wire.request import encode_request
 from tests.support.broker import RedisBroker

@@ -13,8 +13,8 @@ from queueserve.broker.admin import Admin
 from queueserve.broker.common import StreamEntries, text
 from queueserve.broker.consumer import Consumer
 from queueserve.broker.core import no_group
-from queueserve.broker.errors import redis_errors
 from queueserve.broker.producer import Producer
+from queueserve.broker.redis_errors import redis_errors
 from queueserve.broker.urls import redact_url
 from queueserve.wire.keys import GROUP
 

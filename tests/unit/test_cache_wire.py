@@ -10,7 +10,7 @@ import msgpack
 import numpy as np
 import pytest
 
-from queueserve.options.serving import ServingOptions
+from queueserve.options.serving_options import ServingOptions
 from queueserve.wire import cache as C
 from queueserve.wire.codec import MsgpackCodec, PickleCodec
 from queueserve.wire.kinds import BATCHED, ERROR, RESULTS

@@ -11,7 +11,7 @@ import re
 import typing
 from typing import Any
 
-from queueserve.client.jobs import AsyncJob, Job, JobProgress
+from queueserve.client.job_handles import AsyncJob, Job, JobProgress
 from tests.support.helpers import REPO
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]

@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from queueserve.options.serving import ServingOptions, validated
+from queueserve.options.serving_options import ServingOptions, validated
 from queueserve.options.stored import parse_assignments
 from queueserve.worker.pipeline.batching import Assembler, Request, Slice
 

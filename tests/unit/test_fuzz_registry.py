@@ -22,9 +22,9 @@ import pytest
 import queueserve as qs
 from queueserve import tracing
 from queueserve.dashboard import board
-from queueserve.options import serving as model
+from queueserve.options import serving_options as model
 from queueserve.options import stored as stored_options
-from queueserve.options.serving import RUNTIME, ServingOptions
+from queueserve.options.serving_options import RUNTIME, ServingOptions
 from queueserve.wire import keys as key_layout
 from queueserve.wire import protocol
 from queueserve.wire.figures import field_of

@@ -15,7 +15,8 @@ written: at the top, inside a function, under ``if TYPE_CHECKING:``, or as
 - nothing outside queueserve/wire/ builds or parses a message: no msgpack or pickle, no
   codec's ``dumps``/``loads``, none of wire/codec.py's message helpers;
 - queueserve/client/ imports of queueserve/broker/ name only the producer side (producer,
-  aio) and its helpers (retry, urls, errors): never the consumer, admin or core directly;
+  async_producer, job_store) and its helpers (retry, urls, redis_errors): never the consumer,
+  admin or core directly;
 - every name in ``queueserve.__all__`` is importable from ``queueserve``.
 
 The checker runs first on small synthetic packages, so each rule is known to fire.
@@ -269,15 +270,22 @@ def _reaching_into_the_broker(root: Path, modules: dict[str, Path], p: str) -> l
 
 
 # What client/ may import of broker/: the producer side and the helpers it hands out.
-CLIENT_BROKER_MODULES = ("producer", "aio", "jobs", "retry", "urls", "errors")
+CLIENT_BROKER_MODULES = (
+    "producer",
+    "async_producer",
+    "job_store",
+    "retry",
+    "urls",
+    "redis_errors",
+)
 
 
 def _producer_side_only(imports: list[Import], p: str) -> list[str]:
     allowed = [f"{p}.broker.{m}" for m in CLIENT_BROKER_MODULES]
     return [
         f"{imp}: {imp.importer} imports {imp.target}, but the client uses only the producer "
-        f"side of the broker\n    use {p}.broker.producer (or .aio); the consumer side is the "
-        "worker's and the admin side ops/'s"
+        f"side of the broker\n    use {p}.broker.producer (or .async_producer); the consumer "
+        "side is the worker's and the admin side ops/'s"
         for imp in imports
         if within(imp.importer, f"{p}.client")
         and within(imp.target, f"{p}.broker")
@@ -452,9 +460,9 @@ def test_a_package_that_keeps_every_rule_has_no_problems(tmp_path: Path) -> None
         ),
         (
             "client->producer",
-            "pkg/client/aio.py",
+            "pkg/client/async_client.py",
             "from pkg.broker import consumer\n",
-            "pkg/client/aio.py:1",
+            "pkg/client/async_client.py:1",
         ),
         ("wire", "pkg/wire/codec.py", "import redis\n", "pkg/wire/codec.py:1"),
         (

@@ -8,7 +8,7 @@ import re
 import msgpack
 import pytest
 
-from queueserve.options.serving import MAX_IDEMPOTENCY_TTL_S
+from queueserve.options.serving_options import MAX_IDEMPOTENCY_TTL_S
 from queueserve.wire import once as O
 from tests.support.helpers import REPO
 

@@ -388,7 +388,7 @@ def exit_codes(path: Path) -> list[tuple[str, object]]:
 
 def test_each_exit_code_of_the_command_line_is_defined_once() -> None:
     # Every command returns the codes EPILOG and docs/operations.md list: a module keeping a
-    # copy of its own (ops/jobs.py did, with EXIT_FAILED for 1) can drift from them unseen
+    # copy of its own (ops/job_commands.py did, with EXIT_FAILED for 1) can drift from them unseen
     names: dict[str, list[str]] = {}
     values: dict[object, set[str]] = {}
     for path in sorted((REPO / "queueserve").rglob("*.py")):

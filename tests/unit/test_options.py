@@ -15,7 +15,7 @@ import queueserve as qs
 from queueserve.ops.cli import build_parser
 from queueserve.ops.server_flags import flag_of
 from queueserve.options.servers import SERVERS, DashboardOptions, GatewayOptions
-from queueserve.options.serving import ServingOptions, StepOptions
+from queueserve.options.serving_options import ServingOptions, StepOptions
 from queueserve.options.units import parse_bytes
 from queueserve.worker.options import OTHER_VARIABLES, WorkerOptions, unknown_variables
 from tests.support.helpers import REPO
@@ -226,7 +226,7 @@ def test_the_options_package_does_no_io() -> None:
     "path",
     [
         "options/units.py",
-        "options/serving.py",
+        "options/serving_options.py",
         "serving.py",
         "steps.py",
         "worker/options.py",

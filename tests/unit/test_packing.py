@@ -10,7 +10,7 @@ from redis.asyncio import connection as aioconnection
 from redis.connection import HiredisRespSerializer, PythonRespSerializer
 from redis.exceptions import DataError
 
-from queueserve.broker import aio
+from queueserve.broker import async_producer
 from queueserve.broker.common import HiredisPacker, pack_fast
 from queueserve.broker.connect import connect, connect_async
 
@@ -69,8 +69,8 @@ def test_sync_broker_connections_use_the_hiredis_packer() -> None:
     "url", ["redis://127.0.0.1:1/0", "rediss://127.0.0.1:1/0", "unix:///tmp/qs-none.sock"]
 )
 def test_asyncio_broker_connections_pack_with_hiredis(url: str) -> None:
-    pool = aio.hiredis_packing(connect_async(url)).connection_pool
+    pool = async_producer.hiredis_packing(connect_async(url)).connection_pool
     connection = pool.make_connection()
-    assert isinstance(connection, aio._HiredisPacking)
+    assert isinstance(connection, async_producer._HiredisPacking)
     for args in COMMANDS:
         assert b"".join(connection.pack_command(*args)) == python_packed(args)

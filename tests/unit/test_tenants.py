@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from queueserve.door.errors import ApiError
+from queueserve.door.http_errors import ApiError
 from queueserve.gateway.quotas import Quotas
 from queueserve.gateway.tenants import ANONYMOUS, DEFAULT, Tenant, Tenants, parse_tenants
 

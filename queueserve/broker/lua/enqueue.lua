@@ -18,7 +18,7 @@
 --           payload. An item count 'N:R' (N items, R > 1) starts R requests of one call (a
 --           call cut into requests of a batch, or spread over batch keys): the R are
 --           admitted together or all refused, never in part
--- Jobs (optional; wire/jobs.py): KEYS[7+S..6+S+G] are the record groups P:jobs:C:G of the
+-- Jobs (optional; wire/job_record.py): KEYS[7+S..6+S+G] are the record groups P:jobs:C:G of the
 -- jobs among these requests, and the last ARGV is msgpack [serving name, TTL of a group with
 -- a job still waiting (ms), whether the send was tried before, then per group in KEYS order a
 -- flat list of (request number (1 = the first request), request id (a string), keep (ms))
@@ -69,7 +69,7 @@ local pack_items = declared_count('pack_items') or 0
 -- A serving no worker ever declared (no meta hash; its callers passed wait_for_worker, or
 -- misspelled it): what they send lives at most the default key_idle_ttl past the last send,
 -- so a misspelled name costs nothing for long. Once declared, a send takes those TTLs off.
-local UNDECLARED_TTL_MS = 3600000  -- options/serving.py's default key_idle_ttl
+local UNDECLARED_TTL_MS = 3600000  -- options/serving_options.py's default key_idle_ttl
 local declared = redis.call('EXISTS', KEYS[3]) == 1
 local MAX_PACK_REQUESTS = 1024  -- protocol.MAX_PACK_REQUESTS (tests/faults/test_pack_limits.py)
 -- The counter is a key anyone may write: one that holds no count, or a key of another type,
@@ -116,7 +116,7 @@ if onces > 0 then
   -- The option as workers declared it (str of a float, seconds; config set writes it too)
   local raw = redis.call('HGET', KEYS[3], 'idempotency_ttl')
   local seconds = raw and #raw <= 24 and string.find(raw, '^%d+%.?%d*$') and tonumber(raw)
-  if seconds and seconds <= 2592000 then  -- options/serving.py MAX_IDEMPOTENCY_TTL_S
+  if seconds and seconds <= 2592000 then  -- options/serving_options.py MAX_IDEMPOTENCY_TTL_S
     once_ttl = math.max(math.floor(seconds * 1000), 1)
   else
     once_ttl = math.max(tonumber(spec[1]) or 86400000, 1)

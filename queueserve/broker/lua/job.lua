@@ -1,4 +1,4 @@
--- Keep jobs' answers (wire/jobs.py): the worker's write for the jobs of one record group, sent
+-- Keep jobs' answers (wire/job_record.py): the worker's write for the jobs of one record group, sent
 -- before the ack of their entries in the same round trip, so a job's record holds its answer
 -- whenever its entry was acked.
 -- KEYS[1]  P:jobs:C:G     the group (hash)

@@ -1,4 +1,4 @@
--- End a job by a caller's hand (wire/jobs.py): cancel it, or forget it.
+-- End a job by a caller's hand (wire/job_record.py): cancel it, or forget it.
 -- KEYS[1]  P:jobs:C:G     the job's group (hash)
 -- ARGV[1]  'cancel' or 'forget'; ARGV[2] its request id
 -- ARGV[3]  keep, ms, when its field has none readable (or one over ARGV[4], the most keep

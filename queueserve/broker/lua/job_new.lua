@@ -1,4 +1,4 @@
--- Write the fields of jobs about to be enqueued into their record group (wire/jobs.py), before
+-- Write the fields of jobs about to be enqueued into their record group (wire/job_record.py), before
 -- their enqueue, so a worker's answer always finds them: on a Redis Cluster, where groups live
 -- in other slots than the streams (elsewhere enqueue.lua writes them with the entries).
 -- KEYS[1]  P:jobs:C:G    the group (hash)

@@ -1,4 +1,4 @@
--- Say where jobs just enqueued wait (wire/jobs.py), for cancel and status: on a Redis Cluster,
+-- Say where jobs just enqueued wait (wire/job_record.py), for cancel and status: on a Redis Cluster,
 -- after their enqueue; job_new.lua wrote their fields before it.
 -- KEYS[1]  P:jobs:C:G    the group (hash)
 -- ARGV[3i-2], ARGV[3i-1], ARGV[3i]  job i's request id, stream and entry id; an entry id of

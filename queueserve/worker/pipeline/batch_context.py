@@ -67,7 +67,7 @@ class BatchContext:
             if s.request.events:
                 rows += event_rows(s.request, hook_event(name, payload, start, len(s.items)))
             elif s.request.fields is not None and "job_keep" in s.request.fields:
-                # a job's progress keeps its last hook event (wire/jobs.py, field r.h)
+                # a job's progress keeps its last hook event (wire/job_record.py, field r.h)
                 body = hook_event(name, payload, start, len(s.items))
                 rows.append((s.request, 0, 0, JOB_HOOK, body))
         if rows:

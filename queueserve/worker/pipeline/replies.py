@@ -13,7 +13,7 @@ from queueserve.wire.cache import CACHED_KINDS
 from queueserve.wire.cache import value as cache_value
 from queueserve.wire.codec import Codec
 from queueserve.wire.event import encode_events
-from queueserve.wire.jobs import GROUP_SHIFT, encode_hook, inbox_group, job_writes
+from queueserve.wire.job_record import GROUP_SHIFT, encode_hook, inbox_group, job_writes
 from queueserve.wire.kinds import DROP, ERROR, EVENT, JOB_HOOK
 from queueserve.wire.reply import ReplyEncoder
 from queueserve.wire.request import job_keep
@@ -83,7 +83,7 @@ class _JobRows:
         self.rows: list[list[Any]] = []
         self.items = 0
         self.errored = False
-        self.hook = b""  # the last hook event of its batches, encoded (wire/jobs.py)
+        self.hook = b""  # the last hook event of its batches, encoded (wire/job_record.py)
 
 
 class _Group:

@@ -33,13 +33,13 @@ from typing import Any
 import msgpack
 import redis
 
-from queueserve.client.jobs import Job
+from queueserve.client.job_handles import Job
 from queueserve.dashboard import board
 from queueserve.errors import QueueServeError
 from queueserve.ops.deadletter import DeadLetters
-from queueserve.options import serving as model
+from queueserve.options import serving_options as model
 from queueserve.options.stored import parse_option
-from queueserve.wire.jobs import group_key
+from queueserve.wire.job_record import group_key
 from queueserve.wire.key_rules import META_FIELD as KEY_RULE
 from queueserve.wire.key_rules import LengthBuckets
 from queueserve.wire.keys import (
@@ -925,7 +925,7 @@ def _job_fields(rid: int) -> tuple[bytes, ...]:
 
 
 def job_record(t: Target, value: bytes) -> None:
-    """A field of a job's record group (wire/jobs.py), then a request of that job (its inbox
+    """A field of a job's record group (wire/job_record.py), then a request of that job (its inbox
     and request id name it), written with its record or not, which a worker answers into the
     forged group (job.lua), with a keep that may be junk too; then the record read as
     ``Client.job`` reads it, and its result, cancel or forget called (cancel.lua and

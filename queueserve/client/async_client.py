@@ -20,7 +20,7 @@ from queueserve.client.base import INBOX_BLOCK_S, ServingRef
 from queueserve.client.caching import cached_plan
 from queueserve.client.calls import deadline_after
 from queueserve.client.events import RequestStream
-from queueserve.client.jobs import AsyncJob
+from queueserve.client.job_handles import AsyncJob
 from queueserve.client.once import IdempotencyKey, call_plan, map_key
 from queueserve.client.progress import ProgressCallback
 from queueserve.client.registry import AsyncRegistry

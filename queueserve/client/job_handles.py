@@ -1,5 +1,5 @@
 """Jobs as callers follow them: ``Job`` (``Client.job``) and ``AsyncJob``
-(``AsyncClient.job``), over a job's record in Redis (wire/jobs.py), from any process.
+(``AsyncClient.job``), over a job's record in Redis (wire/job_record.py), from any process.
 
 What a record says is judged here, without I/O (``_Reading``): its status, its progress and
 its results, read as a ``Ticket`` reads an inbox's replies, so a job gives the same values and
@@ -12,11 +12,11 @@ import asyncio
 import time
 from typing import Any, NamedTuple, TypeGuard
 
-from queueserve.broker.jobs import AsyncJobs, Jobs
+from queueserve.broker.job_store import AsyncJobs, Jobs
 from queueserve.client.calls import Call, CallTable, outcome
 from queueserve.errors import Cancelled, QueueServeError, Timeout
 from queueserve.hooks import Hook
-from queueserve.wire import jobs as J
+from queueserve.wire import job_record as J
 from queueserve.wire.codec import get_codec
 from queueserve.wire.keys import Keys, inbox_key
 

@@ -1,13 +1,13 @@
-"""What the clients send for jobs (wire/jobs.py): a job's keep checked, and the records its
+"""What the clients send for jobs (wire/job_record.py): a job's keep checked, and the records its
 enqueue writes."""
 
 from __future__ import annotations
 
-from queueserve.broker.jobs import JobAt
+from queueserve.broker.job_store import JobAt
 from queueserve.client.calls import Call
 from queueserve.client.outgoing import Outgoing
 from queueserve.client.targets import Part, Target
-from queueserve.wire.jobs import check_keep, group_key
+from queueserve.wire.job_record import check_keep, group_key
 
 
 def job_plan(target: Target, parts: list[Part], keep: float | None) -> int:

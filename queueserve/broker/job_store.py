@@ -1,4 +1,4 @@
-"""Job records (wire/jobs.py) as clients touch them: create, read, cancel, forget; ``Jobs``
+"""Job records (wire/job_record.py) as clients touch them: create, read, cancel, forget; ``Jobs``
 for the sync client, ``AsyncJobs`` for asyncio. enqueue.lua writes the records of the jobs it
 admits; on a Redis Cluster, where their groups live in other slots than the streams, the
 producer writes them around the enqueue instead (``created`` before it, ``placed`` after).
@@ -17,9 +17,9 @@ from redis.exceptions import NoScriptError, ResponseError
 
 from queueserve.broker.common import Enqueued, Request, load_script
 from queueserve.broker.connect import is_cluster
-from queueserve.broker.errors import redis_errors, translate
+from queueserve.broker.redis_errors import redis_errors, translate
 from queueserve.errors import QueueServeError
-from queueserve.wire.jobs import LIVE_TTL_MS, MAX_KEEP_MS
+from queueserve.wire.job_record import LIVE_TTL_MS, MAX_KEEP_MS
 from queueserve.wire.keys import GROUP, Keys
 
 log = logging.getLogger(__name__)
@@ -101,7 +101,7 @@ def _read(out: list[Any]) -> tuple[list[bytes | None], int]:
     return list(values), int(seconds) * 1000 + int(micros) // 1000
 
 
-# Where a job's record is: its group's key and its fields (``wire/jobs.py``'s record_fields)
+# Where a job's record is: its group's key and its fields (``wire/job_record.py``'s record_fields)
 Place = tuple[str, Sequence[str]]
 Read = tuple[list[bytes | None], int]
 

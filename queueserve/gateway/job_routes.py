@@ -16,16 +16,16 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from queueserve.client.aio import AsyncTicket
-from queueserve.client.jobs import AsyncJob
+from queueserve.client.async_client import AsyncTicket
+from queueserve.client.job_handles import AsyncJob
 from queueserve.door.body import JSON, NoBool, idempotency_key, parse
-from queueserve.door.errors import ApiError, bad_request, from_queueserve, item_error
+from queueserve.door.http_errors import ApiError, bad_request, from_queueserve, item_error
 from queueserve.errors import Cancelled, QueueServeError, Timeout
 from queueserve.gateway.core import Gateway
 from queueserve.gateway.servings import Options, encoded
 from queueserve.gateway.sse import disconnected
 from queueserve.gateway.tenants import caller
-from queueserve.wire.jobs import MAX_KEEP_MS
+from queueserve.wire.job_record import MAX_KEEP_MS
 
 DEFAULT_KEEP_S = 3600.0  # an answer no one fetched within the hour is rarely wanted
 MAX_WAIT_S = 300.0  # what one ``GET .../result`` may wait: proxies cut longer idle requests

@@ -39,8 +39,8 @@ from queueserve.broker.common import (
     texts,
 )
 from queueserve.broker.connect import aclose, connect_async, is_cluster
-from queueserve.broker.errors import error_code, raise_but_wrong_type, redis_errors
-from queueserve.broker.jobs import AsyncJobs, JobAt
+from queueserve.broker.job_store import AsyncJobs, JobAt
+from queueserve.broker.redis_errors import error_code, raise_but_wrong_type, redis_errors
 from queueserve.broker.retry import Outage
 from queueserve.broker.tenants import AsyncTenants
 from queueserve.broker.urls import redact_url
