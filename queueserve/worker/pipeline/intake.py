@@ -28,8 +28,8 @@ from queueserve.wire.codec import Codec
 from queueserve.wire.error import bad_request, dead_lettered, error_body
 from queueserve.wire.keys import Keys
 from queueserve.wire.kinds import DROP, ERR_BAD_REQUEST, ERROR
-from queueserve.wire.protocol import H_ID, MAX_PACK_REQUESTS
-from queueserve.wire.request import pack_members, parse_header
+from queueserve.wire.protocol import MAX_PACK_REQUESTS
+from queueserve.wire.request import pack_members
 from queueserve.worker.middleware import Middleware
 from queueserve.worker.pipeline.batching import Pack, Request, Slice
 from queueserve.worker.pipeline.decode import (
@@ -146,19 +146,8 @@ class Intake:
         if entry.reclaimed:
             out.splits.append(entry)
             return
-        try:
-            members = pack_members(entry.fields)
-        except ValueError as e:
-            out.dead.append(self._rejected_pack(entry, str(e)))
-            return
-        if len(members) > MAX_PACK_REQUESTS:  # enqueue.lua never writes one: forged
-            out.dead.append(
-                self._rejected_pack(
-                    entry,
-                    f"it holds {len(members)} requests, more than the "
-                    f"{MAX_PACK_REQUESTS} of any pack a client sends",
-                )
-            )
+        members = self._members(entry, out)
+        if members is None:
             return
         slices, rows = out.slices, out.rows
         serving, codec = self.serving, self.codec
@@ -170,8 +159,6 @@ class Intake:
         raw = entry.fields.get(b"w")
         withdrawn = parse_withdrawn(raw) if raw is not None else None
         for fields in members:
-            if withdrawn and self._withdrawn(entry, fields, withdrawn, pack, out):
-                continue
             fast = (
                 decode_plain(
                     codec,
@@ -187,6 +174,8 @@ class Intake:
             )
             if fast is not None:
                 _join(fast[0], pack)
+                if withdrawn and _withdrawn(fast[0], withdrawn, out):
+                    continue
                 mark_cached(fast[0], version, key, fields)
                 slices.append((key, fast[1]))
                 continue
@@ -205,6 +194,8 @@ class Intake:
                 pack.admitted += _released(fields)  # released with the pack's ack
                 continue
             _join(decoded.request, pack)
+            if withdrawn and _withdrawn(decoded.request, withdrawn, out):
+                continue
             if isinstance(decoded, Rejected):
                 self._reject(entry, decoded, out)
             else:
@@ -214,38 +205,23 @@ class Intake:
         if orphans:
             out.dead.append(self._orphans(entry, orphans, pack))
 
-    def _withdrawn(
-        self,
-        entry: Entry,
-        fields: dict[bytes, bytes],
-        withdrawn: frozenset[int],
-        pack: Pack,
-        out: Decisions,
-    ) -> bool:
-        """Whether a request of a pack was withdrawn by its caller before the read: then it
-        is answered by nothing (a DROP row counts it done), and its items are released with
-        the pack's ack, as its pack-mates' are."""
+    def _members(self, entry: Entry, out: Decisions) -> list[dict[bytes, bytes]] | None:
+        """The requests of a pack entry, or None when it is dead-lettered whole, unread."""
         try:
-            if parse_header(fields[b"h"])[H_ID] not in withdrawn:
-                return False
-        except Exception:  # (decoding it says what is wrong)
-            return False
-        decoded = decode_entry(
-            self.serving,
-            self.codec,
-            self.keys.prefix,
-            entry.stream,
-            entry.entry_id,
-            fields,
-            0.0,  # (its deadline does not matter: it will not run)
-            self.inboxes,
-        )
-        request = decoded.request
-        if request is None:
-            return False
-        _join(request, pack)
-        out.rows.append((request, 0, request.n, DROP, None))
-        return True
+            members = pack_members(entry.fields)
+        except ValueError as e:
+            out.dead.append(self._rejected_pack(entry, str(e)))
+            return None
+        if len(members) > MAX_PACK_REQUESTS:  # enqueue.lua never writes one: forged
+            out.dead.append(
+                self._rejected_pack(
+                    entry,
+                    f"it holds {len(members)} requests, more than the "
+                    f"{MAX_PACK_REQUESTS} of any pack a client sends",
+                )
+            )
+            return None
+        return members
 
     def _orphans(
         self, entry: Entry, orphans: list[tuple[dict[bytes, bytes], str]], pack: Pack
@@ -375,6 +351,16 @@ def _released(fields: dict[bytes, bytes]) -> int:
     """What an entry (or a pack's request) nobody can answer gives back to the admission
     counters when it is dropped: its 'a' as checked when its header is unreadable, else 0."""
     return admitted_count(fields, fields.get(b"p", fields.get(b"k"))) or 0
+
+
+def _withdrawn(request: Request, withdrawn: frozenset[int], out: Decisions) -> bool:
+    """Whether a request of a pack was withdrawn by its caller before the read (decoded as any
+    request, its deadline aside): then it is answered by nothing (a DROP row counts it done),
+    and its items are released with the pack's ack, as its pack-mates' are."""
+    if request.rid not in withdrawn:
+        return False
+    out.rows.append((request, 0, request.n, DROP, None))
+    return True
 
 
 def _join(request: Request, pack: Pack) -> None:
