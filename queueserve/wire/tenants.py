@@ -1,4 +1,8 @@
-"""Tenants on the wire: a tenant's lane, and the tenants' weights as workers read them.
+"""Tenants on the wire: a tenant's name, its lane, and the tenants' weights as workers read
+them.
+
+**Names.** A tenant's name (``TENANT_NAME``, ``check_tenant``) travels in a request's header
+(field ``tenant``) and names it in the gateway's tenants file, a log line and a metric label.
 
 **Lanes.** A request a tenant sends with batch key K travels with the key ``K + LANE + tenant``
 (``lane_key``): each tenant's requests of one key wait in a stream of their own, where no other
