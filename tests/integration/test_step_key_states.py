@@ -18,6 +18,8 @@ import redis
 
 import queueserve as qs
 from queueserve import key_states
+from queueserve.wire.keys import Keys, worker_key
+from queueserve.worker.stepping.joins import StepQueue
 from tests.support.helpers import WAIT_S, metric_sample, wait_until
 from tests.support.step_key_app import KeyedSteps
 
@@ -241,3 +243,29 @@ def test_a_partitions_heartbeat_names_the_keys_it_holds(
 
     # Then its heartbeat record says it holds b and c (a was evicted), as the dashboard shows
     wait_until(lambda: held() == ["b", "c"], "the keys held in the heartbeat")
+
+
+def test_a_step_partition_reads_with_the_keys_it_holds_and_those_others_hold(
+    start_worker: StartWorker, client: qs.Client, redis_client: redis.Redis, prefix: str
+) -> None:
+    # Given a worker of a step serving whose loads take 20 ms
+    worker = start_worker(KeyedSteps(max_loaded_keys=4, load_s=0.02))
+    keys = Keys(prefix, "ksteps")
+    # And another partition of it (a record of its own, alive) that holds z and a
+    redis_client.hset(worker_key(prefix, "other-p0"), "held:ksteps", "z\na")
+    redis_client.zadd(keys.workers, {"other-p0": 2**52})
+    # When the worker loads a and b
+    for key in ("a", "b"):
+        assert ask(client, key, {"n": 1}) == f"{key}/1"
+    # Then its reads carry what it holds first ('@'), z (held by the other alone) two leans
+    # later ('^'), the lean from its loads' time (20 ms x 4 slots, and more), as a batch
+    # serving's do (tests/integration/test_affinity.py)
+    host = worker._host
+    assert host is not None
+    queue = host.runners[0].assembler
+    assert isinstance(queue, StepQueue)
+    wait_until(lambda: "^z" in list(queue.affinity_marks), "the other partition's keys learnt")
+    marks = list(queue.affinity_marks)
+    assert marks[0].startswith("!") and 80 <= int(marks[0][1:]) <= 500, marks
+    assert sorted(marks[1:-1]) == ["@a", "@b", "^z"] and marks[-1] == "*", marks
+    assert set(marks) <= set(queue.read_marks()), queue.read_marks()

@@ -19,7 +19,7 @@ class KeyedSteps(qs.StepServing):
     (``{"hold": True}``: until ``gate`` opens); its answer is ``<key>/<N outputs>``. Items with
     a ``"prompt"`` use the prefix cache: prefill resumes from a cached prefix and offers the
     state after each prompt token. ``fail``: key -> loads of it that raise first; a key in
-    ``slow`` loads only once ``load_gate`` opens."""
+    ``slow`` loads only once ``load_gate`` opens; every load takes ``load_s``."""
 
     def __init__(
         self,
@@ -27,6 +27,7 @@ class KeyedSteps(qs.StepServing):
         fail: dict[str, int] | None = None,
         slow: Sequence[str] = (),
         step_s: float = 0.002,
+        load_s: float = 0.0,
         **options: Any,
     ) -> None:
         options.setdefault("name", "ksteps")
@@ -35,6 +36,7 @@ class KeyedSteps(qs.StepServing):
         self.fail = dict(fail or {})
         self.slow = set(slow)
         self.step_s = step_s
+        self.load_s = load_s  # each load takes this long (a model's weights read)
         self.lock = threading.Lock()
         self.gate = threading.Event()
         self.load_gate = threading.Event()
@@ -60,6 +62,7 @@ class KeyedSteps(qs.StepServing):
             self.loading.append(key)
         if key in self.slow and not self.load_gate.wait(GATE_LIMIT_S):
             raise TimeoutError("the test never opened the load gate")
+        time.sleep(self.load_s)
         with self.lock:
             self.loading.remove(key)
             model = Model(key, next(self._count))

@@ -151,6 +151,10 @@ class ServingRunner:
             self.affinity = follow_loads(
                 self.stages, self.assembler, self.ledger.cond, lambda: self.serving.batch_size
             )
+        elif self.stages.states is not None and self.stepper is not None:
+            self.affinity = follow_step_loads(
+                self.stages, self.stepper, lambda: self.serving.batch_size
+            )
 
     @property
     def redis_threads(self) -> int:
@@ -226,11 +230,9 @@ class ServingRunner:
 
     def held_field(self) -> dict[str, str]:
         """The keys whose state this serving holds here, for the partition's heartbeat record
-        (affinity.py; a step serving's, for the dashboard); nothing without load_key."""
+        (affinity.py), a step serving's as a batch serving's; nothing without load_key."""
         if self.affinity is not None:
             return {HELD_FIELD + self.serving.name: "\n".join(self.affinity.held())}
-        if self.stepper is not None and self.stages.states is not None:
-            return {HELD_FIELD + self.serving.name: "\n".join(self.stages.states.held())}
         return {}
 
     def follow_holders(self) -> None:
@@ -373,6 +375,26 @@ def follow_loads(
     )
     stages.on_states = affinity.refresh
     states.wanted = waiting
+    return affinity
+
+
+def follow_step_loads(
+    stages: Stages, stepper: StepExecutor, batch_size: Callable[[], int]
+) -> Affinity:
+    """``follow_loads`` for a step serving: the marks of the keys its steps hold into its
+    queue's reads, '*' while fewer keys of its waiting requests wait for a load than the
+    partition loads at once (the executor's loader thread loads them, stepping/key_loads.py)."""
+    states = stages.states
+    assert states is not None
+    keys, queue = stepper.keys, stepper.queue
+    affinity = Affinity(
+        states.held,
+        lambda: states.mean_load_s,
+        lambda marks: setattr(queue, "affinity_marks", marks),
+        batch_size,
+        lambda: len(keys.wanted - states.loaded) < states.max_loading,
+    )
+    stages.on_states = affinity.refresh
     return affinity
 
 

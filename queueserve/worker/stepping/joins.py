@@ -142,6 +142,8 @@ class StepQueue:
         self.departed = 0  # a look (the executor skips looks that would find nothing new)
         self.shares = Shares()  # the tenants' weights (P:tenants), which joins follow
         self.sent: dict[str | None, float] = {}  # tenant -> when it was last read (monotonic)
+        # with load_key: what keys' states are held where (pipeline/affinity.py)
+        self.affinity_marks: Iterable[str] = ()
 
     @property
     def weight(self) -> float:
@@ -153,8 +155,9 @@ class StepQueue:
         return list({w.key for w in self.waiting}) if self.buffered >= self.capacity else []
 
     def read_marks(self) -> list[str]:
-        """read.lua's form of ``full_keys`` (every priority of each key), and the weights."""
-        return [f"9{key}" for key in self.full_keys()] + self.shares.marks
+        """read.lua's form of ``full_keys`` (every priority of each key), the weights, and
+        with load_key the keys' states held here and elsewhere."""
+        return [f"9{key}" for key in self.full_keys()] + self.shares.marks + [*self.affinity_marks]
 
     def look_ahead(self) -> float:
         return float(self.buffered)

@@ -66,6 +66,8 @@ def plan(waiting: Sequence[str], held: Collection[str], room: int) -> tuple[list
 class Keys:
     """A step serving without ``load_key``: no state, one prefix-cache trie for every key."""
 
+    wanted: frozenset[str] = frozenset()  # the keys of requests waiting to join
+
     def loading(self, queue: StepQueue) -> bool:
         """Whether whatever waits, waits for a load (caller holds cond): nothing to do until
         it is done, a request comes, or a look at cancels and deadlines is due."""
