@@ -14,11 +14,11 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import Any
 
 from queueserve.broker.retry import Retry
-from queueserve.client.async_sending import AsyncSending
+from queueserve.client.async_outbox import AsyncSending
 from queueserve.client.async_ticket import AsyncTicket as AsyncTicket
-from queueserve.client.base import INBOX_BLOCK_S, ServingRef
 from queueserve.client.caching import cached_plan
 from queueserve.client.calls import deadline_after
+from queueserve.client.core import INBOX_BLOCK_S, ServingRef
 from queueserve.client.events import RequestStream
 from queueserve.client.job_handles import AsyncJob
 from queueserve.client.once import IdempotencyKey, call_plan, map_key

@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from queueserve.client.async_sending import AsyncSending
+from queueserve.client.async_outbox import AsyncSending
 from queueserve.client.calls import Call
 from queueserve.client.targets import Part, Target
 from queueserve.client.windows import collect, kept_parts

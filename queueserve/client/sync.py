@@ -16,16 +16,16 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from queueserve.client.base import ServingRef
 from queueserve.client.caching import cached_plan
 from queueserve.client.calls import deadline_after
+from queueserve.client.core import ServingRef
 from queueserve.client.events import RequestStream
+from queueserve.client.inbox import Waiting
 from queueserve.client.job_handles import Job
 from queueserve.client.once import IdempotencyKey, call_plan, map_key
 from queueserve.client.progress import ProgressCallback
 from queueserve.client.targets import Target, stream_parts
 from queueserve.client.ticket import Ticket
-from queueserve.client.waiting import Waiting
 from queueserve.client.windows import MapWindow, StreamPacer
 from queueserve.errors import Cancelled, QueueServeError, Timeout
 from queueserve.hooks import Event

@@ -7,8 +7,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from queueserve.client.calls import Call
+from queueserve.client.inbox import Waiting
 from queueserve.client.targets import Part, Target
-from queueserve.client.waiting import Waiting
 from queueserve.client.windows import collect, kept_parts
 from queueserve.errors import Timeout
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 import queueserve as qs
-from queueserve.client.base import BaseClient
+from queueserve.client.core import BaseClient
 from queueserve.client.targets import in_batches, plan
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import queueserve as qs
-from queueserve.client.base import BaseClient
+from queueserve.client.core import BaseClient
 from queueserve.client.outgoing import Outgoing, enqueue_groups
 from queueserve.client.targets import SPLIT_SEND_ABOVE, plan
 

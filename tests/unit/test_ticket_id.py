@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 import queueserve as qs
-from queueserve.client import async_sending, waiting
+from queueserve.client import async_outbox, inbox
 from queueserve.client.calls import Call
 from queueserve.wire.keys import Keys
 
@@ -25,7 +25,7 @@ def job_call() -> Call:
 def test_a_sync_job_id_still_unsent_after_the_window_raises(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(waiting, "RECONNECT_WITHIN_S", 0.05)
+    monkeypatch.setattr(inbox, "RECONNECT_WITHIN_S", 0.05)
     client = qs.Client(UNREACHABLE, prefix="qsu")
     client._flushing = True  # another thread's send is under way, and does not end
     with pytest.raises(qs.RedisUnavailable, match="names no job yet"):
@@ -38,7 +38,7 @@ def test_a_sync_job_id_still_unsent_after_the_window_raises(
 def test_an_async_job_id_still_unsent_after_the_window_raises(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(async_sending, "RECONNECT_WITHIN_S", 0.05)
+    monkeypatch.setattr(async_outbox, "RECONNECT_WITHIN_S", 0.05)
 
     async def wait() -> None:
         client = qs.AsyncClient(UNREACHABLE, prefix="qsu")

@@ -13,9 +13,9 @@ from typing import Any
 
 from queueserve.broker.async_producer import AsyncProducer
 from queueserve.broker.retry import Retry
-from queueserve.client.base import BaseClient, timeout_message
 from queueserve.client.caching import caches_at
 from queueserve.client.calls import Call, check_placed, unsent
+from queueserve.client.core import BaseClient, timeout_message
 from queueserve.client.following import AsyncFollowers
 from queueserve.client.job_handles import AsyncJob
 from queueserve.client.job_sends import job_place_of, jobs_at

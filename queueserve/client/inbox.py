@@ -9,9 +9,9 @@ import time
 from functools import partial
 
 from queueserve.broker.retry import Retry
-from queueserve.client.base import INBOX_BLOCK_S, ServingRef, timeout_message
 from queueserve.client.calls import Call, check_placed, unsent
-from queueserve.client.sending import Sending
+from queueserve.client.core import INBOX_BLOCK_S, ServingRef, timeout_message
+from queueserve.client.outbox import Sending
 from queueserve.client.targets import Target
 from queueserve.errors import QueueServeError, Timeout
 from queueserve.wire.timing import ALIVE_WITHIN_S, RECONNECT_WITHIN_S

@@ -11,9 +11,9 @@ import time
 
 from queueserve.broker.producer import Producer
 from queueserve.broker.retry import Retry
-from queueserve.client.base import BaseClient
 from queueserve.client.caching import caches_at
 from queueserve.client.calls import Call
+from queueserve.client.core import BaseClient
 from queueserve.client.following import Followers
 from queueserve.client.job_handles import Job
 from queueserve.client.job_sends import job_place_of, jobs_at
