@@ -226,7 +226,9 @@ def run(n: int, names: list[str], clients_n: int = CLIENTS) -> dict[str, Any]:
             )
             try:
                 clients = [qs.Client(cluster.url, prefix=prefix) for _ in range(clients_n)]
-                inboxes = Counter(cluster.node_of_slot(key_slot(c._inbox)).port for c in clients)
+                inboxes = Counter(
+                    cluster.node_of_slot(key_slot(c._core.inbox)).port for c in clients
+                )
                 print(f"{name}: client inboxes per master {dict(inboxes)}", flush=True)
                 with contextlib.ExitStack() as stack:
                     for c in clients:

@@ -6,9 +6,10 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from queueserve.client.async_outbox import AsyncSending
+from queueserve.client.async_inbox import AsyncInbox
 from queueserve.client.calls import Call
 from queueserve.client.targets import Part, Target
+from queueserve.client.ticket import ticket_id
 from queueserve.client.windows import collect, kept_parts
 from queueserve.errors import Timeout
 
@@ -16,18 +17,18 @@ from queueserve.errors import Timeout
 class AsyncTicket:
     """A submitted request: ``await .result(timeout)``, ``await .cancel()``, ``.done()``."""
 
-    __slots__ = ("_calls", "_client", "_futures", "_parts", "_target", "_timeout")
+    __slots__ = ("_calls", "_futures", "_parts", "_target", "_timeout", "_waits")
 
     def __init__(
         self,
-        client: AsyncSending,
+        waits: AsyncInbox,
         target: Target,
         parts: list[Part],
         calls: list[Call],
         futures: list[asyncio.Future[None]],
         timeout: float | None,
     ) -> None:
-        self._client = client
+        self._waits = waits  # the client's inbox part; through it, its outbox and core
         self._target = target
         self._parts = kept_parts(parts)
         self._calls = calls
@@ -37,7 +38,7 @@ class AsyncTicket:
     @property
     def id(self) -> Awaitable[str]:
         """``await ticket.id``: ``Ticket.id``, a job's once it is in Redis."""
-        return self._client._sent_id(self._calls)
+        return _sent_id(self._waits, self._calls)
 
     def done(self) -> bool:
         return all(c.state != "pending" for c in self._calls)
@@ -53,11 +54,12 @@ class AsyncTicket:
         try:
             futures = self._futures
             waiting = futures[0] if len(futures) == 1 else asyncio.gather(*futures)
-            await self._client._wait_watched(self._target, waiting, limit)
+            await self._waits.wait_watched(self._target, waiting, limit)
         except TimeoutError:
-            text = await self._client._timeout_text(self._target, limit)
+            text = await self._waits.timeout_text(self._target, limit)
             if limit == self._timeout:  # the request's own deadline: it is over
-                self._client._expire(self._calls, text)
+                for call in self._calls:
+                    self._waits.core.expire(call, text)
             else:
                 raise Timeout(text) from None
         return collect(self._target, self._parts, self._calls, return_exceptions)
@@ -72,4 +74,13 @@ class AsyncTicket:
     async def cancel(self) -> bool:
         """Withdraw the request; True when it will never run, in a pack too (False: a worker
         holds it, as ``Ticket.cancel`` says, and its result is dropped)."""
-        return all([await self._client._withdraw(call) for call in self._calls])
+        withdraw = self._waits.outbox.withdraw
+        return all([await withdraw(call) for call in self._calls])
+
+
+async def _sent_id(waits: AsyncInbox, calls: list[Call]) -> str:
+    """``AsyncTicket.id``: as ``Ticket.id``, a job's once the job is in Redis (with its
+    record): from then on the id holds whatever becomes of this process."""
+    if calls[0].keep_ms:
+        await waits.outbox.until_sent(calls)
+    return ticket_id(waits.core.client_id, calls)

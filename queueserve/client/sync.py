@@ -4,11 +4,15 @@ Sending is combined: a caller that finds no send in progress sends its own reque
 request other threads queued meanwhile, in one Lua call; so one caller pays one round trip and
 many concurrent callers share them. One background thread per client drains the client's inbox
 and completes calls.
+
+``Client`` is a thin shell over its parts, as ``AsyncClient`` is over the same kinds: the
+I/O-free core that plans calls and keeps the call table (core.py), the outbox that sends
+(outbox.py), the inbox that waits and routes replies (inbox.py), and the jobs part
+(job_part.py).
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import queue
 import threading
@@ -16,23 +20,26 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from queueserve.client.caching import cached_plan
+from queueserve.broker.producer import Producer
 from queueserve.client.calls import deadline_after
-from queueserve.client.core import ServingRef
+from queueserve.client.core import ClientCore
 from queueserve.client.events import RequestStream
-from queueserve.client.inbox import Waiting
+from queueserve.client.inbox import Inbox
 from queueserve.client.job_handles import Job
-from queueserve.client.once import IdempotencyKey, call_plan, map_key
+from queueserve.client.job_part import JobPart
+from queueserve.client.once import IdempotencyKey, map_key
+from queueserve.client.outbox import Outbox
 from queueserve.client.progress import ProgressCallback
-from queueserve.client.targets import Target, stream_parts
+from queueserve.client.target_table import ServingRef
+from queueserve.client.targets import stream_parts
 from queueserve.client.ticket import Ticket
-from queueserve.client.windows import MapWindow, StreamPacer
-from queueserve.errors import Cancelled, QueueServeError, Timeout
+from queueserve.client.windows import MapWindow
+from queueserve.errors import Cancelled
 from queueserve.hooks import Event
 from queueserve.wire.priority import check_priority
 
 
-class Client(Waiting):
+class Client:
     """Dispatch items to servings over Redis.
 
     >>> client = qs.Client("redis://localhost:6379/0")
@@ -49,9 +56,15 @@ class Client(Waiting):
         wait_for_worker: bool | None = None,
     ) -> None:
         """``wait_for_worker``: wait for a serving no worker declared yet, not UnknownServing."""
-        super().__init__(url, prefix, codec)
-        if wait_for_worker is not None:
-            self._wait_for_worker = wait_for_worker
+        self._core = core = ClientCore(url, prefix, codec, wait_for_worker)
+        self.url, self.prefix, self.client_id = core.url, core.prefix, core.client_id
+        self._broker = Producer(core.url, owner=core.owner)
+        self._jobs = JobPart(self._broker, core)
+        self._outbox = outbox = Outbox(core, self._broker, self._jobs)
+        self._inbox = inbox = Inbox(core, self._broker, outbox)
+        # Bound once: the methods every call takes (a submit, a wait, a cancel)
+        self._table, self._plan, self._send = core.table, core.plan, outbox.send
+        self._ensure_reader, self._target = inbox.ensure_reader, outbox.target
 
     # -- public API ------------------------------------------------------------------------
     def dispatch(
@@ -79,7 +92,7 @@ class Client(Waiting):
             timeout,
             inline=True,
             priority=priority,
-            reply_to=self._own_inbox(threading.get_ident()) if alone else None,
+            reply_to=self._core.own_inbox(threading.get_ident()) if alone else None,
             tenant=tenant,
             idempotency_key=idempotency_key,
         )
@@ -146,8 +159,7 @@ class Client(Waiting):
     def job(self, job_id: str) -> Job:
         """The job ``job_id`` (a ``ticket.id`` of ``submit(..., keep=...)``, from any
         process): its status, progress, result, cancel and forget."""
-        broker = self._broker
-        return Job(broker.jobs, broker.cancel, self.prefix, job_id, self._trusted_codec)
+        return self._jobs.job(job_id)
 
     def _submit(
         self,
@@ -162,26 +174,18 @@ class Client(Waiting):
         tenant: str | None = None,
         idempotency_key: IdempotencyKey | None = None,
     ) -> Ticket:
-        if self._closed:
-            raise self._closed_error("Client")
-        timeout = self._timeout_for(timeout)
+        if self._outbox.closed:
+            raise self._core.closed_error("Client")
+        timeout = self._core.timeout_for(timeout)
         priority = check_priority(priority)
         target = self._target(serving)
-        items = items if isinstance(items, list) else list(items)
-        parts, keep_ms, onces = call_plan(target, items, batch_key, keep, idempotency_key)
-        parts, cached = cached_plan(target, parts, keep_ms, onces is not None)
-        self._cache_sent = self._cache_sent or cached is not None
-        deadline = deadline_after(timeout)
-        self._jobs_sent = self._jobs_sent or keep_ms > 0
-        self._keys_sent = self._keys_sent or onces is not None
         self._ensure_reader()
-        if len(parts) != 1:
-            reply_to = None
-        outgoing = self._requests(
-            target, parts, deadline, priority, reply_to, keep_ms, tenant, onces, cached
+        parts, outgoing = self._plan(
+            target, items, batch_key, timeout, priority, reply_to, keep, tenant, idempotency_key
         )
         self._send(outgoing, inline)
-        return Ticket(self, target, parts, [o.call for o in outgoing], timeout, reply_to)
+        inbox = reply_to if len(parts) == 1 else None
+        return Ticket(self._inbox, target, parts, [o.call for o in outgoing], timeout, inbox)
 
     def map(
         self,
@@ -240,11 +244,11 @@ class Client(Waiting):
         function) and ``qs.Output`` (results, or each step of a generator batch function), in
         input order across requests. Items go as requests of at most batch_size (never split).
         An error is raised after the events that preceded it."""
-        timeout = self._timeout_for(timeout)
+        timeout = self._core.timeout_for(timeout)
         priority = check_priority(priority)
         target = self._target(serving)
         todo = deque(stream_parts(target, list(items), batch_key))
-        self._ensure_events()  # subscribed before anything is enqueued
+        self._inbox.ensure_events()  # subscribed before anything is enqueued
         deadline = deadline_after(timeout)
         window: deque[tuple[RequestStream, queue.SimpleQueue[Any]]] = deque()
         try:
@@ -252,58 +256,29 @@ class Client(Waiting):
                 while todo and len(window) < max_in_flight:
                     offset, part = todo.popleft()
                     events: queue.SimpleQueue[Any] = queue.SimpleQueue()
-                    rs, outgoing = self._streamed_request(
+                    rs, outgoing = self._core.streamed_request(
                         target, offset, part, deadline, events.put, priority, tenant
                     )
                     self._send([outgoing], inline=True)
                     window.append((rs, events))
-                yield from self._stream_events(target, *window[0], deadline, timeout)
+                yield from self._inbox.stream_events(target, *window[0], deadline, timeout)
                 window.popleft()  # only now: leaving mid-request must cancel this one too
         finally:
             for rs, _ in window:  # the caller stopped early: withdraw what is left
                 self._table.streamed.pop(rs.call.rid, None)
-                self._withdraw(rs.call)
-
-    def _stream_events(
-        self,
-        target: Target,
-        rs: RequestStream,
-        events: queue.SimpleQueue[Any],
-        deadline: float | None,
-        timeout: float | None,
-    ) -> Iterator[Event]:
-        pacer = StreamPacer(rs, deadline)
-        try:
-            while (wait := pacer.wait()) is None or wait >= 0:
-                try:
-                    event = events.get(timeout=wait)
-                except queue.Empty:
-                    if pacer.timed_out():
-                        raise Timeout(self._timeout_text(target, timeout)) from None
-                    continue
-                yield from pacer.take(event)
-            ready, error = pacer.finish()
-            yield from ready
-            if error is not None:
-                raise error
-        finally:
-            self._table.streamed.pop(rs.call.rid, None)
+                self._outbox.withdraw(rs.call)
 
     def close(self) -> None:
         """Send what is still queued, stop the client's threads; calls still waiting for an
         answer fail with Cancelled."""
-        if self._closed:
+        if self._outbox.closed:
             return
-        self._close_sending()
-        if self._reader is not None:
-            # Failing that, it sees _closed within one blocking read anyway.
-            with contextlib.suppress(QueueServeError):
-                self._broker.wake_inbox(self._inbox)
-            self._reader.join(timeout=5)
-        if self._events is not None:
-            self._events.join(timeout=5)
-        self._join_senders()
-        self._table.fail_all(Cancelled("the client was closed before the answer came"))
+        self._outbox.close()
+        self._inbox.close()
+        self._outbox.join()
+        closed = Cancelled("the client was closed before the answer came")
+        self._jobs.close(closed)
+        self._table.fail_all(closed)
         self._broker.close()
 
     def __enter__(self) -> Client:

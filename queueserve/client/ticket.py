@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from queueserve.client.calls import Call
-from queueserve.client.inbox import Waiting
+from queueserve.client.inbox import Inbox
 from queueserve.client.targets import Part, Target
 from queueserve.client.windows import collect, kept_parts
 from queueserve.errors import Timeout
@@ -22,18 +22,18 @@ def ticket_id(client_id: str, calls: Iterable[Call]) -> str:
 class Ticket:
     """A submitted request: ``.result(timeout)``, ``.cancel()``, ``.done()``, ``.id``."""
 
-    __slots__ = ("_calls", "_client", "_deadline", "_inbox", "_parts", "_target", "_timeout")
+    __slots__ = ("_calls", "_deadline", "_inbox", "_parts", "_target", "_timeout", "_waits")
 
     def __init__(
         self,
-        client: Waiting,
+        waits: Inbox,
         target: Target,
         parts: list[Part],
         calls: list[Call],
         timeout: float | None,
         inbox: str | None = None,
     ) -> None:
-        self._client = client
+        self._waits = waits  # the client's inbox part; through it, its outbox and core
         self._inbox = inbox  # the caller's own inbox, which it reads while it waits
         self._target = target
         self._parts = kept_parts(parts)
@@ -55,8 +55,8 @@ class Ticket:
         process reaches it by this id, whatever becomes of this one."""
         calls = self._each
         if calls[0].keep_ms:
-            self._client._until_sent(calls)
-        return ticket_id(self._client.client_id, calls)
+            self._waits.outbox.until_sent(calls)
+        return ticket_id(self._waits.core.client_id, calls)
 
     def done(self) -> bool:
         return all(c.state != "pending" for c in self._each)
@@ -75,13 +75,14 @@ class Ticket:
         if self._deadline is not None:
             left = self._deadline - time.monotonic()
             limit = left if limit is None else min(limit, left)
-        if self._client._wait_watched(self._target, call, limit, self._inbox):
+        waits = self._waits
+        if waits.wait_watched(self._target, call, limit, self._inbox):
             return
         expired = self._deadline is not None and time.monotonic() >= self._deadline
         if expired:
-            self._client._expire(call, self._target, self._timeout)
+            waits.core.expire(call, waits.timeout_text(self._target, self._timeout))
             return
-        raise Timeout(self._client._timeout_text(self._target, timeout))
+        raise Timeout(waits.timeout_text(self._target, timeout))
 
     def cancel(self) -> bool:
         """Withdraw the request. True when it will never run, also when it shares an entry
@@ -94,4 +95,5 @@ class Ticket:
         >>> ticket.cancel()
         True
         """
-        return all([self._client._withdraw(call) for call in self._each])
+        withdraw = self._waits.outbox.withdraw
+        return all([withdraw(call) for call in self._each])

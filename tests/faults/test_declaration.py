@@ -164,7 +164,7 @@ def test_the_confirmed_shard_count_is_written_back_too(
     wait_until(lambda: redis_client.hget(last.meta, "shards") == b"3", "the count written back")
     with qs.Client(redis_url, prefix=prefix) as client:
         assert client.dispatch("tri", "x", timeout=WAIT_S) == "x"
-        target = client._cached("tri")
+        target = client._core.targets.cached("tri")
         assert target is not None and len(target.shards) == 3
 
 

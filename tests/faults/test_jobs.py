@@ -398,7 +398,7 @@ async def test_an_async_job_s_id_is_awaited_until_the_job_is_in_redis(
 
         sending = asyncio.create_task(first())
         await asyncio.sleep(0)
-        assert client._flushing  # the first is sending
+        assert client._outbox.flushing  # the first is sending
         assert await second() == 1
         await sending
 

@@ -76,7 +76,7 @@ class Rig:
     def owners(self) -> list[str]:
         host = self.worker._host
         assert host is not None
-        return [self.client._owner, host.broker.outage.owner]
+        return [self.client._core.owner, host.broker.outage.owner]
 
     def seen_by_all(self) -> bool:
         return all("WARNING" in self.outage_lines(owner) for owner in self.owners)
@@ -86,8 +86,8 @@ class Rig:
         assert host is not None and host._heart is not None
         alive = {t.name: t.is_alive() for r in host.runners for t in r.threads}
         alive["heartbeat"] = host._heart.is_alive()
-        for name in ("_reader", "_sender"):
-            thread = getattr(self.client, name)
+        for name, part in (("_reader", self.client._inbox), ("_sender", self.client._outbox)):
+            thread = getattr(part, name)
             alive[f"client{name}"] = thread is not None and thread.is_alive()
         return alive
 

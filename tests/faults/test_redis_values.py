@@ -274,7 +274,7 @@ def test_shards_declared_by_the_workers_are_used(
     # When a client names it, then its calls spread over the three shards
     with qs.Client(redis_url, prefix=prefix) as client:
         assert answered(client, "sharded") == REQUESTS
-        target = client._cached("sharded")
+        target = client._core.targets.cached("sharded")
         assert target is not None and len(target.shards) == 3
 
 

@@ -377,7 +377,7 @@ def test_a_failed_master_loses_no_durable_request(
         try:
             with qs.Client(cluster.url, prefix=prefix) as client:
                 # one call at a time: each answer comes to this thread's own inbox
-                inboxes.append(client._own_inbox(threading.get_ident()))
+                inboxes.append(client._core.own_inbox(threading.get_ident()))
                 n = first
                 while not stop.is_set():
                     try:

@@ -60,7 +60,7 @@ def test_a_lone_dispatch_reads_its_answer_from_its_own_inbox(
     # Then each answer is exact, and this thread read it from its own inbox (not the client's
     # shared one, which would need the inbox reader to wake it)
     assert results == [f"r:x{i}" for i in range(20)]
-    own = client._own_inbox(threading.get_ident())
+    own = client._core.own_inbox(threading.get_ident())
     mine = [inbox for name, inbox in reads if name == threading.current_thread().name]
     assert mine and set(mine) == {own}
     # and what the worker wrote there expires (nothing without a TTL)
@@ -93,7 +93,7 @@ def test_concurrent_dispatches_share_the_clients_inbox_and_get_their_own_results
     assert results == {n: [f"r:{n}-{i}" for i in range(10)] for n in range(8)}
     callers = {t.name for t in threads}
     own_reads = [inbox for name, inbox in reads if name in callers]
-    shared = client._inbox
+    shared = client._core.inbox
     assert all(inbox != shared for inbox in own_reads)  # a caller never reads the shared one
     assert any(inbox == shared for _, inbox in reads)
 

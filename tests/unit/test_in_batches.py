@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 import queueserve as qs
-from queueserve.client.core import BaseClient
+from queueserve.client.core import ClientCore
 from queueserve.client.targets import in_batches, plan
 
 
@@ -17,11 +17,11 @@ def noop(xs: list[Any]) -> list[Any]:
 
 
 def _target(**options: Any) -> Any:
-    return _base()._remember(qs.Serving(noop, name="cut", **options), {})
+    return _base().targets.remember(qs.Serving(noop, name="cut", **options), {})
 
 
-def _base() -> BaseClient:
-    return BaseClient("redis://localhost:6379/0", "qsu")
+def _base() -> ClientCore:
+    return ClientCore("redis://localhost:6379/0", "qsu")
 
 
 def test_a_call_goes_as_requests_of_a_batch_each_with_the_callers_positions() -> None:
@@ -69,12 +69,14 @@ def test_a_call_within_a_batch_is_sent_as_planned() -> None:
 def test_a_part_refused_before_sending_leaves_no_call_of_its_call_behind() -> None:
     # Given a call cut into two requests whose second is over max_payload_bytes
     base = _base()
-    target = base._remember(qs.Serving(noop, name="cut", batch_size=2, max_payload_bytes=64), {})
+    target = base.targets.remember(
+        qs.Serving(noop, name="cut", batch_size=2, max_payload_bytes=64), {}
+    )
     parts = in_batches(target, plan(target, ["a", "b", "c", "x" * 100], None), job=False)
 
     # When its requests are made, the second is refused
     with pytest.raises(qs.BadRequest, match="max_payload_bytes=64"):
-        base._requests(target, parts, None, 0)
+        base.requests(target, parts, None, 0)
 
     # Then the first one's call went too: nothing waits for an answer that will never come
-    assert base._table.calls == {}
+    assert base.table.calls == {}

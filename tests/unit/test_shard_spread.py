@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import queueserve as qs
-from queueserve.client.core import BaseClient
+from queueserve.client.core import ClientCore
 from queueserve.client.outgoing import Outgoing, enqueue_groups
 from queueserve.client.targets import SPLIT_SEND_ABOVE, plan
 
@@ -16,17 +16,17 @@ def noop(xs: list[Any]) -> list[Any]:
     return xs
 
 
-def _base() -> BaseClient:
-    return BaseClient("redis://localhost:6379/0", "qsu")
+def _base() -> ClientCore:
+    return ClientCore("redis://localhost:6379/0", "qsu")
 
 
-def _send(base: BaseClient, serving: qs.Serving, sizes: list[int]) -> list[Outgoing]:
+def _send(base: ClientCore, serving: qs.Serving, sizes: list[int]) -> list[Outgoing]:
     """One send: a request of ``n`` items per size, each through its own Target (as calls
     passing the Serving object make them)."""
     batch = []
     for n in sizes:
-        target = base._remember(serving, {})
-        batch.append(base._request(target, plan(target, list(range(n)), None)[0], None))
+        target = base.targets.remember(serving, {})
+        batch.append(base.request(target, plan(target, list(range(n)), None)[0], None))
     return batch
 
 
@@ -64,9 +64,9 @@ def test_the_requests_of_one_call_go_to_one_shard_marked_to_be_admitted_together
     # Given one send: a lone request, a call cut into 6 requests of 50, another lone request
     base = _base()
     serving = qs.Serving(noop, name="together", shards=3)
-    target = base._remember(serving, {})
+    target = base.targets.remember(serving, {})
     parts = [plan(target, list(range(n)), None)[0] for n in (50, 50, 50, 50, 50, 50)]
-    cut = base._requests(target, parts, None, 0)
+    cut = base.requests(target, parts, None, 0)
     batch = [*_send(base, serving, [50]), *cut, *_send(base, serving, [50])]
 
     # When it is placed (large: spread over the shards)
@@ -85,14 +85,14 @@ def test_the_requests_of_one_call_go_to_one_shard_marked_to_be_admitted_together
 def test_every_call_with_the_serving_object_shares_one_spread() -> None:
     base = _base()
     serving = qs.Serving(noop, name="shared", shards=3)
-    first, second = base._remember(serving, {}), base._remember(serving, {})
+    first, second = base.targets.remember(serving, {}), base.targets.remember(serving, {})
     assert first is not second and first.spread is second.spread
     # a serving named by a caller and told its shard count by the workers (on shard 0 and,
     # to confirm it, on the last shard)
     meta = {"codec": "msgpack", "shards": "2"}
-    last = base._last_shard(base._keys_of("named"), meta)
+    last = base.targets.last_shard(base.targets.keys_of("named"), meta)
     assert last is not None and last.shard == 1
-    assert base._remember("unconfirmed", meta, {}).shards[1:] == []
-    named = base._remember("named", meta, {"shards": "2"})
+    assert base.targets.remember("unconfirmed", meta, {}).shards[1:] == []
+    named = base.targets.remember("named", meta, {"shards": "2"})
     assert sorted(k.shard for _ in range(2) for k in named.place([1])) == [0, 1]
     assert named.spread is not None and named.spread.sent == [1, 1]

@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 import queueserve as qs
-from queueserve.client import async_outbox, inbox
+from queueserve.client import async_outbox, outbox
 from queueserve.client.calls import Call
 from queueserve.wire.keys import Keys
 
@@ -25,14 +25,14 @@ def job_call() -> Call:
 def test_a_sync_job_id_still_unsent_after_the_window_raises(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(inbox, "RECONNECT_WITHIN_S", 0.05)
+    monkeypatch.setattr(outbox, "RECONNECT_WITHIN_S", 0.05)
     client = qs.Client(UNREACHABLE, prefix="qsu")
-    client._flushing = True  # another thread's send is under way, and does not end
+    client._outbox.flushing = True  # another thread's send is under way, and does not end
     with pytest.raises(qs.RedisUnavailable, match="names no job yet"):
-        client._until_sent([job_call()])
+        client._outbox.until_sent([job_call()])
     sent = job_call()
     sent.entry_id = b"1-0"
-    client._until_sent([sent])  # in Redis: nothing to wait for
+    client._outbox.until_sent([sent])  # in Redis: nothing to wait for
 
 
 def test_an_async_job_id_still_unsent_after_the_window_raises(
@@ -42,8 +42,8 @@ def test_an_async_job_id_still_unsent_after_the_window_raises(
 
     async def wait() -> None:
         client = qs.AsyncClient(UNREACHABLE, prefix="qsu")
-        client._flushing = True  # another task's send is under way, and does not end
+        client._outbox.flushing = True  # another task's send is under way, and does not end
         with pytest.raises(qs.RedisUnavailable, match="names no job yet"):
-            await client._until_sent([job_call()])
+            await client._outbox.until_sent([job_call()])
 
     asyncio.run(wait())
