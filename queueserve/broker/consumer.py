@@ -1,6 +1,7 @@
 """The consumer side: what a worker does with Redis. Reads (broker/reads.py) and replies
-(broker/replies.py) are its hot path; here the rest: claims, pack splits, dead letters, the
-heartbeat and the serving's declaration.
+(broker/replies.py) are its hot path, and dead letters (broker/dead_letters.py) its refusals,
+each a part ``Consumer`` holds; here the rest: claims, pack splits, the heartbeat and the
+serving's declaration.
 """
 
 from __future__ import annotations
@@ -8,20 +9,21 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
-from typing import Any, NamedTuple
+from typing import Any
 
 import redis
 
 from queueserve.broker.channels import SharedSubscriptions
 from queueserve.broker.common import (
-    ack_arguments,
     consumer_name,
     register_servings,
     text,
     texts,
 )
 from queueserve.broker.connect import is_cluster
-from queueserve.broker.core import Subscription, no_group
+from queueserve.broker.core import BrokerCore, Subscription, no_group
+from queueserve.broker.dead_letters import DeadLetters
+from queueserve.broker.reads import Reads
 from queueserve.broker.redis_errors import error_code, raise_but_wrong_type, redis_errors
 from queueserve.broker.replies import Replies
 from queueserve.wire.keys import GROUP, Keys, worker_key
@@ -29,23 +31,10 @@ from queueserve.wire.priority import PRIORITY_AGE_MS
 from queueserve.wire.protocol import MAX_PACK_REQUESTS
 
 
-class DeadLetter(NamedTuple):
-    """An entry to copy to its shard's dead-letter stream, with why (each of ``records``: one
-    for an entry, one per request of a pack that fails). ``ack_now`` acks and deletes the
-    entry too, for entries nobody can be answered for; otherwise the replier acks it after
-    telling the caller. ``released``: the items enqueue.lua admitted it with, given back to
-    the admission counters when it is acked now (ack.lua), so an entry nobody can answer does
-    not hold ``max_queue`` room for ever."""
-
-    stream: str
-    entry_id: bytes
-    records: Sequence[Mapping[str, Any]]
-    ack_now: bool
-    released: int = 0
-
-
-class Consumer(Replies):
-    """The stream operations of a worker."""
+class Consumer(BrokerCore):
+    """The stream operations of a worker: claims, declarations and heartbeats here; its reads
+    (``reads``), replies (``replies``) and dead letters (``letters``) are parts it holds,
+    over its connection."""
 
     # The shared pub/sub connection and the wake watch's (size_pool).
     OWN_CONNECTIONS = 2
@@ -55,6 +44,20 @@ class Consumer(Replies):
     ) -> None:
         super().__init__(url, client=client, owner=owner)
         self._channels = SharedSubscriptions(self.redis, url)
+        self.reads = reads = Reads(self)
+        self.replies = Replies(self, reads)
+        self.letters = letters = DeadLetters(self)
+        # What the worker calls of the parts, bound once (no call layer on its hot path)
+        self.ensure_group, self.adopt_legacy_keys = reads.ensure_group, reads.adopt_legacy_keys
+        self.read_ready, self.wait_then_read = reads.read_ready, reads.wait_then_read
+        self.sweep, self.active_streams = reads.sweep, reads.active_streams
+        self.pending_by_stream = reads.pending_by_stream
+        self.reply_and_ack = self.replies.reply_and_ack
+        self.dead_letter, self.write_dead_letters = letters.dead_letter, letters.write_dead_letters
+
+    def close(self) -> None:
+        self.reads.close()
+        super().close()
 
     def subscribe(self, *channels: str) -> Subscription:
         """A subscription on the one pub/sub connection every subscription of this broker
@@ -139,61 +142,6 @@ class Consumer(Replies):
     def forget_consumer(self, stream: str, consumer: str) -> None:
         with redis_errors(self.url):
             self.redis.xgroup_delconsumer(stream, GROUP, consumer_name(consumer))
-
-    def dead_letter(
-        self,
-        keys: Keys,
-        stream: str,
-        entry_id: bytes,
-        *records: Mapping[str, Any],
-        ack_now: bool,
-    ) -> None:
-        """Dead-letter one entry (see DeadLetter)."""
-        self.write_dead_letters(keys, [DeadLetter(stream, entry_id, records, ack_now)])
-
-    def write_dead_letters(self, keys: Keys, letters: Sequence[DeadLetter]) -> None:
-        """Copy entries to the dead-letter streams of their shards, one transaction per shard
-        however many entries there are (a read's worth of forged entries costs the reader one).
-
-        Per shard one transaction (MULTI/EXEC) holds the records and the acks of the entries
-        acked now: a Redis error before EXEC writes neither, so the worker that serves such an
-        entry again writes its record once, never a second copy beside the first. The other
-        entries' acks follow their callers' answers (the replier's)."""
-        at_ms = int(time.time() * 1000)
-        by_shard: dict[str, list[DeadLetter]] = {}
-        for letter in letters:
-            by_shard.setdefault(keys.shard_of(letter.stream).dead, []).append(letter)
-        with redis_errors(self.url):
-            for dead, group in by_shard.items():
-                pipe = self.redis.pipeline(transaction=True)
-                for stream, entry_id, records, _, _ in group:
-                    for record in records:
-                        fields: dict[Any, Any] = {
-                            "stream": stream,
-                            "entry_id": entry_id,
-                            "at_ms": at_ms,
-                            **record,
-                        }
-                        pipe.xadd(dead, fields)
-                self._ack_in(pipe, keys, [letter for letter in group if letter.ack_now])
-                pipe.execute()
-
-    def _ack_in(self, pipe: Any, keys: Keys, letters: Sequence[DeadLetter]) -> None:
-        """Ack ``letters`` in the transaction ``pipe``: through ack.lua, which gives their
-        admitted items back, for those that hold some (EVAL, not EVALSHA: a script missing
-        from Redis fails inside the transaction, after its records were written), else a
-        bare XACK and XDEL."""
-        for stream, entry_id, _, _, released in letters:
-            if released:
-                script_keys, args = ack_arguments(
-                    keys.shard_of(stream), stream, {released: [entry_id]}
-                )
-                pipe.execute_command(
-                    "EVAL", self._ack.script, len(script_keys), *script_keys, *args
-                )
-            else:
-                pipe.xack(stream, GROUP, entry_id)
-                pipe.xdel(stream, entry_id)
 
     def clear_junk_bookkeeping(self, keys: Keys) -> list[str]:
         """Delete those of a serving's bookkeeping keys (never its streams) that hold another

@@ -118,22 +118,30 @@ def _read_outcome(out: list[Any]) -> tuple[ReadOutcome, Unnamed]:
     return ReadOutcome(out[0], int(out[1]), bool(out[2]), int(out[3]), entries, leads), unnamed
 
 
-class Reads(BrokerCore):
-    """Reading the ready streams, and keeping the group and the ready set in order."""
+class Reads:
+    """Reading the ready streams, and keeping the group and the ready set in order: a part of
+    the worker's ``Consumer`` (``consumer.reads``), over the consumer's connection."""
 
-    def __init__(
-        self, url: str, *, client: redis.Redis | None = None, owner: str | None = None
-    ) -> None:
-        super().__init__(url, client=client, owner=owner)
+    def __init__(self, core: BrokerCore) -> None:
+        self.url, self.redis, self.outage = core.url, core.redis, core.outage
+        self._raw = core._raw
+        # The scripts and the cluster routing of the connection read through
+        self._read, self._sweep = core._read, core._sweep
+        self._evalsha, self._moved, self._routed, self._node = (
+            core._evalsha,
+            core._moved,
+            core._routed,
+            core._node,
+        )
         # Idle servings block together (broker/wakes.py): per wake stream, the blocking
         # reads in a row that came back empty. No watch on a cluster (one XREAD, one slot).
         self._idle_rounds: dict[str, int] = {}
-        self._watch = None if self._raw is None else WakeWatch(self._raw, self.outage, url)
+        self._watch = None if self._raw is None else WakeWatch(self._raw, self.outage, self.url)
 
     def close(self) -> None:
+        """Stop the wake watch (the consumer closes the connection)."""
         if self._watch is not None:
             self._watch.close()
-        super().close()
 
     def ensure_group(self, stream: str) -> None:
         """Create the consumer group at the start of the stream, so nothing queued is missed."""

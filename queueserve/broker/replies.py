@@ -13,6 +13,7 @@ from redis.exceptions import NoScriptError
 from queueserve.broker import raw
 from queueserve.broker.common import ack_arguments
 from queueserve.broker.connect import is_cluster
+from queueserve.broker.core import BrokerCore
 from queueserve.broker.reads import PendingRead, Reads, WakeRead
 from queueserve.broker.redis_errors import redis_errors
 from queueserve.broker.urls import redact_url
@@ -117,8 +118,21 @@ def _drop_cache_failures(out: list[Any], writes: range) -> None:
             out[i] = None
 
 
-class Replies(Reads):
-    """Replies and acks of finished entries."""
+class Replies:
+    """Replies and acks of finished entries: a part of the worker's ``Consumer``
+    (``consumer.replies``), over the consumer's connection; a wake read sent behind a reply
+    is its ``Reads``'s."""
+
+    def __init__(self, core: BrokerCore, reads: Reads) -> None:
+        self.url, self.redis, self._raw = core.url, core.redis, core._raw
+        self._ack, self._job, self._load = core._ack, core._job, core._load
+        self._moved, self._routed, self._node, self._target = (
+            core._moved,
+            core._routed,
+            core._node,
+            core._target,
+        )
+        self._reads = reads
 
     def reply_and_ack(
         self,
@@ -181,7 +195,9 @@ class Replies(Reads):
             nonlocal sent
             if fused and sent is None:
                 assert self._raw is not None and then_read is not None
-                sent = raw.send(self._raw, commands + self._wake_read_commands(keys, then_read))
+                sent = raw.send(
+                    self._raw, commands + self._reads._wake_read_commands(keys, then_read)
+                )
                 out = sent.read(len(commands))
             else:
                 out = self._send_commands(commands, scripted)
@@ -208,7 +224,7 @@ class Replies(Reads):
             raise
         if sent is None or then_read is None:
             return None
-        return PendingRead(self, keys, then_read, sent)
+        return PendingRead(self._reads, keys, then_read, sent)
 
     def _ack_commands(
         self, keys: Keys, acks: Mapping[str, Mapping[int, list[bytes]]]

@@ -12,7 +12,7 @@ import pytest
 import redis
 
 import queueserve as qs
-from queueserve.broker.consumer import Consumer, DeadLetter
+from queueserve.broker.dead_letters import DeadLetter, DeadLetters
 from queueserve.wire.keys import Keys
 from queueserve.wire.protocol import MAX_PACK_REQUESTS
 from tests.support.broker import RedisBroker
@@ -34,16 +34,16 @@ def forged_pack(inbox: RawInbox, orphans: int, answerable: int = 0) -> dict[str,
 
 @pytest.fixture
 def dead_letter_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
-    """How many records each call of the worker's ``Consumer.write_dead_letters`` wrote: one
-    call is one round trip."""
+    """How many records each call of the worker's ``write_dead_letters`` (its consumer's
+    ``DeadLetters``) wrote: one call is one round trip."""
     calls: list[int] = []
-    write = Consumer.write_dead_letters
+    write = DeadLetters.write_dead_letters
 
-    def counted(self: Consumer, keys: Keys, letters: Sequence[DeadLetter]) -> None:
+    def counted(self: DeadLetters, keys: Keys, letters: Sequence[DeadLetter]) -> None:
         calls.append(sum(len(letter.records) for letter in letters))
         write(self, keys, letters)
 
-    monkeypatch.setattr(Consumer, "write_dead_letters", counted)
+    monkeypatch.setattr(DeadLetters, "write_dead_letters", counted)
     yield calls
 
 

@@ -15,8 +15,8 @@ import pytest
 import redis
 
 import queueserve as qs
-from queueserve.broker.consumer import Consumer
-from queueserve.broker.reads import PendingRead, ReadOutcome
+from queueserve.broker.reads import PendingRead, ReadOutcome, Reads
+from queueserve.broker.replies import Replies
 from queueserve.errors import RedisUnavailable
 from queueserve.wire.codec import get_codec
 from queueserve.wire.keys import GROUP, Keys, inbox_key
@@ -183,14 +183,14 @@ def test_an_idle_worker_sends_its_next_read_behind_each_reply(
 ) -> None:
     # Given an idle worker, whose replies are recorded with whether a read went with them
     fused: list[bool] = []
-    reply_and_ack = Consumer.reply_and_ack
+    reply_and_ack = Replies.reply_and_ack
 
-    def recording(self: Consumer, *args: Any, **kwargs: Any) -> PendingRead | None:
+    def recording(self: Replies, *args: Any, **kwargs: Any) -> PendingRead | None:
         pending = reply_and_ack(self, *args, **kwargs)
         fused.append(pending is not None)
         return pending
 
-    monkeypatch.setattr(Consumer, "reply_and_ack", recording)
+    monkeypatch.setattr(Replies, "reply_and_ack", recording)
     worker = start_worker(Recording(tag_items, name="fused", batch_size=4, batch_timeout=0))
     # When requests come one at a time, each after the last one's answer, once idle again
     answers = dispatch_when_idle(client, worker, "fused", 20)
@@ -212,8 +212,8 @@ def test_what_a_read_sent_behind_a_reply_brought_is_served_when_its_reply_is_los
     lost: list[ReadOutcome] = []
     results = {
         "pending": PendingRead.result,
-        "wait": Consumer.wait_then_read,
-        "ready": Consumer.read_ready,
+        "wait": Reads.wait_then_read,
+        "ready": Reads.read_ready,
     }
 
     def losing(outcome: ReadOutcome) -> ReadOutcome:
@@ -223,10 +223,8 @@ def test_what_a_read_sent_behind_a_reply_brought_is_served_when_its_reply_is_los
         return outcome
 
     monkeypatch.setattr(PendingRead, "result", lambda self: losing(results["pending"](self)))
-    monkeypatch.setattr(
-        Consumer, "wait_then_read", lambda self, *a: losing(results["wait"](self, *a))
-    )
-    monkeypatch.setattr(Consumer, "read_ready", lambda self, *a: losing(results["ready"](self, *a)))
+    monkeypatch.setattr(Reads, "wait_then_read", lambda self, *a: losing(results["wait"](self, *a)))
+    monkeypatch.setattr(Reads, "read_ready", lambda self, *a: losing(results["ready"](self, *a)))
     worker = start_worker(Recording(tag_items, name="lost", batch_size=4, batch_timeout=0))
     assert client.dispatch("lost", "warm", timeout=RESULT_WAIT_S) == "r:warm"
     armed.set()

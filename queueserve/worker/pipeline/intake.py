@@ -20,7 +20,8 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from queueserve.broker.consumer import Consumer, DeadLetter
+from queueserve.broker.consumer import Consumer
+from queueserve.broker.dead_letters import DeadLetter
 from queueserve.serving import Serving
 from queueserve.wire.cache import digest as cache_digest
 from queueserve.wire.cancel import parse_withdrawn
