@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import ast
 import importlib
+import io
+import tokenize
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -581,20 +583,168 @@ def test_every_public_name_is_exported_from_the_package() -> None:
 
 MAX_MODULE_LINES = 450
 MAX_CLASS_LINES = 300
+_NOT_CODE = {
+    tokenize.COMMENT,
+    tokenize.NL,
+    tokenize.NEWLINE,
+    tokenize.INDENT,
+    tokenize.DEDENT,
+    tokenize.ENDMARKER,
+}
+
+
+def code_lines(source: str, tree: ast.Module) -> set[int]:
+    """The lines of ``source`` that hold code: not blank, not a comment alone, not part of a
+    docstring (a module's, a class's or a function's)."""
+    lines: set[int] = set()
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type not in _NOT_CODE:
+            lines.update(range(token.start[0], token.end[0] + 1))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            first = node.body[0] if node.body else None
+            if (
+                isinstance(first, ast.Expr)
+                and isinstance(first.value, ast.Constant)
+                and isinstance(first.value.value, str)
+            ):
+                lines.difference_update(range(first.lineno, (first.end_lineno or 0) + 1))
+    return lines
+
+
+def _bound_names(root: Path, name: str, path: Path, tree: ast.Module) -> dict[str, str]:
+    """What each name a module imports stands for: ``module`` or ``module.Name``."""
+    here = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    bound: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = _from_base(node, here, str(path.relative_to(root)))
+            for alias in node.names:
+                bound[alias.asname or alias.name] = f"{base}.{alias.name}"
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.asname:
+                    bound[alias.asname] = alias.name
+    return bound
+
+
+def _base_name(base: ast.expr, module: str, bound: dict[str, str]) -> str:
+    """The qualified name a class statement's base stands for (``Base``, ``mod.Base``,
+    ``Base[T]``), as ``class_sizes`` names classes."""
+    while isinstance(base, ast.Subscript):  # Generic[T], Base[int]
+        base = base.value
+    if isinstance(base, ast.Name):
+        return bound.get(base.id, f"{module}.{base.id}")
+    if isinstance(base, ast.Attribute) and isinstance(base.value, ast.Name):
+        return f"{bound.get(base.value.id, base.value.id)}.{base.attr}"
+    return ast.unparse(base)
+
+
+def class_sizes(root: Path, package: str) -> dict[str, tuple[int, int]]:
+    """Each class of ``package`` ("module.Class"): its own code lines (``code_lines``), and
+    those with every class of the package it inherits from, each counted once: a class kept
+    short by stacking bases is as big as the stack."""
+    own: dict[str, int] = {}
+    bases: dict[str, list[str]] = {}
+    for name, path in module_files(root, package).items():
+        source = path.read_text()
+        tree = ast.parse(source, filename=str(path))
+        code = code_lines(source, tree)
+        bound = _bound_names(root, name, path, tree)
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            qualified = f"{name}.{node.name}"
+            own[qualified] = sum(1 for line in code if node.lineno <= line <= node.end_lineno)
+            bases[qualified] = [_base_name(base, name, bound) for base in node.bases]
+
+    def ancestry(cls: str, seen: set[str]) -> None:
+        for base in bases.get(cls, []):
+            if base in own and base not in seen:
+                seen.add(base)
+                ancestry(base, seen)
+
+    sizes = {}
+    for cls, lines in own.items():
+        seen: set[str] = set()
+        ancestry(cls, seen)
+        sizes[cls] = (lines, lines + sum(own[b] for b in seen - {cls}))
+    return sizes
+
+
+def size_problems(root: Path, package: str, listed: dict[str, int] | None = None) -> list[str]:
+    """Modules over MAX_MODULE_LINES lines (as ruff format lays them out), and classes over
+    MAX_CLASS_LINES code lines counting their in-package bases (a ``listed`` class: over the
+    size it is listed at)."""
+    listed = listed or {}
+    too_big = []
+    for path in sorted((root / package).rglob("*.py")):
+        if (lines := path.read_text().count("\n")) > MAX_MODULE_LINES:
+            too_big.append(f"{path.relative_to(root)}: {lines} lines")
+    for cls, (lines, total) in sorted(class_sizes(root, package).items()):
+        if total > listed.get(cls, MAX_CLASS_LINES):
+            bases = f" ({lines} of its own, the rest its bases')" if total > lines else ""
+            too_big.append(f"class {cls}: {total} code lines{bases}")
+    return too_big
+
+
+def _methods(n: int) -> str:
+    return "".join(f"    def f{i}(self):\n        return {i}\n" for i in range(n))
+
+
+def test_the_size_rule_counts_a_class_with_its_bases_and_measures_code(tmp_path: Path) -> None:
+    # Given a class of 201 code lines, a subclass of 151 in another module (a chain, each link
+    # under the limit), a class that holds the first instead, and a class of 201 code lines
+    # with 200 lines of docstrings and comments (402 lines from top to bottom); and a module
+    # of 451 lines
+    wordy = '    """' + "words\n" * 100 + '    """\n' + "    # why\n" * 100 + _methods(100)
+    root = write_package(
+        tmp_path,
+        {
+            "pkg/base.py": "class Base:\n" + _methods(100),
+            "pkg/chain.py": "from pkg.base import Base\n\nclass Chained(Base):\n" + _methods(75),
+            "pkg/parts.py": "from pkg import base\n\nclass Holder:\n    part = base.Base\n",
+            "pkg/alias.py": "from pkg import base\n\nclass Dotted(base.Base):\n" + _methods(75),
+            "pkg/wordy.py": "class Wordy:\n" + wordy,
+            "pkg/long.py": "x = 1\n" * 451,
+        },
+    )
+    sizes = class_sizes(root, "pkg")
+
+    # Then the subclasses count their base's lines, and docstrings and comments count nothing
+    assert sizes["pkg.base.Base"] == (201, 201)
+    assert sizes["pkg.chain.Chained"] == (151, 352)
+    assert sizes["pkg.alias.Dotted"] == (151, 352)
+    assert sizes["pkg.parts.Holder"] == (2, 2)
+    assert sizes["pkg.wordy.Wordy"] == (201, 201)
+    problems = size_problems(root, "pkg")
+    assert [p.split(":")[0] for p in problems] == [
+        "pkg/long.py",
+        "class pkg.alias.Dotted",
+        "class pkg.chain.Chained",
+    ]
+    assert "151 of its own" in problems[1]
+
+
+# Classes over MAX_CLASS_LINES when the rule began counting bases (issue 43), at the size each
+# had then: none may grow, and each leaves this list once it fits (the test below says when).
+STILL_OVER = {
+    "queueserve.broker.fleet.Fleet": 462,  # Fleet -> Admin -> BrokerCore
+    "queueserve.broker.admin.Admin": 329,  # Admin -> BrokerCore
+    "queueserve.steps.StepServing": 311,  # StepServing -> Serving (both public bases)
+    "queueserve.steps._FunctionSteps": 337,  # _FunctionSteps -> StepServing -> Serving
+}
 
 
 def test_no_module_or_class_of_queueserve_grows_into_a_hub() -> None:
-    """Short modules that each own one thing: a module past 450 lines or a class past 300
-    (as ruff format lays them out) is one that every next feature would have to edit."""
-    too_big = []
-    for path in sorted((REPO / "queueserve").rglob("*.py")):
-        source = path.read_text()
-        name = path.relative_to(REPO)
-        if (lines := source.count("\n")) > MAX_MODULE_LINES:
-            too_big.append(f"{name}: {lines} lines")
-        for node in ast.walk(ast.parse(source)):
-            if not isinstance(node, ast.ClassDef) or node.end_lineno is None:
-                continue
-            if (span := node.end_lineno - node.lineno + 1) > MAX_CLASS_LINES:
-                too_big.append(f"{name}: class {node.name} {span} lines")
+    """Short modules that each own one thing: a module past 450 lines, or a class past 300
+    code lines with its in-package bases, is one that every next feature would have to edit
+    (a class is not kept short by stacking bases: its parts are held, not inherited)."""
+    too_big = size_problems(REPO, "queueserve", STILL_OVER)
     assert not too_big, "split these: " + "; ".join(too_big)
+
+
+def test_a_class_listed_over_the_size_limit_still_is() -> None:
+    sizes = class_sizes(REPO, "queueserve")
+    fits = [c for c in STILL_OVER if sizes.get(c, (0, 0))[1] <= MAX_CLASS_LINES]
+    assert not fits, f"these fit now: take them out of STILL_OVER: {fits}"
