@@ -9,7 +9,6 @@ that finds no send in progress sends everything queued), and one task drains the
 from __future__ import annotations
 
 import asyncio
-import functools
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import Any
@@ -23,12 +22,12 @@ from queueserve.client.core import ClientCore
 from queueserve.client.events import RequestStream
 from queueserve.client.job_handles import AsyncJob
 from queueserve.client.job_part import AsyncJobPart
-from queueserve.client.once import IdempotencyKey, map_key
+from queueserve.client.once import IdempotencyKey
 from queueserve.client.progress import ProgressCallback
 from queueserve.client.registry import AsyncRegistry
 from queueserve.client.target_table import ServingRef
 from queueserve.client.targets import stream_parts
-from queueserve.client.windows import MapWindow
+from queueserve.client.windows import MapWindow, map_sender
 from queueserve.errors import Cancelled
 from queueserve.hooks import Event
 from queueserve.wire.keys import job_id_key
@@ -166,10 +165,7 @@ class AsyncClient:
         window: MapWindow[AsyncTicket] = MapWindow(
             items, chunk_size, max_in_flight, progress, on_progress
         )
-        key = map_key(idempotency_key)
-        send = functools.partial(
-            self.submit, serving, batch_key=batch_key, tenant=tenant, idempotency_key=key
-        )
+        send = map_sender(self.submit, serving, batch_key, tenant, idempotency_key)
         try:
             while True:
                 for chunk in window.chunks():

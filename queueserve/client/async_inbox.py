@@ -152,15 +152,9 @@ class AsyncInbox:
             await retry.aonce(read, deliver)
 
     async def _read_events(self, subscribed: asyncio.Event) -> None:
-        core = self.core
-        subscription = self._broker.subscribe(core.events_channel)
+        subscription = self._broker.subscribe(self.core.events_channel)
         retry = Retry(self._broker.outage, "event subscriber")
-
-        def take(data: bytes | None) -> None:
-            if subscription.confirmed:
-                subscribed.set()
-            core.deliver_event(data)
-
+        take = functools.partial(self.core.take_event, subscription, subscribed.set)
         try:
             while not self.outbox.closed:
                 await retry.aonce(functools.partial(subscription.get, timeout=1.0), take)

@@ -13,14 +13,15 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Protocol
 
 from queueserve.broker.urls import redact_url
-from queueserve.client.caching import cached_plan, marked
+from queueserve.client.caching import cached_plan, caches_at, marked
 from queueserve.client.calls import Call, CallTable, deadline_after
 from queueserve.client.events import RequestStream
-from queueserve.client.once import IdempotencyKey, call_plan
-from queueserve.client.outgoing import Outgoing
+from queueserve.client.job_sends import jobs_at
+from queueserve.client.once import IdempotencyKey, answered, call_plan, onces_at
+from queueserve.client.outgoing import Outgoing, admitted
 from queueserve.client.target_table import TargetTable
 from queueserve.client.targets import Part, Target
 from queueserve.client.unserved import UnservedWatch
@@ -28,7 +29,7 @@ from queueserve.errors import Cancelled, QueueServeError, RedisUnavailable, Time
 from queueserve.settings import Settings, check_prefix, check_redis_url, check_timeout
 from queueserve.tracing import trace_fields
 from queueserve.wire.codec import get_codec
-from queueserve.wire.keys import events_channel, inbox_key
+from queueserve.wire.keys import Keys, events_channel, inbox_key
 from queueserve.wire.request import encode_request
 from queueserve.wire.tenants import check_tenant, lane_key
 from queueserve.wire.timing import ALIVE_WITHIN_S, RECONNECT_WITHIN_S
@@ -37,6 +38,12 @@ log = logging.getLogger("queueserve.client")
 
 _new_tuple = tuple.__new__
 INBOX_BLOCK_S = 1.0  # a blocked inbox read returns this often, so a closed client is seen
+
+
+class Confirmed(Protocol):
+    """A subscription (sync or asyncio): whether Redis has confirmed it."""
+
+    confirmed: bool
 
 
 class ClientCore:
@@ -246,10 +253,68 @@ class ClientCore:
             self.table.forget(call)
             call.fail(error)
 
-    def fail_send(self, batch: list[Outgoing], error: Exception) -> None:
-        """A send stopped by something other than a queueserve error (a bug): its callers are
-        told at once, and the thread that sends lives on to send the next requests."""
-        self.fail_batch(batch, send_failure(len(batch), error))
+    def send_failed(self, batch: list[Outgoing], error: Exception) -> None:
+        """A send that gave up: its callers get its error. One stopped by something other
+        than a queueserve error (a bug) is logged, and the thread or task that sends lives on
+        to send the next requests."""
+        if not isinstance(error, QueueServeError):
+            error = send_failure(len(batch), error)
+        self.fail_batch(batch, error)
+
+    def enqueue_options(
+        self,
+        keys: Keys,
+        group: list[Outgoing],
+        durable: bool,
+        together: list[tuple[int, int]],
+        again: bool,
+    ) -> dict[str, Any]:
+        """The options of one enqueue script call (``group``'s requests, on shard ``keys``):
+        its jobs' records, idempotency keys and cache entries, each looked for only once this
+        client has sent one (plain sends never look)."""
+        return {
+            "durable": durable,
+            "together": together,
+            "again": again,
+            "jobs": jobs_at(self.prefix, self.client_id, group) if self.jobs_sent else (),
+            "onces": onces_at(self.client_id, keys, group) if self.keys_sent else (),
+            "caches": caches_at(keys, group) if self.cache_sent else (),
+        }
+
+    def admit(self, group: list[Outgoing], reply: tuple[int, int, list[Any]]) -> list[Call] | None:
+        """Record what enqueue.lua answered ``group`` (outgoing.py's ``admitted``); the calls
+        that follow another request's job from now on (their keys' first), if any."""
+        keyed = admitted(self.table, group, *reply)
+        return answered(self.table, self.client_id, keyed) if keyed else None
+
+    def withdrawn(self, call: Call, *boxes: list[Outgoing]) -> bool | None:
+        """Withdraw ``call`` from what is still to send (``boxes``): True when it was there, so
+        it never runs; False when it cannot be withdrawn (it ended, or follows another
+        request's job, which runs on for its caller); None when it is in Redis (or on its
+        way), for the caller to cancel there (``cancel_place``)."""
+        if not self.cancel_call(call):
+            return False
+        for box in boxes:
+            for i, outgoing in enumerate(box):
+                if outgoing.call is call:
+                    del box[i]
+                    return True
+        return False if call.follows is not None else None
+
+    def cancel_place(self, call: Call) -> tuple[Keys, str, bytes, int, int, str] | None:
+        """The arguments of the broker's ``cancel`` of ``call``'s entry, None when it has none
+        to cancel (b"": a keyed request queued by an earlier try of its send, once.py)."""
+        if call.entry_id is None or call.entry_id == b"":
+            return None
+        stream = call.keys.stream(call.batch_key, call.priority)
+        return call.keys, stream, call.entry_id, call.n, call.rid, self.inbox
+
+    def take_event(self, subscription: Confirmed, confirm: Callable[[], object], data: Any) -> None:
+        """What the event subscriber does with what it read: ``confirm`` once Redis confirmed
+        the subscription, then the event to its call."""
+        if subscription.confirmed:
+            confirm()
+        self.deliver_event(data)
 
     def deliver(self, messages: list[bytes]) -> None:
         """Apply replies read from the inbox; a bad one is logged and dropped."""

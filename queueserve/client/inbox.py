@@ -152,15 +152,9 @@ class Inbox:
             retry.once(lambda: self._broker.read_inbox(inbox, INBOX_BLOCK_S), deliver)
 
     def _read_events(self, subscribed: threading.Event) -> None:
-        core = self.core
-        subscription = self._broker.subscribe(core.events_channel)
+        subscription = self._broker.subscribe(self.core.events_channel)
         retry = Retry(self._broker.outage, "event subscriber")
-
-        def take(data: bytes | None) -> None:
-            if subscription.confirmed:
-                subscribed.set()
-            core.deliver_event(data)
-
+        take = partial(self.core.take_event, subscription, subscribed.set)
         while not self.outbox.closed:
             retry.once(lambda: subscription.get(timeout=0.2), take)  # 0.2: close() seen soon
         subscription.close()

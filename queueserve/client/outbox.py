@@ -11,16 +11,13 @@ import time
 
 from queueserve.broker.producer import Producer
 from queueserve.broker.retry import Retry
-from queueserve.client.caching import caches_at
 from queueserve.client.calls import Call, check_placed, unsent
 from queueserve.client.core import ClientCore
 from queueserve.client.job_part import JobPart
-from queueserve.client.job_sends import jobs_at
-from queueserve.client.once import answered, onces_at
-from queueserve.client.outgoing import Outgoing, admitted, enqueue_groups, send_window
+from queueserve.client.outgoing import Outgoing, enqueue_groups, send_window
 from queueserve.client.target_table import ServingRef
 from queueserve.client.targets import Target
-from queueserve.errors import NotReplicated, QueueServeError
+from queueserve.errors import NotReplicated
 from queueserve.wire.timing import RECONNECT_WITHIN_S
 
 _SENT_POLL_S = 0.0005  # another thread is sending this job: its send takes a round trip
@@ -82,26 +79,14 @@ class Outbox:
     def withdraw(self, call: Call) -> bool:
         """Cancel ``call``: True when it will never run (taken out of the outbox before it was
         sent, or out of its stream, or its pack, before a worker read it)."""
-        core = self._core
-        if not core.cancel_call(call):
-            return False
         with self._lock:
-            for box in (self._box, self._durable_box):
-                for i, outgoing in enumerate(box):
-                    if outgoing.call is call:
-                        del box[i]
-                        return True
-        if call.follows is not None:  # another request's job: it runs on for its caller
-            return False
+            withdrawn = self._core.withdrawn(call, self._box, self._durable_box)
+        if withdrawn is not None:
+            return withdrawn
         if call.keep_ms:  # a job: its record ends cancelled first, and keeps no answer
             self._jobs.cancel(call)
-        stream = call.keys.stream(call.batch_key, call.priority)
-        # (b"": a keyed request queued by an earlier try of its send, client/once.py)
-        return (
-            call.entry_id is not None
-            and call.entry_id != b""
-            and self._broker.cancel(call.keys, stream, call.entry_id, call.n, call.rid, core.inbox)
-        )
+        place = self._core.cancel_place(call)
+        return place is not None and self._broker.cancel(*place)
 
     def until_sent(self, calls: list[Call]) -> None:
         """Return once the jobs of ``calls`` are enqueued (with their records), sending what
@@ -209,32 +194,17 @@ class Outbox:
                 keep_going=lambda: not self.closed,
                 give_up_at=time.monotonic() + send_window(batch),
             )
-        except QueueServeError as e:
-            self._core.fail_batch(batch, e)
         except Exception as e:
-            self._core.fail_send(batch, e)
+            self._core.send_failed(batch, e)
 
     def _enqueue(self, batch: list[Outgoing], again: bool = False) -> None:
         core = self._core
         for group, keys, requests, max_queue, durable, together in enqueue_groups(batch):
-            jobs = jobs_at(core.prefix, core.client_id, group) if core.jobs_sent else ()
-            onces = onces_at(core.client_id, keys, group) if core.keys_sent else ()
-            caches = caches_at(keys, group) if core.cache_sent else ()
+            options = core.enqueue_options(keys, group, durable, together, again)
             try:
-                reply = self._broker.enqueue(
-                    keys,
-                    requests,
-                    max_queue,
-                    durable=durable,
-                    jobs=jobs,
-                    together=together,
-                    again=again,
-                    onces=onces,
-                    caches=caches,
-                )
+                reply = self._broker.enqueue(keys, requests, max_queue, **options)
             except NotReplicated as e:  # queued, but not safe: these callers are told so
                 core.fail_batch(group, e)
                 continue
-            keyed = admitted(core.table, group, *reply)
-            if keyed and (follow := answered(core.table, core.client_id, keyed)):
+            if follow := core.admit(group, reply):
                 self._jobs.follow(follow)

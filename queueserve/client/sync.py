@@ -13,7 +13,6 @@ I/O-free core that plans calls and keeps the call table (core.py), the outbox th
 
 from __future__ import annotations
 
-import functools
 import queue
 import threading
 from collections import deque
@@ -27,13 +26,13 @@ from queueserve.client.events import RequestStream
 from queueserve.client.inbox import Inbox
 from queueserve.client.job_handles import Job
 from queueserve.client.job_part import JobPart
-from queueserve.client.once import IdempotencyKey, map_key
+from queueserve.client.once import IdempotencyKey
 from queueserve.client.outbox import Outbox
 from queueserve.client.progress import ProgressCallback
 from queueserve.client.target_table import ServingRef
 from queueserve.client.targets import stream_parts
 from queueserve.client.ticket import Ticket
-from queueserve.client.windows import MapWindow
+from queueserve.client.windows import MapWindow, map_sender
 from queueserve.errors import Cancelled
 from queueserve.hooks import Event
 from queueserve.wire.priority import check_priority
@@ -214,10 +213,7 @@ class Client:
         window: MapWindow[Ticket] = MapWindow(
             items, chunk_size, max_in_flight, progress, on_progress
         )
-        key = map_key(idempotency_key)
-        send = functools.partial(
-            self.submit, serving, batch_key=batch_key, tenant=tenant, idempotency_key=key
-        )
+        send = map_sender(self.submit, serving, batch_key, tenant, idempotency_key)
         try:
             for chunk in window.chunks():
                 window.in_flight.append(send(chunk, timeout=timeout, priority=priority))

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from functools import partial
 from itertools import islice
 from typing import Any, Generic, TypeVar
 
 from queueserve.client.calls import Call, outcome
 from queueserve.client.events import RequestStream
+from queueserve.client.once import map_key
 from queueserve.client.progress import Progress, ProgressCallback, total_of
 from queueserve.client.targets import Part, Target
 from queueserve.errors import QueueServeError
@@ -21,6 +23,19 @@ STREAM_GRACE = 0.5
 
 
 TicketT = TypeVar("TicketT")
+
+
+def map_sender(
+    submit: Callable[..., TicketT],
+    serving: object,
+    batch_key: str | None,
+    tenant: str | None,
+    idempotency_key: Callable[[Any], str] | None,
+) -> Callable[..., TicketT]:
+    """``map``'s submit of one chunk (``send(chunk, timeout=, priority=)``), with the options
+    every chunk shares; ``idempotency_key`` checked first (``once.map_key``)."""
+    key = map_key(idempotency_key)
+    return partial(submit, serving, batch_key=batch_key, tenant=tenant, idempotency_key=key)
 
 
 class MapWindow(Generic[TicketT]):
