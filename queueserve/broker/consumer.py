@@ -1,40 +1,36 @@
 """The consumer side: what a worker does with Redis. Reads (broker/reads.py) and replies
-(broker/replies.py) are its hot path, and dead letters (broker/dead_letters.py) its refusals,
-each a part ``Consumer`` holds; here the rest: claims, pack splits, the heartbeat and the
-serving's declaration.
+(broker/replies.py) are its hot path, dead letters (broker/dead_letters.py) its refusals, and
+declarations (broker/declarations.py) its servings' options and heartbeat, each a part
+``Consumer`` holds; here the rest: claims, pack splits, subscriptions.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
 from typing import Any
 
 import redis
 
 from queueserve.broker.channels import SharedSubscriptions
-from queueserve.broker.common import (
-    consumer_name,
-    register_servings,
-    text,
-    texts,
-)
+from queueserve.broker.common import consumer_name, text
 from queueserve.broker.connect import is_cluster
 from queueserve.broker.core import BrokerCore, Subscription, no_group
 from queueserve.broker.dead_letters import DeadLetters
+from queueserve.broker.declarations import Declarations
 from queueserve.broker.reads import Reads
-from queueserve.broker.redis_errors import error_code, raise_but_wrong_type, redis_errors
+from queueserve.broker.redis_errors import error_code, redis_errors
 from queueserve.broker.replies import Replies
-from queueserve.wire.keys import GROUP, Keys, worker_key
+from queueserve.wire.keys import GROUP, Keys
 from queueserve.wire.priority import PRIORITY_AGE_MS
 from queueserve.wire.protocol import MAX_PACK_REQUESTS
 
 
 class Consumer(BrokerCore):
-    """The stream operations of a worker: claims, declarations and heartbeats here; its reads
-    (``reads``), replies (``replies``) and dead letters (``letters``) are parts it holds,
-    over its connection."""
+    """The stream operations of a worker: claims and pack splits here; its reads (``reads``),
+    replies (``replies``), dead letters (``letters``), and declarations and heartbeat
+    (``declared``) are parts it holds, over its connection."""
 
     # The shared pub/sub connection and the wake watch's (size_pool).
     OWN_CONNECTIONS = 2
@@ -47,6 +43,7 @@ class Consumer(BrokerCore):
         self.reads = reads = Reads(self)
         self.replies = Replies(self, reads)
         self.letters = letters = DeadLetters(self)
+        self.declared = declared = Declarations(self)
         # What the worker calls of the parts, bound once (no call layer on its hot path)
         self.ensure_group, self.adopt_legacy_keys = reads.ensure_group, reads.adopt_legacy_keys
         self.read_ready, self.wait_then_read = reads.read_ready, reads.wait_then_read
@@ -54,6 +51,10 @@ class Consumer(BrokerCore):
         self.pending_by_stream = reads.pending_by_stream
         self.reply_and_ack = self.replies.reply_and_ack
         self.dead_letter, self.write_dead_letters = letters.dead_letter, letters.write_dead_letters
+        self.declare, self.redeclare = declared.declare, declared.redeclare
+        self.declarations = declared.declarations
+        self.heartbeat, self.leave = declared.heartbeat, declared.leave
+        self.clear_junk_bookkeeping = declared.clear_junk_bookkeeping
 
     def close(self) -> None:
         self.reads.close()
@@ -142,120 +143,6 @@ class Consumer(BrokerCore):
     def forget_consumer(self, stream: str, consumer: str) -> None:
         with redis_errors(self.url):
             self.redis.xgroup_delconsumer(stream, GROUP, consumer_name(consumer))
-
-    def clear_junk_bookkeeping(self, keys: Keys) -> list[str]:
-        """Delete those of a serving's bookkeeping keys (never its streams) that hold another
-        type than queueserve writes there, and return their names. Anyone may write them, and
-        a string where the meta hash or the workers set belongs made every starting worker
-        fail; none of them holds what a worker cannot rebuild (declarations, heartbeats,
-        ready marks, counts), and a config hash of another type holds no override."""
-        expected = {
-            keys.meta: "hash",
-            keys.config: "hash",
-            keys.depth: "hash",
-            keys.workers: "zset",
-            keys.seen: "zset",
-            keys.ready: "zset",
-            keys.active: "zset",
-            keys.keys: "set",
-            keys.wake: "stream",
-            keys.queued: "string",
-            keys.servings: "zset",
-        }
-        with redis_errors(self.url):
-            pipe = self.redis.pipeline(transaction=False)
-            for key in expected:
-                pipe.type(key)
-            found = [text(t) for t in pipe.execute()]
-            junk = [
-                key
-                for (key, want), got in zip(expected.items(), found, strict=True)
-                if got not in ("none", want)
-            ]
-            if junk:
-                self.redis.delete(*junk)
-        return junk
-
-    def declare(self, keys: Keys, options: Mapping[str, Any]) -> None:
-        """Publish a serving's options (clients read codec and max_queue from them), and list
-        the serving in the prefix's registry (P:servings), in the same round trip."""
-        with redis_errors(self.url):
-            pipe = self.redis.pipeline(transaction=False)
-            pipe.hset(keys.meta, mapping={k: str(v) for k, v in options.items()})
-            self._registered(pipe, [keys], 1)
-
-    def redeclare(self, keys: Keys, options: Mapping[str, Any]) -> None:
-        """Replace a meta key of another type by the declaration (``declare`` would fail)."""
-        with redis_errors(self.url):
-            pipe = self.redis.pipeline(transaction=True)
-            pipe.delete(keys.meta)
-            pipe.hset(keys.meta, mapping={k: str(v) for k, v in options.items()})
-            pipe.execute()
-            # apart: on a cluster the registry is in another slot than the transaction's
-            self._registered(self.redis.pipeline(transaction=False), [keys], 0)
-
-    def _registered(self, pipe: Any, keys_list: Sequence[Keys], before: int) -> None:
-        """Run ``pipe`` (``before`` commands queued) with the registry's refresh for
-        ``keys_list`` added, raising the first error of those ``before``. A registry of
-        another type (anyone may write one: it holds nothing a worker cannot rebuild) is
-        replaced, never a failed heartbeat or declaration."""
-        now_ms = int(time.time() * 1000)
-        register_servings(pipe, keys_list, now_ms)
-        replies = pipe.execute(raise_on_error=False)
-        errors = [r for r in replies if isinstance(r, Exception)]
-        if any(
-            not isinstance(e, redis.RedisError) or error_code(e) != "WRONGTYPE" for e in errors
-        ) or any(isinstance(r, Exception) for r in replies[:before]):
-            raise errors[0]
-        if errors:  # the registry's
-            pipe = self.redis.pipeline(transaction=True)
-            pipe.delete(keys_list[0].servings)
-            register_servings(pipe, keys_list, now_ms)
-            pipe.execute()
-
-    def declarations(
-        self, keys: Keys, last: Keys | None
-    ) -> tuple[dict[str, str] | None, dict[str, str] | None, dict[str, str] | None]:
-        """The meta hash, the config hash and the last shard's meta hash (``last``; None when
-        not asked) as Redis holds them, in one round trip, each None when its key holds
-        another type. The meta hash is read first (worker/pipeline/declaration.py says why)."""
-        with redis_errors(self.url):
-            pipe = self.redis.pipeline(transaction=False)
-            pipe.hgetall(keys.meta)
-            pipe.hgetall(keys.config)
-            if last is not None:
-                pipe.hgetall(last.meta)
-            found = raise_but_wrong_type(pipe.execute(raise_on_error=False))
-        meta, config, *rest = [
-            texts(reply, "replace") if isinstance(reply, dict) else None for reply in found
-        ]
-        return meta, config, rest[0] if rest else None
-
-    def heartbeat(
-        self, keys_list: Sequence[Keys], consumer: str, ttl_ms: int, info: Mapping[str, str | int]
-    ) -> None:
-        """Say ``consumer`` is alive, per serving, and refresh its registry record."""
-        now_ms = int(time.time() * 1000)
-        record = worker_key(keys_list[0].prefix, consumer)
-        with redis_errors(self.url):
-            pipe = self.redis.pipeline(transaction=False)
-            fields: dict[Any, Any] = {**info, "heartbeat_ms": now_ms}
-            pipe.hset(record, mapping=fields)
-            pipe.pexpire(record, ttl_ms)
-            for keys in keys_list:
-                pipe.zadd(keys.workers, {consumer: now_ms})
-                pipe.zremrangebyscore(keys.workers, "-inf", now_ms - ttl_ms)
-                pipe.pexpire(keys.workers, ttl_ms)
-            # The servings registry rides along: the listings read it, never a SCAN
-            self._registered(pipe, keys_list, 2 + 3 * len(keys_list))
-
-    def leave(self, keys_list: Sequence[Keys], consumer: str) -> None:
-        with redis_errors(self.url):
-            pipe = self.redis.pipeline(transaction=False)
-            pipe.delete(worker_key(keys_list[0].prefix, consumer))
-            for keys in keys_list:
-                pipe.zrem(keys.workers, consumer)
-            pipe.execute()
 
     def subscribers(self, channels: Sequence[str]) -> dict[str, int]:
         """Subscribers of each pub/sub channel (PUBSUB NUMSUB). On a cluster a subscription
