@@ -58,7 +58,7 @@ class AsyncClient:
         self._outbox = outbox = AsyncOutbox(core, self._broker, self._jobs)
         self._inbox = inbox = AsyncInbox(core, self._broker, outbox)
         # Bound once: the methods every call takes (a submit, a wait, a cancel)
-        self._table, self._plan, self._send = core.table, core.plan, outbox.send
+        self._table, self._submit_call, self._send = core.table, outbox.submit, outbox.send
         self._ensure_reader, self._target = inbox.ensure_reader, outbox.target
         self.registry = AsyncRegistry(self._broker, self.prefix)  # what doors ask besides sends
 
@@ -125,19 +125,10 @@ class AsyncClient:
             raise self._core.closed_error("AsyncClient")
         timeout = self._core.timeout_for(timeout)
         priority = check_priority(priority)
-        target = await self._target(serving)
         self._ensure_reader()
-        parts, requests = self._plan(
-            target, items, batch_key, timeout, priority, None, keep, tenant, idempotency_key
+        target, parts, calls, futures = await self._submit_call(
+            serving, items, batch_key, timeout, priority, keep, tenant, idempotency_key
         )
-        loop = asyncio.get_running_loop()
-        calls, futures = [], []
-        for outgoing in requests:
-            future: asyncio.Future[None] = loop.create_future()
-            outgoing.call.on_done = lambda _c, f=future: f.done() or f.set_result(None)
-            calls.append(outgoing.call)
-            futures.append(future)
-        await self._send(requests)
         return AsyncTicket(self._inbox, target, parts, calls, futures, timeout)
 
     def job(self, job_id: str) -> AsyncJob:

@@ -9,15 +9,18 @@ import asyncio
 import contextlib
 import itertools
 import time
+from collections.abc import Iterable
+from typing import Any
 
 from queueserve.broker.async_producer import AsyncProducer
 from queueserve.broker.retry import Retry
 from queueserve.client.calls import Call, check_placed, unsent
 from queueserve.client.core import ClientCore
 from queueserve.client.job_part import AsyncJobPart
+from queueserve.client.once import IdempotencyKey
 from queueserve.client.outgoing import Outgoing, enqueue_groups, send_window
 from queueserve.client.target_table import ServingRef
-from queueserve.client.targets import Target
+from queueserve.client.targets import Part, Target
 from queueserve.errors import NotReplicated
 from queueserve.wire.timing import RECONNECT_WITHIN_S
 
@@ -28,6 +31,7 @@ class AsyncOutbox:
 
     def __init__(self, core: ClientCore, broker: AsyncProducer, jobs: AsyncJobPart) -> None:
         self._core = core
+        self._plan = core.plan  # bound once: every submit takes it
         self._broker = broker
         self._jobs = jobs
         self.closed = False
@@ -54,6 +58,34 @@ class AsyncOutbox:
             raise targets.unknown(keys.name, await self._broker.servings(self._core.prefix))
         last = targets.last_shard(keys, meta)  # confirms a count of shards over 1
         return targets.remember(serving, meta, await self._broker.meta(last) if last else None)
+
+    async def submit(
+        self,
+        serving: ServingRef,
+        items: Iterable[Any],
+        batch_key: str | None,
+        timeout: float | None,
+        priority: int,
+        keep: float | None,
+        tenant: str | None,
+        idempotency_key: IdempotencyKey | None,
+    ) -> tuple[Target, list[Part], list[Call], list[asyncio.Future[None]]]:
+        """Plan a call (its serving's ``target``, its requests: the core's ``plan``) and
+        ``send`` it; what its ticket is made of, with a future per request, done when its
+        call ends."""
+        target = await self.target(serving)
+        parts, requests = self._plan(
+            target, items, batch_key, timeout, priority, None, keep, tenant, idempotency_key
+        )
+        loop = asyncio.get_running_loop()
+        calls, futures = [], []
+        for outgoing in requests:
+            future: asyncio.Future[None] = loop.create_future()
+            outgoing.call.on_done = lambda _c, f=future: f.done() or f.set_result(None)
+            calls.append(outgoing.call)
+            futures.append(future)
+        await self.send(requests)
+        return target, parts, calls, futures
 
     async def send(self, outgoing: list[Outgoing]) -> None:
         """Queue the requests of one call, and send everything queued unless a task is

@@ -8,15 +8,18 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from collections.abc import Iterable
+from typing import Any
 
 from queueserve.broker.producer import Producer
 from queueserve.broker.retry import Retry
 from queueserve.client.calls import Call, check_placed, unsent
 from queueserve.client.core import ClientCore
 from queueserve.client.job_part import JobPart
+from queueserve.client.once import IdempotencyKey
 from queueserve.client.outgoing import Outgoing, enqueue_groups, send_window
 from queueserve.client.target_table import ServingRef
-from queueserve.client.targets import Target
+from queueserve.client.targets import Part, Target
 from queueserve.errors import NotReplicated
 from queueserve.wire.timing import RECONNECT_WITHIN_S
 
@@ -29,6 +32,7 @@ class Outbox:
 
     def __init__(self, core: ClientCore, broker: Producer, jobs: JobPart) -> None:
         self._core = core
+        self._plan = core.plan  # bound once: every submit takes it
         self._broker = broker
         self._jobs = jobs
         self.closed = False
@@ -60,6 +64,28 @@ class Outbox:
             raise targets.unknown(keys.name, self._broker.servings(self._core.prefix))
         last = targets.last_shard(keys, meta)  # confirms a count of shards over 1
         return targets.remember(serving, meta, self._broker.meta(last) if last else None)
+
+    def submit(
+        self,
+        serving: ServingRef,
+        items: Iterable[Any],
+        batch_key: str | None,
+        timeout: float | None,
+        priority: int,
+        reply_to: str | None,
+        keep: float | None,
+        tenant: str | None,
+        idempotency_key: IdempotencyKey | None,
+        inline: bool,
+    ) -> tuple[Target, list[Part], list[Outgoing]]:
+        """Plan a call (its serving's ``target``, its requests: the core's ``plan``) and
+        ``send`` it; what its ticket is made of."""
+        target = self.target(serving)
+        parts, outgoing = self._plan(
+            target, items, batch_key, timeout, priority, reply_to, keep, tenant, idempotency_key
+        )
+        self.send(outgoing, inline)
+        return target, parts, outgoing
 
     def send(self, outgoing: list[Outgoing], inline: bool) -> None:
         """Queue the requests of one call (together: one send carries them all); with

@@ -62,7 +62,7 @@ class Client:
         self._outbox = outbox = Outbox(core, self._broker, self._jobs)
         self._inbox = inbox = Inbox(core, self._broker, outbox)
         # Bound once: the methods every call takes (a submit, a wait, a cancel)
-        self._table, self._plan, self._send = core.table, core.plan, outbox.send
+        self._table, self._submit_call, self._send = core.table, outbox.submit, outbox.send
         self._ensure_reader, self._target = inbox.ensure_reader, outbox.target
 
     # -- public API ------------------------------------------------------------------------
@@ -177,12 +177,19 @@ class Client:
             raise self._core.closed_error("Client")
         timeout = self._core.timeout_for(timeout)
         priority = check_priority(priority)
-        target = self._target(serving)
         self._ensure_reader()
-        parts, outgoing = self._plan(
-            target, items, batch_key, timeout, priority, reply_to, keep, tenant, idempotency_key
+        target, parts, outgoing = self._submit_call(
+            serving,
+            items,
+            batch_key,
+            timeout,
+            priority,
+            reply_to,
+            keep,
+            tenant,
+            idempotency_key,
+            inline,
         )
-        self._send(outgoing, inline)
         inbox = reply_to if len(parts) == 1 else None
         return Ticket(self._inbox, target, parts, [o.call for o in outgoing], timeout, inbox)
 
