@@ -31,7 +31,7 @@ class AsyncOutbox:
 
     def __init__(self, core: ClientCore, broker: AsyncProducer, jobs: AsyncJobPart) -> None:
         self._core = core
-        self._plan = core.plan  # bound once: every submit takes it
+        self._plan, self._cached = core.plan, core.targets.cached  # bound once: every submit's
         self._broker = broker
         self._jobs = jobs
         self.closed = False
@@ -73,7 +73,11 @@ class AsyncOutbox:
         """Plan a call (its serving's ``target``, its requests: the core's ``plan``) and
         ``send`` it; what its ticket is made of, with a future per request, done when its
         call ends."""
-        target = await self.target(serving)
+        # A coroutine costs per call: a name known already is taken without one, and the
+        # requests are queued as ``send`` does, inline.
+        target = self._cached(serving)
+        if target is None:
+            target = await self.target(serving)
         parts, requests = self._plan(
             target, items, batch_key, timeout, priority, None, keep, tenant, idempotency_key
         )
@@ -84,7 +88,9 @@ class AsyncOutbox:
             outgoing.call.on_done = lambda _c, f=future: f.done() or f.set_result(None)
             calls.append(outgoing.call)
             futures.append(future)
-        await self.send(requests)
+        self._box += requests
+        if not self.flushing:
+            await self._flush()
         return target, parts, calls, futures
 
     async def send(self, outgoing: list[Outgoing]) -> None:
@@ -183,9 +189,19 @@ class AsyncOutbox:
     async def _enqueue(self, batch: list[Outgoing], again: bool = False) -> None:
         core = self._core
         for group, keys, requests, max_queue, durable, together in enqueue_groups(batch):
-            options = core.enqueue_options(keys, group, durable, together, again)
+            jobs, onces, caches = core.marks(keys, group)
             try:
-                reply = await self._broker.enqueue(keys, requests, max_queue, **options)
+                reply = await self._broker.enqueue(
+                    keys,
+                    requests,
+                    max_queue,
+                    durable=durable,
+                    jobs=jobs,
+                    together=together,
+                    again=again,
+                    onces=onces,
+                    caches=caches,
+                )
             except NotReplicated as e:  # queued, but not safe: these callers are told so
                 core.fail_batch(group, e)
                 continue

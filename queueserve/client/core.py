@@ -261,25 +261,15 @@ class ClientCore:
             error = send_failure(len(batch), error)
         self.fail_batch(batch, error)
 
-    def enqueue_options(
-        self,
-        keys: Keys,
-        group: list[Outgoing],
-        durable: bool,
-        together: list[tuple[int, int]],
-        again: bool,
-    ) -> dict[str, Any]:
-        """The options of one enqueue script call (``group``'s requests, on shard ``keys``):
-        its jobs' records, idempotency keys and cache entries, each looked for only once this
-        client has sent one (plain sends never look)."""
-        return {
-            "durable": durable,
-            "together": together,
-            "again": again,
-            "jobs": jobs_at(self.prefix, self.client_id, group) if self.jobs_sent else (),
-            "onces": onces_at(self.client_id, keys, group) if self.keys_sent else (),
-            "caches": caches_at(keys, group) if self.cache_sent else (),
-        }
+    def marks(self, keys: Keys, group: list[Outgoing]) -> tuple[Any, Any, Any]:
+        """What one enqueue script call (``group``'s requests, on shard ``keys``) marks: its
+        jobs' records, idempotency keys and cache entries (``jobs=``, ``onces=``, ``caches=``),
+        each looked for only once this client has sent one (plain sends never look)."""
+        return (
+            jobs_at(self.prefix, self.client_id, group) if self.jobs_sent else (),
+            onces_at(self.client_id, keys, group) if self.keys_sent else (),
+            caches_at(keys, group) if self.cache_sent else (),
+        )
 
     def admit(self, group: list[Outgoing], reply: tuple[int, int, list[Any]]) -> list[Call] | None:
         """Record what enqueue.lua answered ``group`` (outgoing.py's ``admitted``); the calls

@@ -32,7 +32,7 @@ class Outbox:
 
     def __init__(self, core: ClientCore, broker: Producer, jobs: JobPart) -> None:
         self._core = core
-        self._plan = core.plan  # bound once: every submit takes it
+        self._plan, self._cached = core.plan, core.targets.cached  # bound once: every submit's
         self._broker = broker
         self._jobs = jobs
         self.closed = False
@@ -80,7 +80,9 @@ class Outbox:
     ) -> tuple[Target, list[Part], list[Outgoing]]:
         """Plan a call (its serving's ``target``, its requests: the core's ``plan``) and
         ``send`` it; what its ticket is made of."""
-        target = self.target(serving)
+        target = self._cached(serving)  # a name known already: no call more per submit
+        if target is None:
+            target = self.target(serving)
         parts, outgoing = self._plan(
             target, items, batch_key, timeout, priority, reply_to, keep, tenant, idempotency_key
         )
@@ -226,9 +228,19 @@ class Outbox:
     def _enqueue(self, batch: list[Outgoing], again: bool = False) -> None:
         core = self._core
         for group, keys, requests, max_queue, durable, together in enqueue_groups(batch):
-            options = core.enqueue_options(keys, group, durable, together, again)
+            jobs, onces, caches = core.marks(keys, group)
             try:
-                reply = self._broker.enqueue(keys, requests, max_queue, **options)
+                reply = self._broker.enqueue(
+                    keys,
+                    requests,
+                    max_queue,
+                    durable=durable,
+                    jobs=jobs,
+                    together=together,
+                    again=again,
+                    onces=onces,
+                    caches=caches,
+                )
             except NotReplicated as e:  # queued, but not safe: these callers are told so
                 core.fail_batch(group, e)
                 continue
