@@ -8,12 +8,13 @@ import logging
 import math
 import time
 from collections import Counter
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
+
+import redis
 
 from queueserve.broker.common import (
-    StreamEntries,
     add_listing,
     declared_names,
     listing,
@@ -22,6 +23,7 @@ from queueserve.broker.common import (
     texts,
 )
 from queueserve.broker.core import BrokerCore
+from queueserve.broker.dead_letters import DeadLetterShelf
 from queueserve.broker.redis_errors import raise_but_wrong_type, redis_errors
 from queueserve.options.serving_options import followers
 from queueserve.wire.keys import (
@@ -32,7 +34,7 @@ from queueserve.wire.keys import (
     serving_of,
     tagged_pattern,
 )
-from queueserve.wire.priority import MAX_PRIORITY, PRIORITY_AGE_MS
+from queueserve.wire.priority import MAX_PRIORITY
 from queueserve.wire.shards import check_shards
 
 log = logging.getLogger(__name__)
@@ -139,8 +141,37 @@ def _add_stream(row: KeyStats, length: Any, groups: Any, first: Any, now_ms: int
         row.oldest_age_ms = max(row.oldest_age_ms, now_ms - born)
 
 
+def summed(rows: Iterable[KeyStats]) -> list[KeyStats]:
+    """Rows of the same batch key (of several shards) summed: ages the oldest, last seen the
+    latest."""
+    totals: dict[str, KeyStats] = {}
+    for row in rows:
+        total = totals.setdefault(row.key, KeyStats(row.key, 0, 0))
+        total.queued_items += row.queued_items
+        total.last_seen_ms = max(total.last_seen_ms, row.last_seen_ms)
+        total.waiting += row.waiting
+        total.pending += row.pending
+        total.oldest_age_ms = max(total.oldest_age_ms, row.oldest_age_ms)
+        total.read += row.read
+    return list(totals.values())
+
+
 class Admin(BrokerCore):
-    """The operators' reads and changes of one Redis deployment."""
+    """The operators' reads and changes of one Redis deployment; its dead letters are a part
+    it holds (``shelf``, broker/dead_letters.py)."""
+
+    def __init__(
+        self, url: str, *, client: redis.Redis | None = None, owner: str | None = None
+    ) -> None:
+        super().__init__(url, client=client, owner=owner)
+        self.shelf = shelf = DeadLetterShelf(self)
+        # What ops/ and the dashboard call of it, bound once
+        self.dead_letter_depths, self.dead_letters = shelf.dead_letter_depths, shelf.dead_letters
+        self.newest_dead_letter = shelf.newest_dead_letter
+        self.replay_dead_letter, self.drop_dead_letter = (
+            shelf.replay_dead_letter,
+            shelf.drop_dead_letter,
+        )
 
     def queue_depths(self, keys_list: Sequence[Keys]) -> list[StreamDepth]:
         """A row for every stream holding entries: those in the ready set (unread entries) or
@@ -334,65 +365,8 @@ class Admin(BrokerCore):
         return keys.sharded(max(1, count))
 
     def summed_key_stats(self, shards: Sequence[Keys]) -> list[KeyStats]:
-        """``key_stats`` of every shard, summed per batch key (ages: the oldest, last seen:
-        the latest)."""
-        rows: dict[str, KeyStats] = {}
-        for keys in shards:
-            for row in self.key_stats(keys):
-                total = rows.setdefault(row.key, KeyStats(row.key, 0, 0))
-                total.queued_items += row.queued_items
-                total.last_seen_ms = max(total.last_seen_ms, row.last_seen_ms)
-                total.waiting += row.waiting
-                total.pending += row.pending
-                total.oldest_age_ms = max(total.oldest_age_ms, row.oldest_age_ms)
-                total.read += row.read
-        return list(rows.values())
-
-    def dead_letter_depths(self, keys_list: Sequence[Keys]) -> list[tuple[Keys, int]]:
-        with redis_errors(self.url):
-            pipe = self.redis.pipeline(transaction=False)
-            for keys in keys_list:
-                pipe.xlen(keys.dead)
-            return list(zip(keys_list, (int(n) for n in pipe.execute()), strict=True))
-
-    def dead_letters(
-        self, keys: Keys, start: str, end: str, limit: int
-    ) -> list[tuple[bytes, dict[bytes, bytes]]]:
-        """Records of the serving's dead-letter stream from ``start`` to ``end`` (ids)."""
-        with redis_errors(self.url):
-            raw = self.redis.xrange(keys.dead, start, end, count=limit)
-        return cast(list[tuple[bytes, dict[bytes, bytes]]], raw or [])
-
-    def newest_dead_letter(self, keys: Keys) -> str | None:
-        """The id of the serving shard's newest dead letter, None when it has none."""
-        with redis_errors(self.url):
-            raw = cast(StreamEntries, self.redis.xrevrange(keys.dead, "+", "-", count=1))
-        return text(raw[0][0]) if raw else None
-
-    def replay_dead_letter(
-        self, keys: Keys, dead_id: str, stream: str, requests: Sequence[tuple[bytes, bytes, int]]
-    ) -> list[str] | None:
-        """Queue a dead letter's requests (header, payload, items) again, one entry each, and
-        drop the record, atomically (replay.lua); returns the new entry ids, or None when the
-        record is gone (replayed or dropped meanwhile) or names another stream by now.
-
-        ``stream`` must be a request stream of ``keys``' shard, and each item count an int
-        from 1 to its payload's length: the caller checked both (ops/deadletter.py)."""
-        batch_key, priority = keys.parse_stream(stream)
-        args: list[Any] = [dead_id, GROUP, batch_key, priority, PRIORITY_AGE_MS]
-        for header, payload, n in requests:
-            args += [header, payload, n]
-        script_keys = [
-            *(keys.dead, stream, keys.queued, keys.seen, keys.ready, keys.wake, keys.depth),
-            keys.pdepth,
-        ]
-        with redis_errors(self.url):
-            new_ids = self._replay(keys=script_keys, args=args)
-        return [text(i) for i in new_ids] if new_ids else None
-
-    def drop_dead_letter(self, keys: Keys, dead_id: str) -> bool:
-        with redis_errors(self.url):
-            return bool(self.redis.xdel(keys.dead, dead_id))
+        """``key_stats`` of every shard, summed per batch key (``summed``)."""
+        return summed(row for keys in shards for row in self.key_stats(keys))
 
     def set_config(self, keys: Keys, options: Mapping[str, Any]) -> None:
         """Store run-time overrides, and show them in the declared options at once, with the

@@ -17,7 +17,7 @@ from queueserve.broker.channels import SharedSubscriptions
 from queueserve.broker.common import consumer_name, text
 from queueserve.broker.connect import is_cluster
 from queueserve.broker.core import BrokerCore, Subscription, no_group
-from queueserve.broker.dead_letters import DeadLetters
+from queueserve.broker.dead_letters import DeadLetterWriter
 from queueserve.broker.declarations import Declarations
 from queueserve.broker.reads import Reads
 from queueserve.broker.redis_errors import error_code, redis_errors
@@ -42,7 +42,7 @@ class Consumer(BrokerCore):
         self._channels = SharedSubscriptions(self.redis, url)
         self.reads = reads = Reads(self)
         self.replies = Replies(self, reads)
-        self.letters = letters = DeadLetters(self)
+        self.letters = letters = DeadLetterWriter(self)
         self.declared = declared = Declarations(self)
         # What the worker calls of the parts, bound once (no call layer on its hot path)
         self.ensure_group, self.adopt_legacy_keys = reads.ensure_group, reads.adopt_legacy_keys

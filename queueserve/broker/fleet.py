@@ -1,6 +1,7 @@
-"""What the dashboard reads besides Admin's: a serving's workers with their heartbeats, their
-registry records (host, pid, partition, device, and the batches and items they ran), and a
-page of its queues (``top_queues``) that costs the same whatever the number of batch keys."""
+"""What the dashboard reads besides what it asks of the Admin it holds: a serving's workers
+with their heartbeats, their registry records (host, pid, partition, device, and the batches
+and items they ran), and a page of its queues (``top_queues``) that costs the same whatever
+the number of batch keys."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
+
+import redis
 
 from queueserve.broker.admin import Admin, StreamDepth, _entry_ms, _streams_with_work, hash_count
 from queueserve.broker.common import names, text
@@ -59,7 +62,25 @@ class Backlog:
     dead_letters: int
 
 
-class Fleet(Admin):
+class Fleet:
+    """The dashboard's reads: its own (workers, their records, a page of queues, backlogs),
+    and those of the ``Admin`` it holds (``admin``: listings, shards, dead letters, options),
+    over the admin's connection."""
+
+    def __init__(
+        self, url: str, *, client: redis.Redis | None = None, owner: str | None = None
+    ) -> None:
+        self.admin = admin = Admin(url, client=client, owner=owner)
+        self.url, self.redis, self.close = admin.url, admin.redis, admin.close
+        # What the dashboard asks of the admin, bound once
+        self.meta, self.config, self.set_config = admin.meta, admin.config, admin.set_config
+        self.listing, self.shards = admin.listing, admin.shards
+        self.priority_items, self.dead_letter_depths = (
+            admin.priority_items,
+            admin.dead_letter_depths,
+        )
+        self.known_keys = admin.known_keys
+
     def backlogs(self, prefix: str, servings: Sequence[str]) -> list[Backlog]:
         """The backlog of each of ``servings``: a few commands per serving (per shard), in
         round trips of at most BULK commands, whatever the number of batch keys."""

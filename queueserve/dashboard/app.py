@@ -248,7 +248,7 @@ async def _declared(board: Board, name: str) -> str:
 
 async def _letters(board: Board, name: str) -> DeadLetters:
     name = await _declared(board, name)
-    return await run_in_threadpool(DeadLetters, board.fleet, board.prefix, name)
+    return await run_in_threadpool(DeadLetters, board.fleet.admin, board.prefix, name)
 
 
 async def _run(call: Any, dead_id: str) -> Any:

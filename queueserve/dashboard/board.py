@@ -169,7 +169,7 @@ class Board:
         ]
 
     def dead_letters(self, name: str) -> list[dict[str, Any]]:
-        letters = DeadLetters(self.fleet, self.prefix, name)
+        letters = DeadLetters(self.fleet.admin, self.prefix, name)
         return [
             {
                 "id": r.id,

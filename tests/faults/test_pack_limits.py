@@ -12,7 +12,7 @@ import pytest
 import redis
 
 import queueserve as qs
-from queueserve.broker.dead_letters import DeadLetter, DeadLetters
+from queueserve.broker.dead_letters import DeadLetter, DeadLetterWriter
 from queueserve.wire.keys import Keys
 from queueserve.wire.protocol import MAX_PACK_REQUESTS
 from tests.support.broker import RedisBroker
@@ -35,15 +35,15 @@ def forged_pack(inbox: RawInbox, orphans: int, answerable: int = 0) -> dict[str,
 @pytest.fixture
 def dead_letter_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
     """How many records each call of the worker's ``write_dead_letters`` (its consumer's
-    ``DeadLetters``) wrote: one call is one round trip."""
+    ``DeadLetterWriter``) wrote: one call is one round trip."""
     calls: list[int] = []
-    write = DeadLetters.write_dead_letters
+    write = DeadLetterWriter.write_dead_letters
 
-    def counted(self: DeadLetters, keys: Keys, letters: Sequence[DeadLetter]) -> None:
+    def counted(self: DeadLetterWriter, keys: Keys, letters: Sequence[DeadLetter]) -> None:
         calls.append(sum(len(letter.records) for letter in letters))
         write(self, keys, letters)
 
-    monkeypatch.setattr(DeadLetters, "write_dead_letters", counted)
+    monkeypatch.setattr(DeadLetterWriter, "write_dead_letters", counted)
     yield calls
 
 
