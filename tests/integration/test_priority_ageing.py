@@ -15,7 +15,7 @@ import pytest
 import redis
 
 import queueserve as qs
-from queueserve.broker import admin, common, consumer, reads
+from queueserve.broker import common, consumer, dead_letters, reads
 from tests.support.helpers import WAIT_S, wait_until
 from tests.support.servings import Recording
 
@@ -30,7 +30,7 @@ FLOOD = 600  # priority-9 requests, one item each: 150 batches, several times th
 def quick_ageing(monkeypatch: pytest.MonkeyPatch) -> None:
     """PRIORITY_AGE_MS of AGE_MS wherever the client reads it (the worker reads the serving's
     priority_age)."""
-    for module in (common, reads, consumer, admin):
+    for module in (common, reads, consumer, dead_letters):
         monkeypatch.setattr(module, "PRIORITY_AGE_MS", AGE_MS)
 
 

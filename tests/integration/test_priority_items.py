@@ -89,7 +89,7 @@ def test_the_backlog_per_priority_counts_items_of_requests_and_packs_then_goes_t
     admin = Fleet(redis_url)
     try:
         now_ms = int(time.time() * 1000)
-        lines = [line.split() for line in stats.priority_lines(admin, "prio", [keys], now_ms)]
+        lines = [line.split() for line in stats.priority_lines(admin.admin, "prio", [keys], now_ms)]
         assert [line[:3] for line in lines] == [["prio", "0", "22"], ["prio", "5", "14"]]
         assert all(line[3] != "-" for line in lines), "each priority's oldest request's age"
         (serving,) = Board(admin, prefix).overview()["servings"]
