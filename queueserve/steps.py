@@ -37,9 +37,9 @@ from dataclasses import dataclass, field
 from types import EllipsisType
 from typing import Any
 
-from queueserve.hooks import END, NO_OUTPUT
 from queueserve.options.serving_options import StepOptions, resolve
 from queueserve.serving import Batch, Serving
+from queueserve.static_steps import static_results, static_steps
 
 _calling = threading.local()  # .states: id(serving) -> its key's state, around each call
 
@@ -162,17 +162,11 @@ class StepServing(Serving):
     ) -> None:
         if "batch_size" in options:
             raise TypeError("a StepServing's batch size is max_slots: pass max_slots=")
-        given = {
-            "max_slots": max_slots,
-            "max_batch_tokens": max_batch_tokens,
-            "max_prefill_tokens": max_prefill_tokens,
-            "waiting_served_ratio": waiting_served_ratio,
-            "max_waiting_steps": max_waiting_steps,
-            "prefix_cache_bytes": prefix_cache_bytes,
-        }
-        chosen: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
-        if caller_gone_after is not ...:  # None is a value here: never look
-            chosen["caller_gone_after"] = caller_gone_after
+        # The options given as keywords (each parameter is named as its StepOptions field)
+        given = {k: v for k, v in locals().items() if k in StepOptions.model_fields}
+        chosen = {k: v for k, v in given.items() if v is not None and v is not ...}
+        if caller_gone_after is None:  # a value here: never look (...: the class's)
+            chosen["caller_gone_after"] = None
         step = resolve(StepOptions, type(self), chosen)
         super().__init__(batch_size=step.max_slots, **options)
         if self.max_latency:
@@ -254,58 +248,19 @@ class StepServing(Serving):
         """Static generator batching of the same steps: prefill ``items`` together, then decode
         until every one ended, yielding each step (``qs.END`` in the place of ended items,
         ``qs.NO_OUTPUT`` where decode gave none) and finally returning the states. No item
-        joins or leaves early."""
-        states = self.prefill(list(items))
-        if len(states) != len(items):
-            raise ValueError(
-                f"{type(self).__name__}.prefill returned {len(states)} states for {len(items)} "
-                "items; return one state per item"
-            )
-        live = list(range(len(items)))
-        while live:
-            step = self.decode([states[i] for i in live])
-            if len(step) != len(live):
-                raise ValueError(
-                    f"{type(self).__name__}.decode returned {len(step)} outputs for "
-                    f"{len(live)} states; return one output (or qs.END) per state"
-                )
-            row: list[Any] = [END] * len(items)
-            for i, out in zip(live, step, strict=True):
-                row[i] = out
-            live = [i for i in live if row[i] is not END]
-            yield row
-        return states
+        joins or leaves early (static_steps.py)."""
+        return static_steps(self, items)
 
     def handle_batch(self, batch: Batch) -> list[Any]:
         """Run ``batch`` statically to its end and return each item's ``result`` (what
         ``inline``/``inline_many`` give; workers run the continuous executor instead), with
         ``key_state`` set to ``batch.state``."""
-        outputs: list[list[Any]] = [[] for _ in batch]
         with keyed(self, batch.state):
-            steps = self.static_steps(list(batch))
-            while True:
-                try:
-                    row = next(steps)
-                except StopIteration as done:
-                    states: list[Any] = done.value
-                    break
-                for i, out in enumerate(row):
-                    if out is not END and out is not NO_OUTPUT:
-                        outputs[i].append(out)
-            return [self.result(s, o) for s, o in zip(states, outputs, strict=True)]
+            return static_results(self, list(batch))
 
     def options(self) -> dict[str, Any]:
-        return {
-            **super().options(),
-            "step": True,
-            "max_slots": self.max_slots,
-            "max_batch_tokens": self.max_batch_tokens,
-            "max_prefill_tokens": self.max_prefill_tokens,
-            "waiting_served_ratio": self.waiting_served_ratio,
-            "max_waiting_steps": self.max_waiting_steps,
-            "prefix_cache_bytes": self.prefix_cache_bytes,
-            "caller_gone_after": self.caller_gone_after,
-        }
+        step = {name: getattr(self, name) for name in StepOptions.model_fields}
+        return {**super().options(), "step": True, **step}
 
     def __repr__(self) -> str:
         return (

@@ -672,17 +672,15 @@ def class_sizes(root: Path, package: str) -> dict[str, tuple[int, int]]:
     return sizes
 
 
-def size_problems(root: Path, package: str, listed: dict[str, int] | None = None) -> list[str]:
+def size_problems(root: Path, package: str) -> list[str]:
     """Modules over MAX_MODULE_LINES lines (as ruff format lays them out), and classes over
-    MAX_CLASS_LINES code lines counting their in-package bases (a ``listed`` class: over the
-    size it is listed at)."""
-    listed = listed or {}
+    MAX_CLASS_LINES code lines counting their in-package bases."""
     too_big = []
     for path in sorted((root / package).rglob("*.py")):
         if (lines := path.read_text().count("\n")) > MAX_MODULE_LINES:
             too_big.append(f"{path.relative_to(root)}: {lines} lines")
     for cls, (lines, total) in sorted(class_sizes(root, package).items()):
-        if total > listed.get(cls, MAX_CLASS_LINES):
+        if total > MAX_CLASS_LINES:
             bases = f" ({lines} of its own, the rest its bases')" if total > lines else ""
             too_big.append(f"class {cls}: {total} code lines{bases}")
     return too_big
@@ -726,23 +724,9 @@ def test_the_size_rule_counts_a_class_with_its_bases_and_measures_code(tmp_path:
     assert "151 of its own" in problems[1]
 
 
-# Classes over MAX_CLASS_LINES when the rule began counting bases (issue 43), at the size each
-# had then: none may grow, and each leaves this list once it fits (the test below says when).
-STILL_OVER = {
-    "queueserve.steps.StepServing": 315,  # StepServing -> Serving (both public bases)
-    "queueserve.steps._FunctionSteps": 341,  # _FunctionSteps -> StepServing -> Serving
-}
-
-
 def test_no_module_or_class_of_queueserve_grows_into_a_hub() -> None:
     """Short modules that each own one thing: a module past 450 lines, or a class past 300
     code lines with its in-package bases, is one that every next feature would have to edit
     (a class is not kept short by stacking bases: its parts are held, not inherited)."""
-    too_big = size_problems(REPO, "queueserve", STILL_OVER)
+    too_big = size_problems(REPO, "queueserve")
     assert not too_big, "split these: " + "; ".join(too_big)
-
-
-def test_a_class_listed_over_the_size_limit_still_is() -> None:
-    sizes = class_sizes(REPO, "queueserve")
-    fits = [c for c in STILL_OVER if sizes.get(c, (0, 0))[1] <= MAX_CLASS_LINES]
-    assert not fits, f"these fit now: take them out of STILL_OVER: {fits}"
