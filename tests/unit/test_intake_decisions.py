@@ -77,6 +77,27 @@ def test_every_decision_is_returned_and_nothing_is_written() -> None:
     assert (dead_request.rid, kind, body[3]) == (4, ERROR, ERR_DEAD_LETTER)
 
 
+def test_an_entry_split_from_a_reclaimed_pack_is_a_replay_on_every_path() -> None:
+    # Given the entries split.lua writes ('r': each request ran once already, in its pack),
+    # read for the first time, by a serving whose plain entries take the fast decode and by
+    # one whose entries do not (a request model: the full decode)
+    split = request(1, ["a"]) | {b"r": b"1"}
+    for serving in (
+        qs.Serving(lambda xs: xs, name="echo", batch_size=8),
+        qs.Serving(lambda xs: xs, name="echo", batch_size=8, cost=len),
+    ):
+        broker: Consumer = NoBroker()  # type: ignore[assignment]
+        intake = Intake(serving, MSGPACK, KEYS, broker, "c1", Middleware())
+        # (after an entry of the same caller: its reply address is one the fast decode knows)
+        decided = intake.ingest([entry(b"1-0", request(2, ["b"])), entry(b"2-0", split)])
+        # Then it runs as a replay (its events restart, its job's record is not taken for a
+        # first run's), and a plain entry beside it does not
+        assert [(p.request.rid, p.request.replay) for _, p in decided.slices] == [
+            (2, False),
+            (1, True),
+        ]
+
+
 def test_a_pack_that_split_lua_refuses_becomes_a_dead_letter_of_the_whole_pack() -> None:
     serving = qs.Serving(lambda xs: xs, name="echo", batch_size=8)
     intake = Intake(serving, MSGPACK, KEYS, NoBroker(), "c1", Middleware())  # type: ignore[arg-type]

@@ -92,7 +92,8 @@ class Intake:
             if b"k" in entry.fields:
                 self._ingest_pack(entry, out, now, plain)
                 continue
-            if plain and not entry.reclaimed:
+            # (an entry split.lua made, 'r', ran before: the full decode marks it a replay)
+            if plain and not entry.reclaimed and b"r" not in entry.fields:
                 fast = decode_plain(
                     codec,
                     serving.max_payload_bytes,
