@@ -76,15 +76,25 @@ def test_each_key_runs_with_its_state_and_at_most_max_loaded_keys_are_held(
     check(serving)
 
 
-def test_a_key_with_running_sequences_is_never_evicted_the_load_waits(
+def a_running_in_room_for_one(
     start_worker: StartWorker, client: qs.Client
-) -> None:
-    # Given room for one state, held by key a whose sequence runs until the gate opens
+) -> tuple[KeyedSteps, Any]:
+    """A worker with room for one key state, held by key a, whose one sequence runs (until the
+    serving's gate opens); the serving and a's ticket."""
     serving = KeyedSteps(max_loaded_keys=1)
     start_worker(serving)
     held = send(client, "a", {"n": 1, "hold": True})
     a_steps = steps_of(serving, "a")
     wait_until(lambda: a_steps() > 0, "a running")
+    return serving, held
+
+
+def test_a_key_with_running_sequences_is_never_evicted_the_load_waits(
+    start_worker: StartWorker, client: qs.Client
+) -> None:
+    # Given room for one state, held by key a whose sequence runs until the gate opens
+    serving, held = a_running_in_room_for_one(start_worker, client)
+    a_steps = steps_of(serving, "a")
     # When a request of key b comes
     b = send(client, "b", {"n": 2})
     # Then while a's sequence runs (20 more of its steps), b is not loaded: a is not evicted
@@ -128,11 +138,7 @@ def test_a_request_leaving_releases_its_key_cancelled_or_expired(
     start_worker: StartWorker, client: qs.Client
 ) -> None:
     # Given room for one state, held by key a whose sequence runs until the gate opens
-    serving = KeyedSteps(max_loaded_keys=1)
-    start_worker(serving)
-    held = send(client, "a", {"n": 1, "hold": True})
-    a_steps = steps_of(serving, "a")
-    wait_until(lambda: a_steps() > 0, "a running")
+    serving, held = a_running_in_room_for_one(start_worker, client)
     b = send(client, "b", {"n": 2})
     # When a's caller cancels it (its sequence never ends by itself: the gate stays shut)
     held.cancel()
