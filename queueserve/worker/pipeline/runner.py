@@ -29,6 +29,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 
 from queueserve.broker.consumer import Consumer
 from queueserve.broker.held import held_elsewhere
@@ -144,16 +145,21 @@ class ServingRunner:
         )
         if isinstance(self.assembler, Assembler):
             self.stages.batch_times = self.assembler.batch_times
-        if self.stepper is not None and self.stages.states is not None:
-            self.stepper.hold(self.stages.states)  # load_key: the steps run with key states
         self.affinity: Affinity | None = None  # with load_key: reads follow what is loaded
-        if self.stages.states is not None and isinstance(self.assembler, Assembler):
+        states = self.stages.states
+        if states is not None:
+            waiting: Callable[[], AbstractSet[str]]
+            if isinstance(self.assembler, Assembler):
+                waiting = functools.partial(
+                    waiting_keys, self.assembler, self.ledger.cond, self.stages
+                )
+                states.wanted = waiting  # (a step executor's KeyLoads tells its own)
+            else:
+                assert self.stepper is not None  # a StepQueue has its executor
+                self.stepper.hold(states)  # load_key: the steps run with key states
+                waiting = functools.partial(getattr, self.stepper.keys, "wanted")
             self.affinity = follow_loads(
-                self.stages, self.assembler, self.ledger.cond, lambda: self.serving.batch_size
-            )
-        elif self.stages.states is not None and self.stepper is not None:
-            self.affinity = follow_step_loads(
-                self.stages, self.stepper, lambda: self.serving.batch_size
+                self.stages, self.assembler, waiting, lambda: self.serving.batch_size
             )
 
     @property
@@ -357,42 +363,23 @@ class ServingRunner:
 
 
 def follow_loads(
-    stages: Stages, assembler: Assembler, cond: threading.Condition, batch_size: Callable[[], int]
+    stages: Stages,
+    queue: Assembler | StepQueue,
+    waiting: Callable[[], AbstractSet[str]],
+    batch_size: Callable[[], int],
 ) -> Affinity:
     """Reads that follow what is loaded, for a serving with load_key (affinity.py): the marks
-    of the keys ``stages`` holds into ``assembler``'s reads, '*' while fewer of the keys whose
-    work waits here wait for a load than the partition loads at once; and those keys' states
-    evicted last."""
+    of the keys ``stages`` holds into ``queue``'s reads (a batch serving's assembler, a step
+    serving's queue), '*' while fewer of the keys whose work waits here (``waiting``) wait
+    for a load than the partition loads at once."""
     states = stages.states
     assert states is not None
-    waiting = functools.partial(waiting_keys, assembler, cond, stages)
-    affinity = Affinity(
-        states.held,
-        lambda: states.mean_load_s,
-        lambda marks: setattr(assembler, "affinity_marks", marks),
-        batch_size,
-        lambda: len(waiting() - states.loaded) < states.max_loading,  # (at each read)
-    )
-    stages.on_states = affinity.refresh
-    states.wanted = waiting
-    return affinity
-
-
-def follow_step_loads(
-    stages: Stages, stepper: StepExecutor, batch_size: Callable[[], int]
-) -> Affinity:
-    """``follow_loads`` for a step serving: the marks of the keys its steps hold into its
-    queue's reads, '*' while fewer keys of its waiting requests wait for a load than the
-    partition loads at once (the executor's loader thread loads them, stepping/key_loads.py)."""
-    states = stages.states
-    assert states is not None
-    keys, queue = stepper.keys, stepper.queue
     affinity = Affinity(
         states.held,
         lambda: states.mean_load_s,
         lambda marks: setattr(queue, "affinity_marks", marks),
         batch_size,
-        lambda: len(keys.wanted - states.loaded) < states.max_loading,
+        lambda: len(waiting() - states.loaded) < states.max_loading,  # (at each read)
     )
     stages.on_states = affinity.refresh
     return affinity
