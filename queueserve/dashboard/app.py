@@ -21,7 +21,6 @@ import pydantic
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
-from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import FileResponse, Response
 from starlette.routing import Route
@@ -32,14 +31,7 @@ from queueserve.dashboard.exporter import exposition
 from queueserve.door.auth import Token, refused
 from queueserve.door.body import JSON, parse
 from queueserve.door.crosssite import WriteRule
-from queueserve.door.http_errors import (
-    ApiError,
-    ClientGone,
-    api_error,
-    client_gone,
-    error_response,
-    http_error,
-)
+from queueserve.door.http_errors import HANDLERS, ApiError, error_response
 from queueserve.ops.deadletter import DeadLetters
 from queueserve.options.servers import DashboardOptions
 from queueserve.options.stored import parse_assignments
@@ -100,12 +92,7 @@ def create_app(
             Route("/api/config", views.config_set, methods=["POST"]),
         ],
         lifespan=lifespan,
-        exception_handlers={
-            ApiError: api_error,
-            ClientGone: client_gone,
-            HTTPException: http_error,
-            Exception: internal_error,
-        },
+        exception_handlers={**HANDLERS, Exception: internal_error},
     )
 
 

@@ -8,11 +8,13 @@ table for users.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Final
 
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+from starlette.types import ExceptionHandler
 
 from queueserve.errors import (
     BadRequest,
@@ -102,7 +104,6 @@ def error_response(error: ApiError) -> JSONResponse:
     return JSONResponse(error_body(error), status_code=error.status, headers=error.headers)
 
 
-# Exception handlers both servers install (Starlette's exception_handlers)
 async def api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ApiError)
     return error_response(exc)
@@ -129,3 +130,12 @@ async def http_error(request: Request, exc: Exception) -> Response:
             dict(exc.headers or {}),
         )
     )
+
+
+# Starlette's exception_handlers, as both servers install them; each adds its own for
+# Exception (a 500 that names the server).
+HANDLERS: Final[Mapping[Any, ExceptionHandler]] = {
+    ApiError: api_error,
+    ClientGone: client_gone,
+    HTTPException: http_error,
+}

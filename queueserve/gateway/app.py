@@ -11,7 +11,6 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
@@ -20,15 +19,7 @@ from starlette.routing import Route
 from queueserve.client.async_client import AsyncClient
 from queueserve.door.body import JSON
 from queueserve.door.crosssite import WriteRule, WriteRuleMiddleware
-from queueserve.door.http_errors import (
-    ApiError,
-    ClientGone,
-    api_error,
-    client_gone,
-    error_response,
-    http_error,
-    internal,
-)
+from queueserve.door.http_errors import HANDLERS, ApiError, error_response, internal
 from queueserve.gateway import job_routes, openai_api, servings
 from queueserve.gateway.core import Gateway
 from queueserve.gateway.fast import FastDispatch, GatewayApp
@@ -130,12 +121,7 @@ def create_app(
         ],
         middleware=middleware,
         lifespan=lifespan,
-        exception_handlers={
-            ApiError: api_error,
-            ClientGone: client_gone,
-            HTTPException: http_error,
-            Exception: internal_error,
-        },
+        exception_handlers={**HANDLERS, Exception: internal_error},
     )
     # POST .../dispatch skips the stack: FastDispatch checks the token and counts it itself.
     app.fast = FastDispatch(gw, metrics, tenants)
