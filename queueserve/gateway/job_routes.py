@@ -18,11 +18,11 @@ from starlette.routing import Route
 
 from queueserve.client.async_client import AsyncTicket
 from queueserve.client.job_handles import AsyncJob
-from queueserve.door.body import JSON, NoBool, idempotency_key, parse
+from queueserve.door.body import JSON, NoBool, idempotency_key
 from queueserve.door.http_errors import ApiError, bad_request, from_queueserve, item_error
 from queueserve.errors import Cancelled, QueueServeError, Timeout
 from queueserve.gateway.core import Gateway
-from queueserve.gateway.servings import Options, encoded
+from queueserve.gateway.servings import Options, encoded, serving_body
 from queueserve.gateway.sse import disconnected
 from queueserve.gateway.tenants import caller
 from queueserve.wire.job_record import MAX_KEEP_MS
@@ -40,9 +40,7 @@ class SubmitJob(Options):
 
 def routes(gw: Gateway) -> list[Route]:
     async def submit(request: Request) -> Response:
-        name = request.path_params["name"]
-        body = await parse(request, SubmitJob, gw.max_body_bytes)
-        await gw.require(name)
+        name, body = await serving_body(gw, request, SubmitJob)
         tenant = caller(request.scope)
         key = idempotency_key(request.scope)
         ticket = await gw.submit(tenant, name, body.items, body, body.keep, key)

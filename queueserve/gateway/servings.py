@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncGenerator
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 from starlette.requests import Request
@@ -51,11 +51,21 @@ def encoded(content: Any) -> Response:
         raise ApiError(502, "unencodable_result", str(e)) from None
 
 
+M = TypeVar("M", bound=Options)
+
+
+async def serving_body(gw: Gateway, request: Request, model: type[M]) -> tuple[str, M]:
+    """The serving a route names and the body it sent, validated into ``model``: a bad body
+    is 400 before a serving no worker declared is 404 (``Gateway.require``)."""
+    name: str = request.path_params["name"]
+    body = await parse(request, model, gw.max_body_bytes)
+    await gw.require(name)
+    return name, body
+
+
 def routes(gw: Gateway) -> list[Route]:
     async def dispatch(request: Request) -> Response:
-        name = request.path_params["name"]
-        body = await parse(request, Dispatch, gw.max_body_bytes)
-        await gw.require(name)
+        name, body = await serving_body(gw, request, Dispatch)
         key = idempotency_key(request.scope)
         (result,) = await gw.call(
             request.receive, caller(request.scope), name, [body.item], body, False, key
@@ -63,9 +73,7 @@ def routes(gw: Gateway) -> list[Route]:
         return encoded({"result": result})
 
     async def dispatch_many(request: Request) -> Response:
-        name = request.path_params["name"]
-        body = await parse(request, DispatchMany, gw.max_body_bytes)
-        await gw.require(name)
+        name, body = await serving_body(gw, request, DispatchMany)
         key = idempotency_key(request.scope)
         results = await gw.call(
             request.receive,
@@ -81,9 +89,7 @@ def routes(gw: Gateway) -> list[Route]:
         )
 
     async def stream(request: Request) -> EventStream:
-        name = request.path_params["name"]
-        body = await parse(request, Stream, gw.max_body_bytes)
-        await gw.require(name)
+        name, body = await serving_body(gw, request, Stream)
         events = gw.stream(
             caller(request.scope),
             name,
