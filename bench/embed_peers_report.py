@@ -32,6 +32,8 @@ SYSTEMS = (
     System("model", "model alone (`encode`, sorted by length)", "in-process"),
     System("qs-client", "queueserve", "AsyncClient: `dispatch`; `map(chunk_size=32)`"),
     System("qs-gateway", "queueserve", "gateway `/v1/embeddings`"),
+    # not judged: the serving set as Infinity runs, no wait for a batch to fill
+    System("qs-nowait", "queueserve", "AsyncClient, `batch_timeout=0` (no wait, as Infinity)"),
     System("infinity", "infinity-emb", "HTTP"),
     System("litserve", "LitServe", "HTTP"),
     System("ray", "Ray Serve `@serve.batch`", "HTTP"),
@@ -241,6 +243,6 @@ def chart_rows(results: dict[str, dict[str, Any]]) -> list[tuple[str, dict[str, 
         r = results.get(s.key)
         if r is None or not shown(r):
             continue
-        name = label(s.key, r) if s.key not in QUEUESERVE else f"queueserve {s.key[3:]}"
+        name = label(s.key, r) if not s.key.startswith("qs-") else f"queueserve {s.key[3:]}"
         rows.append((name.replace("`", ""), {k: v[0] for k, v in summary(r).items()}))
     return rows

@@ -50,7 +50,7 @@ DISTRIBUTIONS = {"infinity": "infinity-emb", "litserve": "litserve", "ray": "ray
 
 def stack_of(key: str) -> tuple[str, ...]:
     """The systems one start serves: queueserve's client and gateway share a worker."""
-    return ("qs-client", "qs-gateway") if key.startswith("qs-") else (key,)
+    return ("qs-client", "qs-gateway") if key in ("qs-client", "qs-gateway") else (key,)
 
 
 def python_of(key: str) -> Path:
@@ -207,13 +207,18 @@ def started(key: str, texts: list[str], args: Any) -> Iterator[dict[str, Any]]:
         if key.startswith("qs-"):
             server = RedisServer().start()
             url = server.url
-            procs.append(spawn(queueserve_argv(url, "worker"), log))
+            serving = "embed_nowait" if key == "qs-nowait" else "embed"
+            procs.append(spawn(queueserve_argv(url, "worker", serving), log))
+            # (the gateway answering is what says the worker serves; qs-nowait's is not measured)
             procs.append(spawn(queueserve_argv(url, "gateway", "--port", str(port)), log))
             wait_ready(procs, port, log, "the queueserve worker and gateway")
-            yield {
-                "qs-client": lambda: client_door(url, texts),
-                "qs-gateway": HttpDoor("qs-gateway", port, texts, MODEL_NAME),
-            }
+            if key == "qs-nowait":
+                yield {key: lambda: client_door(url, texts, key, serving)}
+            else:
+                yield {
+                    "qs-client": lambda: client_door(url, texts, "qs-client", serving),
+                    "qs-gateway": HttpDoor("qs-gateway", port, texts, MODEL_NAME),
+                }
         else:
             procs.append(spawn(peer_argv(key, port, str(model_dir())), log))
             wait_ready(procs, port, log, key)
@@ -230,16 +235,19 @@ def started(key: str, texts: list[str], args: Any) -> Iterator[dict[str, Any]]:
 
 
 def queueserve_argv(url: str, command: str, *more: str) -> list[str]:
-    """``queueserve worker`` (one partition, one torch thread) or ``queueserve gateway``."""
+    """``queueserve worker SERVING`` (a serving of bench/embed_peers_servings.py; one
+    partition, one torch thread) or ``queueserve gateway ...``."""
     if command == "worker":
-        more = ("bench.embed_peers_servings:embed", "--partitions", "1", "--torch-threads", "1")
+        serving = f"bench.embed_peers_servings:{more[0]}"
+        more = (serving, "--partitions", "1", "--torch-threads", "1")
     common = ("--redis-url", url, "--prefix", PREFIX, "--log-level", "warning")
     return [sys.executable, "-m", "queueserve", command, *more, *common]
 
 
-async def client_door(url: str, texts: list[str]) -> ClientDoor:
+async def client_door(url: str, texts: list[str], key: str, serving: str) -> ClientDoor:
     import queueserve as qs
 
-    from .embed_peers_servings import embed
+    from . import embed_peers_servings
 
-    return ClientDoor("qs-client", qs.AsyncClient(url, prefix=PREFIX), embed, texts)
+    embed = getattr(embed_peers_servings, serving)
+    return ClientDoor(key, qs.AsyncClient(url, prefix=PREFIX), embed, texts)

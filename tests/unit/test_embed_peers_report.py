@@ -173,3 +173,15 @@ def test_a_run_of_peers_alone_judges_nothing() -> None:
     r = results()
     del r["qs-client"], r["qs-gateway"]  # --only infinity --only litserve
     assert rep.verdicts(r) == []
+
+
+def test_the_no_wait_variant_is_shown_but_neither_judged_nor_a_peer() -> None:
+    r = results()
+    # fastest of all and lowest p99: were it a peer or judged, the verdicts would change
+    r["qs-nowait"] = {"rounds": rounds(60.0, 50.0, 20.0), "version": "0.1.0"}
+    assert rep.best_peer(r, "open_p99_ms", "less") == ("LitServe 0.2.19", pytest.approx(189.0))
+    assert [v.met for v in rep.verdicts(r)] == [v.met for v in rep.verdicts(results())]
+    assert "| queueserve 0.1.0 | AsyncClient, `batch_timeout=0`" in rep.table(r)
+    assert ("queueserve nowait", pytest.approx(rep.summary(r["qs-nowait"])["callers_s"][0])) in [
+        (name, figures.get("callers_s")) for name, figures in rep.chart_rows(r)
+    ]
