@@ -127,15 +127,16 @@ def table(results: dict[str, dict[str, Any]]) -> str:
     limit = limit_of(results)
     rows = [
         "| system | path | 32 callers x 1 text, texts/s | requests of 32 texts, texts/s "
-        "| 1 caller p50 / p99 ms | p99 ms at 70% of its max (offered/s) | lowest cosine |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        "| 1 caller p50 / p99 ms | p99 ms at 70% of its max (offered/s) "
+        "| p99 ms at one rate for all (offered/s) | lowest cosine |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for s in SYSTEMS:
         if s.key not in results:
             continue
         r = results[s.key]
         if not shown(r):
-            rows.append(f"| {label(s.key, r)} | {s.path} | {cell(why_not(r))} | | | | |")
+            rows.append(f"| {label(s.key, r)} | {s.path} | {cell(why_not(r))} | | | | | |")
             continue
         stats = summary(r)
         latency = (
@@ -148,9 +149,14 @@ def table(results: dict[str, dict[str, Any]]) -> str:
             if "open_p99_ms" in stats
             else "-"
         )
+        same_p99 = (
+            f"{figure(stats, 'same_p99_ms', '{:.0f}')} ({stats['same_per_s'][0]:.1f}/s)"
+            if "same_p99_ms" in stats
+            else "-"
+        )
         rows.append(
             f"| {label(s.key, r)} | {s.path} | {ratio_text(stats, 'callers_s', limit)} | "
-            f"{ratio_text(stats, 'chunks_s', limit)} | {latency} | {open_p99} | "
+            f"{ratio_text(stats, 'chunks_s', limit)} | {latency} | {open_p99} | {same_p99} | "
             f"{min_cosine(r):.6f} |"
         )
     return "\n".join(rows)

@@ -41,6 +41,8 @@ def rounds(callers: float, chunks: float, p99: float, cos: float = 1.0) -> list[
         "open_per_s": 0.7 * callers,
         "open_p50_ms": 60.0,
         "open_p99_ms": p99,
+        "same_per_s": 15.0,
+        "same_p99_ms": p99 / 2,
         "min_cos": cos,
         "vectors": 1000,
     }
@@ -185,3 +187,11 @@ def test_the_no_wait_variant_is_shown_but_neither_judged_nor_a_peer() -> None:
     assert ("queueserve nowait", pytest.approx(rep.summary(r["qs-nowait"])["callers_s"][0])) in [
         (name, figures.get("callers_s")) for name, figures in rep.chart_rows(r)
     ]
+
+
+def test_the_table_gives_each_system_its_p99_at_the_one_rate_for_all() -> None:
+    table = rep.table(results())
+    row = next(line for line in table.splitlines() if "LitServe" in line)
+    # p99 90 and 99 ms over the two rounds, offered 15 and 16.5/s
+    assert "| 94 (90-99) (15.8/s) |" in row
+    assert "p99 ms at one rate for all (offered/s)" in table.splitlines()[0]
