@@ -15,7 +15,7 @@ from queueserve.client.calls import Call
 from queueserve.wire.codec import get_codec
 from queueserve.wire.keys import Keys
 from queueserve.wire.protocol import WIRE_VERSION
-from queueserve.worker.pipeline.decode import Accepted, Rejected, decode_entry, decode_plain
+from queueserve.worker.pipeline.decode import Accepted, Rejected, decode_entry
 from queueserve.worker.pipeline.replies import ReplyQueue
 
 KEYS = Keys("qs", "s")
@@ -136,9 +136,9 @@ def test_one_pass_decode_accepts_only_what_decode_entry_accepts_and_the_same(nam
     f = ENTRIES[name]
     codec = get_codec("msgpack")
     slow = decode_entry(SERVING, codec, "qs", STREAM, b"1-0", f)
-    fast = decode_plain(codec, SERVING.max_payload_bytes, STREAM, b"1-0", f, time.time(), {INBOX})
+    fast = decode_entry(SERVING, codec, "qs", STREAM, b"1-0", f, time.time(), {INBOX}, fast=True)
     if name.startswith("valid"):
-        assert fast is not None and isinstance(slow, Accepted), slow
+        assert isinstance(fast, tuple) and isinstance(slow, Accepted), slow
         request, piece = fast
         for attr in (
             "rid",
@@ -155,16 +155,21 @@ def test_one_pass_decode_accepts_only_what_decode_entry_accepts_and_the_same(nam
             assert getattr(request, attr) == getattr(slow.request, attr), attr
         assert piece.items == slow.slices[0].items and piece.offset == 0
     else:
-        assert fast is None
-        # a streamed request is valid, but not the common shape: decode_entry takes it
+        # a streamed request is valid, but not the common shape: the full checks take it
         assert isinstance(slow, Accepted if name.startswith("declined") else Rejected), slow
+        # and the fast path's entry goes on to them: the same outcome, for the same reason
+        assert type(fast) is type(slow), fast
+        if isinstance(slow, Rejected):
+            assert isinstance(fast, Rejected)
+            assert (fast.reason, fast.kind) == (slow.reason, slow.kind)
 
 
-def test_one_pass_decode_leaves_an_address_it_has_not_seen_to_decode_entry() -> None:
+def test_one_pass_decode_leaves_an_address_it_has_not_seen_to_the_full_checks() -> None:
     f = ENTRIES["valid"]
     codec = get_codec("msgpack")
-    assert decode_plain(codec, 64, STREAM, b"1-0", f, time.time(), set()) is None
     known: set[str] = set()
-    assert isinstance(decode_entry(SERVING, codec, "qs", STREAM, b"1-0", f, None, known), Accepted)
+    first = decode_entry(SERVING, codec, "qs", STREAM, b"1-0", f, time.time(), known, fast=True)
+    assert isinstance(first, Accepted)  # the full checks found the address valid
     assert known == {INBOX}
-    assert decode_plain(codec, 64, STREAM, b"1-0", f, time.time(), known) is not None
+    again = decode_entry(SERVING, codec, "qs", STREAM, b"1-0", f, time.time(), known, fast=True)
+    assert isinstance(again, tuple)

@@ -4,17 +4,20 @@ hold."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import msgpack
+import pytest
 
 import queueserve as qs
 from queueserve.broker.consumer import Consumer
 from queueserve.wire.codec import get_codec
 from queueserve.wire.keys import Keys, inbox_key
-from queueserve.wire.kinds import ERR_DEAD_LETTER, ERROR
-from queueserve.wire.request import encode_request
+from queueserve.wire.kinds import ERR_DEAD_LETTER, ERR_TIMEOUT, ERROR
+from queueserve.wire.request import encode_request, parse_header
 from queueserve.worker.middleware import Middleware
+from queueserve.worker.pipeline import decode
 from queueserve.worker.pipeline.intake import Entry, Intake
 
 MSGPACK = get_codec("msgpack")
@@ -105,3 +108,38 @@ def test_a_pack_that_split_lua_refuses_becomes_a_dead_letter_of_the_whole_pack()
     assert (refused.stream, refused.entry_id, refused.ack_now) == (STREAM, b"7-0", True)
     assert "split.lua" in refused.records[0]["reason"]
     assert refused.records[0]["field:k"] == b"x"
+
+
+def test_an_entry_the_fast_decode_does_not_take_has_its_header_read_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given a plain serving's intake that knows one caller's reply address, and a count of
+    # the headers decode.py reads
+    serving = qs.Serving(lambda xs: xs, name="echo", batch_size=8)
+    intake = Intake(serving, MSGPACK, KEYS, NoBroker(), "c1", Middleware())  # type: ignore[arg-type]
+    intake.ingest([entry(b"1-0", request(1, ["a"]))])
+    reads: list[bytes] = []
+
+    def counted(raw: bytes) -> list[Any]:
+        reads.append(raw)
+        return parse_header(raw)
+
+    monkeypatch.setattr(decode, "parse_header", counted)
+    other = inbox_key("qs", "other")
+    header, payload = encode_request(MSGPACK, 2, ["b"], other, None)
+    unknown = {b"h": header, b"p": payload, b"a": b"1"}  # a caller not seen before
+    header, payload = encode_request(MSGPACK, 3, ["c"], INBOX, time.time() - 60)
+    expired = {b"h": header, b"p": payload, b"a": b"1"}
+    for fields, how in ((unknown, "runs"), (expired, "times out")):
+        for e in (entry(b"2-0", fields), entry(b"3-0", pack(fields))):
+            reads.clear()
+            # When intake takes it, alone or as a pack's request
+            decided = intake.ingest([e])
+            intake.inboxes.discard(other)  # (a caller not seen before, again for the next)
+            # Then the fast checks' header goes on to the full checks, not read again
+            assert reads == [fields[b"h"]], (how, e.entry_id)
+            if how == "runs":
+                assert [p.request.rid for _, p in decided.slices] == [2]
+            else:
+                [(_, _, _, kind, body)] = decided.rows
+                assert (kind, body[3]) == (ERROR, ERR_TIMEOUT)

@@ -33,13 +33,7 @@ from queueserve.wire.protocol import MAX_PACK_REQUESTS
 from queueserve.wire.request import pack_members
 from queueserve.worker.middleware import Middleware
 from queueserve.worker.pipeline.batching import Pack, Request, Slice
-from queueserve.worker.pipeline.decode import (
-    Accepted,
-    Rejected,
-    admitted_count,
-    decode_entry,
-    decode_plain,
-)
+from queueserve.worker.pipeline.decode import Accepted, Rejected, admitted_count, decode_entry
 from queueserve.worker.pipeline.execute import Row
 
 log = logging.getLogger(__name__)
@@ -92,24 +86,6 @@ class Intake:
             if b"k" in entry.fields:
                 self._ingest_pack(entry, out, now, plain)
                 continue
-            # (an entry split.lua made, 'r', ran before: the full decode marks it a replay)
-            if plain and not entry.reclaimed and b"r" not in entry.fields:
-                fast = decode_plain(
-                    codec,
-                    serving.max_payload_bytes,
-                    entry.stream,
-                    entry.entry_id,
-                    entry.fields,
-                    now,
-                    self.inboxes,
-                )
-                if fast is not None:
-                    key = key_of.get(entry.stream)
-                    if key is None:
-                        key = key_of[entry.stream] = self.keys.batch_key_of(entry.stream)
-                    mark_cached(fast[0], version, key, entry.fields)
-                    slices.append((key, fast[1]))
-                    continue
             decoded = decode_entry(
                 serving,
                 codec,
@@ -119,8 +95,16 @@ class Intake:
                 entry.fields,
                 now,
                 self.inboxes,
+                # (an entry split.lua made, 'r', ran before: the full checks mark it a replay)
+                plain and not entry.reclaimed and b"r" not in entry.fields,
             )
-            if entry.reclaimed and entry.deliveries >= serving.max_deliveries:
+            if isinstance(decoded, tuple):  # the common entry, decoded in one pass
+                key = key_of.get(entry.stream)
+                if key is None:
+                    key = key_of[entry.stream] = self.keys.batch_key_of(entry.stream)
+                mark_cached(decoded[0], version, key, entry.fields)
+                slices.append((key, decoded[1]))
+            elif entry.reclaimed and entry.deliveries >= serving.max_deliveries:
                 self._dead_letter(entry, decoded, out)
             elif isinstance(decoded, Rejected):
                 self._reject(entry, decoded, out)
@@ -161,26 +145,6 @@ class Intake:
         raw = entry.fields.get(b"w")
         withdrawn = parse_withdrawn(raw) if raw is not None else None
         for fields in members:
-            fast = (
-                decode_plain(
-                    codec,
-                    serving.max_payload_bytes,
-                    entry.stream,
-                    entry.entry_id,
-                    fields,
-                    now,
-                    self.inboxes,
-                )
-                if plain
-                else None
-            )
-            if fast is not None:
-                _join(fast[0], pack)
-                if withdrawn and _withdrawn(fast[0], withdrawn, out):
-                    continue
-                mark_cached(fast[0], version, key, fields)
-                slices.append((key, fast[1]))
-                continue
             decoded = decode_entry(
                 serving,
                 codec,
@@ -190,7 +154,15 @@ class Intake:
                 fields,
                 now,
                 self.inboxes,
+                plain,
             )
+            if isinstance(decoded, tuple):  # the common request, decoded in one pass
+                _join(decoded[0], pack)
+                if withdrawn and _withdrawn(decoded[0], withdrawn, out):
+                    continue
+                mark_cached(decoded[0], version, key, fields)
+                slices.append((key, decoded[1]))
+                continue
             if decoded.request is None:
                 orphans.append((fields, decoded.reason))
                 pack.admitted += _released(fields)  # released with the pack's ack
