@@ -215,14 +215,16 @@ def docs_block(
     return "\n".join(
         [
             BEGIN,
-            f"Run of {meta['date']}, commit `{meta['git']}`, {meta['cores']} cores shared with "
-            f"other work (1-minute load average {meta['loadavg']}), Python "
+            f"Run of {meta['date']}, commit `{meta['git']}`, {meta['cores']} cores (1-minute "
+            f"load average {meta['loadavg']}), Python "
             f"{meta['python']}, torch {meta['torch']}; `{meta['command']}`. "
             f"{meta['passages']:,} passages, {meta['rounds']} rounds with the systems in "
             f"alternating order; each round: {meta['seconds']:g} s of 32 callers, "
             f"{meta['chunk_texts']:,} texts in requests of 32 ({meta['in_flight']} in flight), "
             f"{meta['calls']} calls one at a time, {meta['seconds']:g} s of Poisson arrivals at "
-            f"70% of the system's 32-caller rate that round. Figures: median over the rounds "
+            f"70% of the system's 32-caller rate that round, {meta['seconds']:g} s of Poisson "
+            "arrivals at one rate for all (half the model alone's rate on the whole corpus). "
+            "Figures: median over the rounds "
             f"(lowest-highest); x: divided by the model alone.",
             "",
             table(results),
