@@ -134,14 +134,15 @@ def test_priorities_order_work_under_backlog(
     # Then, apart from what the worker held before they came (at most two batches), the
     # urgent items run before the backlog of priority 0: priority 9 first, then priority 5,
     # except that the worker reads a key a batch at a time, so a batch of the other key may
-    # slip between two of key "default"
+    # slip between two of key "default". What it held may run before the urgent batches, or
+    # between two of them when the executor finishes one before the reader brought the next
+    # (seen once on a loaded machine: p9 p9 p5 p9 p5 p0 p5): never more than those two.
     order = [items[0].split("-")[0] for _, items in serving.batches]
-    first_urgent = order.index("p9")
-    assert first_urgent <= 2, order
-    rest = order[first_urgent:]
-    assert sorted(rest[:6]) == ["p5"] * 3 + ["p9"] * 3, order
-    assert rest[0] == "p9" and rest[5] == "p5", order
-    assert set(rest[6:]) == {"p0"}, order
+    urgent = [i for i, tag in enumerate(order) if tag != "p0"]
+    assert len(urgent) == 6 and urgent[-1] <= 5 + 2, order
+    tags = [order[i] for i in urgent]
+    assert sorted(tags) == ["p5"] * 3 + ["p9"] * 3, order
+    assert tags[0] == "p9" and tags[-1] == "p5", order
 
 
 def test_a_batch_never_mixes_keys_but_may_mix_priorities_of_one_key(
