@@ -283,8 +283,9 @@ def measure(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, dict[st
     print(f"reference vectors of {len(texts):,} passages (sentence-transformers)...", flush=True)
     began = time.perf_counter()
     checker = Checker(model.encode(texts, batch_size=BATCH))
-    args.same_rate = SAME_LOAD * len(texts) / (time.perf_counter() - began)
-    print(f"  the model alone: {len(texts) / (time.perf_counter() - began):.1f}/s", flush=True)
+    alone = len(texts) / (time.perf_counter() - began)
+    args.same_rate = SAME_LOAD * alone
+    print(f"  the model alone: {alone:.1f}/s", flush=True)
     keys = [k for k in rep.KEYS if not args.only or k in args.only or k == "model"]
     started = time.perf_counter()
     results = run_rounds(keys, args, texts, model, checker)
