@@ -4,15 +4,18 @@ so (``queueserve worker tests.support.thread_app:NAME``, with ``QS_TEST_BREAK=<t
 setup(), which runs in the partition process, wraps the function that thread calls on every
 turn of its loop. The wrapper raises ``InjectedBug`` the first time it finds the key
 ``$QS_TEST_PREFIX:break`` in the test's Redis, and deletes the key, so the partition that the
-supervisor starts in its place serves normally. The reader's bug waits until an executor holds
-the reader's lent blocking read: a reader that died then used to wait for that read for ever.
+supervisor starts in its place serves normally. The reader's bug fires only on a turn of its
+loop where an executor holds the reader's lent blocking read (a reader that died then used to
+wait for that read for ever); on an idle worker the reader turns every RECLAIM_EVERY_S while the
+read is lent, so such a turn comes. It does not wait inside a turn: the request the test sends
+as the key is set may come back on the lent read undrained, and then nobody lends it again
+until the reader, waiting, reads on.
 """
 
 from __future__ import annotations
 
 import functools
 import os
-import time
 from typing import Any
 
 import redis
@@ -24,8 +27,6 @@ from queueserve.worker.pipeline.reader import Reader
 from queueserve.worker.pipeline.runner import ServingRunner
 from queueserve.worker.stepping.executor import StepExecutor
 from tests.support.step_app import Count
-
-LENT_WAIT_S = 30.0  # how long the reader's bug waits for an executor to borrow its read
 
 # QS_TEST_BREAK -> (class, method) run by that thread on every turn of its loop
 TARGETS: dict[str, tuple[type, str]] = {
@@ -54,24 +55,12 @@ def _break_when_told() -> None:
 
     @functools.wraps(original)
     def broken(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if r.exists(key):
-            if role == "reader":
-                _wait_for_lent_read(self)
-            if r.delete(key):
-                raise InjectedBug(f"injected bug in the {role} thread (QS_TEST_BREAK)")
+        if (role != "reader" or self.lease.borrowed) and r.delete(key):
+            raise InjectedBug(f"injected bug in the {role} thread (QS_TEST_BREAK)")
         return original(self, *args, **kwargs)
 
     broken.broken = True  # type: ignore[attr-defined]
     setattr(cls, name, broken)
-
-
-def _wait_for_lent_read(runner: ServingRunner) -> None:
-    """Until an executor holds the reader's blocking read (polled: a condition, bounded)."""
-    deadline = time.monotonic() + LENT_WAIT_S
-    while not runner.lease.borrowed:
-        if time.monotonic() > deadline:
-            raise TimeoutError("no executor took the reader's lent read")
-        time.sleep(0.001)
 
 
 class Plain(qs.Serving):
