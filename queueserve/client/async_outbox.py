@@ -21,7 +21,7 @@ from queueserve.client.once import IdempotencyKey
 from queueserve.client.outgoing import Outgoing, enqueue_groups, send_window
 from queueserve.client.target_table import ServingRef
 from queueserve.client.targets import Part, Target
-from queueserve.errors import NotReplicated
+from queueserve.errors import NotReplicated, QueueServeError
 from queueserve.wire.timing import RECONNECT_WITHIN_S
 
 
@@ -103,8 +103,10 @@ class AsyncOutbox:
     async def withdraw(self, call: Call) -> bool:
         """Cancel ``call``: True when it will never run (see ``Outbox.withdraw``)."""
         withdrawn = self._core.withdrawn(call, self._box, self._durable_box)
-        if withdrawn is not None:
-            return withdrawn
+        return withdrawn if withdrawn is not None else await self._withdraw_sent(call)
+
+    async def _withdraw_sent(self, call: Call) -> bool:
+        """As ``Outbox._withdraw_sent``."""
         if call.keep_ms:  # a job: its record ends cancelled first, and keeps no answer
             await self._jobs.cancel(call)
         place = self._core.cancel_place(call)
@@ -205,5 +207,11 @@ class AsyncOutbox:
             except NotReplicated as e:  # queued, but not safe: these callers are told so
                 core.fail_batch(group, e)
                 continue
-            if follow := core.admit(group, reply):
+            follow, cancelled = core.admit(group, reply)
+            if follow:
                 self._jobs.follow(follow)
+            for call in cancelled:  # not retried with the send: it is in Redis now
+                try:
+                    await self._withdraw_sent(call)
+                except QueueServeError as e:
+                    core.withdraw_failed(call, e)

@@ -243,6 +243,17 @@ class ClientCore:
         call.state = "cancelled"
         return True
 
+    def withdraw_failed(self, call: Call, error: QueueServeError) -> None:
+        """A request cancelled on its way could not be withdrawn once it reached Redis: a
+        worker may run it; its caller has its Cancelled, and the result is dropped."""
+        log.warning(
+            "request %s-%s, cancelled while it was being sent, was not withdrawn (%s): a "
+            "worker may run it, and its result is dropped",
+            self.client_id,
+            call.rid,
+            error,
+        )
+
     def expire(self, call: Call, text: str) -> None:
         """Fail ``call`` with Timeout: its request's own deadline passed."""
         self.table.forget(call)
@@ -271,11 +282,14 @@ class ClientCore:
             caches_at(keys, group) if self.cache_sent else (),
         )
 
-    def admit(self, group: list[Outgoing], reply: tuple[int, int, list[Any]]) -> list[Call] | None:
-        """Record what enqueue.lua answered ``group`` (outgoing.py's ``admitted``); the calls
-        that follow another request's job from now on (their keys' first), if any."""
-        keyed = admitted(self.table, group, *reply)
-        return answered(self.table, self.client_id, keyed) if keyed else None
+    def admit(
+        self, group: list[Outgoing], reply: tuple[int, int, list[Any]]
+    ) -> tuple[list[Call] | None, list[Call]]:
+        """Record what enqueue.lua answered ``group`` (outgoing.py's ``admitted``): the calls
+        that follow another request's job from now on (their keys' first), if any, and those
+        cancelled on their way, for the sender to withdraw (``cancel_place`` has them now)."""
+        keyed, cancelled = admitted(self.table, group, *reply)
+        return answered(self.table, self.client_id, keyed) if keyed else None, cancelled
 
     def withdrawn(self, call: Call, *boxes: list[Outgoing]) -> bool | None:
         """Withdraw ``call`` from what is still to send (``boxes``): True when it was there, so
@@ -293,7 +307,8 @@ class ClientCore:
 
     def cancel_place(self, call: Call) -> tuple[Keys, str, bytes, int, int, str] | None:
         """The arguments of the broker's ``cancel`` of ``call``'s entry, None when it has none
-        to cancel (b"": a keyed request queued by an earlier try of its send, once.py)."""
+        to cancel (b"": a keyed request queued by an earlier try of its send, once.py; None:
+        on its way, sent and its entry id not yet back, when its send withdraws it: ``admit``)."""
         if call.entry_id is None or call.entry_id == b"":
             return None
         stream = call.keys.stream(call.batch_key, call.priority)

@@ -20,7 +20,7 @@ from queueserve.client.once import IdempotencyKey
 from queueserve.client.outgoing import Outgoing, enqueue_groups, send_window
 from queueserve.client.target_table import ServingRef
 from queueserve.client.targets import Part, Target
-from queueserve.errors import NotReplicated
+from queueserve.errors import NotReplicated, QueueServeError
 from queueserve.wire.timing import RECONNECT_WITHIN_S
 
 _SENT_POLL_S = 0.0005  # another thread is sending this job: its send takes a round trip
@@ -109,8 +109,11 @@ class Outbox:
         sent, or out of its stream, or its pack, before a worker read it)."""
         with self._lock:
             withdrawn = self._core.withdrawn(call, self._box, self._durable_box)
-        if withdrawn is not None:
-            return withdrawn
+        return withdrawn if withdrawn is not None else self._withdraw_sent(call)
+
+    def _withdraw_sent(self, call: Call) -> bool:
+        """Cancel ``call`` in Redis; False for one still on its way, which its send withdraws
+        once its entry id is back (``_enqueue``)."""
         if call.keep_ms:  # a job: its record ends cancelled first, and keeps no answer
             self._jobs.cancel(call)
         place = self._core.cancel_place(call)
@@ -244,5 +247,11 @@ class Outbox:
             except NotReplicated as e:  # queued, but not safe: these callers are told so
                 core.fail_batch(group, e)
                 continue
-            if follow := core.admit(group, reply):
+            follow, cancelled = core.admit(group, reply)
+            if follow:
                 self._jobs.follow(follow)
+            for call in cancelled:  # not retried with the send: it is in Redis now
+                try:
+                    self._withdraw_sent(call)
+                except QueueServeError as e:
+                    core.withdraw_failed(call, e)

@@ -39,14 +39,16 @@ def by_serving(batch: list[Outgoing]) -> list[list[Outgoing]]:
 
 def admitted(
     table: CallTable, group: list[Outgoing], limit: int, queued: int, ids: list[Any]
-) -> list[tuple[Call, bytes]]:
+) -> tuple[list[tuple[Call, bytes]], list[Call]]:
     """Record what enqueue.lua answered: an entry id per admitted request, QueueFull for the
     rest, and the cached results enqueue.lua answered cached requests with. Returns the
-    keyed requests it answered from their keys' records instead
-    (client/once.py applies those answers)."""
+    keyed requests it answered from their keys' records instead (client/once.py applies
+    those answers), and the requests cancelled while on their way, which the sender must
+    withdraw now that they have an entry (their cancel found none to name)."""
     target = group[0].target
     calls: dict[int, int] = {}  # a call of several requests refused: its items, all of them
     keyed: list[tuple[Call, bytes]] = []
+    cancelled: list[Call] = []
     for (_, _, call, _, _), entry_id in zip(group, ids, strict=True):
         if entry_id == 0:
             table.forget(call)
@@ -62,7 +64,9 @@ def admitted(
             table.answer_cached(call, entry_id)
         else:
             call.entry_id = entry_id
-    return keyed
+            if call.state == "cancelled":
+                cancelled.append(call)
+    return keyed, cancelled
 
 
 def send_window(batch: list[Outgoing]) -> float:

@@ -89,7 +89,8 @@ class Ticket:
         with other requests (a pack: they run on); False when a worker already holds it (it is
         dropped from the batch that would run it, or stops at its next step when it is a step
         or generator request; a batch already running finishes, and its result is dropped),
-        or it had finished.
+        or it was on its way to Redis (its send withdraws it as soon as it is there, and it
+        never runs), or it had finished.
 
         >>> ticket = client.submit("square", [1, 2, 3])
         >>> ticket.cancel()

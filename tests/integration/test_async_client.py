@@ -121,6 +121,55 @@ def test_cancel_withdraws_a_queued_request_that_then_never_runs(
     assert serving.items_run == ["blocker", "read ahead"]
 
 
+def test_a_request_cancelled_while_another_callers_send_carries_it_never_runs(
+    start_worker: StartWorker,
+    redis_url: str,
+    prefix: str,
+    pending: Callable[..., int],
+) -> None:
+    # Given an executor busy with a gated batch, and a request that another caller's send
+    # carries to Redis, read ahead by the worker before the client has read its entry id
+    # (batches of two: the worker reads a batch of two ahead of its one executor)
+    serving = Recording(name="onway", batch_size=2, batch_timeout=0, gated=True)
+    worker = start_worker(serving)
+
+    async def use(client: qs.AsyncClient) -> list[Any]:
+        blocker = await client.submit(serving, ["blocker"], timeout=30)
+        await asyncio.to_thread(wait_until, lambda: serving.batches, "the blocker to run")
+        real = client._broker.enqueue
+        on_its_way, go_on = asyncio.Event(), asyncio.Event()
+        sends = []
+
+        async def enqueue_then_wait(*args: Any, **kwargs: Any) -> Any:
+            sends.append(args)
+            reply = await real(*args, **kwargs)
+            if len(sends) == 2:  # the send that carries the second caller's request
+                on_its_way.set()
+                await go_on.wait()
+            return reply
+
+        client._broker.enqueue = enqueue_then_wait  # type: ignore[method-assign]
+        first = asyncio.create_task(client.submit(serving, ["first"], timeout=30))
+        await asyncio.sleep(0)  # the first caller sends, and waits for Redis
+        carried = await client.submit(serving, ["cancelled"], timeout=30)  # queued: it is sent
+        await asyncio.wait_for(on_its_way.wait(), 30)
+        await asyncio.to_thread(wait_until, lambda: pending("onway") == 3, "the reads ahead")
+        # When its caller cancels it then (False: cancel() cannot know yet), and the send goes on
+        cancelled = await carried.cancel()
+        go_on.set()
+        ledger = worker._host.runners[0].ledger  # type: ignore[union-attr]
+        await asyncio.to_thread(wait_until, lambda: ledger.cancelled, "the worker to hear it")
+        serving.release()
+        with pytest.raises(qs.Cancelled):
+            await carried.result()
+        return [cancelled, await blocker.result(), await (await first).result()]
+
+    # Then the send withdraws it as it learns its entry: the worker never runs it
+    assert run(use, redis_url, prefix) == [False, ["blocker"], ["first"]]
+    wait_until(lambda: pending("onway") == 0, "the worker to ack everything")
+    assert serving.items_run == ["blocker", "first"]
+
+
 def test_timeouts_say_whether_a_worker_is_alive(redis_url: str, prefix: str) -> None:
     async def use(client: qs.AsyncClient) -> None:
         # A request's own deadline: it is over, and the caller is told no worker is alive

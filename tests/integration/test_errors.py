@@ -4,6 +4,7 @@ cancellation (docs/design.md §2, §5), against a real worker and Redis."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -344,6 +345,72 @@ def test_cancel_after_a_worker_read_it_returns_false_and_drops_the_result(
     assert client.dispatch(serving, "next", timeout=RESULT_WAIT_S) == "r:next"
     with pytest.raises(qs.Cancelled):
         ticket.result(RESULT_WAIT_S)
+
+
+class HeldSend:
+    """Patches a client's enqueue so that its first send, once Redis answered it, waits for
+    the test (``on_its_way``, then ``go_on``) before the client reads the entry ids: a cancel
+    meanwhile finds the request sent and not yet placed."""
+
+    def __init__(self, client: qs.Client, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.on_its_way = threading.Event()
+        self.go_on = threading.Event()
+        real = client._broker.enqueue
+
+        def enqueue_then_wait(*args: Any, **kwargs: Any) -> Any:
+            reply = real(*args, **kwargs)
+            if not self.on_its_way.is_set():
+                self.on_its_way.set()
+                assert self.go_on.wait(RESULT_WAIT_S), "the test never let the send go on"
+            return reply
+
+        monkeypatch.setattr(client._broker, "enqueue", enqueue_then_wait)
+
+
+@pytest.mark.parametrize("read_first", [False, True], ids=["unread", "read"])
+def test_a_request_cancelled_while_its_send_is_on_its_way_never_runs(
+    start_worker: StartWorker,
+    client: qs.Client,
+    redis_client: redis.Redis,
+    prefix: str,
+    pending: Pending,
+    monkeypatch: pytest.MonkeyPatch,
+    read_first: bool,
+) -> None:
+    # Given a request whose send Redis answered, and whose entry id the client has not read
+    # yet (unread by any worker, or already read ahead of a busy executor)
+    serving = Recording(tag_items, name="onway", batch_size=1, batch_timeout=0, gated=True)
+    blocker = worker = None
+    if read_first:
+        worker = start_worker(serving)
+        blocker = client.submit(serving, ["blocker"])
+        wait_until(lambda: serving.batches, what="the blocker batch to start")
+    send = HeldSend(client, monkeypatch)
+    ticket = client.submit(serving, ["cancelled"])
+    assert send.on_its_way.wait(RESULT_WAIT_S)
+    if read_first:
+        wait_until(lambda: pending("onway") == 2, what="the worker to read it ahead")
+
+    # When its caller cancels it then (cancel() cannot know yet: False), and the send goes on
+    assert ticket.cancel() is False
+    send.go_on.set()
+
+    # Then the send withdraws it as it learns its entry: the worker never runs it, and its
+    # caller gets Cancelled (it used to run: the cancel found no entry to name and was lost)
+    if worker is None:
+        wait_until(lambda: queued(redis_client, prefix, "onway") == 0, what="it to leave")
+        start_worker(serving)
+    else:
+        ledger = worker._host.runners[0].ledger  # type: ignore[union-attr]
+        wait_until(lambda: ledger.cancelled, what="the worker to learn of the cancel")
+    serving.release()
+    if blocker is not None:
+        assert blocker.result(RESULT_WAIT_S) == ["r:blocker"]
+    assert client.dispatch(serving, "next", timeout=RESULT_WAIT_S) == "r:next"
+    with pytest.raises(qs.Cancelled):
+        ticket.result(RESULT_WAIT_S)
+    assert serving.items_run == (["blocker"] if read_first else []) + ["next"]
+    wait_until(lambda: pending("onway") == 0, what="the worker to ack everything")
 
 
 def test_a_bug_while_sending_fails_those_callers_at_once_and_the_sender_lives_on(
