@@ -16,19 +16,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import ExceptionHandler
 
-from queueserve.errors import (
-    BadRequest,
-    Cancelled,
-    DeadLettered,
-    IdempotencyConflict,
-    NotReplicated,
-    QueueFull,
-    QueueServeError,
-    RedisCommandError,
-    RedisUnavailable,
-    RemoteError,
-    Timeout,
-)
+from queueserve import errors
+from queueserve.errors import QueueServeError
 
 # How long a client told 429 should wait: about one batch time of a busy serving, which is
 # when admission has room again; a client that retries sooner is refused again at no cost.
@@ -36,16 +25,16 @@ RETRY_AFTER_S = 1
 
 # queueserve error -> (HTTP status, type). Checked in order: the first class that matches.
 STATUS: tuple[tuple[type[QueueServeError], int, str], ...] = (
-    (BadRequest, 400, "bad_request"),
-    (IdempotencyConflict, 422, "idempotency_conflict"),
-    (QueueFull, 429, "queue_full"),
-    (Timeout, 504, "timeout"),
-    (RemoteError, 502, "remote_error"),
-    (DeadLettered, 502, "dead_lettered"),
-    (Cancelled, 503, "cancelled"),
-    (RedisUnavailable, 503, "redis_unavailable"),
-    (NotReplicated, 503, "not_replicated"),
-    (RedisCommandError, 500, "redis_command_error"),
+    (errors.BadRequest, 400, "bad_request"),
+    (errors.IdempotencyConflict, 422, "idempotency_conflict"),
+    (errors.QueueFull, 429, "queue_full"),
+    (errors.Timeout, 504, "timeout"),
+    (errors.RemoteError, 502, "remote_error"),
+    (errors.DeadLettered, 502, "dead_lettered"),
+    (errors.Cancelled, 503, "cancelled"),
+    (errors.RedisUnavailable, 503, "redis_unavailable"),
+    (errors.NotReplicated, 503, "not_replicated"),
+    (errors.RedisCommandError, 500, "redis_command_error"),
 )
 
 
