@@ -4,6 +4,7 @@ cancellation (docs/design.md §2, §5), against a real worker and Redis."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -411,6 +412,37 @@ def test_a_request_cancelled_while_its_send_is_on_its_way_never_runs(
         ticket.result(RESULT_WAIT_S)
     assert serving.items_run == (["blocker"] if read_first else []) + ["next"]
     wait_until(lambda: pending("onway") == 0, what="the worker to ack everything")
+
+
+def test_a_late_withdrawal_that_redis_refuses_is_logged_and_the_sender_lives_on(
+    start_worker: StartWorker,
+    client: qs.Client,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Given a request cancelled while its send is on its way, and Redis failing as the send
+    # then withdraws it
+    serving = Recording(tag_items, name="onway2", batch_size=1, batch_timeout=0)
+    send = HeldSend(client, monkeypatch)
+    ticket = client.submit(serving, ["cancelled"])
+    assert send.on_its_way.wait(RESULT_WAIT_S)
+    assert ticket.cancel() is False
+
+    def refused(*args: Any, **kwargs: Any) -> bool:
+        raise qs.RedisUnavailable("injected: Redis went away")
+
+    monkeypatch.setattr(client._broker, "cancel", refused)
+    with caplog.at_level(logging.WARNING, logger="queueserve.client"):
+        send.go_on.set()
+        # Then the caller has its Cancelled, the failure is said once, naming the request,
+        # and the sender sends on: the request runs (its result dropped), the next is answered
+        with pytest.raises(qs.Cancelled):
+            ticket.result(RESULT_WAIT_S)
+        start_worker(serving)
+        assert client.dispatch(serving, "next", timeout=RESULT_WAIT_S) == "r:next"
+    said = [r.getMessage() for r in caplog.records if "was not withdrawn" in r.getMessage()]
+    assert len(said) == 1 and "injected: Redis went away" in said[0], said
+    wait_until(lambda: serving.items_run == ["cancelled", "next"], what="both to run")
 
 
 def test_a_bug_while_sending_fails_those_callers_at_once_and_the_sender_lives_on(
