@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from types import FrameType
 from typing import Any
 
@@ -16,6 +17,26 @@ import redis
 import queueserve as qs
 
 GATE_TIMEOUT_S = 30
+GO_READ_S = 1  # each wait on the go list: short, so one failed read is not the gate's end
+
+
+def wait_for_go(url: str, key: str, limit: float = GATE_TIMEOUT_S) -> None:
+    """Block until the list ``key`` gets a value (the test's go), for ``limit`` seconds at
+    most, in short reads on a connection made anew after a failed one. One 30 s BLPOP, in a
+    partition draining after a SIGTERM to its process group, once failed with redis-py's
+    "Timeout reading from" on a connection made without a timeout (cause not found): the
+    batch then failed with an error of the test's gate, not of the worker."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        client = redis.Redis.from_url(url)
+        try:
+            if client.blpop([key], timeout=GO_READ_S) is not None:
+                return
+        except (redis.TimeoutError, redis.ConnectionError):
+            pass  # read again, on a new connection
+        finally:
+            client.close()
+    raise TimeoutError("the test never said go")
 
 
 def _square(xs: list[int]) -> list[int]:
@@ -83,10 +104,9 @@ class Gated(qs.Serving):
         client = redis.Redis.from_url(self.url)
         try:
             client.set(f"{self.prefix}:started", len(batch), ex=120)
-            if client.blpop([f"{self.prefix}:go"], timeout=GATE_TIMEOUT_S) is None:
-                raise TimeoutError("the test never said go")
         finally:
             client.close()
+        wait_for_go(self.url, f"{self.prefix}:go")
         return [2 * x for x in batch]
 
 

@@ -9,8 +9,7 @@ from typing import Any
 import redis
 
 import queueserve as qs
-
-GATE_TIMEOUT_S = 30
+from tests.support.cli_app import wait_for_go
 
 
 class Broken(qs.Serving):
@@ -35,11 +34,11 @@ class Held(qs.Serving):
 
     def handle_batch(self, batch: qs.Batch) -> list[Any]:
         prefix = os.environ["FIRST_HOUR_PREFIX"]
-        client = redis.Redis.from_url(os.environ["FIRST_HOUR_REDIS_URL"])
+        url = os.environ["FIRST_HOUR_REDIS_URL"]
+        client = redis.Redis.from_url(url)
         try:
             client.set(f"{prefix}:started", len(batch), ex=120)
-            if client.blpop([f"{prefix}:go"], timeout=GATE_TIMEOUT_S) is None:
-                raise TimeoutError("the test never said go")
         finally:
             client.close()
+        wait_for_go(url, f"{prefix}:go")
         return list(batch)
