@@ -7,6 +7,7 @@ priority-0 request ages, whatever the speed of the machine."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from typing import Any
@@ -16,6 +17,10 @@ import redis
 
 import queueserve as qs
 from queueserve.broker import common, consumer, dead_letters, reads
+from queueserve.wire.codec import get_codec
+from queueserve.wire.keys import Keys, inbox_key
+from queueserve.wire.request import encode_request
+from tests.support.broker import RedisBroker
 from tests.support.helpers import WAIT_S, wait_until
 from tests.support.servings import Recording
 
@@ -133,6 +138,60 @@ def test_priority_zero_requests_waiting_more_than_a_batch_at_once_each_wait_with
     for ticket in flood:
         ticket.cancel()
     client.close()
+
+
+@pytest.mark.parametrize(
+    ("urgent", "waited_ms", "rank"),
+    [
+        (True, 0, "head"),  # a head that came within the levels' worth keeps its own clock
+        (True, 200, "aged"),  # one that fell behind ranks as the urgent level would, read now
+        (False, 200, "now"),  # with no more urgent level ready, it ranks from now
+    ],
+    ids=["fresh-head", "head-fell-behind", "alone"],
+)
+def test_read_lua_ranks_a_level_left_unread_from_its_head_but_no_earlier_than_the_urgent_level(
+    redis_url: str,
+    redis_client: redis.Redis,
+    prefix: str,
+    urgent: bool,
+    waited_ms: int,
+    rank: str,
+) -> None:
+    # Given 6 priority-0 requests on a key (ageing of 10 ms per level: 9 levels are 90 ms),
+    # and (urgent) priority-9 ones, read.lua's ready set ranking priority 0 first
+    keys, age_ms = Keys(prefix, "ranked"), 10
+    inbox, codec = inbox_key(prefix, "c1"), get_codec("msgpack")
+
+    def redis_ms() -> int:
+        seconds, micros = redis_client.time()
+        return seconds * 1000 + micros // 1000
+
+    with contextlib.closing(RedisBroker(redis_url)) as broker:
+        for priority in (0, 9) if urgent else (0,):
+            broker.ensure_group(keys.stream("k", priority))
+            for rid in range(6):
+                request = encode_request(codec, rid, ["x"], inbox, None)
+                broker.enqueue(keys, [("k", 1, *request, priority)], 0)
+        redis_client.zadd(keys.ready, {"0k": 0}, xx=True)
+        fifth = redis_client.xrange(keys.stream("k", 0))[4][0]
+        head_ms = int(fifth.split(b"-")[0])
+        wait_until(lambda: redis_ms() >= head_ms + waited_ms, "the head waiting")
+
+        # When a worker reads a batch (4) of the key: the fifth request is left unread
+        before = redis_ms()
+        outcome = broker.read_ready(keys, "c", 4, 4, [], age_ms=age_ms)
+        after = redis_ms()
+        assert [len(entries) for _, entries in outcome.entries] == [4]
+
+    # Then the level ranks as said
+    score = redis_client.zscore(keys.ready, "0k")
+    assert score is not None
+    if rank == "head":
+        assert score == head_ms
+    elif rank == "aged":
+        assert before - 9 * age_ms <= score <= after - 9 * age_ms, (score, before, after)
+    else:
+        assert before <= score <= after, (score, before, after)
 
 
 def probe(

@@ -364,20 +364,27 @@ def test_a_level_is_worth_what_age_per_priority_says() -> None:
     assert run(a, 115.0) == ("k", ["urgent2"])
 
 
-def test_a_head_enqueued_a_levels_worth_before_its_last_service_ranks_from_the_service() -> None:
-    # Given a key holding priority 0 (enqueued at unix 990 s) and priority 9 (at 1005 s), the
-    # first served at 1000 s (990 < 1005 - 9)
+@pytest.mark.parametrize(
+    ("high_at", "order"),
+    [(995.0, ["high", "low"]), (1001.0, ["low", "high"])],
+    ids=["high-ranks-986", "high-ranks-992"],
+)
+def test_a_head_enqueued_long_before_its_levels_last_service_ranks_from_that_service_aged(
+    high_at: float, order: list[str]
+) -> None:
+    # Given a key holding priority 0 (enqueued at unix 990 s), served at 1000 s, and (keeping
+    # the key's queue) priority 5 enqueued much later; then a priority-9 head never served
     a = Assembler(capacity=1, timeout=0.0, unix_offset=0.0)
     a.add("k", piece(["first"], at=990.0), now=1000.0)
-    a.add("k", piece(["high"], priority=9, at=1005.0), now=1000.0)
+    a.add("k", piece(["kept"], priority=5, at=1100.0), now=1000.0)
     assert run(a, 1000.0) == ("k", ["first"])
-    # When a priority-0 head comes that was enqueued at 991 s, exactly 9 levels before that
+    a.add("k", piece(["high"], priority=9, at=high_at), now=1010.0)
+    # When a priority-0 head comes that was enqueued at 980 s, more than 9 levels before that
     # service
-    a.add("k", piece(["low"], at=991.0), now=1010.0)
-    # Then it was not enqueued after the service less its levels: its level ranks from the
-    # service (1000 s), after the priority-9 head (1005 - 9)
-    assert run(a, 1010.0) == ("k", ["high"])
-    assert run(a, 1010.0) == ("k", ["low"])
+    a.add("k", piece(["low"], at=980.0), now=1010.0)
+    # Then its level ranks from the service less the 9 levels between (991 s): not from its
+    # head (980 s), nor from the service (1000 s)
+    assert [run(a, 1010.0)[1][0] for _ in order] == order
 
 
 # --- entry ids a stranger wrote ----------------------------------------------------------------

@@ -141,17 +141,20 @@ local taken = {}
 local drained = {}
 local again = {}
 -- The rank of a stream that gave all it was asked, 'head' the id of its first unread entry:
--- now, less its levels' worth; but a head that has waited less than the levels between it and
--- a more urgent level of its key still ready (enqueued after that level's turn would have let
--- it pass) keeps its own clock, as the worker's assembler ranks a key's levels: each request of
--- a level that wins only by ageing is read within that bound, not one batch of them per bound.
+-- now, less its levels' worth, when no more urgent level of its key is ready. Else the head
+-- keeps its own clock, as the worker's assembler ranks a key's levels: each request of a level
+-- that wins only by ageing is read within that bound, not one batch of them per bound; but
+-- never ranked before the most urgent ready level would be, read now (a head that waited
+-- more than the levels between): a level that fell behind (a slow batch, a burst) takes turns
+-- with that level until it catches up, rather than wait a whole bound per read, which would
+-- leave it further behind with every read.
 local function rank_again(priority, key, head)
   local ms = tonumber(string.match(head, '^(%d+)%-'))
   if priority >= 9 or not ms or ms >= now then return now - priority * step end
-  local waited = now - ms
   for level = 9, priority + 1, -1 do
-    if (level - priority) * step <= waited then break end
-    if redis.call('ZSCORE', KEYS[1], level .. key) then return ms - priority * step end
+    if redis.call('ZSCORE', KEYS[1], level .. key) then
+      return math.max(ms, now - (level - priority) * step) - priority * step
+    end
   end
   return now - priority * step
 end

@@ -11,10 +11,11 @@ from the front of one key's queue:
   request that must run whole (streamed, or for a serving with hooks): it starts the next batch;
 - a request redelivered a second time runs in a batch of its own (it may be what crashed);
 - within a key, slices wait in one run per priority (arrival order within each), and a batch
-  takes from the run ranked first, as read.lua ranks streams: the time the run last gave a
-  batch items, or when its head was enqueued if later, minus ``age_per_priority`` seconds per
-  level. So a batch may mix priorities of one key, most urgent first, and work that waited
-  its levels' worth goes before a higher priority served all along (never starved by it);
+  takes from the run ranked first, as read.lua ranks streams: when its head was enqueued
+  (but no earlier than the run's last batch less the levels between it and the most urgent
+  run), minus ``age_per_priority`` seconds per level. So a batch may mix priorities of one
+  key, most urgent first, and work that waited its levels' worth goes before a higher
+  priority served all along (never starved by it);
 - between keys with a batch ready to run, the one waiting longest goes first, each priority
   level counting as ``age_per_priority`` seconds of waiting: keys take turns by batch, so a
   quiet key waits for about one batch per busy key, never for a backlog to drain;
@@ -422,20 +423,20 @@ class Assembler:
         ends[key] = turn
 
     def _next_level(self, queue: KeyQueue, unix_now: float) -> int:
-        """The priority whose head a batch takes next: the lowest ``since - priority * age``,
-        ``since`` being when the level last gave a batch items, or when its head was enqueued
-        if later (read.lua ranks a key's streams so in Redis). A level served all along ranks
-        as if it waited from now; one that waited its levels' worth goes first. But a head
-        that was not yet due when its level last gave a batch (enqueued less than the levels'
-        worth it may wait behind the most urgent level before that) keeps its own clock: each
-        request of a level that wins only by ageing runs within that bound, not one request
-        per bound."""
+        """The priority whose head a batch takes next: the lowest ``since - priority * age``
+        (read.lua ranks a key's streams so in Redis). ``since`` is when the head was enqueued:
+        each request of a level that wins only by ageing runs within that bound, not one per
+        bound; but never before the level's last batch less the levels between it and the
+        most urgent level held. So a level served all along ranks as if it waited from now,
+        and one that fell behind (a slow batch, a burst) takes turns with the most urgent
+        level until it catches up, rather than wait a whole bound per batch, which would
+        leave it further behind with every batch."""
         best, best_rank = 0, math.inf
         age, top = self.age_per_priority, max(queue.levels)
         for priority, slices in queue.levels.items():
             head = _enqueued(slices[0].request, unix_now)
             served = queue.served.get(priority, -math.inf)
-            since = head if head > served - (top - priority) * age else served
+            since = max(head, served - (top - priority) * age)
             rank = since - priority * age
             if rank < best_rank or (rank == best_rank and priority > best):
                 best, best_rank = priority, rank
