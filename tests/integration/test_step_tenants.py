@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 import queueserve as qs
+from queueserve.wire.tenants import lane_key
 from queueserve.worker.stepping import joins as stepping
 from tests.support.callers import Caller
 from tests.support.helpers import WAIT_S, wait_until
@@ -69,10 +70,13 @@ def test_tenants_lanes_of_one_key_share_its_decode_calls(
 
 
 def test_an_active_tenants_request_joins_while_another_tenant_holds_the_other_slots(
-    start_worker: StartWorker, client: qs.Client, no_reserve_lapse: None
+    start_worker: StartWorker,
+    client: qs.Client,
+    no_reserve_lapse: None,
+    pending: Callable[..., int],
 ) -> None:
     # Given a quiet tenant that sent a request (it is active), and a flood tenant that then
-    # sends more held requests than the serving has slots
+    # sends more held requests than the serving has slots, all six read by the worker
     records = Records()
     serving = Calls(max_slots=4)
     start_worker(serving, middleware=[records])
@@ -81,8 +85,10 @@ def test_an_active_tenants_request_joins_while_another_tenant_holds_the_other_sl
         Caller(client, "count", [{"n": 1, "hold": True, "who": "flood"}], tenant="flood")
         for _ in range(6)
     ]
-    wait_until(lambda: any(c.received for c in flood), "the flood's first outputs")
-    wait_until(lambda: len(records.snapshot()) >= 5, "a few steps of the flood")
+    wait_until(lambda: pending("count", lane_key("default", "flood")) == 6, "the flood read")
+    wait_until(lambda: any(r.slots >= 3 for r in records.snapshot()), "the flood in 3 slots")
+    seen = len(records.snapshot())
+    wait_until(lambda: len(records.snapshot()) >= seen + 5, "a few steps more of the flood")
     # Then the flood holds 3 of the 4 slots: one stays free for the quiet tenant
     assert max(r.slots for r in records.snapshot()) == 3
     # When the quiet tenant sends a request while the flood's run (and more of them wait)
