@@ -137,11 +137,12 @@ def test_a_request_cancelled_while_another_callers_send_carries_it_never_runs(
         blocker = await client.submit(serving, ["blocker"], timeout=30)
         await asyncio.to_thread(wait_until, lambda: serving.batches, "the blocker to run")
         real = client._broker.enqueue
-        on_its_way, go_on = asyncio.Event(), asyncio.Event()
+        first_sending, on_its_way, go_on = asyncio.Event(), asyncio.Event(), asyncio.Event()
         sends = []
 
         async def enqueue_then_wait(*args: Any, **kwargs: Any) -> Any:
             sends.append(args)
+            first_sending.set()
             reply = await real(*args, **kwargs)
             if len(sends) == 2:  # the send that carries the second caller's request
                 on_its_way.set()
@@ -150,7 +151,7 @@ def test_a_request_cancelled_while_another_callers_send_carries_it_never_runs(
 
         client._broker.enqueue = enqueue_then_wait  # type: ignore[method-assign]
         first = asyncio.create_task(client.submit(serving, ["first"], timeout=30))
-        await asyncio.sleep(0)  # the first caller sends, and waits for Redis
+        await asyncio.wait_for(first_sending.wait(), 30)  # the first caller waits for Redis
         carried = await client.submit(serving, ["cancelled"], timeout=30)  # queued: it is sent
         await asyncio.wait_for(on_its_way.wait(), 30)
         await asyncio.to_thread(wait_until, lambda: pending("onway") == 3, "the reads ahead")
