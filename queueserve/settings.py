@@ -98,6 +98,13 @@ def check_timeout(timeout: object, *, what: str = "timeout") -> float | None:
     return float(timeout)
 
 
+def call_timeout(timeout: object, default: float | None) -> float | None:
+    """A call's timeout, checked (``check_timeout``); ``default`` (the client's
+    QUEUESERVE_DEFAULT_TIMEOUT) when the call gives none."""
+    checked = check_timeout(timeout)
+    return default if checked is None else checked
+
+
 def check_prefix(prefix: object) -> str:
     """``prefix`` when it is a key namespace (letters, digits, '_', '.', '-'); else a
     ValueError. The same check for QUEUESERVE_PREFIX, ``--prefix``, ``Client(prefix=)`` and

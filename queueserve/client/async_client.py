@@ -30,6 +30,7 @@ from queueserve.client.targets import stream_parts
 from queueserve.client.windows import MapWindow, map_sender
 from queueserve.errors import Cancelled
 from queueserve.hooks import Event
+from queueserve.settings import call_timeout
 from queueserve.wire.keys import job_id_key
 from queueserve.wire.priority import check_priority
 
@@ -60,7 +61,7 @@ class AsyncClient:
         # Bound once: the methods every call takes (a submit, a wait, a cancel)
         self._table, self._submit_call, self._send = core.table, outbox.submit, outbox.send
         self._ensure_reader, self._target = inbox.ensure_reader, outbox.target
-        self._timeout_for = core.timeout_for
+        self._default_timeout = core.default_timeout
         self.registry = AsyncRegistry(self._broker, self.prefix)  # what doors ask besides sends
 
     async def dispatch(
@@ -124,7 +125,7 @@ class AsyncClient:
         ``idempotency_key``: one run per key (``Client.submit``)."""
         if self._outbox.closed:
             raise self._core.closed_error("AsyncClient")
-        timeout = self._timeout_for(timeout)
+        timeout = call_timeout(timeout, self._default_timeout)
         priority = check_priority(priority)
         self._ensure_reader()
         target, parts, calls, futures = await self._submit_call(
@@ -182,7 +183,7 @@ class AsyncClient:
         tenant: str | None = None,
     ) -> AsyncIterator[Event]:
         """``Client.stream`` for asyncio: ``async for event in client.stream(...)``."""
-        timeout = self._timeout_for(timeout)
+        timeout = call_timeout(timeout, self._default_timeout)
         priority = check_priority(priority)
         target = await self._target(serving)
         todo = deque(stream_parts(target, list(items), batch_key))

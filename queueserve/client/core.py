@@ -26,7 +26,7 @@ from queueserve.client.target_table import TargetTable
 from queueserve.client.targets import Part, Target
 from queueserve.client.unserved import UnservedWatch
 from queueserve.errors import Cancelled, QueueServeError, RedisUnavailable, Timeout
-from queueserve.settings import Settings, check_prefix, check_redis_url, check_timeout
+from queueserve.settings import Settings, check_prefix, check_redis_url
 from queueserve.tracing import trace_fields
 from queueserve.wire.codec import get_codec
 from queueserve.wire.keys import Keys, events_channel, inbox_key
@@ -69,7 +69,7 @@ class ClientCore:
         self.trusted_codec = None if codec is None else get_codec(codec).name
         self.url = check_redis_url(url or settings.redis_url)
         self.prefix = check_prefix(prefix) if prefix else settings.prefix
-        self._default_timeout = settings.default_timeout
+        self.default_timeout = settings.default_timeout  # a call's, unless it gives one
         self.unserved = UnservedWatch(self.url, self.prefix)
         self.client_id = uuid.uuid4().hex[:16]
         self.inbox = inbox_key(self.prefix, self.client_id)
@@ -82,12 +82,6 @@ class ClientCore:
         # set by the first call with an idempotency key: plain sends never look for keys
         self.keys_sent = False
         self.cache_sent = False  # set by the first call of a caching serving: likewise
-
-    def timeout_for(self, timeout: float | None) -> float | None:
-        """The call's timeout, checked (a mistake is reported now, not as a Timeout later);
-        QUEUESERVE_DEFAULT_TIMEOUT when the call gives none."""
-        checked = check_timeout(timeout)
-        return self._default_timeout if checked is None else checked
 
     @property
     def shown_url(self) -> str:

@@ -35,6 +35,7 @@ from queueserve.client.ticket import Ticket
 from queueserve.client.windows import MapWindow, map_sender
 from queueserve.errors import Cancelled
 from queueserve.hooks import Event
+from queueserve.settings import call_timeout
 from queueserve.wire.priority import check_priority
 
 
@@ -64,7 +65,7 @@ class Client:
         # Bound once: the methods every call takes (a submit, a wait, a cancel)
         self._table, self._submit_call, self._send = core.table, outbox.submit, outbox.send
         self._ensure_reader, self._target = inbox.ensure_reader, outbox.target
-        self._timeout_for = core.timeout_for
+        self._default_timeout = core.default_timeout
 
     # -- public API ------------------------------------------------------------------------
     def dispatch(
@@ -176,7 +177,7 @@ class Client:
     ) -> Ticket:
         if self._outbox.closed:
             raise self._core.closed_error("Client")
-        timeout = self._timeout_for(timeout)
+        timeout = call_timeout(timeout, self._default_timeout)
         priority = check_priority(priority)
         self._ensure_reader()
         target, parts, outgoing = self._submit_call(
@@ -248,7 +249,7 @@ class Client:
         function) and ``qs.Output`` (results, or each step of a generator batch function), in
         input order across requests. Items go as requests of at most batch_size (never split).
         An error is raised after the events that preceded it."""
-        timeout = self._timeout_for(timeout)
+        timeout = call_timeout(timeout, self._default_timeout)
         priority = check_priority(priority)
         target = self._target(serving)
         todo = deque(stream_parts(target, list(items), batch_key))

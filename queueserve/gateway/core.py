@@ -203,11 +203,20 @@ class Gateway:
         of the keyspace (docs/operations.md, "The servings registry")."""
         return await self.client.registry.servings()
 
-    def stream(
-        self, tenant: Tenant, serving: str, items: list[Any], priority: int = 0, **options: Any
+    async def stream(
+        self,
+        tenant: Tenant,
+        serving: str,
+        items: list[Any],
+        priority: int = 0,
+        *,
+        model: str | None = None,
+        **options: Any,
     ) -> AsyncGenerator[Event, None]:
-        """``AsyncClient.stream`` as ``tenant``, its limits checked now (before an answer
-        starts) and again as the stream starts; closing it withdraws its requests."""
+        """``AsyncClient.stream`` as ``tenant``: the serving required (``require``, naming
+        ``model``) and its limits checked now, before an answer starts, and the limits again
+        as the stream starts; closing it withdraws its requests."""
+        await self.require(serving, model)
         self.quotas.admit(tenant, len(items), priority)
         return self._stream(tenant, serving, items, priority, **options)
 
@@ -235,10 +244,13 @@ class Gateway:
         options: Any,
         keep: float | None = None,
         idempotency_key: str | None = None,
+        model: str | None = None,
     ) -> AsyncTicket:
         """``AsyncClient.submit`` as ``tenant`` with the request's options, its errors as HTTP
-        ones; 403 past the tenant's max_priority, 429 past its max_queued; with an
-        ``Idempotency-Key`` header's key, the first request of that key and tenant."""
+        ones: 404 for a serving no worker declared (``require``, naming ``model``), 403 past
+        the tenant's max_priority, 429 past its max_queued; with an ``Idempotency-Key``
+        header's key, the first request of that key and tenant."""
+        await self.require(serving, model)
         self.quotas.admit(tenant, len(items), options.priority)
         try:
             ticket = await self.client.submit(
@@ -268,10 +280,12 @@ class Gateway:
         options: Any,
         return_exceptions: bool = False,
         idempotency_key: str | None = None,
+        model: str | None = None,
     ) -> list[Any]:
-        """``items``' results, the request withdrawn if the HTTP client disconnects first;
-        unless it has an idempotency key: its client's retry is owed its answer."""
-        ticket = await self.submit(tenant, serving, items, options, None, idempotency_key)
+        """``items``' results (``submit``), the request withdrawn if the HTTP client
+        disconnects first; unless it has an idempotency key: its client's retry is owed its
+        answer."""
+        ticket = await self.submit(tenant, serving, items, options, None, idempotency_key, model)
         watch = None if idempotency_key else self._watches.watch(receive, ticket)
         try:
             return await ticket.result(return_exceptions=return_exceptions)

@@ -125,9 +125,11 @@ def routes(gw: Gateway) -> list[Route]:
                 "dimensions is not supported: leave it out (a serving's vectors "
                 "have the width its model makes)"
             )
-        serving = await serving_of(gw, body.model)
+        serving = gw.models.get(body.model, body.model)
         texts = [body.input] if isinstance(body.input, str) else body.input
-        vectors = await gw.call(request.receive, caller(request.scope), serving, texts, Options())
+        vectors = await gw.call(
+            request.receive, caller(request.scope), serving, texts, Options(), model=body.model
+        )
         return encoded(
             {
                 "object": "list",
@@ -146,7 +148,7 @@ def routes(gw: Gateway) -> list[Route]:
 
     async def completions(request: Request) -> Response | EventStream:
         body = await parse(request, Completions, gw.max_body_bytes)
-        serving = await serving_of(gw, body.model)
+        serving = gw.models.get(body.model, body.model)
         items = body.items()
         head = {
             "id": f"cmpl-{uuid.uuid4().hex}",
@@ -155,9 +157,13 @@ def routes(gw: Gateway) -> list[Route]:
             "model": body.model,
         }
         if body.stream:
-            events = gw.stream(caller(request.scope), serving, items, max_in_flight=len(items))
+            events = await gw.stream(
+                caller(request.scope), serving, items, model=body.model, max_in_flight=len(items)
+            )
             return EventStream(completion_frames(events, items, head), openai_error)
-        answers = await gw.call(request.receive, caller(request.scope), serving, items, Options())
+        answers = await gw.call(
+            request.receive, caller(request.scope), serving, items, Options(), model=body.model
+        )
         texts = ["".join(map(str, a)) for a in answers]
         return encoded(
             {
@@ -172,12 +178,6 @@ def routes(gw: Gateway) -> list[Route]:
         Route("/v1/embeddings", embeddings, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
     ]
-
-
-async def serving_of(gw: Gateway, model: str) -> str:
-    serving = gw.models.get(model, model)
-    await gw.require(serving, model)
-    return serving
 
 
 def vector_as(vector: Any, encoding: str) -> Any:

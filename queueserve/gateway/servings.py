@@ -56,11 +56,10 @@ M = TypeVar("M", bound=Options)
 
 async def serving_body(gw: Gateway, request: Request, model: type[M]) -> tuple[str, M]:
     """The serving a route names and the body it sent, validated into ``model``: a bad body
-    is 400 before a serving no worker declared is 404 (``Gateway.require``)."""
+    is 400 before a serving no worker declared is 404 (``Gateway.submit`` and ``stream``
+    require it as they send)."""
     name: str = request.path_params["name"]
-    body = await parse(request, model, gw.max_body_bytes)
-    await gw.require(name)
-    return name, body
+    return name, await parse(request, model, gw.max_body_bytes)
 
 
 def routes(gw: Gateway) -> list[Route]:
@@ -90,7 +89,7 @@ def routes(gw: Gateway) -> list[Route]:
 
     async def stream(request: Request) -> EventStream:
         name, body = await serving_body(gw, request, Stream)
-        events = gw.stream(
+        events = await gw.stream(
             caller(request.scope),
             name,
             body.items,
