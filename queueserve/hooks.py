@@ -13,9 +13,7 @@ A caller receives ``Hook`` and ``Output`` events, in the order the worker produc
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
@@ -94,15 +92,21 @@ class _Nowhere:
 _CURRENT: contextvars.ContextVar[HookSink] = contextvars.ContextVar("queueserve_batch")
 
 
-@contextlib.contextmanager
-def running(sink: HookSink | None) -> Iterator[None]:
+class running:  # (lower case: a context manager used as a function, ``with running(sink)``)
     """Route ``emit`` calls of this thread's batch function to ``sink`` while the block runs
-    (``None``: an inline run, whose hook events have no callers to reach)."""
-    token = _CURRENT.set(_Nowhere() if sink is None else sink)
-    try:
-        yield
-    finally:
-        _CURRENT.reset(token)
+    (``None``: an inline run, whose hook events have no callers to reach). A class, not a
+    ``contextlib.contextmanager``: every batch enters one, and a generator costs more."""
+
+    __slots__ = ("_sink", "_token")
+
+    def __init__(self, sink: HookSink | None) -> None:
+        self._sink = _Nowhere() if sink is None else sink
+
+    def __enter__(self) -> None:
+        self._token = _CURRENT.set(self._sink)
+
+    def __exit__(self, *_: object) -> None:
+        _CURRENT.reset(self._token)
 
 
 def emit(name: str, payload: Any = None) -> None:

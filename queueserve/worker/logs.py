@@ -14,12 +14,11 @@ same fields (docs/operations.md, "Logs").
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import logging
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from contextvars import ContextVar
 from typing import Any, Literal
 
@@ -48,18 +47,25 @@ def request_ids(entry_ids: Iterable[bytes], most: int = MAX_IDS) -> str:
     return shown if len(ids) <= most else f"{shown},+{len(ids) - most} more"
 
 
-@contextlib.contextmanager
-def batch_scope(slices: Sequence[Any], batch_id: str | None = None) -> Iterator[str]:
+class batch_scope:  # (lower case: a context manager used as a function)
     """Records logged in the block (on this thread) carry a new batch id (``batch_id``: that
     one, for lines about a batch said after its scope ended) and the requests of ``slices``
-    (the pipeline's Slice: ``.request.entry_id``)."""
-    if batch_id is None:
-        batch_id = f"{_partition}.{next(_batch_numbers)}"
-    token = _batch.set((batch_id, slices))
-    try:
-        yield batch_id
-    finally:
-        _batch.reset(token)
+    (the pipeline's Slice: ``.request.entry_id``); ``with batch_scope(...) as batch_id``. A
+    class, not a ``contextlib.contextmanager``: every batch enters one."""
+
+    __slots__ = ("_scope", "_token")
+
+    def __init__(self, slices: Sequence[Any], batch_id: str | None = None) -> None:
+        if batch_id is None:
+            batch_id = f"{_partition}.{next(_batch_numbers)}"
+        self._scope = (batch_id, slices)
+
+    def __enter__(self) -> str:
+        self._token = _batch.set(self._scope)
+        return self._scope[0]
+
+    def __exit__(self, *_: object) -> None:
+        _batch.reset(self._token)
 
 
 class IdsFilter(logging.Filter):
