@@ -187,12 +187,17 @@ def test_a_404_names_the_model_asked_for_and_the_serving_it_maps_to(stack: Stack
     with stack.http() as http:
         mapped = http.post("/v1/embeddings", json={"model": UNMAPPED, "input": "a"})
         named = http.post("/v1/completions", json={"model": "nosuch", "prompt": "a"})
+        # a stream is refused before its answer starts, with the same words
+        streamed = http.post(
+            "/v1/completions", json={"model": "nosuch", "prompt": "a", "stream": True}
+        )
     assert "serving 'nosuch', which model 'gpt-probe' maps to (--model)," in error(
         mapped, 404, "unknown_serving"
     )
-    assert "model 'nosuch' (taken as a serving's name: no --model maps it)" in error(
-        named, 404, "unknown_serving"
-    )
+    for refused in (named, streamed):
+        assert "model 'nosuch' (taken as a serving's name: no --model maps it)" in error(
+            refused, 404, "unknown_serving"
+        )
 
 
 def test_dimensions_is_refused_saying_to_leave_it_out(stack: Stack) -> None:
