@@ -219,19 +219,27 @@ def round_trips(call: Callable[[int], Any], n: int, warmup: int) -> list[float]:
 
 
 def interleaved_round_trips(
-    calls: dict[str, Callable[[int], Any]], n: int, warmup: int, block: int = 250
-) -> dict[str, list[float]]:
+    calls: dict[str, tuple[Callable[[int], Any], CpuMeter]],
+    n: int,
+    warmup: int,
+    block: int = 250,
+) -> dict[str, tuple[list[float], dict[str, float]]]:
     """``round_trips`` of each call, alternating blocks of ``block`` calls, so that noise from
-    other processes on the machine falls on all of them alike; sorted seconds per name."""
-    times: dict[str, list[float]] = {name: [] for name in calls}
-    for call in calls.values():
+    other processes on the machine falls on all of them alike; per name, the sorted seconds
+    and the CPU seconds its meter's processes spent in its blocks (summed)."""
+    out: dict[str, tuple[list[float], dict[str, float]]] = {name: ([], {}) for name in calls}
+    for call, _ in calls.values():
         round_trips(call, warmup, 0)
     for start in range(0, n, block):
-        for name, call in calls.items():
-            times[name] += round_trips(call, min(block, n - start), 0)
-    for t in times.values():
-        t.sort()
-    return times
+        for name, (call, meter) in calls.items():
+            times, cpu = out[name]
+            meter.start()
+            times += round_trips(call, min(block, n - start), 0)
+            for process, seconds in meter.stop().items():
+                cpu[process] = cpu.get(process, 0.0) + seconds
+    for times, _ in out.values():
+        times.sort()
+    return out
 
 
 def redis_calls(client: redis.Redis) -> dict[str, tuple[int, int]]:
@@ -416,18 +424,32 @@ class Bench:
 
     def round_trip(self) -> None:
         time.sleep(0.5)  # let the worker go idle
+        # Each round trip runs one process after another (caller, Redis, consumer, Redis,
+        # caller), so its latency is close to the CPU they spend on it: the split says where
+        # queueserve's extra time over the loop goes.
         rts = interleaved_round_trips(
             {
-                "rt_qs": lambda i: self.client.dispatch(SERVING, i, timeout=WAIT_S),
-                "rt_baseline": self.baseline.call,
+                "rt_qs": (
+                    lambda i: self.client.dispatch(SERVING, i, timeout=WAIT_S),
+                    self.meter(self.worker),
+                ),
+                "rt_baseline": (self.baseline.call, self.meter(self.consumer)),
             },
             self.n_rt,
             self.rt_warmup,
         )
-        for name, times in rts.items():
-            self.results[name] = {
-                f"p{q}_ms": round(percentile(times, q) * 1e3, 4) for q in (50, 90, 99, 99.9)
-            } | {"mean_ms": round(sum(times) / len(times) * 1e3, 4), "calls": len(times)}
+        for name, (times, cpu) in rts.items():
+            self.results[name] = (
+                {f"p{q}_ms": round(percentile(times, q) * 1e3, 4) for q in (50, 90, 99, 99.9)}
+                | {"mean_ms": round(sum(times) / len(times) * 1e3, 4), "calls": len(times)}
+                | {
+                    "cpu_us_per_call": {
+                        process: round(seconds * 1e6 / len(times), 1)
+                        for process, seconds in cpu.items()
+                        if not process.endswith("_sys")
+                    }
+                }
+            )
 
     def profile(self, directory: Path) -> None:
         """py-spy the worker (its partition process) and this process while single-item runs
@@ -627,12 +649,17 @@ def table(out: dict[str, Any], ok: dict[str, bool], max_in_flight: tuple[int, ..
     if any("runs" in v for v in out.values()):
         lines += _throughput_lines(out, max_in_flight)
     if "rt_qs" in out:
-        lines.append("round trip (ms)            p50     p90     p99   p99.9")
+        lines.append(
+            "round trip (ms)            p50     p90     p99   p99.9"
+            "   CPU µs per call: caller consumer redis"
+        )
         for name, label in (("rt_qs", "queueserve dispatch"), ("rt_baseline", "XADD + BLPOP")):
             r = out[name]
+            cpu = r.get("cpu_us_per_call", {})  # (absent from files written before it)
+            split = "  ".join(f"{cpu.get(p, 0):6.1f}" for p in ("bench", "consumer", "redis"))
             lines.append(
                 f"  {label:<22} {r['p50_ms']:6.3f}  {r['p90_ms']:6.3f}"
-                f"  {r['p99_ms']:6.3f}  {r['p99.9_ms']:6.3f}"
+                f"  {r['p99_ms']:6.3f}  {r['p99.9_ms']:6.3f}                    {split}"
             )
     lines.append("budgets (docs/design.md §8, issue 39)")
     lines += [f"  [{'ok' if passed else 'MISS'}] {name}" for name, passed in ok.items()]
