@@ -54,10 +54,11 @@ def keyed_plan(
     parts: list[Part],
     key: IdempotencyKey,
     keep: float | None,
-) -> tuple[list[Part], list[str], int]:
-    """The requests of a call with ``idempotency_key=key``, their keys, and the keep of the
-    job each one is (ms). A key (str) names the call's one request; a function of an item
-    makes each item a request of its own, keyed by what it returns for it."""
+) -> tuple[list[Part], list[str], int, int]:
+    """The requests of a call with ``idempotency_key=key``, their keys, the keep of the job
+    each one is and their records' TTL (both ms). A key (str) names the call's one request;
+    a function of an item makes each item a request of its own, keyed by what it returns for
+    it."""
     if callable(key):
         named = [O.check_key(key(item)) for item in items]
         split = []
@@ -81,7 +82,7 @@ def keyed_plan(
     # the job keeps its answer while its key's record lives, at least (enqueue.lua raises the
     # keep to the TTL the meta hash declares)
     keep_ms = max(job_plan(target, parts[:1], keep), ttl) if parts else 0
-    return parts, keys, keep_ms
+    return parts, keys, keep_ms, ttl
 
 
 def mark_keyed(outgoing: list[Outgoing], onces: tuple[list[str], int], tenant: str | None) -> None:
@@ -108,8 +109,8 @@ def call_plan(
     if key is None:
         keep_ms = job_plan(target, parts, keep)
     else:
-        parts, keys, keep_ms = keyed_plan(target, items, parts, key, keep)
-        onces = keys, ttl_ms(target)
+        parts, keys, keep_ms, ttl = keyed_plan(target, items, parts, key, keep)
+        onces = keys, ttl
     return in_batches(target, parts, job=keep_ms > 0), keep_ms, onces
 
 
