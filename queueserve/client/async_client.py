@@ -18,7 +18,7 @@ from queueserve.client.async_inbox import AsyncInbox
 from queueserve.client.async_outbox import AsyncOutbox
 from queueserve.client.async_ticket import AsyncTicket as AsyncTicket
 from queueserve.client.calls import deadline_after
-from queueserve.client.core import ClientCore
+from queueserve.client.core import CallSpec, ClientCore
 from queueserve.client.events import RequestStream
 from queueserve.client.job_handles import AsyncJob
 from queueserve.client.job_part import AsyncJobPart
@@ -128,9 +128,8 @@ class AsyncClient:
         timeout = call_timeout(timeout, self._default_timeout)
         priority = check_priority(priority)
         self._ensure_reader()
-        target, parts, calls, futures = await self._submit_call(
-            serving, items, batch_key, timeout, priority, keep, tenant, idempotency_key
-        )
+        spec: CallSpec = (batch_key, timeout, priority, None, keep, tenant, idempotency_key)
+        target, parts, calls, futures = await self._submit_call(serving, items, spec)
         return AsyncTicket(self._inbox, target, parts, calls, futures, timeout)
 
     def job(self, job_id: str) -> AsyncJob:

@@ -15,9 +15,8 @@ from typing import Any
 from queueserve.broker.async_producer import AsyncProducer
 from queueserve.broker.retry import Retry
 from queueserve.client.calls import Call, check_placed, unsent
-from queueserve.client.core import ClientCore
+from queueserve.client.core import CallSpec, ClientCore
 from queueserve.client.job_part import AsyncJobPart
-from queueserve.client.once import IdempotencyKey
 from queueserve.client.outgoing import Outgoing, enqueue_groups, send_window
 from queueserve.client.target_table import ServingRef
 from queueserve.client.targets import Part, Target
@@ -60,15 +59,7 @@ class AsyncOutbox:
         return targets.remember(serving, meta, await self._broker.meta(last) if last else None)
 
     async def submit(
-        self,
-        serving: ServingRef,
-        items: Iterable[Any],
-        batch_key: str | None,
-        timeout: float | None,
-        priority: int,
-        keep: float | None,
-        tenant: str | None,
-        idempotency_key: IdempotencyKey | None,
+        self, serving: ServingRef, items: Iterable[Any], spec: CallSpec
     ) -> tuple[Target, list[Part], list[Call], list[asyncio.Future[None]]]:
         """Plan a call (its serving's ``target``, its requests: the core's ``plan``) and
         ``send`` it; what its ticket is made of, with a future per request, done when its
@@ -78,9 +69,7 @@ class AsyncOutbox:
         target = self._cached(serving)
         if target is None:
             target = await self.target(serving)
-        parts, requests = self._plan(
-            target, items, batch_key, timeout, priority, None, keep, tenant, idempotency_key
-        )
+        parts, requests = self._plan(target, items, spec)
         loop = asyncio.get_running_loop()
         calls, futures = [], []
         for outgoing in requests:

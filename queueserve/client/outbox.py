@@ -14,9 +14,8 @@ from typing import Any
 from queueserve.broker.producer import Producer
 from queueserve.broker.retry import Retry
 from queueserve.client.calls import Call, check_placed, unsent
-from queueserve.client.core import ClientCore
+from queueserve.client.core import CallSpec, ClientCore
 from queueserve.client.job_part import JobPart
-from queueserve.client.once import IdempotencyKey
 from queueserve.client.outgoing import Outgoing, enqueue_groups, send_window
 from queueserve.client.target_table import ServingRef
 from queueserve.client.targets import Part, Target
@@ -66,26 +65,14 @@ class Outbox:
         return targets.remember(serving, meta, self._broker.meta(last) if last else None)
 
     def submit(
-        self,
-        serving: ServingRef,
-        items: Iterable[Any],
-        batch_key: str | None,
-        timeout: float | None,
-        priority: int,
-        reply_to: str | None,
-        keep: float | None,
-        tenant: str | None,
-        idempotency_key: IdempotencyKey | None,
-        inline: bool,
+        self, serving: ServingRef, items: Iterable[Any], spec: CallSpec, inline: bool
     ) -> tuple[Target, list[Part], list[Outgoing]]:
         """Plan a call (its serving's ``target``, its requests: the core's ``plan``) and
         ``send`` it; what its ticket is made of."""
         target = self._cached(serving)  # a name known already: no call more per submit
         if target is None:
             target = self.target(serving)
-        parts, outgoing = self._plan(
-            target, items, batch_key, timeout, priority, reply_to, keep, tenant, idempotency_key
-        )
+        parts, outgoing = self._plan(target, items, spec)
         self.send(outgoing, inline)
         return target, parts, outgoing
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from queueserve.broker.producer import Producer
 from queueserve.client.calls import deadline_after
-from queueserve.client.core import ClientCore
+from queueserve.client.core import CallSpec, ClientCore
 from queueserve.client.events import RequestStream
 from queueserve.client.inbox import Inbox
 from queueserve.client.job_handles import Job
@@ -180,18 +180,8 @@ class Client:
         timeout = call_timeout(timeout, self._default_timeout)
         priority = check_priority(priority)
         self._ensure_reader()
-        target, parts, outgoing = self._submit_call(
-            serving,
-            items,
-            batch_key,
-            timeout,
-            priority,
-            reply_to,
-            keep,
-            tenant,
-            idempotency_key,
-            inline,
-        )
+        spec: CallSpec = (batch_key, timeout, priority, reply_to, keep, tenant, idempotency_key)
+        target, parts, outgoing = self._submit_call(serving, items, spec, inline)
         inbox = reply_to if len(parts) == 1 else None
         return Ticket(self._inbox, target, parts, [o.call for o in outgoing], timeout, inbox)
 
