@@ -57,6 +57,7 @@ from ._harness import (
     GcClock,
     Rate,
     RedisServer,
+    RunTimeMeter,
     percentile,
     spawn_module,
     stop_process,
@@ -219,7 +220,7 @@ def round_trips(call: Callable[[int], Any], n: int, warmup: int) -> list[float]:
 
 
 def interleaved_round_trips(
-    calls: dict[str, tuple[Callable[[int], Any], CpuMeter]],
+    calls: dict[str, tuple[Callable[[int], Any], RunTimeMeter]],
     n: int,
     warmup: int,
     block: int = 250,
@@ -365,6 +366,10 @@ class Bench:
     def meter(self, consumer: subprocess.Popen[bytes]) -> CpuMeter:
         return CpuMeter({**self.pids, "consumer": consumer.pid}, trees=frozenset({"consumer"}))
 
+    def run_time_meter(self, consumer: subprocess.Popen[bytes]) -> RunTimeMeter:
+        pids = {**self.pids, "consumer": consumer.pid}
+        return RunTimeMeter(pids, trees=frozenset({"consumer"}))
+
     def timed(
         self, name: str, consumer: subprocess.Popen[bytes], items: int, run: Callable[[], float]
     ) -> None:
@@ -431,9 +436,9 @@ class Bench:
             {
                 "rt_qs": (
                     lambda i: self.client.dispatch(SERVING, i, timeout=WAIT_S),
-                    self.meter(self.worker),
+                    self.run_time_meter(self.worker),
                 ),
-                "rt_baseline": (self.baseline.call, self.meter(self.consumer)),
+                "rt_baseline": (self.baseline.call, self.run_time_meter(self.consumer)),
             },
             self.n_rt,
             self.rt_warmup,
@@ -443,10 +448,9 @@ class Bench:
                 {f"p{q}_ms": round(percentile(times, q) * 1e3, 4) for q in (50, 90, 99, 99.9)}
                 | {"mean_ms": round(sum(times) / len(times) * 1e3, 4), "calls": len(times)}
                 | {
-                    "cpu_us_per_call": {
+                    "run_us_per_call": {
                         process: round(seconds * 1e6 / len(times), 1)
                         for process, seconds in cpu.items()
-                        if not process.endswith("_sys")
                     }
                 }
             )
@@ -655,7 +659,7 @@ def table(out: dict[str, Any], ok: dict[str, bool], max_in_flight: tuple[int, ..
         )
         for name, label in (("rt_qs", "queueserve dispatch"), ("rt_baseline", "XADD + BLPOP")):
             r = out[name]
-            cpu = r.get("cpu_us_per_call", {})  # (absent from files written before it)
+            cpu = r.get("run_us_per_call", {})  # (absent from files written before it)
             split = "  ".join(f"{cpu.get(p, 0):6.1f}" for p in ("bench", "consumer", "redis"))
             lines.append(
                 f"  {label:<22} {r['p50_ms']:6.3f}  {r['p90_ms']:6.3f}"

@@ -158,7 +158,11 @@ def results(**overrides: object) -> dict[str, object]:
         "qs_map_256_mif4": {"median": 400_000},
         "qs_map_256_mif16": {"median": 450_000},
         "qs_map_256_mif64": {"median": 460_000},
-        "rt_qs": {"p50_ms": 0.6, "p99_ms": 1.2},
+        "rt_qs": {
+            "p50_ms": 0.6,
+            "p99_ms": 1.2,
+            "run_us_per_call": {"bench": 200.0, "consumer": 270.0, "redis": 250.0},
+        },
         "rt_baseline": {"p50_ms": 0.4, "p99_ms": 0.8},
     }
     return doc | overrides
@@ -179,10 +183,28 @@ def test_the_single_item_shapes_and_round_trips_are_read_per_the_loop_of_the_sam
         "packed map, 64 in flight (items/s)": 460_000,
         "round trip p50 (ms)": 0.6,
         "round trip p99 (ms)": 1.2,
+        "round trip CPU, caller (µs)": 200.0,
+        "round trip CPU, worker (µs)": 270.0,
+        "round trip CPU, Redis (µs)": 250.0,
         "control: loop, 8 thr x 512 (items/s)": 100_000,
         "control: loop round trip p50 (ms)": 0.4,
     }
     assert [f.name for f in FIGURES if f.hot] == list(figures)[:6]
+
+
+def test_the_round_trip_s_cpu_is_compared_when_both_runs_have_it_and_left_out_otherwise() -> None:
+    doc = results()
+    older = results(rt_qs={"p50_ms": 0.6, "p99_ms": 1.2})  # a checkout before the CPU split
+    caller = "round trip CPU, caller (µs)"
+    cpu = {"bench": 240.0, "consumer": 270.0, "redis": 250.0}  # the caller's 200 µs, +20%
+    higher = results(rt_qs={"p50_ms": 0.6, "p99_ms": 1.2, "run_us_per_call": cpu})
+    v = judge([(extract(doc), extract(higher))] * 3)
+    shown = {c.figure.name: c for c in v.comparisons}
+    assert shown[caller].median == pytest.approx(1.2)
+    assert shown[caller].status == "worse (not judged)" and v.code == 0
+    v = judge([(extract(older), extract(doc))] * 3)
+    assert (v.code, v.line) == (0, "guard: ok")
+    assert caller not in {c.figure.name for c in v.comparisons}
 
 
 def test_a_section_the_run_lacks_leaves_its_figures_out_and_fails_the_verdict() -> None:
