@@ -153,9 +153,10 @@ class ClientCore:
         self, target: Target, items: Iterable[Any], spec: CallSpec
     ) -> tuple[list[Part], list[Outgoing]]:
         """A submit's requests (what either client's outbox sends) and the parts they carry:
-        the call cut as its serving, ``spec.keep``, idempotency key and cache say (once.py,
-        caching.py), each request encoded with the deadline ``spec.timeout`` sets.
-        ``spec.reply_to`` holds for a call of one request only."""
+        the call cut as its serving and the spec's keep, idempotency key and the cache say
+        (once.py, caching.py), each request encoded with the deadline the spec's timeout sets.
+        The spec's reply_to holds for a call of one request only (``CallSpec``: a plain tuple,
+        taken apart below)."""
         items = items if isinstance(items, list) else list(items)
         batch_key, timeout, priority, reply_to, keep, tenant, idempotency_key = spec
         parts, keep_ms, onces = call_plan(target, items, batch_key, keep, idempotency_key)
